@@ -1,0 +1,118 @@
+//! Agent configuration from the command line, and the `--gpus` grammar.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Base URL of the portal, e.g. `https://gpu.campus.edu`.
+    pub portal: String,
+    /// One-time enrolment token; needed only on the first start with a state dir.
+    pub enrol_token: Option<String>,
+    /// Where the node credential and fake-GPU overrides live.
+    pub state_dir: PathBuf,
+    pub gpus: GpuMode,
+    /// Display name of the node; defaults to the host name.
+    pub hostname: String,
+}
+
+/// Where the GPU inventory comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuMode {
+    /// NVML, failing clearly when no NVIDIA driver is present.
+    Auto,
+    Nvml,
+    /// A fixed list, e.g. `fake:2xA100-80GB,1xRTX4090-24GB`.
+    Fake(Vec<FakeGpuModel>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeGpuModel {
+    pub model: String,
+    pub memory_mb: u64,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum GpuSpecError {
+    #[error("--gpus: expected auto, nvml or fake:COUNTxMODEL-MEMGB[,...], got {0:?}")]
+    Syntax(String),
+    #[error("--gpus: {0:?} needs COUNTxMODEL-MEMGB, e.g. 2xA100-80GB")]
+    Item(String),
+    #[error("--gpus: {0:?} has no GPUs")]
+    Empty(String),
+}
+
+impl std::str::FromStr for GpuMode {
+    type Err = GpuSpecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => return Ok(GpuMode::Auto),
+            "nvml" => return Ok(GpuMode::Nvml),
+            _ => {}
+        }
+        let list = s
+            .strip_prefix("fake:")
+            .ok_or_else(|| GpuSpecError::Syntax(s.into()))?;
+        let mut gpus = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let bad = || GpuSpecError::Item(item.into());
+            let (count, model) = item.split_once('x').ok_or_else(bad)?;
+            let count: u32 = count.parse().map_err(|_| bad())?;
+            let (_, mem) = model.rsplit_once('-').ok_or_else(bad)?;
+            let gb: u64 = mem
+                .strip_suffix("GB")
+                .and_then(|g| g.parse().ok())
+                .ok_or_else(bad)?;
+            if count > 64 || gb == 0 || gb > 4096 {
+                return Err(bad());
+            }
+            for _ in 0..count {
+                gpus.push(FakeGpuModel {
+                    model: model.to_string(),
+                    memory_mb: gb * 1024,
+                });
+            }
+        }
+        if gpus.is_empty() {
+            return Err(GpuSpecError::Empty(s.into()));
+        }
+        Ok(GpuMode::Fake(gpus))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_fake_list() {
+        let GpuMode::Fake(g) = "fake:2xA100-80GB,1xRTX4090-24GB".parse().unwrap() else {
+            panic!("not fake")
+        };
+        assert_eq!(g.len(), 3);
+        assert_eq!(g[0].model, "A100-80GB");
+        assert_eq!(g[0].memory_mb, 80 * 1024);
+        assert_eq!(g[2].model, "RTX4090-24GB");
+    }
+
+    #[test]
+    fn rejects_bad_specs() {
+        assert!(matches!(
+            "fake:2A100".parse::<GpuMode>(),
+            Err(GpuSpecError::Item(_))
+        ));
+        assert!(matches!(
+            "gpus".parse::<GpuMode>(),
+            Err(GpuSpecError::Syntax(_))
+        ));
+        assert!(matches!(
+            "fake:".parse::<GpuMode>(),
+            Err(GpuSpecError::Empty(_))
+        ));
+        assert!(matches!(
+            "fake:1xA100-0GB".parse::<GpuMode>(),
+            Err(GpuSpecError::Item(_))
+        ));
+    }
+}

@@ -1,0 +1,44 @@
+//! Where the agent's GPUs come from.
+//!
+//! [`GpuSource`] has two implementations: [`nvml::NvmlGpus`] on servers with an NVIDIA
+//! driver and [`fake::FakeGpus`], a list from `--gpus fake:...` whose local use and
+//! utilisation `commons-agent fake` can change at run time. Tests and demos use the fake
+//! one; the rest of the agent cannot tell them apart, except that fake GPUs get no NVIDIA
+//! device request (there is no NVIDIA runtime to honour one).
+
+pub mod fake;
+pub mod nvml;
+
+use commons_proto::{GpuInfo, GpuStat};
+use std::collections::BTreeSet;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum GpuError {
+    #[error("NVML is not available ({0}); is the NVIDIA driver installed? For a machine without GPUs use --gpus fake:1xA100-80GB")]
+    NoNvml(String),
+    #[error("NVML call failed: {0}")]
+    Nvml(String),
+}
+
+pub trait GpuSource: Send + Sync {
+    /// The GPUs (and MIG instances) this server has, in index order.
+    fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError>;
+    /// Live numbers. `our_pids` are the host pids inside containers the agent runs: a GPU
+    /// process outside that set is the owner using the GPU directly.
+    fn stats(&self, our_pids: &BTreeSet<u32>) -> Result<Vec<GpuStat>, GpuError>;
+}
+
+/// Builds the source that `--gpus` asks for.
+pub fn from_mode(
+    mode: &crate::GpuMode,
+    state_dir: &std::path::Path,
+) -> Result<Box<dyn GpuSource>, GpuError> {
+    match mode {
+        crate::GpuMode::Auto | crate::GpuMode::Nvml => Ok(Box::new(nvml::NvmlGpus::init()?)),
+        crate::GpuMode::Fake(models) => Ok(Box::new(fake::FakeGpus::new(
+            models.clone(),
+            state_dir.to_path_buf(),
+        ))),
+    }
+}

@@ -1,0 +1,127 @@
+//! `commons-agent`: the daemon on each lab server, and the small commands around it.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use commons_agent::{state, AgentConfig, GpuMode};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "commons-agent",
+    version,
+    about = "Lends this server's idle GPUs to GPU Commons"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Enrol (first start) and serve the portal until stopped.
+    Run {
+        /// The portal's base URL, e.g. https://gpu.campus.edu
+        #[arg(long, env = "COMMONS_PORTAL")]
+        portal: String,
+        /// One-time enrolment token from the lab admin; only needed on the first start.
+        #[arg(long, env = "COMMONS_ENROL_TOKEN")]
+        enrol_token: Option<String>,
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+        /// auto | nvml | fake:2xA100-80GB,1xRTX4090-24GB
+        #[arg(long, default_value = "auto")]
+        gpus: GpuMode,
+        /// The node's display name (default: the host name).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Show this node's enrolment.
+    Status {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// Drive a fake GPU (for demos and tests): mark it in local use, set its utilisation.
+    Fake {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        local_use: Option<OnOff>,
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100))]
+        util: Option<u32>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Run {
+            portal,
+            enrol_token,
+            state_dir,
+            gpus,
+            name,
+        } => {
+            let hostname = name.unwrap_or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "server".into())
+            });
+            commons_agent::run(AgentConfig {
+                portal,
+                enrol_token,
+                state_dir,
+                gpus,
+                hostname,
+            })
+            .await
+        }
+        Cmd::Status { state_dir } => {
+            match state::load_credential(&state_dir)? {
+                Some(c) => println!(
+                    "node {} ({}) of lab {}, enrolled; state dir {}",
+                    c.node_id,
+                    c.node_name,
+                    c.lab,
+                    state_dir.display()
+                ),
+                None => println!("not enrolled (no credential in {})", state_dir.display()),
+            }
+            Ok(())
+        }
+        Cmd::Fake {
+            state_dir,
+            gpu,
+            local_use,
+            util,
+        } => {
+            let mut all = state::load_fake_overrides(&state_dir);
+            let o = all.entry(gpu).or_default();
+            if let Some(l) = local_use {
+                o.local_use = matches!(l, OnOff::On);
+            }
+            if let Some(u) = util {
+                o.util_pct = u;
+            }
+            let line = format!(
+                "fake GPU {gpu}: local use {}, utilisation {}%",
+                o.local_use, o.util_pct
+            );
+            state::save_fake_overrides(&state_dir, &all).context("writing fake GPU state")?;
+            println!("{line}");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! The container runtime: the Docker Engine through bollard.
+//!
+//! [`container_body`] is the one place that decides how a job's container looks (pure,
+//! unit-tested): labelled with its job and attempt, non-root, no privileges, every
+//! capability dropped, `no-new-privileges`, memory/CPU/pid limits, and the assigned GPUs
+//! as an NVIDIA device request plus `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES`.
+//! Images are never pulled: a missing image is an error the job's owner sees.
+
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions,
+    StopContainerOptions, TopOptions, WaitContainerOptions,
+};
+use bollard::Docker;
+use commons_proto::{Attempt, JobId, JobSpec, LABEL_ATTEMPT, LABEL_JOB};
+use futures_util::{Stream, StreamExt};
+use std::collections::{BTreeSet, HashMap};
+use thiserror::Error;
+
+/// Label that marks a container as this agent's (see `state::NodeCredential::agent_id`).
+pub const LABEL_AGENT: &str = "commons.agent";
+/// Unix second after which the attempt's time limit is reached (survives agent restarts).
+pub const LABEL_DEADLINE: &str = "commons.deadline";
+/// The uid:gid jobs run as: `nobody`, never root.
+pub const JOB_USER: &str = "65534:65534";
+const PIDS_LIMIT: i64 = 4096;
+
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error("image {0:?} is not on this server (GPU Commons never pulls images; the lab admin loads allowed images)")]
+    ImageMissing(String),
+    #[error("Docker Engine: {0}")]
+    Docker(#[from] bollard::errors::Error),
+}
+
+/// A GPU given to an attempt.
+#[derive(Debug, Clone)]
+pub struct AssignedGpu {
+    pub uuid: String,
+    /// Fake GPUs get no device request: no NVIDIA runtime could honour it.
+    pub fake: bool,
+}
+
+/// A container of ours found on the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundContainer {
+    pub id: String,
+    pub job: JobId,
+    pub attempt: Attempt,
+    pub running: bool,
+    pub deadline: Option<i64>,
+}
+
+pub fn container_name(agent_id: &str, job: JobId, attempt: Attempt) -> String {
+    format!("commons-{agent_id}-job{job}-a{attempt}")
+}
+
+/// The container for one attempt. Pure: everything it decides is visible in the result.
+pub fn container_body(
+    agent_id: &str,
+    job: JobId,
+    attempt: Attempt,
+    spec: &JobSpec,
+    gpus: &[AssignedGpu],
+    deadline: i64,
+) -> ContainerCreateBody {
+    let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+    let visible = if uuids.is_empty() {
+        "none".to_string()
+    } else {
+        uuids.join(",")
+    };
+    let mut env: Vec<String> = spec
+        .env
+        .iter()
+        .filter(|(k, _)| !k.starts_with("COMMONS_") && !k.ends_with("_VISIBLE_DEVICES"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    env.push(format!("NVIDIA_VISIBLE_DEVICES={visible}"));
+    env.push(format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")));
+    env.push(format!("COMMONS_JOB_ID={job}"));
+    env.push(format!("COMMONS_ATTEMPT={attempt}"));
+    let real: Vec<String> = gpus
+        .iter()
+        .filter(|g| !g.fake)
+        .map(|g| g.uuid.clone())
+        .collect();
+    let device_requests = (!real.is_empty()).then(|| {
+        vec![DeviceRequest {
+            driver: Some("nvidia".into()),
+            device_ids: Some(real),
+            capabilities: Some(vec![vec!["gpu".into()]]),
+            ..Default::default()
+        }]
+    });
+    let labels = HashMap::from([
+        (LABEL_JOB.to_string(), job.to_string()),
+        (LABEL_ATTEMPT.to_string(), attempt.to_string()),
+        (LABEL_AGENT.to_string(), agent_id.to_string()),
+        ("commons.user".to_string(), spec.user.clone()),
+        (LABEL_DEADLINE.to_string(), deadline.to_string()),
+    ]);
+    let memory = (spec.memory_mb as i64).saturating_mul(1024 * 1024);
+    // The engine refuses a CPU limit above the host's CPUs; such a job gets all of them.
+    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let cpus = spec.cpus.min(host_cpus);
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
+        env: Some(env),
+        labels: Some(labels),
+        user: Some(JOB_USER.into()),
+        host_config: Some(HostConfig {
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            nano_cpus: Some((cpus * 1e9) as i64),
+            pids_limit: Some(PIDS_LIMIT),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            privileged: Some(false),
+            init: Some(true),
+            device_requests,
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_string(),
+                "rw,nosuid,nodev,size=1g".to_string(),
+            )])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[derive(Clone)]
+pub struct DockerRuntime {
+    docker: Docker,
+    agent_id: String,
+}
+
+impl DockerRuntime {
+    /// Connects to the local engine and negotiates the API version (Debian's engine may be
+    /// older than bollard's default).
+    pub async fn connect(agent_id: String) -> Result<Self, RuntimeError> {
+        let docker = Docker::connect_with_local_defaults()?
+            .negotiate_version()
+            .await?;
+        docker.ping().await?;
+        Ok(Self { docker, agent_id })
+    }
+
+    pub async fn create_and_start(
+        &self,
+        job: JobId,
+        attempt: Attempt,
+        spec: &JobSpec,
+        gpus: &[AssignedGpu],
+        deadline: i64,
+    ) -> Result<String, RuntimeError> {
+        match self.docker.inspect_image(&spec.image).await {
+            Ok(_) => {}
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Err(RuntimeError::ImageMissing(spec.image.clone())),
+            Err(e) => return Err(e.into()),
+        }
+        let name = container_name(&self.agent_id, job, attempt);
+        // A leftover of the same attempt (agent crashed between create and report) goes.
+        let _ = self
+            .docker
+            .remove_container(
+                &name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await;
+        let body = container_body(&self.agent_id, job, attempt, spec, gpus, deadline);
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await?;
+        if let Err(e) = self.docker.start_container(&created.id, None).await {
+            let _ = self.remove(&created.id).await;
+            return Err(e.into());
+        }
+        Ok(created.id)
+    }
+
+    /// Waits until the container stops; returns its exit code.
+    pub async fn wait(&self, id: &str) -> Result<i64, RuntimeError> {
+        let mut s = self.docker.wait_container(
+            id,
+            Some(WaitContainerOptions {
+                condition: "not-running".into(),
+            }),
+        );
+        while let Some(r) = s.next().await {
+            match r {
+                Ok(w) => return Ok(w.status_code),
+                // bollard reports a non-zero exit as an error carrying the code.
+                Err(bollard::errors::Error::DockerContainerWaitError { code, .. }) => {
+                    return Ok(code)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let info = self.docker.inspect_container(id, None).await?;
+        Ok(info.state.and_then(|s| s.exit_code).unwrap_or(-1))
+    }
+
+    /// stdout and stderr, interleaved, from `since` (Unix seconds; 0 = the beginning).
+    pub fn logs(&self, id: &str, since: i32) -> impl Stream<Item = String> + use<> {
+        self.docker
+            .logs(
+                id,
+                Some(LogsOptions {
+                    follow: true,
+                    stdout: true,
+                    stderr: true,
+                    since,
+                    ..Default::default()
+                }),
+            )
+            .filter_map(|r| async move { r.ok().map(|l| l.to_string()) })
+    }
+
+    pub async fn stop(&self, id: &str, grace_s: u64) -> Result<(), RuntimeError> {
+        match self
+            .docker
+            .stop_container(
+                id,
+                Some(StopContainerOptions {
+                    t: Some(grace_s.min(i32::MAX as u64) as i32),
+                    ..Default::default()
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            // 304: already stopped; 404: already gone. Both mean "stopped".
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 304 | 404,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
+        match self
+            .docker
+            .remove_container(
+                id,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+        {
+            Ok(())
+            | Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Every container of this agent, running or not, found by label.
+    pub async fn list(&self) -> Result<Vec<FoundContainer>, RuntimeError> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![format!("{LABEL_AGENT}={}", self.agent_id)],
+        )]);
+        let found = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await?;
+        let mut out: Vec<FoundContainer> = found
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                Some(FoundContainer {
+                    id: c.id?,
+                    job: labels.get(LABEL_JOB)?.parse().ok()?,
+                    attempt: labels.get(LABEL_ATTEMPT)?.parse().ok()?,
+                    deadline: labels.get(LABEL_DEADLINE).and_then(|d| d.parse().ok()),
+                    running: matches!(
+                        c.state,
+                        Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+                    ),
+                })
+            })
+            .collect();
+        out.sort_by_key(|c| (c.job, c.attempt));
+        Ok(out)
+    }
+
+    /// Host pids of the processes inside a container (to tell our GPU use from the owner's).
+    pub async fn pids(&self, id: &str) -> BTreeSet<u32> {
+        let Ok(top) = self
+            .docker
+            .top_processes(
+                id,
+                Some(TopOptions {
+                    ps_args: "-o pid".into(),
+                }),
+            )
+            .await
+        else {
+            return BTreeSet::new();
+        };
+        top.processes
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p.first()?.trim().parse().ok())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            image: "commons-demo:latest".into(),
+            command: vec!["sh".into(), "-c".into(), "echo hi".into()],
+            env: [
+                ("A".to_string(), "1".to_string()),
+                ("COMMONS_JOB_ID".to_string(), "spoof".to_string()),
+            ]
+            .into(),
+            cpus: 1.0,
+            memory_mb: 1024,
+            time_limit_s: 60,
+            user: "alice".into(),
+        }
+    }
+
+    #[test]
+    fn container_is_locked_down() {
+        let gpus = [
+            AssignedGpu {
+                uuid: "GPU-a".into(),
+                fake: false,
+            },
+            AssignedGpu {
+                uuid: "GPU-b".into(),
+                fake: false,
+            },
+        ];
+        let body = container_body("ag", 42, 2, &spec(), &gpus, 1000);
+        assert_eq!(body.user.as_deref(), Some(JOB_USER));
+        let labels = body.labels.as_ref().unwrap();
+        assert_eq!(labels[LABEL_JOB], "42");
+        assert_eq!(labels[LABEL_ATTEMPT], "2");
+        assert_eq!(labels[LABEL_AGENT], "ag");
+        assert_eq!(labels[LABEL_DEADLINE], "1000");
+        let hc = body.host_config.as_ref().unwrap();
+        assert_eq!(hc.cap_drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert_eq!(hc.privileged, Some(false));
+        assert_eq!(hc.memory, Some(1024 * 1024 * 1024));
+        assert_eq!(hc.nano_cpus, Some(1_000_000_000));
+        assert_eq!(hc.pids_limit, Some(PIDS_LIMIT));
+        assert!(hc.binds.is_none(), "no host paths");
+        let dr = &hc.device_requests.as_ref().unwrap()[0];
+        assert_eq!(
+            dr.device_ids.as_deref(),
+            Some(&["GPU-a".to_string(), "GPU-b".to_string()][..])
+        );
+        let env = body.env.as_ref().unwrap();
+        assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b".to_string()));
+        assert!(env.contains(&"CUDA_VISIBLE_DEVICES=GPU-a,GPU-b".to_string()));
+        assert!(env.contains(&"COMMONS_JOB_ID=42".to_string()));
+        assert!(!env.contains(&"COMMONS_JOB_ID=spoof".to_string()));
+        assert!(env.contains(&"A=1".to_string()));
+    }
+
+    #[test]
+    fn fake_gpus_get_no_device_request() {
+        let gpus = [AssignedGpu {
+            uuid: "GPU-fake-00-A100-80GB".into(),
+            fake: true,
+        }];
+        let body = container_body("ag", 1, 1, &spec(), &gpus, 1000);
+        assert!(body.host_config.unwrap().device_requests.is_none());
+        assert!(body
+            .env
+            .unwrap()
+            .contains(&"NVIDIA_VISIBLE_DEVICES=GPU-fake-00-A100-80GB".to_string()));
+    }
+}

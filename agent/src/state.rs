@@ -1,0 +1,129 @@
+//! The agent's state dir: its node credential and the fake-GPU overrides.
+//!
+//! The credential file is written once, at enrolment, with mode 0600; started again with
+//! the same state dir, the agent needs no enrolment token.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+const NODE_FILE: &str = "node.json";
+const FAKE_FILE: &str = "fake-gpus.json";
+
+/// What enrolment gave this node.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct NodeCredential {
+    pub node_id: i64,
+    pub node_name: String,
+    pub lab: String,
+    pub credential: String,
+    /// Random id put on every container as `commons.agent`, so agents sharing one Docker
+    /// Engine (tests, or two nodes on one host) never touch each other's containers.
+    pub agent_id: String,
+}
+
+impl std::fmt::Debug for NodeCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeCredential")
+            .field("node_id", &self.node_id)
+            .field("node_name", &self.node_name)
+            .field("lab", &self.lab)
+            .field("credential", &"<hidden>")
+            .finish()
+    }
+}
+
+pub fn load_credential(dir: &Path) -> anyhow::Result<Option<NodeCredential>> {
+    let path = dir.join(NODE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(|e| {
+            anyhow::anyhow!(
+                "{} is damaged ({e}); remove it and enrol again",
+                path.display()
+            )
+        })?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+    }
+}
+
+pub fn save_credential(dir: &Path, cred: &NodeCredential) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{NODE_FILE}.tmp"));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(cred)?)?;
+    f.sync_all()?;
+    std::fs::rename(tmp, dir.join(NODE_FILE))?;
+    Ok(())
+}
+
+/// Per-GPU overrides that `commons-agent fake` writes and the fake GPU source reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FakeOverride {
+    #[serde(default)]
+    pub local_use: bool,
+    #[serde(default)]
+    pub util_pct: u32,
+}
+
+pub fn load_fake_overrides(dir: &Path) -> BTreeMap<u32, FakeOverride> {
+    std::fs::read(dir.join(FAKE_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+pub fn save_fake_overrides(
+    dir: &Path,
+    overrides: &BTreeMap<u32, FakeOverride>,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{FAKE_FILE}.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(overrides)?)?;
+    std::fs::rename(tmp, dir.join(FAKE_FILE))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credential_round_trip_and_hidden_debug() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load_credential(dir.path()).unwrap().is_none());
+        let c = NodeCredential {
+            node_id: 3,
+            node_name: "n".into(),
+            lab: "vision".into(),
+            credential: "secret-value".into(),
+            agent_id: "a".into(),
+        };
+        save_credential(dir.path(), &c).unwrap();
+        let back = load_credential(dir.path()).unwrap().unwrap();
+        assert_eq!(back.credential, "secret-value");
+        assert!(!format!("{back:?}").contains("secret-value"));
+    }
+
+    #[test]
+    fn fake_overrides_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = BTreeMap::new();
+        o.insert(
+            1,
+            FakeOverride {
+                local_use: true,
+                util_pct: 80,
+            },
+        );
+        save_fake_overrides(dir.path(), &o).unwrap();
+        assert_eq!(load_fake_overrides(dir.path()), o);
+    }
+}

@@ -1,0 +1,11 @@
+DROP TABLE job_logs;
+DROP TABLE job_events;
+DROP TABLE job_attempts;
+DROP TABLE jobs;
+DROP TABLE gpus;
+DROP TABLE enrol_tokens;
+DROP TABLE nodes;
+DROP TABLE api_tokens;
+DROP TABLE memberships;
+DROP TABLE users;
+DROP TABLE labs;

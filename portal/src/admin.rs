@@ -1,0 +1,60 @@
+//! The operator CLI (`commons-portal admin ...`): same binary, same database as the server.
+
+use crate::db::models::Role;
+use crate::db::{users, Db};
+use crate::error::AppError;
+
+fn plain(e: AppError) -> anyhow::Error {
+    match e.field() {
+        Some(f) => anyhow::anyhow!("{f}: {e}"),
+        None => anyhow::anyhow!("{e}"),
+    }
+}
+
+pub fn create_lab(db: &Db, slug: &str, name: &str) -> anyhow::Result<String> {
+    let lab = db
+        .run_blocking(|c| users::create_lab(c, slug, name))
+        .map_err(plain)?;
+    Ok(format!("created lab {} ({})", lab.slug, lab.name))
+}
+
+pub fn create_user(
+    db: &Db,
+    username: &str,
+    email: &str,
+    lab: Option<&str>,
+    role: Role,
+    operator: bool,
+) -> anyhow::Result<String> {
+    db.run_blocking(|c| {
+        c.transaction(|c| {
+            let user = users::create_user(c, username, email, operator)?;
+            if let Some(slug) = lab {
+                let lab = users::lab_by_slug(c, slug)?;
+                users::set_membership(c, user.id, lab.id, role)?;
+            }
+            Ok::<_, AppError>(())
+        })
+    })
+    .map_err(plain)?;
+    Ok(format!("created user {username}"))
+}
+
+pub fn api_token(db: &Db, username: &str) -> anyhow::Result<String> {
+    db.run_blocking(|c| {
+        let user = users::user_by_name(c, username)?
+            .ok_or_else(|| AppError::invalid("USERNAME", format!("no user {username:?}")))?;
+        users::create_api_token(c, user.id, "created by admin CLI")
+    })
+    .map_err(plain)
+}
+
+pub fn enrol_token(db: &Db, slug: &str) -> anyhow::Result<String> {
+    db.run_blocking(|c| {
+        let lab = users::lab_by_slug(c, slug)?;
+        users::create_enrol_token(c, lab.id)
+    })
+    .map_err(plain)
+}
+
+use diesel::Connection;

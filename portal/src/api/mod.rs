@@ -1,0 +1,89 @@
+//! The REST API (`/api/v1`), JSON in and out, authenticated by personal access tokens.
+
+mod jobs;
+mod nodes;
+pub mod views;
+
+use crate::error::{ApiError, AppError};
+use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
+use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::pin::Pin;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::scope("/api/v1")
+            .configure(jobs::configure)
+            .configure(nodes::configure),
+    );
+}
+
+/// Most bytes a JSON request body may have.
+const MAX_BODY: usize = 1024 * 1024;
+
+/// A JSON body whose errors name the field at fault (`{"field": "gpus"}`), including
+/// unknown fields and wrong types.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let bytes = web::Bytes::from_request(req, payload);
+        Box::pin(async move {
+            let bytes = bytes
+                .await
+                .map_err(|e| AppError::BadRequest(format!("cannot read the request body: {e}")))?;
+            if bytes.len() > MAX_BODY {
+                return Err(
+                    AppError::BadRequest("the request body is larger than 1 MiB".into()).into(),
+                );
+            }
+            parse_json(&bytes).map(ApiJson).map_err(ApiError)
+        })
+    }
+}
+
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AppError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let message = e.inner().to_string();
+        let path = e.path().to_string();
+        // For an unknown field the path is its parent; the name is in the message.
+        let field = message
+            .strip_prefix("unknown field `")
+            .and_then(|m| m.split('`').next())
+            .map(str::to_string)
+            .unwrap_or(path);
+        if field.is_empty() || field == "." {
+            AppError::BadRequest(format!(
+                "the body is not valid JSON for this request: {message}"
+            ))
+        } else {
+            AppError::invalid(&field, message)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::JobRequest;
+
+    #[test]
+    fn json_errors_name_the_field() {
+        let e = parse_json::<JobRequest>(
+            br#"{"image":"x","gpus":1,"time_limit_minutes":1,"colour":1}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field(), Some("colour"));
+        let e = parse_json::<JobRequest>(br#"{"image":"x","gpus":"two","time_limit_minutes":1}"#)
+            .unwrap_err();
+        assert_eq!(e.field(), Some("gpus"));
+        let e = parse_json::<JobRequest>(br#"{"gpus":1,"time_limit_minutes":1}"#).unwrap_err();
+        assert!(e.to_string().contains("image"), "{e}");
+        let e = parse_json::<JobRequest>(b"not json").unwrap_err();
+        assert_eq!(e.code(), "bad_request");
+    }
+}

@@ -1,0 +1,93 @@
+//! Assembles the actix-web app and starts it with the scheduler loop.
+
+use crate::config::Config;
+use crate::db::Db;
+use crate::state::AppState;
+use actix_session::{
+    config::CookieContentSecurity, storage::CookieSessionStore, SessionMiddleware,
+};
+use actix_web::cookie::{Key, SameSite};
+use actix_web::{web, App, HttpResponse, HttpServer};
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// A started portal: where it listens, its state, and the server to await or stop.
+pub struct RunningPortal {
+    pub addr: SocketAddr,
+    pub state: AppState,
+    pub server: actix_web::dev::Server,
+}
+
+impl RunningPortal {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+fn session_key(config: &Config) -> anyhow::Result<Key> {
+    match &config.session_key_file {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            anyhow::ensure!(
+                bytes.len() >= 64,
+                "{} must hold at least 64 bytes",
+                path.display()
+            );
+            Ok(Key::from(&bytes))
+        }
+        None => Ok(Key::generate()),
+    }
+}
+
+/// Opens the database (migrating it), binds the listener and spawns the server and the
+/// scheduler loop on the current tokio runtime.
+pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
+    config.validate()?;
+    let url = config.database_url.clone();
+    let db = tokio::task::spawn_blocking(move || Db::open(&url)).await??;
+    let key = session_key(&config)?;
+    let secure_cookies = !config.insecure_dev_login;
+    let state = AppState {
+        db,
+        config: Arc::new(config),
+        agents: Default::default(),
+        wake: Default::default(),
+    };
+    let data = web::Data::new(state.clone());
+    let listener = std::net::TcpListener::bind(&state.config.listen)
+        .with_context(|| format!("cannot listen on {}", state.config.listen))?;
+    let addr = listener.local_addr()?;
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .wrap(
+                SessionMiddleware::builder(CookieSessionStore::default(), key.clone())
+                    .cookie_name("commons_session".into())
+                    .cookie_secure(secure_cookies)
+                    .cookie_http_only(true)
+                    .cookie_same_site(SameSite::Lax)
+                    .cookie_content_security(CookieContentSecurity::Private)
+                    .build(),
+            )
+            .wrap(actix_web::middleware::Logger::new("%r %s %Dms").exclude("/healthz"))
+            .route(
+                "/healthz",
+                web::get().to(|| async { HttpResponse::Ok().body("ok") }),
+            )
+            .configure(crate::broker::agent::configure)
+            .configure(crate::api::configure)
+            .configure(crate::web::configure)
+    })
+    .workers(2)
+    .disable_signals()
+    .listen(listener)?
+    .run();
+    tokio::spawn(crate::broker::tick::run(state.clone()));
+    Ok(RunningPortal {
+        addr,
+        state,
+        server,
+    })
+}

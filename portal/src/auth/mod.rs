@@ -1,0 +1,130 @@
+//! Who is asking: [`CurrentUser`] is the typed extractor every user-facing handler takes,
+//! so no handler can forget to authenticate. API clients send a personal access token
+//! (`Authorization: Bearer ...`); browsers carry a session cookie. Forms carry a CSRF
+//! token bound to the session ([`csrf_token`], [`check_csrf`]).
+
+use crate::db::models::{Lab, Role, User};
+use crate::error::AppError;
+use crate::state::AppState;
+use actix_session::{Session, SessionExt};
+use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
+use std::future::Future;
+use std::pin::Pin;
+
+const SESSION_USER: &str = "uid";
+const SESSION_CSRF: &str = "csrf";
+
+#[derive(Debug, Clone)]
+pub struct CurrentUser {
+    pub user: User,
+    pub labs: Vec<(Lab, Role)>,
+}
+
+impl CurrentUser {
+    /// (slug, id) of the user's labs, for validation.
+    pub fn lab_ids(&self) -> Vec<(String, i64)> {
+        self.labs
+            .iter()
+            .map(|(l, _)| (l.slug.clone(), l.id))
+            .collect()
+    }
+}
+
+fn bearer(req: &HttpRequest) -> Option<String> {
+    let h = req.headers().get("authorization")?.to_str().ok()?;
+    h.strip_prefix("Bearer ").map(|t| t.trim().to_string())
+}
+
+impl FromRequest for CurrentUser {
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, actix_web::Error>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let state = req.app_data::<web::Data<AppState>>().cloned();
+        let token = bearer(req);
+        let session = req.get_session();
+        let api = req.path().starts_with("/api/");
+        Box::pin(async move {
+            let state = state.ok_or_else(|| AppError::Internal(anyhow::anyhow!("no state")));
+            let state = match state {
+                Ok(s) => s,
+                Err(e) => return Err(as_response(api, e)),
+            };
+            let uid = if token.is_none() {
+                session.get::<i64>(SESSION_USER).ok().flatten()
+            } else {
+                None
+            };
+            state
+                .db
+                .run(move |c| {
+                    let user = match (token, uid) {
+                        (Some(t), _) => {
+                            crate::db::users::user_by_token(c, &t)?.ok_or_else(|| {
+                                AppError::Unauthenticated(
+                                    "the access token is unknown, expired or revoked".into(),
+                                )
+                            })?
+                        }
+                        (None, Some(id)) => crate::db::users::user_by_id(c, id)
+                            .map_err(|_| AppError::Unauthenticated("please log in".into()))?,
+                        (None, None) => {
+                            return Err(AppError::Unauthenticated("please log in".into()))
+                        }
+                    };
+                    let labs = crate::db::users::labs_of(c, user.id)?;
+                    Ok(CurrentUser { user, labs })
+                })
+                .await
+                .map_err(|e| as_response(api, e))
+        })
+    }
+}
+
+/// API errors render as JSON, UI errors as a page (or a redirect to the login).
+fn as_response(api: bool, e: AppError) -> actix_web::Error {
+    if api {
+        crate::error::ApiError(e).into()
+    } else {
+        crate::error::WebError(e).into()
+    }
+}
+
+pub fn log_in(session: &Session, user: i64) -> Result<(), AppError> {
+    session.renew();
+    session
+        .insert(SESSION_USER, user)
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("session: {e}")))
+}
+
+pub fn log_out(session: &Session) {
+    session.purge();
+}
+
+/// The session's CSRF token, made on first use.
+pub fn csrf_token(session: &Session) -> String {
+    if let Ok(Some(t)) = session.get::<String>(SESSION_CSRF) {
+        return t;
+    }
+    let t = hex::encode(rand::random::<[u8; 16]>());
+    let _ = session.insert(SESSION_CSRF, &t);
+    t
+}
+
+/// Refuses a state-changing form whose token is missing or not this session's.
+pub fn check_csrf(session: &Session, provided: &str) -> Result<(), AppError> {
+    match session.get::<String>(SESSION_CSRF) {
+        Ok(Some(t))
+            if !provided.is_empty() && constant_time_eq(t.as_bytes(), provided.as_bytes()) =>
+        {
+            Ok(())
+        }
+        _ => Err(AppError::Forbidden(
+            "the form's security token is missing or stale; reload the page and try again".into(),
+        )),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,116 @@
+//! Portal configuration: a TOML file, then environment variables, then flags.
+//! Validated once in `main` and passed down in `AppState`; no global config.
+
+use anyhow::Context;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `sqlite://PATH` (embedded default) or `postgres://...` (env `COMMONS_DATABASE_URL`).
+    pub database_url: String,
+    /// Address the HTTP server listens on (env `COMMONS_LISTEN`).
+    pub listen: String,
+    /// The URL users and agents reach the portal at (env `COMMONS_PUBLIC_URL`).
+    pub public_url: Option<String>,
+    /// Allow logging in as any existing user without a password. Local demos only.
+    pub insecure_dev_login: bool,
+    /// File with at least 64 random bytes that sign and encrypt session cookies; without
+    /// it a fresh key is made at start (everyone is logged out on restart).
+    pub session_key_file: Option<PathBuf>,
+    pub scheduler: SchedulerConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// How often the scheduler runs without being woken, in milliseconds.
+    pub tick_ms: u64,
+    /// How often agents send heartbeats, in seconds.
+    pub heartbeat_s: u64,
+    /// How long an attempt's lease lasts without renewal, in seconds.
+    pub lease_ttl_s: u64,
+    /// Extra wait after a lease ran out before the job is requeued, in seconds.
+    pub lease_margin_s: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            database_url: "sqlite://commons.db".into(),
+            listen: "127.0.0.1:8080".into(),
+            public_url: None,
+            insecure_dev_login: false,
+            session_key_file: None,
+            scheduler: SchedulerConfig::default(),
+        }
+    }
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            tick_ms: 2000,
+            heartbeat_s: 5,
+            lease_ttl_s: 120,
+            lease_margin_s: 30,
+        }
+    }
+}
+
+impl Config {
+    /// Reads the file (if any) and applies the environment.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut c = match file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read {}", p.display()))?;
+                toml::from_str(&text).with_context(|| format!("{} is not valid", p.display()))?
+            }
+            None => Config::default(),
+        };
+        if let Ok(v) = std::env::var("COMMONS_DATABASE_URL") {
+            c.database_url = v;
+        }
+        if let Ok(v) = std::env::var("COMMONS_LISTEN") {
+            c.listen = v;
+        }
+        if let Ok(v) = std::env::var("COMMONS_PUBLIC_URL") {
+            c.public_url = Some(v);
+        }
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        crate::db::backend_of(&self.database_url)?;
+        let s = &self.scheduler;
+        anyhow::ensure!(s.tick_ms >= 50, "scheduler.tick_ms must be at least 50");
+        anyhow::ensure!(
+            s.heartbeat_s >= 1,
+            "scheduler.heartbeat_s must be at least 1"
+        );
+        anyhow::ensure!(
+            s.lease_ttl_s >= 3 * s.heartbeat_s,
+            "scheduler.lease_ttl_s must be at least three heartbeats"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/portal.example.toml");
+        let c = Config::load(Some(&path)).unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        assert!(toml::from_str::<Config>("databse_url = 'x'").is_err());
+    }
+}

@@ -1,0 +1,483 @@
+//! Attempts: the scheduler's snapshot and plan, and the agent reports that move attempts
+//! (and so jobs) along.
+//!
+//! Invariants:
+//! - At most one active attempt (starting, running, stopping) per job; active attempts
+//!   hold their GPUs, so the scheduler never gives a GPU to two attempts.
+//! - A report about an attempt that is unknown, on another node, or already over changes
+//!   nothing here; if the agent still runs it, the caller answers with a `Stop`.
+
+use super::jobs::{add_event, set_state};
+use super::models::{Attempt, AttemptStatus, Gpu, Job, JobState, Node};
+use super::schema::*;
+use super::{now, DbConn};
+use crate::error::AppError;
+use chrono::NaiveDateTime;
+use commons_proto::{AttemptReport, AttemptState, JobSpec, PortalMsg};
+use diesel::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, AppError> {
+    Ok(job_attempts::table
+        .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
+        .order(job_attempts::id)
+        .select(Attempt::as_select())
+        .load(c)?)
+}
+
+/// Reads the campus into a scheduler snapshot (one transaction).
+pub fn snapshot(c: &mut DbConn) -> Result<commons_sched::Snapshot, AppError> {
+    c.transaction(|c| {
+        let nodes: Vec<Node> = nodes::table
+            .filter(nodes::revoked_at.is_null())
+            .order(nodes::id)
+            .select(Node::as_select())
+            .load(c)?;
+        let gpus: Vec<Gpu> = gpus::table
+            .filter(gpus::present.eq(true))
+            .order(gpus::id)
+            .select(Gpu::as_select())
+            .load(c)?;
+        let active = active_attempts(c)?;
+        let queued: Vec<Job> = jobs::table
+            .filter(jobs::state.eq(JobState::Queued.as_str()))
+            .order(jobs::id)
+            .select(Job::as_select())
+            .load(c)?;
+        let job_of: BTreeMap<i64, Job> = if active.is_empty() {
+            BTreeMap::new()
+        } else {
+            jobs::table
+                .filter(jobs::id.eq_any(active.iter().map(|a| a.job_id).collect::<Vec<_>>()))
+                .select(Job::as_select())
+                .load(c)?
+                .into_iter()
+                .map(|j| (j.id, j))
+                .collect()
+        };
+        Ok(commons_sched::Snapshot {
+            nodes: nodes
+                .iter()
+                .map(|n| commons_sched::Node {
+                    id: n.id,
+                    name: n.name.clone(),
+                    lab: n.lab_id,
+                    schedulable: n.online,
+                    gpus: gpus
+                        .iter()
+                        .filter(|g| g.node_id == n.id)
+                        .map(|g| commons_sched::Gpu {
+                            id: g.id,
+                            model: g.model.clone(),
+                            memory_mb: g.memory_mb as u64,
+                            local_use: g.local_use,
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            running: active
+                .iter()
+                .map(|a| {
+                    let j = job_of.get(&a.job_id);
+                    commons_sched::RunningJob {
+                        id: a.job_id,
+                        user: j.map_or(0, |j| j.user_id),
+                        lab: j.map_or(0, |j| j.lab_id),
+                        node: a.node_id,
+                        gpus: a.gpu_id_list(),
+                        started_at: a.created_at.and_utc().timestamp(),
+                        time_limit_s: j.map_or(0, |j| j.time_limit_s),
+                        preempting: a.status() == AttemptStatus::Stopping,
+                        ..Default::default()
+                    }
+                })
+                .collect(),
+            queue: queued
+                .iter()
+                .map(|j| commons_sched::QueuedJob {
+                    id: j.id,
+                    user: j.user_id,
+                    lab: j.lab_id,
+                    gpus: j.gpus.max(0) as u32,
+                    models: j.models_vec(),
+                    min_memory_mb: j.min_gpu_memory_mb.max(0) as u64,
+                    time_limit_s: j.time_limit_s,
+                    submitted_at: j.created_at.and_utc().timestamp(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+    })
+}
+
+/// A `Start` to send once the plan is committed.
+pub struct StartOrder {
+    pub node: i64,
+    pub msg: PortalMsg,
+}
+
+/// Commits a plan (second transaction), re-checking each start against the database as
+/// it is now: the job must still be queued, its node online and its GPUs free.
+pub fn apply_plan(
+    c: &mut DbConn,
+    plan: &commons_sched::Plan,
+    lease_ttl: chrono::Duration,
+) -> Result<Vec<StartOrder>, AppError> {
+    c.transaction(|c| {
+        let mut held: BTreeSet<i64> = active_attempts(c)?
+            .iter()
+            .flat_map(|a| a.gpu_id_list())
+            .collect();
+        let mut orders = Vec::new();
+        for s in &plan.start {
+            let job = super::jobs::get(c, s.job)?;
+            let node: Option<Node> = nodes::table
+                .find(s.node)
+                .filter(nodes::online.eq(true))
+                .filter(nodes::revoked_at.is_null())
+                .select(Node::as_select())
+                .first(c)
+                .optional()?;
+            let gpus = super::nodes::gpus_by_ids(c, &s.gpus)?;
+            let gpus_ok = gpus.len() == s.gpus.len()
+                && gpus
+                    .iter()
+                    .all(|g| g.node_id == s.node && g.present && !held.contains(&g.id));
+            let (Some(node), true, JobState::Queued) = (node, gpus_ok, job.state()) else {
+                tracing::info!(job = s.job, "plan start no longer valid; skipped");
+                continue;
+            };
+            held.extend(s.gpus.iter().copied());
+            let attempt = job.attempts + 1;
+            let t = now();
+            let lease_until = t + lease_ttl;
+            let ids: Vec<String> = s.gpus.iter().map(|g| g.to_string()).collect();
+            diesel::insert_into(job_attempts::table)
+                .values((
+                    job_attempts::job_id.eq(job.id),
+                    job_attempts::attempt.eq(attempt),
+                    job_attempts::node_id.eq(node.id),
+                    job_attempts::gpu_ids.eq(ids.join(",")),
+                    job_attempts::state.eq(AttemptStatus::Starting.as_str()),
+                    job_attempts::lease_until.eq(lease_until),
+                    job_attempts::created_at.eq(t),
+                ))
+                .execute(c)?;
+            diesel::update(jobs::table.find(job.id))
+                .set((
+                    jobs::attempts.eq(attempt),
+                    jobs::node_id.eq(node.id),
+                    jobs::reason.eq(None::<String>),
+                    jobs::queue_position.eq(None::<i32>),
+                ))
+                .execute(c)?;
+            let names: Vec<String> = gpus
+                .iter()
+                .map(|g| format!("#{} {}", g.idx, g.model))
+                .collect();
+            set_state(
+                c,
+                job.id,
+                JobState::Starting,
+                &format!(
+                    "attempt {attempt} starting on {} (GPU {})",
+                    node.name,
+                    names.join(", ")
+                ),
+            )?;
+            let user: String = users::table
+                .find(job.user_id)
+                .select(users::username)
+                .first(c)?;
+            orders.push(StartOrder {
+                node: node.id,
+                msg: PortalMsg::Start {
+                    job: job.id,
+                    attempt,
+                    spec: JobSpec {
+                        image: job.image.clone(),
+                        command: job.command_vec(),
+                        env: job.env_map(),
+                        cpus: job.cpus,
+                        memory_mb: job.memory_mb.max(0) as u64,
+                        time_limit_s: job.time_limit_s.max(0) as u64,
+                        user,
+                    },
+                    gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
+                    lease_until: lease_until.and_utc().timestamp(),
+                },
+            });
+        }
+        for p in &plan.pending {
+            let reason = p.reason.to_string();
+            diesel::update(
+                jobs::table
+                    .find(p.job)
+                    .filter(jobs::state.eq(JobState::Queued.as_str())),
+            )
+            .set((
+                jobs::reason.eq(Some(reason)),
+                jobs::queue_position.eq(Some(p.position as i32)),
+            ))
+            .execute(c)?;
+        }
+        Ok(orders)
+    })
+}
+
+fn requeue(c: &mut DbConn, job: i64, why: &str) -> Result<(), AppError> {
+    diesel::update(jobs::table.find(job))
+        .set((jobs::node_id.eq(None::<i64>), jobs::reason.eq(Some(why))))
+        .execute(c)?;
+    set_state(c, job, JobState::Queued, &format!("requeued: {why}"))
+}
+
+/// Ends an attempt and moves its job along.
+fn end_attempt(
+    c: &mut DbConn,
+    a: &Attempt,
+    status: AttemptStatus,
+    exit_code: Option<i64>,
+    reason: Option<&str>,
+) -> Result<(), AppError> {
+    diesel::update(job_attempts::table.find(a.id))
+        .set((
+            job_attempts::state.eq(status.as_str()),
+            job_attempts::ended_at.eq(now()),
+            job_attempts::exit_code.eq(exit_code),
+            job_attempts::reason.eq(reason),
+        ))
+        .execute(c)?;
+    let job = super::jobs::get(c, a.job_id)?;
+    // Only the job's current attempt may decide its fate.
+    if job.attempts != a.attempt {
+        return Ok(());
+    }
+    match job.state() {
+        JobState::Starting | JobState::Running => {}
+        JobState::Preempting => return requeue(c, job.id, reason.unwrap_or("preempted")),
+        JobState::Cancelled => {
+            return add_event(c, job.id, JobState::Cancelled, "container stopped");
+        }
+        _ => return Ok(()),
+    }
+    diesel::update(jobs::table.find(job.id))
+        .set((jobs::exit_code.eq(exit_code), jobs::reason.eq(reason)))
+        .execute(c)?;
+    match status {
+        AttemptStatus::Exited if exit_code == Some(0) => {
+            set_state(c, job.id, JobState::Succeeded, "exited with code 0")
+        }
+        AttemptStatus::Exited => set_state(
+            c,
+            job.id,
+            JobState::Failed,
+            &format!("exited with code {}", exit_code.unwrap_or(-1)),
+        ),
+        AttemptStatus::Lost => requeue(c, job.id, reason.unwrap_or("lost")),
+        AttemptStatus::Stopped if reason.is_some_and(|r| r.starts_with("lease expired")) => {
+            requeue(c, job.id, reason.unwrap_or("lease expired"))
+        }
+        _ => set_state(c, job.id, JobState::Failed, reason.unwrap_or("stopped")),
+    }
+}
+
+/// What the caller must do after a report.
+#[derive(Debug, Default)]
+pub struct ReportOutcome {
+    /// Send this `Stop` back to the agent.
+    pub stop: Option<PortalMsg>,
+    /// GPUs were freed: run the scheduler soon.
+    pub freed: bool,
+}
+
+/// Applies one attempt report or event from `node`.
+pub fn apply_report(
+    c: &mut DbConn,
+    node: i64,
+    r: &AttemptReport,
+) -> Result<ReportOutcome, AppError> {
+    c.transaction(|c| {
+        let a: Option<Attempt> = job_attempts::table
+            .filter(job_attempts::job_id.eq(r.job))
+            .filter(job_attempts::attempt.eq(r.attempt))
+            .select(Attempt::as_select())
+            .first(c)
+            .optional()?;
+        let stop = |why: &str| PortalMsg::Stop {
+            job: r.job,
+            attempt: r.attempt,
+            grace_s: 10,
+            reason: why.into(),
+        };
+        let a = match a {
+            Some(a) if a.node_id == node && a.status().is_active() => a,
+            _ => {
+                let mut out = ReportOutcome::default();
+                if !r.state.is_final() {
+                    out.stop = Some(stop("this attempt is not expected to run"));
+                }
+                return Ok(out);
+            }
+        };
+        let mut out = ReportOutcome::default();
+        match r.state {
+            AttemptState::Starting => {}
+            AttemptState::Running => {
+                if a.status() == AttemptStatus::Starting {
+                    diesel::update(job_attempts::table.find(a.id))
+                        .set((
+                            job_attempts::state.eq(AttemptStatus::Running.as_str()),
+                            job_attempts::started_at.eq(now()),
+                        ))
+                        .execute(c)?;
+                    let job = super::jobs::get(c, a.job_id)?;
+                    if job.state() == JobState::Starting && job.attempts == a.attempt {
+                        if job.started_at.is_none() {
+                            diesel::update(jobs::table.find(job.id))
+                                .set(jobs::started_at.eq(now()))
+                                .execute(c)?;
+                        }
+                        set_state(
+                            c,
+                            job.id,
+                            JobState::Running,
+                            &format!("attempt {} running", a.attempt),
+                        )?;
+                    }
+                } else if a.status() == AttemptStatus::Stopping {
+                    out.stop = Some(stop("cancelled"));
+                }
+            }
+            AttemptState::Exited => {
+                end_attempt(
+                    c,
+                    &a,
+                    AttemptStatus::Exited,
+                    r.exit_code,
+                    r.reason.as_deref(),
+                )?;
+                out.freed = true;
+            }
+            AttemptState::Stopped => {
+                end_attempt(
+                    c,
+                    &a,
+                    AttemptStatus::Stopped,
+                    r.exit_code,
+                    r.reason.as_deref(),
+                )?;
+                out.freed = true;
+            }
+            AttemptState::Failed => {
+                end_attempt(
+                    c,
+                    &a,
+                    AttemptStatus::Failed,
+                    r.exit_code,
+                    r.reason.as_deref(),
+                )?;
+                out.freed = true;
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// After a `Hello`: attempts this node should run but does not report are lost (their
+/// jobs go back to the queue). Returns whether any were.
+pub fn reconcile_missing(
+    c: &mut DbConn,
+    node: i64,
+    reported: &[AttemptReport],
+) -> Result<bool, AppError> {
+    c.transaction(|c| {
+        let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
+        let ours: Vec<Attempt> = job_attempts::table
+            .filter(job_attempts::node_id.eq(node))
+            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
+            .select(Attempt::as_select())
+            .load(c)?;
+        let mut any = false;
+        for a in ours
+            .iter()
+            .filter(|a| !known.contains(&(a.job_id, a.attempt)))
+        {
+            end_attempt(
+                c,
+                a,
+                AttemptStatus::Lost,
+                None,
+                Some("the server no longer had its container"),
+            )?;
+            any = true;
+        }
+        Ok(any)
+    })
+}
+
+/// Renews the leases of this node's active attempts; returns the `Renew` to send.
+pub fn renew(c: &mut DbConn, node: i64, ttl: chrono::Duration) -> Result<PortalMsg, AppError> {
+    let until = now() + ttl;
+    c.transaction(|c| {
+        let ours: Vec<(i64, i32)> = job_attempts::table
+            .filter(job_attempts::node_id.eq(node))
+            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
+            .select((job_attempts::job_id, job_attempts::attempt))
+            .load(c)?;
+        diesel::update(
+            job_attempts::table
+                .filter(job_attempts::node_id.eq(node))
+                .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE)),
+        )
+        .set(job_attempts::lease_until.eq(until))
+        .execute(c)?;
+        Ok(PortalMsg::Renew {
+            lease_until: until.and_utc().timestamp(),
+            attempts: ours,
+        })
+    })
+}
+
+/// `Stop`s for this node's attempts that are being stopped (sent again after a reconnect).
+pub fn pending_stops(c: &mut DbConn, node: i64) -> Result<Vec<PortalMsg>, AppError> {
+    let rows: Vec<(i64, i32)> = job_attempts::table
+        .filter(job_attempts::node_id.eq(node))
+        .filter(job_attempts::state.eq(AttemptStatus::Stopping.as_str()))
+        .select((job_attempts::job_id, job_attempts::attempt))
+        .load(c)?;
+    Ok(rows
+        .into_iter()
+        .map(|(job, attempt)| PortalMsg::Stop {
+            job,
+            attempt,
+            grace_s: 10,
+            reason: "cancelled".into(),
+        })
+        .collect())
+}
+
+/// Attempts whose lease ran out before `cutoff` (lease TTL plus a margin ago): their agent
+/// has stopped them by now, so they are lost and their jobs requeued.
+pub fn expire_leases(c: &mut DbConn, cutoff: NaiveDateTime) -> Result<usize, AppError> {
+    c.transaction(|c| {
+        let expired: Vec<Attempt> = job_attempts::table
+            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
+            .filter(job_attempts::lease_until.lt(cutoff))
+            .select(Attempt::as_select())
+            .load(c)?;
+        for a in &expired {
+            end_attempt(
+                c,
+                a,
+                AttemptStatus::Lost,
+                None,
+                Some("lost contact with its server"),
+            )?;
+        }
+        Ok(expired.len())
+    })
+}

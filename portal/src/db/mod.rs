@@ -1,0 +1,185 @@
+//! The database layer: diesel over SQLite (embedded default) or PostgreSQL, chosen by the
+//! URL scheme, with the same queries for both. No HTTP in here.
+//!
+//! Invariants:
+//! - Migrations are embedded and applied at start, per backend.
+//! - SQLite runs with WAL, foreign keys on and a busy timeout, through a pool of one
+//!   connection: SQLite serialises writers anyway, and one connection rules out
+//!   `database is locked` errors under load.
+//! - Blocking diesel calls run on the blocking thread pool ([`Db::run`]), never on the
+//!   async executor.
+
+pub mod attempts;
+pub mod jobs;
+pub mod models;
+pub mod nodes;
+pub mod schema;
+pub mod users;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::r2d2::{self, ManageConnection};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use thiserror::Error;
+
+pub const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations/sqlite");
+pub const POSTGRES_MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations/postgres");
+
+#[derive(diesel::MultiConnection)]
+pub enum DbConn {
+    Pg(diesel::PgConnection),
+    Sqlite(diesel::SqliteConnection),
+}
+
+#[derive(Debug, Error)]
+pub enum DbError {
+    #[error("database URL must start with sqlite:// or postgres://, got {0:?}")]
+    BadUrl(String),
+    #[error("cannot connect to the database: {0}")]
+    Connect(#[from] diesel::ConnectionError),
+    #[error("database pool: {0}")]
+    Pool(#[from] r2d2::PoolError),
+    #[error("database migration failed: {0}")]
+    Migration(String),
+    #[error(transparent)]
+    Query(#[from] diesel::result::Error),
+    #[error("database task panicked or was cancelled")]
+    Join,
+}
+
+/// Which backend a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub fn backend_of(url: &str) -> Result<Backend, DbError> {
+    if url.starts_with("sqlite://") {
+        Ok(Backend::Sqlite)
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Backend::Postgres)
+    } else {
+        Err(DbError::BadUrl(url.to_string()))
+    }
+}
+
+/// Opens one connection for `url`, set up for our use.
+pub fn establish(url: &str) -> Result<DbConn, DbError> {
+    match backend_of(url)? {
+        Backend::Postgres => Ok(DbConn::Pg(diesel::PgConnection::establish(url)?)),
+        Backend::Sqlite => {
+            let path = url.trim_start_matches("sqlite://");
+            if let Some(dir) = std::path::Path::new(path).parent() {
+                if !dir.as_os_str().is_empty() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+            }
+            let mut c = diesel::SqliteConnection::establish(path)?;
+            c.batch_execute(
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+                 PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 10000;",
+            )?;
+            Ok(DbConn::Sqlite(c))
+        }
+    }
+}
+
+pub struct Manager {
+    url: String,
+}
+
+impl ManageConnection for Manager {
+    type Connection = DbConn;
+    type Error = DbError;
+
+    fn connect(&self) -> Result<DbConn, DbError> {
+        establish(&self.url)
+    }
+
+    fn is_valid(&self, conn: &mut DbConn) -> Result<(), DbError> {
+        conn.batch_execute("SELECT 1").map_err(DbError::from)
+    }
+
+    fn has_broken(&self, _conn: &mut DbConn) -> bool {
+        false
+    }
+}
+
+pub fn run_migrations(conn: &mut DbConn) -> Result<(), DbError> {
+    let migrations = match conn {
+        DbConn::Pg(_) => POSTGRES_MIGRATIONS,
+        DbConn::Sqlite(_) => SQLITE_MIGRATIONS,
+    };
+    conn.run_pending_migrations(migrations)
+        .map_err(|e| DbError::Migration(e.to_string()))?;
+    Ok(())
+}
+
+/// A pool of connections and the way to use them from async code.
+#[derive(Clone)]
+pub struct Db {
+    pool: r2d2::Pool<Manager>,
+    pub backend: Backend,
+}
+
+impl Db {
+    /// Connects, and applies pending migrations.
+    pub fn open(url: &str) -> Result<Self, DbError> {
+        let backend = backend_of(url)?;
+        let size = match backend {
+            Backend::Sqlite => 1,
+            Backend::Postgres => 8,
+        };
+        let pool = r2d2::Pool::builder()
+            .max_size(size)
+            .connection_timeout(std::time::Duration::from_secs(30))
+            .build(Manager {
+                url: url.to_string(),
+            })?;
+        run_migrations(&mut *pool.get()?)?;
+        Ok(Self { pool, backend })
+    }
+
+    /// Runs blocking database work on the blocking pool.
+    pub async fn run<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut DbConn) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<DbError> + Send + 'static,
+    {
+        let pool = self.pool.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = pool.get().map_err(DbError::from)?;
+            f(&mut conn)
+        })
+        .await
+        .map_err(|_| E::from(DbError::Join))?
+    }
+
+    /// The same, for code that is already on a blocking thread (the CLI).
+    pub fn run_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut DbConn) -> Result<T, E>,
+        E: From<DbError>,
+    {
+        let mut conn = self.pool.get().map_err(DbError::from)?;
+        f(&mut conn)
+    }
+}
+
+/// `INSERT ... RETURNING id` on either backend (the multi-backend has no RETURNING of its
+/// own, each inner connection does).
+#[macro_export]
+macro_rules! insert_returning_id {
+    ($conn:expr, $insert:expr, $id:expr) => {
+        match $conn {
+            $crate::db::DbConn::Pg(c) => $insert.returning($id).get_result::<i64>(c),
+            $crate::db::DbConn::Sqlite(c) => $insert.returning($id).get_result::<i64>(c),
+        }
+    };
+}
+
+pub fn now() -> chrono::NaiveDateTime {
+    chrono::Utc::now().naive_utc()
+}

@@ -1,0 +1,249 @@
+//! Lab servers (nodes), their enrolment, and the GPUs their agents report.
+
+use super::models::{Gpu, Lab, Node};
+use super::schema::*;
+use super::users::{hash_secret, new_secret};
+use super::{now, DbConn};
+use crate::error::AppError;
+use crate::insert_returning_id;
+use commons_proto::{GpuInfo, GpuStat};
+use diesel::prelude::*;
+
+/// Spends a one-time enrolment token on a new node; returns the node, its lab and the
+/// node's credential (shown once). A used, expired or unknown token is refused.
+pub fn enrol(
+    c: &mut DbConn,
+    token: &str,
+    hostname: &str,
+    agent_version: &str,
+) -> Result<(Node, Lab, String), AppError> {
+    c.transaction(|c| {
+        let row: Option<(
+            i64,
+            i64,
+            Option<chrono::NaiveDateTime>,
+            chrono::NaiveDateTime,
+        )> = enrol_tokens::table
+            .filter(enrol_tokens::token_hash.eq(hash_secret(token)))
+            .select((
+                enrol_tokens::id,
+                enrol_tokens::lab_id,
+                enrol_tokens::used_at,
+                enrol_tokens::expires_at,
+            ))
+            .first(c)
+            .optional()?;
+        let Some((token_id, lab_id, used_at, expires_at)) = row else {
+            return Err(AppError::Unauthenticated("unknown enrolment token".into()));
+        };
+        if used_at.is_some() {
+            return Err(AppError::Unauthenticated(
+                "this enrolment token was used already; ask the lab admin for a new one".into(),
+            ));
+        }
+        if expires_at < now() {
+            return Err(AppError::Unauthenticated(
+                "this enrolment token has expired".into(),
+            ));
+        }
+        let name: String = hostname
+            .chars()
+            .filter(|ch| ch.is_ascii_alphanumeric() || "-._".contains(*ch))
+            .take(63)
+            .collect();
+        let name = if name.is_empty() {
+            "server".to_string()
+        } else {
+            name
+        };
+        let credential = new_secret("gcn");
+        let node_id = insert_returning_id!(
+            c,
+            diesel::insert_into(nodes::table).values((
+                nodes::lab_id.eq(lab_id),
+                nodes::name.eq(&name),
+                nodes::credential_hash.eq(hash_secret(&credential)),
+                nodes::agent_version.eq(agent_version),
+                nodes::created_at.eq(now()),
+            )),
+            nodes::id
+        )?;
+        // Guarded update: of two agents racing with one token, only one wins.
+        let spent = diesel::update(
+            enrol_tokens::table
+                .find(token_id)
+                .filter(enrol_tokens::used_at.is_null()),
+        )
+        .set((
+            enrol_tokens::used_at.eq(now()),
+            enrol_tokens::node_id.eq(node_id),
+        ))
+        .execute(c)?;
+        if spent != 1 {
+            return Err(AppError::Unauthenticated(
+                "this enrolment token was used already".into(),
+            ));
+        }
+        let node = nodes::table
+            .find(node_id)
+            .select(Node::as_select())
+            .first(c)?;
+        let lab = labs::table.find(lab_id).select(Lab::as_select()).first(c)?;
+        Ok((node, lab, credential))
+    })
+}
+
+pub fn node_by_credential(c: &mut DbConn, credential: &str) -> Result<Option<Node>, AppError> {
+    Ok(nodes::table
+        .filter(nodes::credential_hash.eq(hash_secret(credential)))
+        .filter(nodes::revoked_at.is_null())
+        .select(Node::as_select())
+        .first(c)
+        .optional()?)
+}
+
+pub fn set_online(c: &mut DbConn, node: i64, online: bool) -> Result<(), AppError> {
+    diesel::update(nodes::table.find(node))
+        .set((nodes::online.eq(online), nodes::last_seen_at.eq(now())))
+        .execute(c)?;
+    Ok(())
+}
+
+/// Records the inventory of a `Hello`: known GPUs are updated, new ones added, missing ones
+/// marked absent (never deleted: attempts refer to them).
+pub fn upsert_gpus(
+    c: &mut DbConn,
+    node: i64,
+    version: &str,
+    inventory: &[GpuInfo],
+) -> Result<(), AppError> {
+    c.transaction(|c| {
+        diesel::update(nodes::table.find(node))
+            .set((
+                nodes::agent_version.eq(version),
+                nodes::online.eq(true),
+                nodes::last_seen_at.eq(now()),
+            ))
+            .execute(c)?;
+        diesel::update(gpus::table.filter(gpus::node_id.eq(node)))
+            .set(gpus::present.eq(false))
+            .execute(c)?;
+        for g in inventory {
+            let updated = diesel::update(
+                gpus::table
+                    .filter(gpus::node_id.eq(node))
+                    .filter(gpus::uuid.eq(&g.uuid)),
+            )
+            .set((
+                gpus::idx.eq(g.index as i32),
+                gpus::model.eq(&g.model),
+                gpus::memory_mb.eq(g.memory_mb as i64),
+                gpus::is_fake.eq(g.fake),
+                gpus::present.eq(true),
+            ))
+            .execute(c)?;
+            if updated == 0 {
+                diesel::insert_into(gpus::table)
+                    .values((
+                        gpus::node_id.eq(node),
+                        gpus::uuid.eq(&g.uuid),
+                        gpus::idx.eq(g.index as i32),
+                        gpus::model.eq(&g.model),
+                        gpus::memory_mb.eq(g.memory_mb as i64),
+                        gpus::is_fake.eq(g.fake),
+                        gpus::present.eq(true),
+                    ))
+                    .execute(c)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Records a heartbeat's GPU numbers. Returns whether any GPU's local use changed (the
+/// scheduler should look again).
+pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<bool, AppError> {
+    c.transaction(|c| {
+        diesel::update(nodes::table.find(node))
+            .set((nodes::online.eq(true), nodes::last_seen_at.eq(now())))
+            .execute(c)?;
+        let mut changed = false;
+        for s in stats {
+            let before: Option<bool> = gpus::table
+                .filter(gpus::node_id.eq(node))
+                .filter(gpus::uuid.eq(&s.uuid))
+                .select(gpus::local_use)
+                .first(c)
+                .optional()?;
+            changed |= before.is_some_and(|b| b != s.local_use);
+            diesel::update(
+                gpus::table
+                    .filter(gpus::node_id.eq(node))
+                    .filter(gpus::uuid.eq(&s.uuid)),
+            )
+            .set((
+                gpus::local_use.eq(s.local_use),
+                gpus::utilization_pct.eq(s.utilization_pct.min(100) as i32),
+            ))
+            .execute(c)?;
+        }
+        Ok(changed)
+    })
+}
+
+/// Nodes whose agent has not been heard from since `cutoff` go offline.
+pub fn mark_silent_offline(
+    c: &mut DbConn,
+    cutoff: chrono::NaiveDateTime,
+) -> Result<usize, AppError> {
+    Ok(diesel::update(
+        nodes::table
+            .filter(nodes::online.eq(true))
+            .filter(nodes::last_seen_at.lt(cutoff)),
+    )
+    .set(nodes::online.eq(false))
+    .execute(c)?)
+}
+
+/// Every node with its lab and GPUs, for the nodes page and API.
+pub fn list_with_gpus(c: &mut DbConn) -> Result<Vec<(Node, Lab, Vec<Gpu>)>, AppError> {
+    let rows: Vec<(Node, Lab)> = nodes::table
+        .inner_join(labs::table)
+        .filter(nodes::revoked_at.is_null())
+        .order(nodes::id)
+        .select((Node::as_select(), Lab::as_select()))
+        .load(c)?;
+    let all_gpus: Vec<Gpu> = gpus::table
+        .filter(gpus::present.eq(true))
+        .order((gpus::node_id, gpus::idx))
+        .select(Gpu::as_select())
+        .load(c)?;
+    Ok(rows
+        .into_iter()
+        .map(|(n, l)| {
+            let g = all_gpus
+                .iter()
+                .filter(|g| g.node_id == n.id)
+                .cloned()
+                .collect();
+            (n, l, g)
+        })
+        .collect())
+}
+
+pub fn gpus_by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Gpu>, AppError> {
+    Ok(gpus::table
+        .filter(gpus::id.eq_any(ids))
+        .order(gpus::idx)
+        .select(Gpu::as_select())
+        .load(c)?)
+}
+
+pub fn node_by_id(c: &mut DbConn, id: i64) -> Result<Node, AppError> {
+    nodes::table
+        .find(id)
+        .select(Node::as_select())
+        .first(c)
+        .optional()?
+        .ok_or(AppError::NotFound("node"))
+}

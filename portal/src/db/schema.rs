@@ -1,0 +1,174 @@
+//! The one hand-written schema both backends share: ids as `BigInt`, enums as `Text`,
+//! times as `Timestamp` in UTC, JSON as `Text`.
+
+diesel::table! {
+    labs (id) {
+        id -> BigInt,
+        slug -> Text,
+        name -> Text,
+        created_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    users (id) {
+        id -> BigInt,
+        username -> Text,
+        email -> Text,
+        display_name -> Text,
+        is_operator -> Bool,
+        created_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    memberships (user_id, lab_id) {
+        user_id -> BigInt,
+        lab_id -> BigInt,
+        role -> Text,
+    }
+}
+
+diesel::table! {
+    api_tokens (id) {
+        id -> BigInt,
+        user_id -> BigInt,
+        name -> Text,
+        token_hash -> Text,
+        created_at -> Timestamp,
+        expires_at -> Nullable<Timestamp>,
+        last_used_at -> Nullable<Timestamp>,
+        revoked_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
+    nodes (id) {
+        id -> BigInt,
+        lab_id -> BigInt,
+        name -> Text,
+        credential_hash -> Text,
+        agent_version -> Text,
+        online -> Bool,
+        last_seen_at -> Nullable<Timestamp>,
+        created_at -> Timestamp,
+        revoked_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
+    enrol_tokens (id) {
+        id -> BigInt,
+        lab_id -> BigInt,
+        token_hash -> Text,
+        created_at -> Timestamp,
+        expires_at -> Timestamp,
+        used_at -> Nullable<Timestamp>,
+        node_id -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    gpus (id) {
+        id -> BigInt,
+        node_id -> BigInt,
+        uuid -> Text,
+        idx -> Integer,
+        model -> Text,
+        memory_mb -> BigInt,
+        is_fake -> Bool,
+        present -> Bool,
+        local_use -> Bool,
+        utilization_pct -> Integer,
+    }
+}
+
+diesel::table! {
+    jobs (id) {
+        id -> BigInt,
+        user_id -> BigInt,
+        lab_id -> BigInt,
+        image -> Text,
+        command -> Text,
+        env -> Text,
+        gpus -> Integer,
+        gpu_models -> Text,
+        min_gpu_memory_mb -> BigInt,
+        cpus -> Double,
+        memory_mb -> BigInt,
+        time_limit_s -> BigInt,
+        kind -> Text,
+        state -> Text,
+        reason -> Nullable<Text>,
+        queue_position -> Nullable<Integer>,
+        exit_code -> Nullable<BigInt>,
+        attempts -> Integer,
+        node_id -> Nullable<BigInt>,
+        log_bytes -> BigInt,
+        created_at -> Timestamp,
+        started_at -> Nullable<Timestamp>,
+        finished_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
+    job_attempts (id) {
+        id -> BigInt,
+        job_id -> BigInt,
+        attempt -> Integer,
+        node_id -> BigInt,
+        gpu_ids -> Text,
+        state -> Text,
+        lease_until -> Timestamp,
+        created_at -> Timestamp,
+        started_at -> Nullable<Timestamp>,
+        ended_at -> Nullable<Timestamp>,
+        exit_code -> Nullable<BigInt>,
+        reason -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    job_events (id) {
+        id -> BigInt,
+        job_id -> BigInt,
+        at -> Timestamp,
+        state -> Text,
+        message -> Text,
+    }
+}
+
+diesel::table! {
+    job_logs (id) {
+        id -> BigInt,
+        job_id -> BigInt,
+        attempt -> Integer,
+        chunk -> Text,
+        created_at -> Timestamp,
+    }
+}
+
+diesel::joinable!(memberships -> users (user_id));
+diesel::joinable!(memberships -> labs (lab_id));
+diesel::joinable!(api_tokens -> users (user_id));
+diesel::joinable!(nodes -> labs (lab_id));
+diesel::joinable!(gpus -> nodes (node_id));
+diesel::joinable!(jobs -> users (user_id));
+diesel::joinable!(jobs -> labs (lab_id));
+diesel::joinable!(job_attempts -> jobs (job_id));
+diesel::joinable!(job_events -> jobs (job_id));
+diesel::joinable!(job_logs -> jobs (job_id));
+
+diesel::allow_tables_to_appear_in_same_query!(
+    labs,
+    users,
+    memberships,
+    api_tokens,
+    nodes,
+    enrol_tokens,
+    gpus,
+    jobs,
+    job_attempts,
+    job_events,
+    job_logs,
+);

@@ -1,0 +1,202 @@
+//! Labs, users, memberships, and the secrets that stand for them: personal access
+//! tokens and agent enrolment tokens. Secrets are random, shown once, stored as SHA-256.
+
+use super::models::{Lab, Role, User};
+use super::schema::*;
+use super::{now, DbConn};
+use crate::error::AppError;
+use crate::insert_returning_id;
+use diesel::prelude::*;
+use sha2::{Digest, Sha256};
+
+/// A fresh secret with a recognisable prefix (so leaked ones are easy to grep for).
+pub fn new_secret(prefix: &str) -> String {
+    format!("{prefix}_{}", hex::encode(rand::random::<[u8; 24]>()))
+}
+
+pub fn hash_secret(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+pub fn create_lab(c: &mut DbConn, slug: &str, name: &str) -> Result<Lab, AppError> {
+    crate::validate::slug("slug", slug)?;
+    if name.trim().is_empty() || name.len() > 200 {
+        return Err(AppError::invalid(
+            "name",
+            "a lab needs a name of 1 to 200 characters",
+        ));
+    }
+    let exists: i64 = labs::table
+        .filter(labs::slug.eq(slug))
+        .count()
+        .get_result(c)?;
+    if exists > 0 {
+        return Err(AppError::conflict(
+            "lab_exists",
+            format!("lab {slug:?} exists already"),
+        ));
+    }
+    let id = insert_returning_id!(
+        c,
+        diesel::insert_into(labs::table).values((
+            labs::slug.eq(slug),
+            labs::name.eq(name.trim()),
+            labs::created_at.eq(now()),
+        )),
+        labs::id
+    )?;
+    Ok(labs::table.find(id).select(Lab::as_select()).first(c)?)
+}
+
+pub fn lab_by_slug(c: &mut DbConn, slug: &str) -> Result<Lab, AppError> {
+    labs::table
+        .filter(labs::slug.eq(slug))
+        .select(Lab::as_select())
+        .first(c)
+        .optional()?
+        .ok_or_else(|| AppError::invalid("lab", format!("no lab {slug:?}")))
+}
+
+pub fn create_user(
+    c: &mut DbConn,
+    username: &str,
+    email: &str,
+    operator: bool,
+) -> Result<User, AppError> {
+    crate::validate::username(username)?;
+    if !email.contains('@') || email.len() > 320 {
+        return Err(AppError::invalid("email", "an e-mail address needs an @"));
+    }
+    let exists: i64 = users::table
+        .filter(users::username.eq(username))
+        .count()
+        .get_result(c)?;
+    if exists > 0 {
+        return Err(AppError::conflict(
+            "user_exists",
+            format!("user {username:?} exists already"),
+        ));
+    }
+    let id = insert_returning_id!(
+        c,
+        diesel::insert_into(users::table).values((
+            users::username.eq(username),
+            users::email.eq(email),
+            users::display_name.eq(username),
+            users::is_operator.eq(operator),
+            users::created_at.eq(now()),
+        )),
+        users::id
+    )?;
+    user_by_id(c, id)
+}
+
+pub fn user_by_id(c: &mut DbConn, id: i64) -> Result<User, AppError> {
+    users::table
+        .find(id)
+        .select(User::as_select())
+        .first(c)
+        .optional()?
+        .ok_or(AppError::NotFound("user"))
+}
+
+pub fn user_by_name(c: &mut DbConn, username: &str) -> Result<Option<User>, AppError> {
+    Ok(users::table
+        .filter(users::username.eq(username))
+        .select(User::as_select())
+        .first(c)
+        .optional()?)
+}
+
+pub fn all_users(c: &mut DbConn) -> Result<Vec<User>, AppError> {
+    Ok(users::table
+        .order(users::username)
+        .select(User::as_select())
+        .load(c)?)
+}
+
+/// Adds or changes a membership.
+pub fn set_membership(c: &mut DbConn, user: i64, lab: i64, role: Role) -> Result<(), AppError> {
+    diesel::delete(
+        memberships::table
+            .filter(memberships::user_id.eq(user))
+            .filter(memberships::lab_id.eq(lab)),
+    )
+    .execute(c)?;
+    diesel::insert_into(memberships::table)
+        .values((
+            memberships::user_id.eq(user),
+            memberships::lab_id.eq(lab),
+            memberships::role.eq(role.as_str()),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+/// The labs a user belongs to, by slug.
+pub fn labs_of(c: &mut DbConn, user: i64) -> Result<Vec<(Lab, Role)>, AppError> {
+    let rows: Vec<(Lab, String)> = memberships::table
+        .inner_join(labs::table)
+        .filter(memberships::user_id.eq(user))
+        .order(labs::slug)
+        .select((Lab::as_select(), memberships::role))
+        .load(c)?;
+    Ok(rows
+        .into_iter()
+        .map(|(l, r)| (l, Role::parse(&r)))
+        .collect())
+}
+
+/// Creates a personal access token; returns the secret (shown once).
+pub fn create_api_token(c: &mut DbConn, user: i64, name: &str) -> Result<String, AppError> {
+    let secret = new_secret("gcp");
+    diesel::insert_into(api_tokens::table)
+        .values((
+            api_tokens::user_id.eq(user),
+            api_tokens::name.eq(name),
+            api_tokens::token_hash.eq(hash_secret(&secret)),
+            api_tokens::created_at.eq(now()),
+        ))
+        .execute(c)?;
+    Ok(secret)
+}
+
+/// The user a personal access token belongs to, if it is valid; records its use.
+pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<User>, AppError> {
+    let t = now();
+    let row: Option<(i64, i64)> = api_tokens::table
+        .filter(api_tokens::token_hash.eq(hash_secret(secret)))
+        .filter(api_tokens::revoked_at.is_null())
+        .filter(
+            api_tokens::expires_at
+                .is_null()
+                .or(api_tokens::expires_at.gt(t)),
+        )
+        .select((api_tokens::id, api_tokens::user_id))
+        .first(c)
+        .optional()?;
+    let Some((token_id, user_id)) = row else {
+        return Ok(None);
+    };
+    diesel::update(api_tokens::table.find(token_id))
+        .set(api_tokens::last_used_at.eq(t))
+        .execute(c)?;
+    Ok(Some(user_by_id(c, user_id)?))
+}
+
+/// How long an enrolment token stays valid.
+pub const ENROL_TOKEN_TTL_H: i64 = 24;
+
+/// Creates a one-time enrolment token for a lab; returns the secret.
+pub fn create_enrol_token(c: &mut DbConn, lab: i64) -> Result<String, AppError> {
+    let secret = new_secret("gce");
+    diesel::insert_into(enrol_tokens::table)
+        .values((
+            enrol_tokens::lab_id.eq(lab),
+            enrol_tokens::token_hash.eq(hash_secret(&secret)),
+            enrol_tokens::created_at.eq(now()),
+            enrol_tokens::expires_at.eq(now() + chrono::Duration::hours(ENROL_TOKEN_TTL_H)),
+        ))
+        .execute(c)?;
+    Ok(secret)
+}

@@ -1,0 +1,152 @@
+//! The portal's one error type, and how it is shown: JSON under `/api` ([`ApiError`]),
+//! an HTML page in the UI ([`WebError`]). Internal causes go to the log, never to users.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum AppError {
+    /// Input that breaks a rule; `field` names the culprit.
+    #[error("{message}")]
+    Invalid { field: String, message: String },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
+    #[error("internal error")]
+    Internal(#[from] anyhow::Error),
+}
+
+impl AppError {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        AppError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Conflict {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn status(&self) -> StatusCode {
+        match self {
+            AppError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            AppError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            AppError::Forbidden(_) => StatusCode::FORBIDDEN,
+            AppError::NotFound(_) => StatusCode::NOT_FOUND,
+            AppError::Conflict { .. } => StatusCode::CONFLICT,
+            AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+    pub fn code(&self) -> &'static str {
+        match self {
+            AppError::Invalid { .. } => "invalid_input",
+            AppError::BadRequest(_) => "bad_request",
+            AppError::Unauthenticated(_) => "unauthenticated",
+            AppError::Forbidden(_) => "forbidden",
+            AppError::NotFound(_) => "not_found",
+            AppError::Conflict { code, .. } => code,
+            AppError::Internal(_) => "internal",
+        }
+    }
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            AppError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+    fn log(&self) {
+        if let AppError::Internal(e) = self {
+            tracing::error!("internal error: {e:#}");
+        }
+    }
+}
+
+impl From<crate::db::DbError> for AppError {
+    fn from(e: crate::db::DbError) -> Self {
+        AppError::Internal(e.into())
+    }
+}
+
+impl From<diesel::result::Error> for AppError {
+    fn from(e: diesel::result::Error) -> Self {
+        AppError::Internal(e.into())
+    }
+}
+
+#[derive(Serialize)]
+pub struct ErrorBody<'a> {
+    pub error: &'a str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<&'a str>,
+}
+
+/// An error in the JSON API.
+#[derive(Debug, Error)]
+#[error(transparent)]
+pub struct ApiError(#[from] pub AppError);
+
+impl From<crate::db::DbError> for ApiError {
+    fn from(e: crate::db::DbError) -> Self {
+        ApiError(e.into())
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.0.status()
+    }
+    fn error_response(&self) -> HttpResponse {
+        self.0.log();
+        HttpResponse::build(self.0.status()).json(ErrorBody {
+            error: self.0.code(),
+            message: self.0.to_string(),
+            field: self.0.field(),
+        })
+    }
+}
+
+/// An error in the HTML UI.
+#[derive(Debug, Error)]
+#[error(transparent)]
+pub struct WebError(#[from] pub AppError);
+
+impl From<crate::db::DbError> for WebError {
+    fn from(e: crate::db::DbError) -> Self {
+        WebError(e.into())
+    }
+}
+
+impl ResponseError for WebError {
+    fn status_code(&self) -> StatusCode {
+        self.0.status()
+    }
+    fn error_response(&self) -> HttpResponse {
+        self.0.log();
+        if matches!(self.0, AppError::Unauthenticated(_)) {
+            return HttpResponse::SeeOther()
+                .insert_header(("location", "/login"))
+                .finish();
+        }
+        let page = crate::web::ErrorPage {
+            banner: crate::web::Banner::default(),
+            status: self.0.status().as_u16(),
+            message: self.0.to_string(),
+        };
+        HttpResponse::build(self.0.status())
+            .content_type("text/html; charset=utf-8")
+            .body(askama::Template::render(&page).unwrap_or_else(|_| self.0.to_string()))
+    }
+}

@@ -1,0 +1,167 @@
+//! `commons-portal`: the server, the one-command demo, and the operator CLI.
+
+use clap::{Parser, Subcommand};
+use commons_portal::db::models::Role;
+use commons_portal::db::Db;
+use commons_portal::{admin, demo, Config};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "commons-portal", version, about = "GPU Commons portal")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args)]
+struct DbArgs {
+    /// TOML configuration file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// sqlite://PATH or postgres://... (overrides the file and COMMONS_DATABASE_URL).
+    #[arg(long)]
+    database_url: Option<String>,
+}
+
+impl DbArgs {
+    fn config(&self) -> anyhow::Result<Config> {
+        let mut c = Config::load(self.config.as_deref())?;
+        if let Some(u) = &self.database_url {
+            c.database_url = u.clone();
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the portal.
+    Serve {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        listen: Option<String>,
+        /// Log in as anyone without a password. Local demos only: never on a network.
+        #[arg(long)]
+        insecure_dev_login: bool,
+    },
+    /// Start everything locally: SQLite, demo lab and users, the demo image, a local agent
+    /// with fake GPUs. Prints the URL.
+    Demo {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        #[arg(long, default_value = ".dev/demo")]
+        data_dir: PathBuf,
+        #[arg(long, default_value = demo::DEMO_GPUS)]
+        gpus: String,
+    },
+    /// Operator commands on the portal's database.
+    Admin {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(subcommand)]
+        cmd: AdminCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCmd {
+    CreateLab {
+        slug: String,
+        #[arg(long)]
+        name: String,
+    },
+    CreateUser {
+        username: String,
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        lab: Option<String>,
+        #[arg(long, default_value = "member", value_parser = ["member", "admin"])]
+        role: String,
+        #[arg(long)]
+        operator: bool,
+    },
+    /// Prints a new personal access token on stdout.
+    ApiToken { username: String },
+    /// Prints a one-time agent enrolment token for a lab.
+    EnrolToken { slug: String },
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,actix_server=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Admin { db, cmd } => {
+            let config = db.config()?;
+            config.validate()?;
+            let db = Db::open(&config.database_url)?;
+            let out = match cmd {
+                AdminCmd::CreateLab { slug, name } => admin::create_lab(&db, &slug, &name)?,
+                AdminCmd::CreateUser {
+                    username,
+                    email,
+                    lab,
+                    role,
+                    operator,
+                } => admin::create_user(
+                    &db,
+                    &username,
+                    &email,
+                    lab.as_deref(),
+                    Role::parse(&role),
+                    operator,
+                )?,
+                AdminCmd::ApiToken { username } => admin::api_token(&db, &username)?,
+                AdminCmd::EnrolToken { slug } => admin::enrol_token(&db, &slug)?,
+            };
+            println!("{out}");
+            Ok(())
+        }
+        Cmd::Serve {
+            db,
+            listen,
+            insecure_dev_login,
+        } => {
+            let mut config = db.config()?;
+            if let Some(l) = listen {
+                config.listen = l;
+            }
+            config.insecure_dev_login |= insecure_dev_login;
+            runtime()?.block_on(async {
+                if config.insecure_dev_login {
+                    tracing::warn!("INSECURE development login is on: anyone can log in as anyone");
+                }
+                let portal = commons_portal::start(config).await?;
+                println!("GPU Commons portal listening on {}", portal.url());
+                let handle = portal.server.handle();
+                tokio::select! {
+                    r = portal.server => r?,
+                    _ = tokio::signal::ctrl_c() => handle.stop(true).await,
+                }
+                Ok(())
+            })
+        }
+        Cmd::Demo {
+            listen,
+            data_dir,
+            gpus,
+        } => runtime()?.block_on(demo::run(demo::DemoOptions {
+            data_dir,
+            listen,
+            gpus,
+        })),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}

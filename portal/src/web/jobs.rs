@@ -1,0 +1,301 @@
+//! Job pages: my jobs, the submit form, one job (with a live status fragment), cancel.
+
+use super::Banner;
+use crate::api::views::{job_view, JobView};
+use crate::auth::{check_csrf, CurrentUser};
+use crate::db::jobs;
+use crate::db::models::{JobEvent, JobState};
+use crate::error::{AppError, WebError};
+use crate::service;
+use crate::state::AppState;
+use crate::validate::{JobKind, JobRequest};
+use actix_session::Session;
+use actix_web::{web, HttpResponse};
+use askama::Template;
+use askama_web::WebTemplate;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// Bytes of output shown on the job page (the API serves all of it).
+const PAGE_LOG_TAIL: usize = 64 * 1024;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/jobs", web::get().to(list))
+        .route("/jobs", web::post().to(create))
+        .route("/jobs/new", web::get().to(new))
+        .route("/jobs/{id}", web::get().to(detail))
+        .route("/jobs/{id}/status", web::get().to(status))
+        .route("/jobs/{id}/cancel", web::post().to(cancel));
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "jobs.html")]
+struct JobsPage {
+    banner: Banner,
+    jobs: Vec<JobView>,
+}
+
+async fn list(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+) -> Result<JobsPage, WebError> {
+    let banner = Banner::new(&state, &session, Some(&user));
+    let jobs = state
+        .db
+        .run(move |c| {
+            jobs::list_for_user(c, user.user.id, 200)?
+                .iter()
+                .map(|j| job_view(c, j))
+                .collect::<Result<Vec<_>, AppError>>()
+        })
+        .await?;
+    Ok(JobsPage { banner, jobs })
+}
+
+/// The submit form's fields, as typed: kept on error so nothing the user wrote is lost.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JobForm {
+    #[serde(default)]
+    csrf: String,
+    image: String,
+    #[serde(default)]
+    command: String,
+    #[serde(default)]
+    env: String,
+    gpus: String,
+    #[serde(default)]
+    gpu_models: String,
+    #[serde(default)]
+    min_gpu_memory_gb: String,
+    #[serde(default)]
+    cpus: String,
+    #[serde(default)]
+    memory_gb: String,
+    time_limit_minutes: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    lab: String,
+}
+
+impl Default for JobForm {
+    fn default() -> Self {
+        JobForm {
+            csrf: String::new(),
+            image: "commons-demo:latest".into(),
+            command: "echo hello from $(hostname); sleep 5".into(),
+            env: String::new(),
+            gpus: "1".into(),
+            gpu_models: String::new(),
+            min_gpu_memory_gb: String::new(),
+            cpus: "2".into(),
+            memory_gb: "4".into(),
+            time_limit_minutes: "60".into(),
+            kind: "batch".into(),
+            lab: String::new(),
+        }
+    }
+}
+
+fn number<T: std::str::FromStr>(field: &str, text: &str) -> Result<T, AppError> {
+    text.trim()
+        .parse()
+        .map_err(|_| AppError::invalid(field, format!("{:?} is not a number", text.trim())))
+}
+
+fn optional<T: std::str::FromStr>(field: &str, text: &str) -> Result<Option<T>, AppError> {
+    if text.trim().is_empty() {
+        Ok(None)
+    } else {
+        number(field, text).map(Some)
+    }
+}
+
+impl JobForm {
+    /// The form as an API request; the command runs through `sh -c`.
+    fn to_request(&self) -> Result<JobRequest, AppError> {
+        let mut env = BTreeMap::new();
+        for line in self.env.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| AppError::invalid("env", format!("{line:?} is not KEY=VALUE")))?;
+            env.insert(k.trim().to_string(), v.to_string());
+        }
+        let command = if self.command.trim().is_empty() {
+            Vec::new()
+        } else {
+            vec!["sh".into(), "-c".into(), self.command.replace("\r\n", "\n")]
+        };
+        Ok(JobRequest {
+            image: self.image.clone(),
+            command,
+            env,
+            gpus: number("gpus", &self.gpus)?,
+            gpu_models: self
+                .gpu_models
+                .split(',')
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+                .map(String::from)
+                .collect(),
+            min_gpu_memory_gb: optional("min_gpu_memory_gb", &self.min_gpu_memory_gb)?,
+            cpus: optional("cpus", &self.cpus)?,
+            memory_gb: optional("memory_gb", &self.memory_gb)?,
+            time_limit_minutes: number("time_limit_minutes", &self.time_limit_minutes)?,
+            kind: if self.kind == "interactive" {
+                JobKind::Interactive
+            } else {
+                JobKind::Batch
+            },
+            lab: (!self.lab.is_empty()).then(|| self.lab.clone()),
+        })
+    }
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "job_new.html")]
+struct NewJobPage {
+    banner: Banner,
+    form: JobForm,
+    labs: Vec<String>,
+    error: Option<String>,
+    error_field: String,
+}
+
+async fn new(state: web::Data<AppState>, session: Session, user: CurrentUser) -> NewJobPage {
+    NewJobPage {
+        banner: Banner::new(&state, &session, Some(&user)),
+        labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
+        form: JobForm::default(),
+        error: None,
+        error_field: String::new(),
+    }
+}
+
+async fn create(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    form: web::Form<JobForm>,
+) -> Result<HttpResponse, WebError> {
+    check_csrf(&session, &form.csrf)?;
+    let form = form.into_inner();
+    let outcome = match form.to_request() {
+        Ok(req) => service::submit(&state, user.clone(), req).await,
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Ok(view) => Ok(HttpResponse::SeeOther()
+            .insert_header(("location", format!("/jobs/{}", view.id)))
+            .finish()),
+        Err(e @ AppError::Invalid { .. }) => {
+            let page = NewJobPage {
+                banner: Banner::new(&state, &session, Some(&user)),
+                labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
+                error_field: e.field().unwrap_or_default().to_string(),
+                error: Some(e.to_string()),
+                form,
+            };
+            let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+            Ok(HttpResponse::UnprocessableEntity()
+                .content_type("text/html; charset=utf-8")
+                .body(body))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What the live part of the job page shows.
+struct StatusData {
+    job: JobView,
+    events: Vec<JobEvent>,
+    logs: String,
+    active: bool,
+    csrf: String,
+}
+
+/// The part of the job page that updates live (the full page includes it).
+#[derive(Template, WebTemplate)]
+#[template(path = "job_status.html")]
+struct JobStatus {
+    status: StatusData,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "job.html")]
+struct JobPage {
+    banner: Banner,
+    status: StatusData,
+}
+
+async fn load_status(
+    state: &AppState,
+    session: &Session,
+    user: CurrentUser,
+    id: i64,
+) -> Result<StatusData, WebError> {
+    let csrf = crate::auth::csrf_token(session);
+    let (job, events, logs) = state
+        .db
+        .run(move |c| {
+            let job = jobs::get_for(c, id, &user)?;
+            let view = job_view(c, &job)?;
+            Ok::<_, AppError>((
+                view,
+                jobs::events(c, id)?,
+                jobs::logs(c, id, PAGE_LOG_TAIL)?,
+            ))
+        })
+        .await?;
+    let active = !JobState::parse(&job.state).is_final();
+    Ok(StatusData {
+        job,
+        events,
+        logs,
+        active,
+        csrf,
+    })
+}
+
+async fn detail(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<JobPage, WebError> {
+    let banner = Banner::new(&state, &session, Some(&user));
+    let status = load_status(&state, &session, user, id.into_inner()).await?;
+    Ok(JobPage { banner, status })
+}
+
+async fn status(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<JobStatus, WebError> {
+    let status = load_status(&state, &session, user, id.into_inner()).await?;
+    Ok(JobStatus { status })
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn cancel(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, WebError> {
+    check_csrf(&session, &form.csrf)?;
+    let id = id.into_inner();
+    service::cancel(&state, user, id).await?;
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("location", format!("/jobs/{id}")))
+        .finish())
+}

@@ -1,0 +1,236 @@
+//! Wire types between the GPU Commons agent and the portal.
+//!
+//! The agent keeps one outbound WebSocket to the portal ([`CONNECT_PATH`]) and both sides
+//! exchange JSON messages: [`AgentMsg`] upstream, [`PortalMsg`] downstream. Nothing here
+//! does I/O.
+//!
+//! The rule that keeps reconnects, duplicates and late messages harmless: every message
+//! about a job names its attempt, and a receiver that no longer owns that attempt ignores
+//! the message and answers with a `Stop` (portal) or a report (agent).
+//!
+//! The version is in the path: an incompatible change gets `/api/agent/v2/...`.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Protocol version spoken by this build; sent in `Hello`.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// One-time enrolment: `POST` an [`EnrolRequest`], get an [`EnrolResponse`].
+pub const ENROL_PATH: &str = "/api/agent/v1/enrol";
+/// The agent's WebSocket, authenticated with `Authorization: Bearer <node credential>`.
+pub const CONNECT_PATH: &str = "/api/agent/v1/connect";
+
+/// Container labels by which the agent finds (and re-adopts) its containers.
+pub const LABEL_JOB: &str = "commons.job";
+pub const LABEL_ATTEMPT: &str = "commons.attempt";
+
+pub type JobId = i64;
+pub type Attempt = i32;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnrolRequest {
+    /// The one-time token a lab admin created.
+    pub token: String,
+    /// The server's host name, used as the node's display name.
+    pub hostname: String,
+    pub agent_version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnrolResponse {
+    pub node_id: i64,
+    pub node_name: String,
+    pub lab: String,
+    /// The node's own credential; the agent keeps it in its state dir.
+    pub credential: String,
+}
+
+/// A GPU as the agent sees it (physical GPU or MIG instance).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// Stable identifier (`GPU-...` or `MIG-...` from NVML, `GPU-fake-...` for fakes).
+    pub uuid: String,
+    pub index: u32,
+    pub model: String,
+    pub memory_mb: u64,
+    /// True for fake GPUs: the agent passes no NVIDIA device request for them.
+    #[serde(default)]
+    pub fake: bool,
+}
+
+/// Live numbers about one GPU, sent with every heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuStat {
+    pub uuid: String,
+    pub utilization_pct: u32,
+    pub memory_used_mb: u64,
+    /// A process that GPU Commons did not start uses this GPU (the owner, directly).
+    pub local_use: bool,
+}
+
+/// Where an attempt stands on the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptState {
+    /// Accepted; the container is being created.
+    Starting,
+    Running,
+    /// The container's main process ended by itself (`exit_code` says how).
+    Exited,
+    /// The agent stopped it (cancel, preemption, lease lost, time limit; `reason` says).
+    Stopped,
+    /// It never ran: the image is missing or the container could not be created.
+    Failed,
+}
+
+impl AttemptState {
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Exited | Self::Stopped | Self::Failed)
+    }
+}
+
+/// What the agent knows about one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptReport {
+    pub job: JobId,
+    pub attempt: Attempt,
+    pub state: AttemptState,
+    /// Set once the container ended by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    /// Why it stopped or failed, in words for the job's owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What to run. Validated by the portal; the agent re-checks what it enforces.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub image: String,
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cpus: f64,
+    pub memory_mb: u64,
+    pub time_limit_s: u64,
+    /// The submitting user's name, for labels and logs.
+    pub user: String,
+}
+
+/// Agent -> portal.
+///
+/// Final attempt states travel twice: as an `AttemptEvent` when they happen and in every
+/// later `Hello`/`Heartbeat` until the portal stops renewing that attempt, so a state change
+/// sent into a dying connection is not lost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentMsg {
+    /// First message of every connection: inventory and every container found by label.
+    Hello {
+        agent_version: String,
+        protocol: u32,
+        gpus: Vec<GpuInfo>,
+        attempts: Vec<AttemptReport>,
+    },
+    Heartbeat {
+        gpu_stats: Vec<GpuStat>,
+        attempts: Vec<AttemptReport>,
+    },
+    /// An attempt changed state.
+    AttemptEvent {
+        job: JobId,
+        attempt: Attempt,
+        state: AttemptState,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// Output of an attempt's container, in order.
+    Logs {
+        job: JobId,
+        attempt: Attempt,
+        chunk: String,
+    },
+}
+
+/// Portal -> agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PortalMsg {
+    /// Answer to `Hello`.
+    Welcome {
+        node_id: i64,
+        heartbeat_s: u64,
+        lease_ttl_s: u64,
+    },
+    Start {
+        job: JobId,
+        attempt: Attempt,
+        spec: JobSpec,
+        /// UUIDs of the GPUs this attempt gets.
+        gpus: Vec<String>,
+        /// Unix seconds; the agent stops the attempt if no `Renew` extends it.
+        lease_until: i64,
+    },
+    Stop {
+        job: JobId,
+        attempt: Attempt,
+        grace_s: u64,
+        reason: String,
+    },
+    /// Extends the leases of the listed attempts to `lease_until` (Unix seconds).
+    Renew {
+        lease_until: i64,
+        attempts: Vec<(JobId, Attempt)>,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_tagged_json() {
+        let m = AgentMsg::AttemptEvent {
+            job: 7,
+            attempt: 2,
+            state: AttemptState::Exited,
+            exit_code: Some(3),
+            reason: None,
+        };
+        let text = serde_json::to_string(&m).unwrap();
+        assert_eq!(
+            text,
+            r#"{"type":"attempt_event","job":7,"attempt":2,"state":"exited","exit_code":3}"#
+        );
+        assert_eq!(serde_json::from_str::<AgentMsg>(&text).unwrap(), m);
+    }
+
+    #[test]
+    fn stop_round_trips() {
+        let m = PortalMsg::Stop {
+            job: 1,
+            attempt: 1,
+            grace_s: 30,
+            reason: "cancelled".into(),
+        };
+        let back: PortalMsg = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn enrol_request_rejects_unknown_fields() {
+        let err = serde_json::from_str::<EnrolRequest>(
+            r#"{"token":"t","hostname":"h","agent_version":"1","extra":1}"#,
+        );
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn final_states() {
+        assert!(AttemptState::Exited.is_final());
+        assert!(!AttemptState::Running.is_final());
+    }
+}

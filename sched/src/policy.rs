@@ -1,0 +1,155 @@
+//! Knobs of the policy: campus-wide settings ([`Policy`]) and a node's lending rules
+//! ([`Lending`]).
+//!
+//! Invariant: every default means "no restriction" for lending (lend always, no limit)
+//! and a sensible campus default for the fair-share and preemption knobs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{LabId, Time};
+
+/// Campus-wide knobs (operators), not part of the campus state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Policy {
+    /// Offset of campus local time from UTC in seconds, for lending windows
+    /// ("nights" are local nights). 3600 for CET.
+    pub utc_offset_s: i32,
+    /// Grace period for nodes that set none, in seconds.
+    pub default_grace_s: u32,
+    /// A guest younger than this is preempted only when no older guest frees enough
+    /// GPUs (owner reclaim may still take it; nothing else preempts).
+    pub min_runtime_s: i64,
+    /// Half-life of the usage and contribution ledgers, in seconds.
+    pub half_life_s: i64,
+    /// Share every lab has without lending anything, in GPU-hours of contribution, so
+    /// labs without GPUs are never starved.
+    pub base_share_gpu_hours: f64,
+    /// GPU-hours charged to a lab's fair-share usage for each GPU it holds as a guest
+    /// right now, so one plan spreads free GPUs over labs of equal standing.
+    pub running_charge_gpu_hours: f64,
+    /// How many waiting jobs may reserve GPUs for their earliest start; later jobs only
+    /// backfill around those reservations.
+    pub backfill_depth: u32,
+    /// Weights of GPU classes for the ledgers (first matching prefix wins; others 1.0).
+    pub gpu_class_weights: Vec<GpuClassWeight>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            utc_offset_s: 0,
+            default_grace_s: 300,
+            min_runtime_s: 600,
+            half_life_s: 7 * 24 * 3600,
+            base_share_gpu_hours: 168.0,
+            running_charge_gpu_hours: 1.0,
+            backfill_depth: 64,
+            gpu_class_weights: Vec::new(),
+        }
+    }
+}
+
+impl Policy {
+    /// Weight of one GPU-hour on `model` in the ledgers. The portal uses it when it
+    /// books usage and contribution, so lending an H100 earns more than a T4.
+    pub fn gpu_weight(&self, model: &str) -> f64 {
+        self.gpu_class_weights
+            .iter()
+            .find(|w| model.starts_with(&w.model_prefix))
+            .map_or(1.0, |w| w.weight)
+    }
+}
+
+/// The weight of a GPU class in the ledgers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuClassWeight {
+    /// Model names that start with this, e.g. "H100".
+    pub model_prefix: String,
+    /// GPU-hours of ledger per GPU-hour used.
+    pub weight: f64,
+}
+
+/// When a node lends its GPUs to other labs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LendMode {
+    /// Lend whenever the GPUs are idle.
+    #[default]
+    Always,
+    /// Never lend: only the owner's jobs run here.
+    Never,
+    /// Lend only inside [`Lending::windows`]; a guest must end before its window does.
+    Windows,
+}
+
+/// A weekly time window in campus local time, in minutes from Monday 00:00
+/// (0..=10080). `end_minute <= start_minute` wraps over the end of the week.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WeeklyWindow {
+    /// First minute of the window.
+    pub start_minute: u32,
+    /// First minute after the window.
+    pub end_minute: u32,
+}
+
+/// Minutes in a week.
+pub const WEEK_MINUTES: u32 = 7 * 24 * 60;
+
+impl WeeklyWindow {
+    /// The same daily window on each of the given weekdays (0 = Monday), from `from`
+    /// to `to` minutes after midnight; `to <= from` runs into the next day.
+    pub fn daily(weekdays: &[u32], from: u32, to: u32) -> Vec<WeeklyWindow> {
+        weekdays
+            .iter()
+            .map(|d| {
+                let start = d * 24 * 60 + from;
+                let len = if to > from { to - from } else { to + 24 * 60 - from };
+                WeeklyWindow {
+                    start_minute: start % WEEK_MINUTES,
+                    end_minute: (start + len) % WEEK_MINUTES,
+                }
+            })
+            .collect()
+    }
+
+    /// Saturday 00:00 to Monday 00:00.
+    pub fn weekend() -> WeeklyWindow {
+        WeeklyWindow {
+            start_minute: 5 * 24 * 60,
+            end_minute: 0,
+        }
+    }
+}
+
+/// A lab admin's lending rules for one node. The default lends always, without limits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Lending {
+    /// Never, always, or in windows.
+    pub mode: LendMode,
+    /// The windows, used when `mode` is `Windows`.
+    pub windows: Vec<WeeklyWindow>,
+    /// At most this many GPUs of the node held by guests at once.
+    pub max_lent_gpus: Option<u32>,
+    /// A GPU is lent only after it was idle (no owner job, no local use) this long.
+    pub min_idle_s: i64,
+    /// Longest time limit of a guest job here, in seconds.
+    pub max_guest_time_limit_s: Option<i64>,
+    /// Labs that may borrow; empty means every lab.
+    pub borrowers: Vec<LabId>,
+}
+
+impl Lending {
+    /// Until when a guest starting at `now` may run here: `None` if the node lends
+    /// nothing at `now`, `Some(Time::MAX)` if lending does not end.
+    pub fn lend_until(&self, now: Time, utc_offset_s: i32) -> Option<Time> {
+        match self.mode {
+            LendMode::Always => Some(Time::MAX),
+            LendMode::Never => None,
+            LendMode::Windows => crate::lending::window_end(&self.windows, now, utc_offset_s),
+        }
+    }
+}

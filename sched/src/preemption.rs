@@ -1,0 +1,105 @@
+//! Preemption: which guests give GPUs back to their owner, and at what cost.
+//!
+//! Invariants:
+//! - Only guests are ever preempted (a job whose lab differs from its node's lab); an
+//!   owner's job is never a victim.
+//! - A job started by this plan is never a victim in it (no start-then-preempt loops),
+//!   and a job already being preempted is never preempted again.
+//! - Victims are the ones that lose the least work: GPU-seconds since their latest
+//!   checkpoint (or start). Guests inside the policy's minimum runtime are taken only
+//!   when older guests do not free enough GPUs; the owner's reclaim may take them.
+//! - "Just enough": after the greedy choice, any victim whose GPUs are not needed to
+//!   reach the count is dropped again.
+
+use std::collections::BTreeMap;
+
+use crate::model::QueuedJob;
+use crate::state::{gpu_matches, World};
+
+/// Guests the owner takes back regardless of the queue: on a node the owner reclaims,
+/// or holding a GPU the owner now uses directly. Returns (running index, reason).
+pub(crate) fn reclaims(world: &World) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (i, r) in world.running.iter().enumerate() {
+        if !r.guest || r.preempting || r.new {
+            continue;
+        }
+        let Some(n) = r.node else { continue };
+        let name = world.node_name(n);
+        if world.nodes[n].node.reclaim {
+            out.push((i, format!("the owner of node {name} reclaimed it")));
+        } else if r.gpus.iter().any(|&g| world.gpus[g].gpu.local_use) {
+            out.push((i, format!("the owner of node {name} is using the GPU directly")));
+        }
+    }
+    out
+}
+
+/// Guests to stop on node `n` so that an owner job gets `need` more matching GPUs.
+/// Returns the victims (running indices) and the work they lose, or `None` if all the
+/// guests together do not free enough.
+///
+/// 1. Tally, per guest on the node, the matching GPUs it holds that nobody claimed.
+/// 2. Rank guests: already stopping first (free), then outside the minimum runtime
+///    before inside it, then by work lost, then by job id.
+/// 3. Take guests in that order until `need` GPUs are covered.
+/// 4. Walk the chosen ones from the last back and drop any that is not needed.
+pub(crate) fn victims(
+    world: &World,
+    job: &QueuedJob,
+    n: usize,
+    need: u32,
+) -> Option<(Vec<usize>, i64)> {
+    let now = world.now;
+    let mut held: BTreeMap<usize, u32> = BTreeMap::new();
+    for g in world.nodes[n].gpus.clone() {
+        let gw = &world.gpus[g];
+        let Some(r) = gw.holder else { continue };
+        let run = &world.running[r];
+        if run.guest && !run.new && gw.claim.is_none() && gpu_matches(job, gw.gpu) {
+            *held.entry(r).or_default() += 1;
+        }
+    }
+    let mut ranked: Vec<(bool, bool, i64, i64, usize, u32)> = held
+        .into_iter()
+        .map(|(r, count)| {
+            let run = &world.running[r];
+            let young = now - run.started_at < world.policy.min_runtime_s;
+            let lost = if run.preempting { 0 } else { run.lost_work(now) };
+            (!run.preempting, young, lost, run.job, r, count)
+        })
+        .collect();
+    ranked.sort_unstable();
+    let mut chosen = Vec::new();
+    let mut got = 0;
+    for &(_, _, _, _, r, count) in &ranked {
+        if got >= need {
+            break;
+        }
+        chosen.push((r, count));
+        got += count;
+    }
+    if got < need {
+        return None;
+    }
+    let mut i = chosen.len();
+    while i > 0 {
+        i -= 1;
+        if got - chosen[i].1 >= need {
+            got -= chosen[i].1;
+            chosen.remove(i);
+        }
+    }
+    let cost = chosen
+        .iter()
+        .map(|&(r, _)| {
+            let run = &world.running[r];
+            if run.preempting {
+                0
+            } else {
+                run.lost_work(now)
+            }
+        })
+        .sum();
+    Some((chosen.into_iter().map(|(r, _)| r).collect(), cost))
+}

@@ -1,0 +1,149 @@
+//! Quotas: a plan never starts a job that would take a lab or a member over a limit.
+//!
+//! Invariants:
+//! - Member quotas (set by lab admins) count all of a member's jobs charged to the lab,
+//!   on any node. Lab quotas (set by operators) count only what the lab borrows: its
+//!   jobs on other labs' nodes. A lab is never limited on its own servers.
+//! - GPU-hours are checked against the period's usage, plus what running jobs may still
+//!   use under their time limits, plus the new job's GPUs x time limit; so a job that
+//!   starts can never push the period over its limit.
+//! - A snapshot that is already over a limit starts nothing more under that limit.
+
+use crate::model::{QueuedJob, Quota};
+use crate::reason::{QuotaScope, Reason};
+use crate::state::{Use, World};
+
+/// Slack for float sums of GPU-hours, so a job that uses exactly the rest fits.
+const EPS: f64 = 1e-6;
+
+fn check(quota: &Quota, scope: QuotaScope, usage: Use, period: f64, job: &QueuedJob) -> Option<Reason> {
+    if let Some(limit_s) = quota.max_time_limit_s {
+        if job.time_limit_s <= 0 || job.time_limit_s > limit_s {
+            return Some(Reason::QuotaTimeLimit { scope, limit_s });
+        }
+    }
+    if let Some(limit) = quota.max_gpus {
+        if usage.gpus.saturating_add(job.gpus) > limit {
+            return Some(Reason::QuotaGpus {
+                scope,
+                used: usage.gpus,
+                limit,
+            });
+        }
+    }
+    if let Some(limit) = quota.max_gpu_hours {
+        if job.time_limit_s <= 0 {
+            return Some(Reason::QuotaNeedsTimeLimit { scope });
+        }
+        let used = period + usage.committed_gpu_hours;
+        let needs = job_gpu_hours(job);
+        if used + needs > limit + EPS {
+            return Some(Reason::QuotaGpuHours {
+                scope,
+                used: used.max(0.0).round() as u64,
+                limit: limit.max(0.0).round() as u64,
+                needs: needs.ceil() as u64,
+            });
+        }
+    }
+    None
+}
+
+/// GPU-hours a job may use under its time limit.
+pub(crate) fn job_gpu_hours(job: &QueuedJob) -> f64 {
+    f64::from(job.gpus) * job.time_limit_s.max(0) as f64 / 3600.0
+}
+
+/// Why the member's quota in the job's lab stops it, if it does.
+pub(crate) fn member_block(world: &World, job: &QueuedJob) -> Option<Reason> {
+    let info = world.members.get(&(job.lab, job.user))?;
+    let usage = world
+        .member_use
+        .get(&(job.lab, job.user))
+        .copied()
+        .unwrap_or_default();
+    check(&info.quota, QuotaScope::Member, usage, info.period_gpu_hours, job)
+}
+
+/// Why the lab's borrowing quota stops the job from running as a guest, if it does.
+pub(crate) fn lab_block(world: &World, job: &QueuedJob) -> Option<Reason> {
+    let info = world.labs.get(&job.lab)?;
+    let usage = world.lab_use.get(&job.lab).copied().unwrap_or_default();
+    check(&info.quota, QuotaScope::Lab, usage, info.period_gpu_hours, job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(gpus: u32, hours: i64) -> QueuedJob {
+        QueuedJob {
+            gpus,
+            time_limit_s: hours * 3600,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn quota_table() {
+        let q = Quota {
+            max_gpus: Some(4),
+            max_gpu_hours: Some(100.0),
+            max_time_limit_s: Some(24 * 3600),
+        };
+        let held = |gpus, committed| Use {
+            gpus,
+            committed_gpu_hours: committed,
+        };
+        let lab = QuotaScope::Lab;
+        let cases: Vec<(&str, Use, f64, QueuedJob, Option<Reason>)> = vec![
+            ("fits", held(2, 10.0), 10.0, job(2, 10), None),
+            (
+                "gpus full",
+                held(4, 0.0),
+                0.0,
+                job(1, 1),
+                Some(Reason::QuotaGpus {
+                    scope: lab,
+                    used: 4,
+                    limit: 4,
+                }),
+            ),
+            ("exactly the rest of the hours", held(0, 50.0), 30.0, job(2, 10), None),
+            (
+                "hours would overflow",
+                held(1, 50.0),
+                40.0,
+                job(1, 11),
+                Some(Reason::QuotaGpuHours {
+                    scope: lab,
+                    used: 90,
+                    limit: 100,
+                    needs: 11,
+                }),
+            ),
+            (
+                "too long",
+                held(0, 0.0),
+                0.0,
+                job(1, 25),
+                Some(Reason::QuotaTimeLimit {
+                    scope: lab,
+                    limit_s: 24 * 3600,
+                }),
+            ),
+        ];
+        for (name, usage, period, j, want) in cases {
+            assert_eq!(check(&q, lab, usage, period, &j), want, "{name}");
+        }
+        let hours_only = Quota {
+            max_gpu_hours: Some(1.0),
+            ..Default::default()
+        };
+        assert_eq!(
+            check(&hours_only, lab, Use::default(), 0.0, &job(1, 0)),
+            Some(Reason::QuotaNeedsTimeLimit { scope: lab })
+        );
+        assert_eq!(check(&Quota::default(), lab, held(100, 1e9), 1e9, &job(8, 0)), None);
+    }
+}

@@ -1,0 +1,231 @@
+//! Why a job waits, in words a researcher understands.
+//!
+//! Every variant serializes with a stable snake_case `code` (the portal stores and
+//! filters on it) and displays as one sentence that needs no scheduler knowledge.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Who a quota belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaScope {
+    /// The lab's borrowing quota (set by operators).
+    Lab,
+    /// The member's quota in the lab (set by the lab admin).
+    Member,
+}
+
+impl fmt::Display for QuotaScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QuotaScope::Lab => "lab quota",
+            QuotaScope::Member => "your quota in this lab",
+        })
+    }
+}
+
+/// Why a queued job does not start now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum Reason {
+    /// No node on campus could ever satisfy the request (too many GPUs, unknown model).
+    NoNodeFits {
+        /// GPUs asked for.
+        gpus: u32,
+        /// What they must be, e.g. "model A100, at least 80 GB each".
+        detail: String,
+    },
+    /// A node could run it, but its GPUs are busy now.
+    WaitingForGpus {
+        /// GPUs asked for.
+        gpus: u32,
+    },
+    /// An earlier job in the queue holds the place it needs (its reserved start would be
+    /// delayed, and this job would not end before it).
+    BehindEarlierJob {
+        /// The earlier job.
+        job: i64,
+    },
+    /// Matching GPUs exist but none is free now.
+    NoFreeMatchingGpu {
+        /// GPUs asked for.
+        gpus: u32,
+        /// What they must be, e.g. "with 80 GB".
+        detail: String,
+    },
+    /// The owner of the node that would fit is waiting for these GPUs itself.
+    OwnerReserved {
+        /// Node name.
+        node: String,
+    },
+    /// Owner job: guests on its lab's node are being stopped to make room.
+    WaitingForGuestsToLeave {
+        /// Node name.
+        node: String,
+        /// Their grace period.
+        grace_s: u32,
+    },
+    /// Owner job: its lab's nodes are busy with the lab's own jobs.
+    WaitingForOwnJobs {
+        /// Node name.
+        node: String,
+    },
+    /// Nodes that fit do not lend to this job now (lending rules).
+    NotLent {
+        /// Which rule, on which node.
+        detail: String,
+    },
+    /// A GPU quota is full.
+    QuotaGpus {
+        /// Lab or member quota.
+        scope: QuotaScope,
+        /// GPUs held now.
+        used: u32,
+        /// The limit.
+        limit: u32,
+    },
+    /// A GPU-hour quota would be exceeded by this job's time limit.
+    QuotaGpuHours {
+        /// Lab or member quota.
+        scope: QuotaScope,
+        /// GPU-hours used and committed to running jobs in this period (rounded).
+        used: u64,
+        /// The limit (rounded).
+        limit: u64,
+        /// GPU-hours this job may use, GPUs x time limit (rounded up).
+        needs: u64,
+    },
+    /// The job's time limit is above the quota's longest job; it will not start until
+    /// the limit is lowered or the quota raised.
+    QuotaTimeLimit {
+        /// Lab or member quota.
+        scope: QuotaScope,
+        /// The longest job allowed, in seconds.
+        limit_s: i64,
+    },
+    /// A GPU-hour quota applies and the job has no time limit.
+    QuotaNeedsTimeLimit {
+        /// Lab or member quota.
+        scope: QuotaScope,
+    },
+}
+
+/// "90 min", "4 h", "1.5 h": a duration as researchers write it.
+pub(crate) fn hours(seconds: i64) -> String {
+    if seconds < 2 * 3600 && seconds % 3600 != 0 {
+        format!("{} min", seconds / 60)
+    } else if seconds % 3600 == 0 {
+        format!("{} h", seconds / 3600)
+    } else {
+        format!("{:.1} h", seconds as f64 / 3600.0)
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::NoNodeFits { gpus, detail } => {
+                write!(f, "no server on campus has {gpus} matching GPUs ({detail})")
+            }
+            Reason::WaitingForGpus { gpus } => write!(f, "waiting for {gpus} free GPUs"),
+            Reason::BehindEarlierJob { job } => {
+                write!(f, "waiting behind job {job}, which needs the same GPUs")
+            }
+            Reason::NoFreeMatchingGpu { gpus, detail } => {
+                let s = if *gpus == 1 { "" } else { "s" };
+                write!(f, "waiting: no {gpus} free GPU{s} {detail}")
+            }
+            Reason::OwnerReserved { node } => {
+                write!(f, "the owner of node {node} reserved its free GPUs")
+            }
+            Reason::WaitingForGuestsToLeave { node, grace_s } => write!(
+                f,
+                "guest jobs on your lab's node {node} are being stopped (grace period {})",
+                hours(i64::from(*grace_s))
+            ),
+            Reason::WaitingForOwnJobs { node } => {
+                write!(f, "waiting for your lab's jobs on node {node} to finish")
+            }
+            Reason::NotLent { detail } => write!(f, "not lent: {detail}"),
+            Reason::QuotaGpus { scope, used, limit } => {
+                write!(f, "{scope}: {used} of {limit} GPUs in use")
+            }
+            Reason::QuotaGpuHours {
+                scope,
+                used,
+                limit,
+                needs,
+            } => write!(
+                f,
+                "{scope}: {used} of {limit} GPU-hours used or committed this period, \
+                 and this job may need {needs}"
+            ),
+            Reason::QuotaTimeLimit { scope, limit_s } => write!(
+                f,
+                "{scope}: jobs may run at most {}; lower the time limit",
+                hours(*limit_s)
+            ),
+            Reason::QuotaNeedsTimeLimit { scope } => {
+                write!(f, "{scope} counts GPU-hours: set a time limit")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_and_code() {
+        let cases = [
+            (
+                Reason::QuotaGpus {
+                    scope: QuotaScope::Lab,
+                    used: 4,
+                    limit: 4,
+                },
+                "lab quota: 4 of 4 GPUs in use",
+                "quota_gpus",
+            ),
+            (
+                Reason::NoFreeMatchingGpu {
+                    gpus: 1,
+                    detail: "with at least 80 GB".into(),
+                },
+                "waiting: no 1 free GPU with at least 80 GB",
+                "no_free_matching_gpu",
+            ),
+            (
+                Reason::OwnerReserved {
+                    node: "gpu7".into(),
+                },
+                "the owner of node gpu7 reserved its free GPUs",
+                "owner_reserved",
+            ),
+            (
+                Reason::QuotaTimeLimit {
+                    scope: QuotaScope::Member,
+                    limit_s: 86_400,
+                },
+                "your quota in this lab: jobs may run at most 24 h; lower the time limit",
+                "quota_time_limit",
+            ),
+        ];
+        for (reason, text, code) in cases {
+            assert_eq!(reason.to_string(), text);
+            let json = serde_json::to_value(&reason).unwrap();
+            assert_eq!(json["code"], code);
+            let back: Reason = serde_json::from_value(json).unwrap();
+            assert_eq!(back, reason);
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(hours(90 * 60), "90 min");
+        assert_eq!(hours(4 * 3600), "4 h");
+        assert_eq!(hours(9000), "2.5 h");
+    }
+}

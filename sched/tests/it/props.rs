@@ -1,0 +1,249 @@
+//! Property tests over random snapshots: the invariants every plan keeps.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use commons_sched::*;
+use proptest::prelude::*;
+
+use crate::support::*;
+
+const MODELS: [&str; 2] = ["A100", "T4"];
+
+fn arb_lending() -> impl Strategy<Value = Lending> {
+    (
+        0..4u8,
+        prop::option::of(0..4u32),
+        prop::sample::select(vec![0i64, 1800]),
+        prop::option::of(prop::sample::select(vec![1800i64, 4 * 3600])),
+        prop::sample::select(vec![vec![], vec![1], vec![2, 3]]),
+    )
+        .prop_map(|(mode, max_lent, idle, longest, borrowers)| Lending {
+            mode: match mode {
+                0 | 1 => LendMode::Always,
+                2 => LendMode::Never,
+                _ => LendMode::Windows,
+            },
+            windows: WeeklyWindow::daily(&[0, 1, 2, 3, 4], 11 * 60, 15 * 60),
+            max_lent_gpus: max_lent,
+            min_idle_s: idle,
+            max_guest_time_limit_s: longest,
+            borrowers,
+        })
+}
+
+fn arb_quota() -> impl Strategy<Value = Quota> {
+    (
+        prop::option::of(0..6u32),
+        prop::option::of(prop::sample::select(vec![5.0f64, 20.0, 200.0])),
+        prop::option::of(prop::sample::select(vec![3600i64, 4 * 3600])),
+    )
+        .prop_map(|(g, h, t)| Quota {
+            max_gpus: g,
+            max_gpu_hours: h,
+            max_time_limit_s: t,
+        })
+}
+
+fn arb_node() -> impl Strategy<Value = (LabId, Vec<(usize, bool, Option<i64>)>, Lending, bool, bool)> {
+    (
+        1..4i64,
+        prop::collection::vec((0..2usize, prop::bool::weighted(0.1), prop::option::of(-7200..0i64)), 1..6),
+        arb_lending(),
+        prop::bool::weighted(0.9),
+        prop::bool::weighted(0.05),
+    )
+}
+
+/// Random campus: nodes of labs 1..3, running jobs on some GPUs, a queue from labs 1..4.
+fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
+    (
+        prop::collection::vec(arb_node(), 1..5),
+        prop::collection::vec((1..5i64, 0..3i64, 1..4u32, 0..2usize, prop::bool::ANY, 0..4u8), 0..20),
+        prop::collection::vec((1..5i64, prop::option::of(arb_quota()), 0.0..300f64), 0..4),
+        prop::collection::vec((1..5i64, 0..3i64, arb_quota()), 0..5),
+        prop::collection::vec((1..5i64, 0..3i64, 0..100usize, any::<bool>(), 0..3u8), 0..12),
+    )
+        .prop_map(|(nodes, queue, labs, members, running)| {
+            let mut snapshot = Snapshot::default();
+            let mut gpu_id = 0;
+            for (i, (lab, gpus, lending, schedulable, reclaim)) in nodes.into_iter().enumerate() {
+                let mut n = node(i as i64 + 1, lab, 0, 0, "", 0);
+                n.lending = lending;
+                n.schedulable = schedulable;
+                n.reclaim = reclaim;
+                n.grace_s = (i as u32) * 60;
+                for (m, local, idle) in gpus {
+                    gpu_id += 1;
+                    n.gpus.push(Gpu {
+                        id: gpu_id,
+                        model: MODELS[m].into(),
+                        memory_mb: if m == 0 { 80 * 1024 } else { 16 * 1024 },
+                        local_use: local,
+                        idle_since: idle.map_or(0, |d| NOW + d),
+                        mig_profile: None,
+                    });
+                }
+                snapshot.nodes.push(n);
+            }
+            // Running jobs take consecutive free GPUs of one node.
+            let mut taken = BTreeSet::new();
+            for (k, (lab, user, pick, ckpt, size)) in running.into_iter().enumerate() {
+                let n = &snapshot.nodes[pick % snapshot.nodes.len()];
+                let free: Vec<GpuId> = n.gpus.iter().map(|g| g.id).filter(|g| !taken.contains(g)).collect();
+                let want = usize::from(size) + 1;
+                if free.len() < want {
+                    continue;
+                }
+                let gpus: Vec<GpuId> = free[..want].to_vec();
+                taken.extend(gpus.iter().copied());
+                let started = NOW - (k as i64 + 1) * 1000;
+                snapshot.running.push(RunningJob {
+                    id: 1000 + k as i64,
+                    user: user + 10 * lab,
+                    lab,
+                    node: n.id,
+                    gpus,
+                    started_at: started,
+                    time_limit_s: if k % 3 == 0 { 0 } else { 6 * H },
+                    preempting: k % 5 == 4,
+                    last_checkpoint_at: ckpt.then_some(started + 500),
+                });
+            }
+            for (i, (lab, user, gpus, model, strict, limit)) in queue.into_iter().enumerate() {
+                let mut j = job(i as i64 + 1, lab, user + 10 * lab, gpus);
+                if strict {
+                    j.models = vec![MODELS[model].into()];
+                }
+                j.time_limit_s = [0, 1800, H, 5 * H][usize::from(limit)];
+                snapshot.queue.push(j);
+            }
+            let mut seen = BTreeSet::new();
+            for (id, quota, used) in labs {
+                if seen.insert(id) {
+                    snapshot.labs.push(LabInfo {
+                        id,
+                        quota: quota.unwrap_or_default(),
+                        period_gpu_hours: used / 10.0,
+                        lent_gpu_hours: 300.0 - used,
+                        used_gpu_hours: used,
+                        ledger_at: NOW - 3600,
+                        base_share_gpu_hours: None,
+                    });
+                }
+            }
+            let mut seen = BTreeSet::new();
+            for (lab, user, quota) in members {
+                if seen.insert((lab, user)) {
+                    snapshot.members.push(MemberInfo {
+                        lab,
+                        user: user + 10 * lab,
+                        quota,
+                        ..Default::default()
+                    });
+                }
+            }
+            snapshot
+        })
+}
+
+fn owner_of(s: &Snapshot) -> BTreeMap<NodeId, LabId> {
+    s.nodes.iter().map(|n| (n.id, n.lab)).collect()
+}
+
+/// (gpus, committed GPU-hours) held by jobs matching `pick`, as the quota rules count.
+fn held(s: &Snapshot, now: Time, pick: impl Fn(&RunningJob) -> bool) -> (u32, f64) {
+    s.running.iter().filter(|r| pick(r)).fold((0, 0.0), |(g, h), r| {
+        let left = if r.time_limit_s > 0 {
+            (r.started_at + r.time_limit_s - now).max(0) as f64 / 3600.0
+        } else {
+            0.0
+        };
+        (g + r.gpus.len() as u32, h + r.gpus.len() as f64 * left)
+    })
+}
+
+fn quota_ok(q: &Quota, (gpus, hours): (u32, f64), period: f64, limits: &[i64]) -> bool {
+    q.max_gpus.is_none_or(|m| gpus <= m)
+        && q.max_gpu_hours.is_none_or(|m| period + hours <= m + 1e-6)
+        && q.max_time_limit_s
+            .is_none_or(|m| limits.iter().all(|&l| l > 0 && l <= m))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn plans_keep_every_invariant(s in arb_snapshot(), offset in 0..(7 * 24 * 3600i64)) {
+        let now = NOW + offset - offset % 600;
+        let policy = Policy { backfill_depth: 3, ..Default::default() };
+        let p = plan(&s, &policy, now);
+        let owners = owner_of(&s);
+
+        // Same snapshot, same plan; and the order of the input does not matter.
+        prop_assert_eq!(&plan(&s, &policy, now), &p);
+        let mut shuffled = s.clone();
+        shuffled.nodes.reverse();
+        shuffled.queue.reverse();
+        shuffled.running.reverse();
+        prop_assert_eq!(&plan(&shuffled, &policy, now), &p);
+
+        // No GPU in two jobs; starts only on free, matching, schedulable GPUs, one node.
+        let mut used: BTreeSet<GpuId> = s.running.iter().flat_map(|r| r.gpus.clone()).collect();
+        for st in &p.start {
+            let j = s.queue.iter().find(|q| q.id == st.job).unwrap();
+            let n = s.nodes.iter().find(|n| n.id == st.node).unwrap();
+            prop_assert!(n.schedulable);
+            prop_assert_eq!(st.gpus.len() as u32, j.gpus);
+            for g in &st.gpus {
+                prop_assert!(used.insert(*g), "GPU {} given twice", g);
+                let gpu = n.gpus.iter().find(|x| x.id == *g).unwrap();
+                prop_assert!(!gpu.local_use);
+                prop_assert!(j.models.is_empty() || j.models.contains(&gpu.model));
+            }
+            if n.lab != j.lab {
+                prop_assert!(!n.reclaim && n.lending.mode != LendMode::Never);
+            }
+        }
+
+        // Only guests are preempted, once, and never a job this plan started.
+        let mut seen = BTreeSet::new();
+        for pr in &p.preempt {
+            let r = s.running.iter().find(|r| r.id == pr.job).unwrap();
+            prop_assert!(seen.insert(pr.job));
+            prop_assert!(!r.preempting);
+            prop_assert_ne!(owners.get(&r.node).copied(), Some(r.lab), "owner job preempted");
+        }
+
+        // Every queued job starts or waits with a reason; positions are 1..=n.
+        let queued: BTreeSet<JobId> = s.queue.iter().map(|q| q.id).collect();
+        let mut decided: BTreeSet<JobId> = started(&p).into_iter().collect();
+        for (i, pe) in p.pending.iter().enumerate() {
+            prop_assert_eq!(pe.position as usize, i + 1);
+            prop_assert!(decided.insert(pe.job), "job {} decided twice", pe.job);
+            prop_assert!(!pe.reason.to_string().is_empty());
+        }
+        prop_assert_eq!(decided, queued);
+
+        // No quota exceeded by what this plan starts.
+        let next = apply(&s, &p, now);
+        for st in &p.start {
+            let j = s.queue.iter().find(|q| q.id == st.job).unwrap();
+            if let Some(m) = s.members.iter().find(|m| m.lab == j.lab && m.user == j.user) {
+                let usage = held(&next, now, |r| r.lab == j.lab && r.user == j.user);
+                prop_assert!(quota_ok(&m.quota, usage, m.period_gpu_hours, &[j.time_limit_s]),
+                    "member quota of {:?} exceeded", (j.lab, j.user));
+            }
+            let guest = owners.get(&st.node) != Some(&j.lab);
+            if let (true, Some(l)) = (guest, s.labs.iter().find(|l| l.id == j.lab)) {
+                let usage = held(&next, now, |r| r.lab == j.lab && owners.get(&r.node) != Some(&r.lab));
+                prop_assert!(quota_ok(&l.quota, usage, l.period_gpu_hours, &[j.time_limit_s]),
+                    "lab quota of {} exceeded", j.lab);
+            }
+        }
+
+        // Planning again after applying the plan changes nothing.
+        let again = plan(&next, &policy, now);
+        prop_assert!(again.start.is_empty(), "second plan starts {:?}", again.start);
+        prop_assert!(again.preempt.is_empty(), "second plan preempts {:?}", again.preempt);
+    }
+}

@@ -1,0 +1,57 @@
+//! Command-line interface of `commons-sim` (clap).
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Trace-driven simulator of GPU Commons over the real scheduler.
+#[derive(Debug, Parser)]
+#[command(name = "commons-sim", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Replay a trace under several policies and compare them.
+    Replay(ReplayArgs),
+    /// Validate a campus file and print its labs.
+    CheckCampus {
+        /// The campus TOML file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Job trace CSV (job_id,submit_time_s,submit_timestamp,duration_s,num_gpus,vc,src_row).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Campus TOML file (labs, tenants, nodes, grace, checkpoints, departures).
+    #[arg(long)]
+    pub campus: PathBuf,
+    /// Comma-separated policies: isolated, share-fifo, commons, commons-nockpt.
+    #[arg(long, default_value = "isolated,share-fifo,commons,commons-nockpt")]
+    pub policies: String,
+    /// Write the figures as JSON to this file ("-" for stdout).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write an HTML report with SVG plots into this directory.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Replay only the first N jobs of the trace.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Seed of the random departures.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Add N random node departures (drain within the grace period, back after 1-24 h).
+    #[arg(long, default_value_t = 0)]
+    pub random_departures: u32,
+    /// Queued jobs per lab shown to the scheduler in one call.
+    #[arg(long, default_value_t = 32)]
+    pub window: usize,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}

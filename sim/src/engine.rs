@@ -1,0 +1,683 @@
+//! The discrete-event loop: replays a [`Workload`] on a [`Campus`] under one policy in
+//! virtual time.
+//!
+//! 1. Events are job arrivals (from the workload, in submission order), job finishes,
+//!    ends of grace periods, and nodes leaving or returning. All events of one instant
+//!    are applied first; then the policy is asked once what to do (only if something
+//!    changed), and its starts and preemptions are applied at that same instant.
+//! 2. `commons` policies build a [`sched::Snapshot`] (kept up to date incrementally) and
+//!    call the real [`sched::plan`]; every start and preemption of the plan is checked
+//!    against the simulator's own state, and an inapplicable plan is an error.
+//! 3. A preempted (or displaced) job keeps its GPUs for the grace period, then stops:
+//!    it keeps the work up to its last checkpoint (checkpoints are taken every
+//!    `checkpoint_interval` seconds of each attempt), loses the rest, and is queued again
+//!    with its original submission time.
+//!
+//! Invariants: a GPU is held by at most one job; a job is in the queues iff it is
+//! queued; the snapshot's `running` list mirrors the running jobs. Everything is
+//! iterated in index order, so a run is a pure function of its inputs.
+
+use crate::accounting::Accounting;
+use crate::campus::Campus;
+use crate::policy::{fcfs, PolicyKind};
+use crate::trace::Workload;
+use commons_sched as sched;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+/// A simulation that cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("the scheduler's plan at t={now}s cannot be applied: {message}")]
+    BadPlan { now: i64, message: String },
+}
+
+/// How to run one simulation.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    pub policy: PolicyKind,
+    /// How many queued jobs at the head of each lab's queue the scheduler sees per call
+    /// (like Slurm's `bf_max_job_test`); the plan is recomputed while the window moves.
+    pub window_per_lab: usize,
+}
+
+impl SimOptions {
+    pub fn new(policy: PolicyKind) -> SimOptions {
+        SimOptions {
+            policy,
+            window_per_lab: 32,
+        }
+    }
+}
+
+/// What happened to one job (indexed like [`Workload::jobs`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobOutcome {
+    pub first_start: Option<i64>,
+    pub finish: Option<i64>,
+    /// The first attempt ran on a node of the job's own lab.
+    pub owner_start: bool,
+    pub attempts: u32,
+}
+
+/// The raw result of one simulation; [`crate::metrics`] summarises it.
+#[derive(Debug, Clone)]
+pub struct SimOutput {
+    pub policy: PolicyKind,
+    pub jobs: Vec<JobOutcome>,
+    pub accounting: Accounting,
+    /// Jobs stopped by the policy (not counting those displaced by a leaving node).
+    pub preemptions: u64,
+    /// Jobs displaced by a leaving node that lost at most one checkpoint interval.
+    pub migrations_ok: u64,
+    /// Jobs displaced by a leaving node that lost more.
+    pub migrations_failed: u64,
+    /// Virtual time when the last event happened.
+    pub end_time: i64,
+    pub plan_calls: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Finish { job: usize, attempt: u32 },
+    GraceEnd { job: usize, attempt: u32 },
+    Leave(usize),
+    Return(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum St {
+    Pending,
+    Queued,
+    Running,
+    Done,
+}
+
+#[derive(Debug, Clone)]
+struct Rt {
+    st: St,
+    /// Seconds of work safe in a checkpoint.
+    saved: i64,
+    start: i64,
+    node: usize,
+    gpus: Vec<sched::GpuId>,
+    preempting: bool,
+    displaced: bool,
+    out: JobOutcome,
+}
+
+/// GPU `k` of node `n` has id `n * GPU_STRIDE + k` (nodes have at most 64 GPUs).
+const GPU_STRIDE: i64 = 100;
+
+struct Engine<'a> {
+    campus: &'a Campus,
+    work: &'a Workload,
+    opts: SimOptions,
+    ckpt: Option<i64>,
+    now: i64,
+    seq: u64,
+    heap: BinaryHeap<Reverse<(i64, u64, Ev)>>,
+    next_arrival: usize,
+    /// Departures in force per node; a node is up when 0.
+    down: Vec<u32>,
+    /// Free GPU ids per node, sorted.
+    free: Vec<Vec<sched::GpuId>>,
+    on_node: Vec<Vec<usize>>,
+    lab_nodes: Vec<Vec<usize>>,
+    jobs: Vec<Rt>,
+    queue: BTreeSet<(i64, usize)>,
+    lab_queue: Vec<BTreeSet<(i64, usize)>>,
+    dirty: Vec<bool>,
+    changed: bool,
+    guests: usize,
+    snap: sched::Snapshot,
+    run_pos: Vec<usize>,
+    acct: Accounting,
+    preemptions: u64,
+    migrations_ok: u64,
+    migrations_failed: u64,
+    plan_calls: u64,
+}
+
+/// The function that plans for the `commons` policies: [`sched::plan`] in production,
+/// a scripted one in tests of the engine's mechanics.
+pub type Planner<'p> = dyn FnMut(&sched::Snapshot, &sched::Policy, sched::Time) -> sched::Plan + 'p;
+
+/// Run one policy over the workload. `progress` is called now and then with the
+/// virtual time reached.
+pub fn simulate(
+    campus: &Campus,
+    work: &Workload,
+    opts: &SimOptions,
+    progress: &mut dyn FnMut(i64),
+) -> Result<SimOutput, SimError> {
+    simulate_with(campus, work, opts, &mut sched::plan, progress)
+}
+
+/// [`simulate`] with another planner in place of [`sched::plan`].
+pub fn simulate_with(
+    campus: &Campus,
+    work: &Workload,
+    opts: &SimOptions,
+    planner: &mut Planner<'_>,
+    progress: &mut dyn FnMut(i64),
+) -> Result<SimOutput, SimError> {
+    let mut e = Engine::new(campus, work, opts.clone());
+    for (i, d) in campus.departures.iter().enumerate() {
+        e.push(work.span.0 + d.leave_at, Ev::Leave(i));
+        if let Some(r) = d.return_at {
+            e.push(work.span.0 + r, Ev::Return(i));
+        }
+    }
+    let mut steps = 0u64;
+    loop {
+        let next_arrival = work.jobs.get(e.next_arrival).map(|j| j.submit);
+        let next_event = e.heap.peek().map(|Reverse((t, _, _))| *t);
+        let t = match (next_arrival, next_event) {
+            (None, None) => break,
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (Some(a), Some(b)) => a.min(b),
+        };
+        e.acct.advance(t);
+        e.now = t;
+        while let Some(&Reverse((et, _, ev))) = e.heap.peek() {
+            if et != t {
+                break;
+            }
+            e.heap.pop();
+            e.handle(ev);
+        }
+        while let Some(j) = work.jobs.get(e.next_arrival) {
+            if j.submit != t {
+                break;
+            }
+            e.arrive(j.idx);
+            e.next_arrival += 1;
+        }
+        e.schedule(planner)?;
+        steps += 1;
+        if steps % 4096 == 0 {
+            progress(t);
+        }
+    }
+    progress(e.now);
+    Ok(SimOutput {
+        policy: opts.policy,
+        jobs: e.jobs.into_iter().map(|r| r.out).collect(),
+        accounting: e.acct,
+        preemptions: e.preemptions,
+        migrations_ok: e.migrations_ok,
+        migrations_failed: e.migrations_failed,
+        end_time: e.now,
+        plan_calls: e.plan_calls,
+    })
+}
+
+impl<'a> Engine<'a> {
+    fn new(campus: &'a Campus, work: &'a Workload, opts: SimOptions) -> Engine<'a> {
+        let n = campus.nodes.len();
+        let mut lab_nodes = vec![Vec::new(); campus.labs.len()];
+        for (i, node) in campus.nodes.iter().enumerate() {
+            lab_nodes[node.lab].push(i);
+        }
+        let free = campus
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                (0..i64::from(node.gpus))
+                    .map(|k| i as i64 * GPU_STRIDE + k)
+                    .collect()
+            })
+            .collect();
+        let snap = initial_snapshot(campus);
+        let ckpt = if opts.policy.checkpoints() {
+            campus.checkpoint_interval_s
+        } else {
+            None
+        };
+        Engine {
+            campus,
+            work,
+            ckpt,
+            now: work.span.0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            next_arrival: 0,
+            down: vec![0; n],
+            free,
+            on_node: vec![Vec::new(); n],
+            lab_nodes,
+            jobs: vec![
+                Rt {
+                    st: St::Pending,
+                    saved: 0,
+                    start: 0,
+                    node: 0,
+                    gpus: Vec::new(),
+                    preempting: false,
+                    displaced: false,
+                    out: JobOutcome::default(),
+                };
+                work.jobs.len()
+            ],
+            queue: BTreeSet::new(),
+            lab_queue: vec![BTreeSet::new(); campus.labs.len()],
+            dirty: vec![false; campus.labs.len()],
+            changed: false,
+            guests: 0,
+            snap,
+            run_pos: vec![usize::MAX; work.jobs.len()],
+            acct: Accounting::new(work.span.0, work.span.1),
+            preemptions: 0,
+            migrations_ok: 0,
+            migrations_failed: 0,
+            plan_calls: 0,
+            opts,
+        }
+    }
+
+    fn push(&mut self, at: i64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, ev)));
+    }
+
+    fn touch(&mut self, lab: usize) {
+        self.dirty[lab] = true;
+        self.changed = true;
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Finish { job, attempt } => {
+                if self.current(job, attempt) {
+                    self.release(job);
+                    let rt = &mut self.jobs[job];
+                    rt.st = St::Done;
+                    rt.out.finish = Some(self.now);
+                }
+            }
+            Ev::GraceEnd { job, attempt } => {
+                if self.current(job, attempt) {
+                    self.stop(job, true);
+                }
+            }
+            Ev::Leave(d) => {
+                let dep = &self.campus.departures[d];
+                let node = dep.node;
+                self.down[node] += 1;
+                if self.down[node] == 1 {
+                    self.snap.nodes[node].schedulable = false;
+                    for job in self.on_node[node].clone() {
+                        self.jobs[job].displaced = true;
+                        if dep.abrupt {
+                            self.stop(job, false);
+                        } else if !self.jobs[job].preempting {
+                            self.begin_stop(job, self.campus.grace_s);
+                        }
+                    }
+                }
+            }
+            Ev::Return(d) => {
+                let node = self.campus.departures[d].node;
+                self.down[node] -= 1;
+                if self.down[node] == 0 {
+                    self.snap.nodes[node].schedulable = true;
+                    self.touch(self.campus.nodes[node].lab);
+                }
+            }
+        }
+    }
+
+    /// The job runs the attempt an event was scheduled for.
+    fn current(&self, job: usize, attempt: u32) -> bool {
+        let rt = &self.jobs[job];
+        rt.st == St::Running && rt.out.attempts == attempt
+    }
+
+    fn arrive(&mut self, job: usize) {
+        let j = &self.work.jobs[job];
+        self.jobs[job].st = St::Queued;
+        self.queue.insert((j.submit, job));
+        self.lab_queue[j.lab].insert((j.submit, job));
+        self.touch(j.lab);
+    }
+
+    fn start(&mut self, job: usize, node: usize, gpus: Vec<sched::GpuId>) {
+        let j = &self.work.jobs[job];
+        let owner = self.campus.nodes[node].lab == j.lab;
+        self.queue.remove(&(j.submit, job));
+        self.lab_queue[j.lab].remove(&(j.submit, job));
+        self.free[node].retain(|g| !gpus.contains(g));
+        self.on_node[node].push(job);
+        self.acct.take(gpus.len() as u64);
+        if !owner {
+            self.guests += 1;
+        }
+        let rt = &mut self.jobs[job];
+        rt.st = St::Running;
+        rt.start = self.now;
+        rt.node = node;
+        rt.preempting = false;
+        rt.out.attempts += 1;
+        if rt.out.first_start.is_none() {
+            rt.out.first_start = Some(self.now);
+            rt.out.owner_start = owner;
+        }
+        let remaining = j.duration - rt.saved;
+        let attempt = rt.out.attempts;
+        rt.gpus = gpus.clone();
+        self.push(self.now + remaining, Ev::Finish { job, attempt });
+        self.run_pos[job] = self.snap.running.len();
+        self.snap
+            .running
+            .push(running_job(j, node, gpus, self.now, remaining));
+    }
+
+    /// Free the GPUs of a running job (it finished or stopped).
+    fn release(&mut self, job: usize) {
+        let node = self.jobs[job].node;
+        let gpus = std::mem::take(&mut self.jobs[job].gpus);
+        self.acct.release(gpus.len() as u64);
+        self.free[node].extend(gpus);
+        self.free[node].sort_unstable();
+        self.on_node[node].retain(|&j| j != job);
+        if self.campus.nodes[node].lab != self.work.jobs[job].lab {
+            self.guests -= 1;
+        }
+        let pos = std::mem::replace(&mut self.run_pos[job], usize::MAX);
+        self.snap.running.swap_remove(pos);
+        if let Some(moved) = self.snap.running.get(pos) {
+            self.run_pos[moved.id as usize] = pos;
+        }
+        self.touch(self.campus.nodes[node].lab);
+    }
+
+    /// Tell a running job to stop within `grace` seconds.
+    fn begin_stop(&mut self, job: usize, grace: i64) {
+        let rt = &mut self.jobs[job];
+        rt.preempting = true;
+        let attempt = rt.out.attempts;
+        self.snap.running[self.run_pos[job]].preempting = true;
+        self.push(self.now + grace, Ev::GraceEnd { job, attempt });
+    }
+
+    /// Stop a running job now and queue it again. `graceful`: it had its grace period
+    /// (and may have checkpointed in it); otherwise its node vanished.
+    fn stop(&mut self, job: usize, graceful: bool) {
+        let rt = &self.jobs[job];
+        let elapsed = self.now - rt.start;
+        let progress = rt.saved + elapsed;
+        let saved = match self.ckpt {
+            None => 0,
+            Some(_) if graceful && self.campus.checkpoint_on_stop => progress,
+            Some(i) => rt.saved + elapsed / i * i,
+        };
+        let lost = progress - saved;
+        self.acct.lose(self.now, lost, rt.gpus.len() as u64);
+        if rt.displaced {
+            if lost <= self.campus.checkpoint_interval_s.unwrap_or(0) {
+                self.migrations_ok += 1;
+            } else {
+                self.migrations_failed += 1;
+            }
+        } else {
+            self.preemptions += 1;
+        }
+        self.release(job);
+        let rt = &mut self.jobs[job];
+        rt.saved = saved;
+        rt.displaced = false;
+        rt.preempting = false;
+        rt.st = St::Queued;
+        let j = &self.work.jobs[job];
+        self.queue.insert((j.submit, job));
+        self.lab_queue[j.lab].insert((j.submit, job));
+        self.touch(j.lab);
+    }
+
+    fn schedule(&mut self, planner: &mut Planner<'_>) -> Result<(), SimError> {
+        if !std::mem::take(&mut self.changed) {
+            return Ok(());
+        }
+        match self.opts.policy {
+            PolicyKind::Isolated => {
+                for lab in 0..self.dirty.len() {
+                    if self.dirty[lab] && !self.lab_nodes[lab].is_empty() {
+                        let pool = self.lab_nodes[lab].clone();
+                        let queue = self.queue_head(&pool, self.lab_queue[lab].iter());
+                        self.run_fcfs(&pool, &queue);
+                    }
+                }
+            }
+            PolicyKind::ShareFifo => {
+                let pool: Vec<usize> = (0..self.campus.nodes.len()).collect();
+                let queue = self.queue_head(&pool, self.queue.iter());
+                self.run_fcfs(&pool, &queue);
+            }
+            PolicyKind::Commons | PolicyKind::CommonsNoCkpt => self.run_sched(planner)?,
+        }
+        self.dirty.fill(false);
+        Ok(())
+    }
+
+    /// The part of a queue that strict FCFS over `pool` can reach now: each start takes
+    /// at least one free GPU, so no more jobs than free GPUs (plus the one that waits)
+    /// matter; jobs wider than every node of the pool are skipped and do not count.
+    fn queue_head<'q>(
+        &self,
+        pool: &[usize],
+        queue: impl Iterator<Item = &'q (i64, usize)>,
+    ) -> Vec<usize> {
+        let widest = pool.iter().map(|&n| self.campus.nodes[n].gpus).max().unwrap_or(0);
+        let free: usize = pool.iter().map(|&n| self.free[n].len()).sum();
+        let mut out = Vec::new();
+        let mut fitting = 0;
+        for &(_, job) in queue {
+            if fitting > free {
+                break;
+            }
+            if self.work.jobs[job].gpus <= widest {
+                fitting += 1;
+            }
+            out.push(job);
+        }
+        out
+    }
+
+    fn run_fcfs(&mut self, pool: &[usize], queue: &[usize]) {
+        let free: Vec<u32> = pool.iter().map(|&n| self.free[n].len() as u32).collect();
+        let size: Vec<u32> = pool.iter().map(|&n| self.campus.nodes[n].gpus).collect();
+        let up: Vec<bool> = pool.iter().map(|&n| self.down[n] == 0).collect();
+        let jobs = queue.iter().map(|&j| (j, self.work.jobs[j].gpus));
+        for (job, i) in fcfs(jobs, &free, &size, &up) {
+            let node = pool[i];
+            let take = self.work.jobs[job].gpus as usize;
+            let gpus = self.free[node][..take].to_vec();
+            self.start(job, node, gpus);
+        }
+    }
+
+    /// Ask the real scheduler, apply its plan, and ask again while the window of
+    /// queued jobs it saw was cut short and it still started something.
+    ///
+    /// Skipped when it provably has nothing to do: no job waits, or every GPU is held
+    /// and no guest runs anywhere (owner jobs are never preempted, DESIGN "Policy").
+    fn run_sched(&mut self, planner: &mut Planner<'_>) -> Result<(), SimError> {
+        let policy = sched_policy(self.campus);
+        for _ in 0..1_000 {
+            let any_free = (0..self.free.len()).any(|n| self.down[n] == 0 && !self.free[n].is_empty());
+            if self.queue.is_empty() || (!any_free && self.guests == 0) {
+                return Ok(());
+            }
+            let mut queue = self.window();
+            queue.sort_unstable();
+            queue.dedup();
+            let truncated = queue.len() < self.queue.len();
+            self.snap.queue = queue
+                .into_iter()
+                .map(|(_, job)| queued_job(&self.work.jobs[job], self.jobs[job].saved))
+                .collect();
+            let plan = planner(&self.snap, &policy, self.now);
+            self.plan_calls += 1;
+            for s in &plan.start {
+                self.check_start(s)?;
+                self.start(s.job as usize, s.node as usize, s.gpus.clone());
+            }
+            for p in &plan.preempt {
+                let job = usize::try_from(p.job).ok().filter(|&j| j < self.jobs.len());
+                let job = job.ok_or_else(|| self.bad(format!("preempts unknown job {}", p.job)))?;
+                if self.jobs[job].st != St::Running {
+                    return Err(self.bad(format!("preempts job {job}, which is not running")));
+                }
+                if !self.jobs[job].preempting {
+                    self.begin_stop(job, i64::from(p.grace_s));
+                }
+            }
+            if !(truncated && !plan.start.is_empty()) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The queued jobs the scheduler sees in one call, as `(submitted, job)`, unsorted:
+    /// the head of the campus-wide queue up to one more job than there are free GPUs
+    /// (a first-come-first-served pass can start no more, as each start takes a GPU),
+    /// plus the first `window_per_lab` jobs of every lab's queue (what owner priority
+    /// and fair share among labs look at).
+    fn window(&self) -> Vec<(i64, usize)> {
+        let free: usize = (0..self.free.len())
+            .filter(|&n| self.down[n] == 0)
+            .map(|n| self.free[n].len())
+            .sum();
+        let widest = self.campus.max_node_gpus();
+        let mut out = Vec::new();
+        let mut fitting = 0;
+        for &q in &self.queue {
+            if fitting > free {
+                break;
+            }
+            if self.work.jobs[q.1].gpus <= widest {
+                fitting += 1;
+            }
+            out.push(q);
+        }
+        for lab_queue in &self.lab_queue {
+            out.extend(lab_queue.iter().take(self.opts.window_per_lab));
+        }
+        out
+    }
+
+    fn bad(&self, message: String) -> SimError {
+        SimError::BadPlan {
+            now: self.now,
+            message,
+        }
+    }
+
+    fn check_start(&self, s: &sched::Start) -> Result<(), SimError> {
+        let job = usize::try_from(s.job).ok().filter(|&j| j < self.jobs.len());
+        let Some(job) = job else {
+            return Err(self.bad(format!("starts unknown job {}", s.job)));
+        };
+        if self.jobs[job].st != St::Queued {
+            return Err(self.bad(format!("starts job {job}, which is not queued")));
+        }
+        let node = usize::try_from(s.node).ok().filter(|&n| n < self.free.len());
+        let Some(node) = node else {
+            return Err(self.bad(format!("starts job {job} on unknown node {}", s.node)));
+        };
+        if self.down[node] > 0 {
+            return Err(self.bad(format!("starts job {job} on node {node}, which is away")));
+        }
+        if s.gpus.len() != self.work.jobs[job].gpus as usize {
+            return Err(self.bad(format!(
+                "gives job {job} {} GPUs, it asked for {}",
+                s.gpus.len(),
+                self.work.jobs[job].gpus
+            )));
+        }
+        let mut seen = s.gpus.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() != s.gpus.len() || s.gpus.iter().any(|g| !self.free[node].contains(g)) {
+            return Err(self.bad(format!(
+                "gives job {job} GPUs {:?} of node {node}, which are not all free",
+                s.gpus
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The scheduler's policy knobs for this campus.
+fn sched_policy(_campus: &Campus) -> sched::Policy {
+    sched::Policy::default()
+}
+
+// The `..Default::default()` below keep these constructors compiling while `sched`
+// adds fields to its structs; clippy finds them needless whenever no field is new.
+#[allow(clippy::needless_update)]
+fn initial_snapshot(campus: &Campus) -> sched::Snapshot {
+    let nodes = campus
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| sched::Node {
+            id: i as i64,
+            name: n.name.clone(),
+            lab: n.lab as i64,
+            schedulable: true,
+            gpus: (0..i64::from(n.gpus))
+                .map(|k| sched::Gpu {
+                    id: i as i64 * GPU_STRIDE + k,
+                    model: n.model.clone(),
+                    memory_mb: n.memory_mb,
+                    local_use: false,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .collect();
+    sched::Snapshot {
+        nodes,
+        ..Default::default()
+    }
+}
+
+#[allow(clippy::needless_update)]
+fn queued_job(j: &crate::trace::Job, saved: i64) -> sched::QueuedJob {
+    sched::QueuedJob {
+        id: j.idx as i64,
+        user: j.lab as i64,
+        lab: j.lab as i64,
+        gpus: j.gpus,
+        time_limit_s: j.duration - saved,
+        submitted_at: j.submit,
+        ..Default::default()
+    }
+}
+
+#[allow(clippy::needless_update)]
+fn running_job(
+    j: &crate::trace::Job,
+    node: usize,
+    gpus: Vec<sched::GpuId>,
+    now: i64,
+    remaining: i64,
+) -> sched::RunningJob {
+    sched::RunningJob {
+        id: j.idx as i64,
+        user: j.lab as i64,
+        lab: j.lab as i64,
+        node: node as i64,
+        gpus,
+        started_at: now,
+        time_limit_s: remaining,
+        preempting: false,
+        ..Default::default()
+    }
+}

@@ -1,0 +1,26 @@
+//! `commons-sim`: replays a GPU-cluster job trace through the same scheduler the portal
+//! uses (`commons_sched::plan`), in virtual time, and compares policies side by side.
+//!
+//! The pieces, each pure and testable on its own:
+//! - [`campus`]: the campus file (labs, nodes, tenants, departures) and its validation;
+//! - [`trace`]: the trace CSV and the workload built from it;
+//! - [`policy`]: the policies compared, and the FCFS baselines implemented here;
+//! - [`engine`]: the discrete-event loop of one policy;
+//! - [`accounting`] and [`metrics`]: GPU-time bookkeeping and the reported figures;
+//! - [`replay`]: several policies over one workload, as the CLI runs them;
+//! - [`report`]: the HTML page with SVG plots.
+
+pub mod accounting;
+pub mod campus;
+pub mod engine;
+pub mod metrics;
+pub mod policy;
+pub mod replay;
+pub mod report;
+pub mod trace;
+
+pub use campus::{Campus, CampusFile};
+pub use engine::{simulate, simulate_with, SimOptions, SimOutput};
+pub use policy::PolicyKind;
+pub use replay::{replay, Replay, ReplaySettings, RunSummary};
+pub use trace::{read_trace, Workload};

@@ -1,0 +1,142 @@
+//! `commons-sim`: the command-line front of the simulator library.
+
+mod cli;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use cli::{Cli, Command, ReplayArgs};
+use commons_sim::{read_trace, replay, CampusFile, PolicyKind, ReplaySettings, Workload};
+use std::io::Write;
+use std::time::Instant;
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Replay(args) => run_replay(args),
+        Command::CheckCampus { file } => {
+            let campus = CampusFile::read(&file)?.build()?;
+            println!(
+                "{}: {} labs, {} nodes, {} GPUs",
+                file.display(),
+                campus.labs.len(),
+                campus.nodes.len(),
+                campus.total_gpus()
+            );
+            for (i, lab) in campus.labs.iter().enumerate() {
+                let nodes: Vec<_> = campus.nodes.iter().filter(|n| n.lab == i).collect();
+                let gpus: u32 = nodes.iter().map(|n| n.gpus).sum();
+                println!(
+                    "  {:<12} {:>3} nodes {:>4} GPUs  tenants {}",
+                    lab.name,
+                    nodes.len(),
+                    gpus,
+                    lab.tenants.join(",")
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn run_replay(args: ReplayArgs) -> Result<()> {
+    let policies = PolicyKind::parse_list(&args.policies)?;
+    let campus = CampusFile::read(&args.campus)?.build()?;
+    let trace = read_trace(&args.trace, args.limit)?;
+    let work = Workload::new(&trace, &campus)?;
+    let settings = ReplaySettings {
+        policies,
+        window_per_lab: args.window.max(1),
+        seed: args.seed,
+        random_departures: args.random_departures,
+    };
+    let span = (work.span.1 - work.span.0).max(1) as f64;
+    let quiet = args.quiet;
+    if !quiet {
+        eprintln!(
+            "replaying {} jobs ({} capped to one node) over {:.1} days on {} GPUs",
+            work.jobs.len(),
+            work.capped,
+            span / 86_400.0,
+            campus.total_gpus()
+        );
+    }
+    let started = Instant::now();
+    let mut last_print = Instant::now();
+    let mut current = None;
+    let mut policy_start = Instant::now();
+    let result = replay(&campus, &work, &settings, &mut |p, t| {
+        if current != Some(p) {
+            current = Some(p);
+            policy_start = Instant::now();
+        }
+        if !quiet && last_print.elapsed().as_secs_f64() >= 2.0 {
+            last_print = Instant::now();
+            let day = (t - work.span.0) as f64 / 86_400.0;
+            eprintln!(
+                "  {p}: day {day:.1} ({:.0}% of the span), {:.1} s",
+                100.0 * (t - work.span.0) as f64 / span,
+                policy_start.elapsed().as_secs_f64()
+            );
+        }
+    })?;
+    let wall = started.elapsed().as_secs_f64();
+    let simulated: i64 = result.outputs.iter().map(|o| o.end_time - work.span.0).sum();
+    if !quiet {
+        eprintln!(
+            "{} policies in {wall:.1} s wall; simulated/wall = {:.0}x",
+            result.outputs.len(),
+            simulated as f64 / wall.max(1e-9)
+        );
+        print_table(&result.summary);
+    }
+    let json = serde_json::to_string_pretty(&result.summary)?;
+    match args.json.as_deref() {
+        Some(p) if p.as_os_str() == "-" => println!("{json}"),
+        Some(p) => std::fs::write(p, json + "\n")
+            .with_context(|| format!("cannot write {}", p.display()))?,
+        None => {}
+    }
+    if let Some(dir) = &args.report {
+        let path = commons_sim::report::write(dir, &work, &result, wall)
+            .with_context(|| format!("cannot write the report into {}", dir.display()))?;
+        if !quiet {
+            eprintln!("report: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn print_table(s: &commons_sim::RunSummary) {
+    let mut err = std::io::stderr().lock();
+    let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.0}"));
+    let _ = writeln!(
+        err,
+        "{:<15} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>5}",
+        "policy", "util", "goodput", "jct_mean", "jct_p95", "wait_mean", "own_wait", "preempt", "lost_gpuh", "worse"
+    );
+    for (name, m) in &s.policies {
+        let _ = writeln!(
+            err,
+            "{:<15} {:>6.3} {:>7.3} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9.1} {:>5}",
+            name,
+            m.utilization,
+            m.goodput,
+            opt(m.jct_mean_s),
+            opt(m.jct_p95_s),
+            opt(m.wait_mean_s),
+            opt(m.owner_wait_mean_s),
+            m.preemptions,
+            m.lost_gpu_hours,
+            m.labs_worse_off.map_or("-".into(), |n| n.to_string())
+        );
+    }
+    for t in &s.targets {
+        let _ = writeln!(
+            err,
+            "target {:<42} {:>10} limit {:>6}  {}",
+            t.name,
+            t.value.map_or("-".into(), |v| format!("{v:.3}")),
+            t.limit,
+            if t.met { "met" } else { "NOT met" }
+        );
+    }
+}

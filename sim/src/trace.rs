@@ -1,0 +1,213 @@
+//! Reading a job trace (the Philly CSV layout) and turning it into the simulator's
+//! workload for a given campus.
+//!
+//! The CSV has the header `job_id,submit_time_s,submit_timestamp,duration_s,num_gpus,vc,src_row`
+//! (extra columns are ignored, `submit_timestamp` and `src_row` are informative only).
+//! Invariants of a [`Workload`]:
+//! - jobs are sorted by `(submit, trace id)` and `jobs[i].idx == i`;
+//! - every job belongs to a lab of the campus and asks for 1..=`max_node_gpus` GPUs.
+//!
+//! Jobs wider than the widest node: the scheduler places a job on one node (gang
+//! placement), and Philly has 12- to 128-GPU jobs while campus nodes have 8 GPUs. Such a
+//! job is **capped** to the widest node's GPU count with its duration unchanged (it is
+//! modelled as a shorter-lived, smaller gang), and counted in [`Workload::capped`]; no job
+//! is dropped.
+
+use crate::campus::Campus;
+use serde::Deserialize;
+use std::path::Path;
+
+/// What can be wrong with a trace.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("cannot read trace {path}: {source}")]
+    Read { path: String, source: csv::Error },
+    #[error("trace line {line}: {message}")]
+    Row { line: u64, message: String },
+    #[error("trace line {line}: tenant (vc) \"{vc}\" belongs to no lab of the campus file; add it to some lab's `tenants`")]
+    UnknownTenant { line: u64, vc: String },
+    #[error("the trace has no jobs")]
+    Empty,
+}
+
+/// One row of the trace.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TraceJob {
+    pub job_id: i64,
+    /// Seconds after the first submission of the trace.
+    pub submit_time_s: i64,
+    /// Run time in seconds on the GPUs it asked for, without interruptions.
+    pub duration_s: i64,
+    pub num_gpus: u32,
+    /// The tenant (Philly virtual cluster).
+    pub vc: String,
+    /// Line in the file (1 = header), for error messages.
+    #[serde(skip)]
+    pub line: u64,
+}
+
+/// Read a trace file. `limit` keeps only the first N rows (a quick slice).
+pub fn read_trace(path: &Path, limit: Option<usize>) -> Result<Vec<TraceJob>, TraceError> {
+    let read_err = |source| TraceError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut reader = csv::Reader::from_path(path).map_err(read_err)?;
+    parse_rows(&mut reader, limit)
+}
+
+/// Parse trace CSV text (with its header).
+pub fn parse_trace(text: &str, limit: Option<usize>) -> Result<Vec<TraceJob>, TraceError> {
+    let mut reader = csv::Reader::from_reader(text.as_bytes());
+    parse_rows(&mut reader, limit)
+}
+
+fn parse_rows<R: std::io::Read>(
+    reader: &mut csv::Reader<R>,
+    limit: Option<usize>,
+) -> Result<Vec<TraceJob>, TraceError> {
+    let mut jobs = Vec::new();
+    for (i, row) in reader.deserialize::<TraceJob>().enumerate() {
+        if limit.is_some_and(|l| jobs.len() >= l) {
+            break;
+        }
+        let line = i as u64 + 2;
+        let mut job = row.map_err(|e| TraceError::Row {
+            line,
+            message: e.to_string(),
+        })?;
+        job.line = line;
+        let bad = |message: &str| TraceError::Row {
+            line,
+            message: message.to_string(),
+        };
+        if job.submit_time_s < 0 {
+            return Err(bad("submit_time_s must not be negative"));
+        }
+        if job.duration_s < 0 {
+            return Err(bad("duration_s must not be negative"));
+        }
+        if job.num_gpus == 0 {
+            return Err(bad("num_gpus must be at least 1"));
+        }
+        jobs.push(job);
+    }
+    if jobs.is_empty() {
+        return Err(TraceError::Empty);
+    }
+    Ok(jobs)
+}
+
+/// A job as the simulator sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// Index in [`Workload::jobs`]; also the job id given to the scheduler.
+    pub idx: usize,
+    /// The id in the trace.
+    pub trace_id: i64,
+    pub lab: usize,
+    pub submit: i64,
+    /// Seconds of work (at least 1).
+    pub duration: i64,
+    /// GPUs it runs on (after capping).
+    pub gpus: u32,
+    /// GPUs the trace asked for.
+    pub requested_gpus: u32,
+}
+
+/// The jobs of a trace, assigned to labs and sorted by submission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    pub jobs: Vec<Job>,
+    /// Jobs that asked for more GPUs than any node has and were capped.
+    pub capped: u64,
+    /// First and last submission time.
+    pub span: (i64, i64),
+}
+
+impl Workload {
+    /// Assign trace jobs to the campus' labs. Fails on a tenant that no lab lists.
+    pub fn new(trace: &[TraceJob], campus: &Campus) -> Result<Workload, TraceError> {
+        let tenants = campus.lab_of_tenant();
+        let cap = campus.max_node_gpus().max(1);
+        let mut rows: Vec<&TraceJob> = trace.iter().collect();
+        rows.sort_by_key(|j| (j.submit_time_s, j.job_id));
+        let mut jobs = Vec::with_capacity(rows.len());
+        let mut capped = 0;
+        for (idx, t) in rows.into_iter().enumerate() {
+            let lab = *tenants
+                .get(t.vc.as_str())
+                .ok_or_else(|| TraceError::UnknownTenant {
+                    line: t.line,
+                    vc: t.vc.clone(),
+                })?;
+            if t.num_gpus > cap {
+                capped += 1;
+            }
+            jobs.push(Job {
+                idx,
+                trace_id: t.job_id,
+                lab,
+                submit: t.submit_time_s,
+                duration: t.duration_s.max(1),
+                gpus: t.num_gpus.min(cap),
+                requested_gpus: t.num_gpus,
+            });
+        }
+        let first = jobs.first().ok_or(TraceError::Empty)?.submit;
+        let last = jobs.last().ok_or(TraceError::Empty)?.submit;
+        Ok(Workload {
+            jobs,
+            capped,
+            span: (first, last),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::campus::CampusFile;
+
+    const HEADER: &str = "job_id,submit_time_s,submit_timestamp,duration_s,num_gpus,vc,src_row\n";
+
+    #[test]
+    fn parses_and_caps_wide_jobs() {
+        let text = format!("{HEADER}1,10,x,100,16,a,0\n0,0,x,50,1,b,1\n");
+        let trace = parse_trace(&text, None).unwrap();
+        let campus = CampusFile::parse(
+            "[[lab]]\nname = \"A\"\ntenants = [\"a\"]\nnodes = 1\n[[lab]]\nname = \"B\"\ntenants = [\"b\"]\n",
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+        let w = Workload::new(&trace, &campus).unwrap();
+        assert_eq!(w.capped, 1);
+        assert_eq!(w.span, (0, 10));
+        assert_eq!(w.jobs[0].trace_id, 0);
+        assert_eq!(w.jobs[0].lab, 1);
+        assert_eq!(w.jobs[1].gpus, 8);
+        assert_eq!(w.jobs[1].requested_gpus, 16);
+    }
+
+    #[test]
+    fn bad_rows_name_the_line() {
+        let e = parse_trace(&format!("{HEADER}0,0,x,5,0,a,0\n"), None).unwrap_err();
+        assert!(e.to_string().contains("line 2") && e.to_string().contains("num_gpus"));
+        let e = parse_trace(&format!("{HEADER}0,0,x,5,1,a,0\n1,zz,x,5,1,a,0\n"), None)
+            .unwrap_err();
+        assert!(e.to_string().contains("line 3"), "{e}");
+        assert!(matches!(parse_trace(HEADER, None), Err(TraceError::Empty)));
+    }
+
+    #[test]
+    fn unknown_tenant_is_an_error() {
+        let trace = parse_trace(&format!("{HEADER}0,0,x,5,1,zz,0\n"), None).unwrap();
+        let campus = CampusFile::parse("[[lab]]\nname = \"A\"\nnodes = 1\n")
+            .unwrap()
+            .build()
+            .unwrap();
+        let e = Workload::new(&trace, &campus).unwrap_err();
+        assert!(e.to_string().contains("\"zz\""), "{e}");
+    }
+}

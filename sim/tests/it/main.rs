@@ -1,0 +1,7 @@
+//! Integration tests of `commons-sim` (one binary, see STYLE.md "Tests").
+
+mod cli;
+mod mechanics;
+mod philly;
+mod support;
+mod tiny;
