@@ -1,0 +1,331 @@
+//! The test harness: a real portal (in-process, on a free port, with a fresh database)
+//! and a real agent (fake GPUs, the real Docker Engine), plus small HTTP helpers.
+//!
+//! SQLite: a file in a temp dir. PostgreSQL: a fresh database on the server named by
+//! `TEST_DATABASE_URL` (scripts/test.sh starts a private one); a missing server is a test
+//! failure that says how to get one, never a skip.
+
+use commons_portal::db::models::Role;
+use commons_portal::db::users;
+use commons_portal::{Config, RunningPortal};
+use serde_json::Value;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub const BACKENDS: [Backend; 2] = [Backend::Sqlite, Backend::Postgres];
+
+/// A database for one test; dropped (PostgreSQL) when the value goes.
+pub struct TestDb {
+    pub url: String,
+    admin_url: Option<String>,
+    name: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    pub fn new(backend: Backend) -> TestDb {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().unwrap();
+                TestDb {
+                    url: format!("sqlite://{}", dir.path().join("commons.db").display()),
+                    admin_url: None,
+                    name: String::new(),
+                    _dir: Some(dir),
+                }
+            }
+            Backend::Postgres => {
+                use diesel::{Connection, RunQueryDsl};
+                let admin = std::env::var("TEST_DATABASE_URL").expect(
+                    "PostgreSQL tests need TEST_DATABASE_URL=postgres://USER@HOST:PORT/postgres \
+                     (run scripts/test.sh, which starts a private PostgreSQL server)",
+                );
+                let name = format!("commons_t_{:016x}", rand::random::<u64>());
+                let mut c = diesel::PgConnection::establish(&admin)
+                    .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at TEST_DATABASE_URL: {e}"));
+                diesel::sql_query(format!("CREATE DATABASE {name}"))
+                    .execute(&mut c)
+                    .unwrap();
+                let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+                TestDb {
+                    url: format!("{base}/{name}"),
+                    admin_url: Some(admin),
+                    name,
+                    _dir: None,
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(admin) = &self.admin_url {
+            use diesel::{Connection, RunQueryDsl};
+            if let Ok(mut c) = diesel::PgConnection::establish(admin) {
+                let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
+                    .execute(&mut c);
+            }
+        }
+    }
+}
+
+/// Builds the demo image once per test run.
+pub fn demo_image() {
+    static DONE: OnceLock<Mutex<bool>> = OnceLock::new();
+    let mut done = DONE.get_or_init(|| Mutex::new(false)).lock().unwrap();
+    if !*done {
+        commons_portal::demo::ensure_demo_image()
+            .expect("the demo image is needed: Docker and busybox-static must be installed");
+        *done = true;
+    }
+}
+
+pub struct TestPortal {
+    pub backend: Backend,
+    pub portal: RunningPortal,
+    pub url: String,
+    pub http: reqwest::Client,
+    /// alice: member of lab vision.
+    pub alice: String,
+    /// bob: member of lab physics.
+    pub bob: String,
+    /// Kept so the database lives (and is dropped) with the portal.
+    _db: TestDb,
+}
+
+impl TestPortal {
+    pub async fn start(backend: Backend) -> TestPortal {
+        let db = TestDb::new(backend);
+        let config = Config {
+            database_url: db.url.clone(),
+            listen: "127.0.0.1:0".into(),
+            insecure_dev_login: true,
+            scheduler: commons_portal::config::SchedulerConfig {
+                tick_ms: 200,
+                heartbeat_s: 1,
+                lease_ttl_s: 10,
+                lease_margin_s: 2,
+            },
+            ..Config::default()
+        };
+        let portal = commons_portal::start(config).await.expect("portal starts");
+        let dbh = portal.state.db.clone();
+        let (alice, bob) = tokio::task::spawn_blocking(move || {
+            dbh.run_blocking(|c| {
+                let vision = users::create_lab(c, "vision", "Vision Lab")?;
+                let physics = users::create_lab(c, "physics", "Physics Lab")?;
+                let a = users::create_user(c, "alice", "alice@campus.test", false)?;
+                users::set_membership(c, a.id, vision.id, Role::Member)?;
+                let b = users::create_user(c, "bob", "bob@campus.test", false)?;
+                users::set_membership(c, b.id, physics.id, Role::Member)?;
+                Ok::<_, commons_portal::error::AppError>((
+                    users::create_api_token(c, a.id, "test")?,
+                    users::create_api_token(c, b.id, "test")?,
+                ))
+            })
+            .unwrap()
+        })
+        .await
+        .unwrap();
+        TestPortal {
+            backend,
+            url: portal.url(),
+            portal,
+            http: reqwest::Client::new(),
+            alice,
+            bob,
+            _db: db,
+        }
+    }
+
+    pub fn enrol_token(&self, lab: &str) -> String {
+        let db = self.portal.state.db.clone();
+        commons_portal::admin::enrol_token(&db, lab).unwrap()
+    }
+
+    /// Starts an agent for `lab` with the given fake GPUs.
+    pub async fn agent(&self, lab: &str, gpus: &str) -> TestAgent {
+        demo_image();
+        let dir = tempfile::tempdir().unwrap();
+        let token = self.enrol_token(lab);
+        let config = commons_agent::AgentConfig {
+            portal: self.url.clone(),
+            enrol_token: Some(token.clone()),
+            state_dir: dir.path().to_path_buf(),
+            gpus: gpus.parse().unwrap(),
+            hostname: format!("{lab}-server"),
+        };
+        let task = tokio::spawn(commons_agent::run(config.clone()));
+        let agent = TestAgent {
+            task,
+            dir,
+            token,
+            config,
+        };
+        // Wait until the node is online with its GPUs.
+        let want = match config_gpus(&agent.config) {
+            n if n > 0 => n,
+            _ => 1,
+        };
+        let me = self;
+        wait_for(Duration::from_secs(30), "agent online", || async move {
+            let nodes = me.get_json(&me.alice, "/api/v1/nodes").await;
+            nodes.as_array().unwrap().iter().any(|n| {
+                n["online"] == true
+                    && n["lab"] == lab
+                    && n["gpus"].as_array().map(|g| g.len()) == Some(want)
+            })
+        })
+        .await;
+        agent
+    }
+
+    pub async fn get_json(&self, token: &str, path: &str) -> Value {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "GET {path}: {}", r.status());
+        r.json().await.unwrap()
+    }
+
+    pub async fn post_json(&self, token: &str, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn submit(&self, token: &str, body: Value) -> i64 {
+        let (status, v) = self.post_json(token, "/api/v1/jobs", &body).await;
+        assert_eq!(status, 201, "submit: {v}");
+        v["id"].as_i64().unwrap()
+    }
+
+    pub async fn job(&self, token: &str, id: i64) -> Value {
+        self.get_json(token, &format!("/api/v1/jobs/{id}")).await
+    }
+
+    /// Waits until the job is in one of `states`; returns it.
+    pub async fn wait_state(&self, token: &str, id: i64, states: &[&str], within: Duration) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let j = self.job(token, id).await;
+            if states.iter().any(|s| j["state"] == *s) {
+                return j;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "[{:?}] job {id} did not reach {states:?} in {within:?}; it is {j}",
+                self.backend
+            );
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    }
+
+    pub async fn logs(&self, token: &str, id: i64) -> String {
+        self.http
+            .get(format!("{}/api/v1/jobs/{id}/logs", self.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    pub async fn stop(self) {
+        self.portal.server.handle().stop(false).await;
+    }
+}
+
+fn config_gpus(c: &commons_agent::AgentConfig) -> usize {
+    match &c.gpus {
+        commons_agent::GpuMode::Fake(g) => g.len(),
+        _ => 0,
+    }
+}
+
+pub struct TestAgent {
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub dir: tempfile::TempDir,
+    pub token: String,
+    pub config: commons_agent::AgentConfig,
+}
+
+impl TestAgent {
+    pub fn agent_id(&self) -> String {
+        commons_agent::state::load_credential(self.dir.path())
+            .unwrap()
+            .unwrap()
+            .agent_id
+    }
+
+    /// Ids of this agent's containers for a job (running or not).
+    pub fn containers(&self, job: i64) -> Vec<String> {
+        let out = std::process::Command::new("docker")
+            .args([
+                "ps",
+                "-a",
+                "-q",
+                "--filter",
+                &format!("label=commons.job={job}"),
+                "--filter",
+                &format!("label=commons.agent={}", self.agent_id()),
+            ])
+            .output()
+            .expect("docker CLI");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        self.task.abort();
+        // Leave no containers behind on the shared engine.
+        if let Ok(Some(c)) = commons_agent::state::load_credential(self.dir.path()) {
+            let out = std::process::Command::new("docker")
+                .args(["ps", "-a", "-q", "--filter", &format!("label=commons.agent={}", c.agent_id)])
+                .output();
+            if let Ok(out) = out {
+                for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = std::process::Command::new("docker").args(["rm", "-f", id]).output();
+                }
+            }
+        }
+    }
+}
+
+/// Polls `check` until it is true, or fails the test after `within`.
+pub async fn wait_for<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}

@@ -1,0 +1,7 @@
+//! Integration tests of the portal with real agents, the real Docker Engine, and both
+//! database backends. One binary for all (each file under tests/ would link separately).
+
+mod harness;
+mod jobs;
+mod migrations;
+mod web;
