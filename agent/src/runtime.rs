@@ -200,15 +200,15 @@ impl DockerRuntime {
                 condition: "not-running".into(),
             }),
         );
-        while let Some(r) = s.next().await {
-            match r {
-                Ok(w) => return Ok(w.status_code),
-                // bollard reports a non-zero exit as an error carrying the code.
-                Err(bollard::errors::Error::DockerContainerWaitError { code, .. }) => {
-                    return Ok(code)
-                }
-                Err(e) => return Err(e.into()),
+        // One answer comes when the container stops; bollard reports a non-zero exit as
+        // an error carrying the code.
+        match s.next().await {
+            Some(Ok(w)) => return Ok(w.status_code),
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => {
+                return Ok(code)
             }
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
         }
         let info = self.docker.inspect_container(id, None).await?;
         Ok(info.state.and_then(|s| s.exit_code).unwrap_or(-1))

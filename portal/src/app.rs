@@ -12,11 +12,14 @@ use anyhow::Context;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-/// A started portal: where it listens, its state, and the server to await or stop.
+/// A started portal: where it listens, its state, and the server task.
 pub struct RunningPortal {
     pub addr: SocketAddr,
     pub state: AppState,
-    pub server: actix_web::dev::Server,
+    /// Stops the server (gracefully or not).
+    pub handle: actix_web::dev::ServerHandle,
+    /// Ends when the server stops.
+    pub server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl RunningPortal {
@@ -84,10 +87,14 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     .disable_signals()
     .listen(listener)?
     .run();
+    let handle = server.handle();
+    // The server only serves while its future is polled.
+    let server = tokio::spawn(server);
     tokio::spawn(crate::broker::tick::run(state.clone()));
     Ok(RunningPortal {
         addr,
         state,
+        handle,
         server,
     })
 }

@@ -102,12 +102,10 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     println!("Log in as alice (development login: INSECURE, for this machine only).");
     println!("Data in {}. Stop with Ctrl-C.", data_dir.display());
     println!();
-    let server = portal.server;
-    let handle = server.handle();
     tokio::select! {
-        r = server => r?,
+        r = portal.server => r??,
         r = agent => r??,
-        _ = tokio::signal::ctrl_c() => handle.stop(true).await,
+        _ = tokio::signal::ctrl_c() => portal.handle.stop(true).await,
     }
     Ok(())
 }

@@ -140,10 +140,9 @@ fn main() -> anyhow::Result<()> {
                 }
                 let portal = commons_portal::start(config).await?;
                 println!("GPU Commons portal listening on {}", portal.url());
-                let handle = portal.server.handle();
                 tokio::select! {
-                    r = portal.server => r?,
-                    _ = tokio::signal::ctrl_c() => handle.stop(true).await,
+                    r = portal.server => r??,
+                    _ = tokio::signal::ctrl_c() => portal.handle.stop(true).await,
                 }
                 Ok(())
             })

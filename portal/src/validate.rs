@@ -259,7 +259,7 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         ));
     }
     let mem = req.memory_gb.unwrap_or(DEFAULT_MEMORY_GB);
-    if !(mem >= 0.0625 && mem <= MAX_MEMORY_GB) {
+    if !(0.0625..=MAX_MEMORY_GB).contains(&mem) {
         return Err(AppError::invalid(
             "memory_gb",
             format!("must be between 0.0625 and {MAX_MEMORY_GB}"),

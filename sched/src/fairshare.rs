@@ -14,9 +14,9 @@
 //!   starved by lending labs.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 
-use crate::model::{LabId, QueuedJob, Time, UserId};
+use crate::model::Time;
 use crate::state::World;
 
 /// `value` decayed from `from` to `to` with the half-life `half_life_s` (no decay if the
@@ -26,17 +26,14 @@ pub fn decay(value: f64, from: Time, to: Time, half_life_s: i64) -> f64 {
     if half_life_s <= 0 || to <= from {
         return value;
     }
-    value * 0.5f64.powf((to - from) as f64 / half_life_s as f64)
+    value * 0.5f64.powf(to.saturating_sub(from) as f64 / half_life_s as f64)
 }
 
-/// A member's standing inside a lab: decayed usage plus the charge for GPUs held now.
-pub(crate) fn member_key(world: &World, lab: LabId, user: UserId) -> f64 {
-    let p = world.policy;
-    let used = world.members.get(&(lab, user)).map_or(0.0, |m| {
-        decay(m.used_gpu_hours, m.ledger_at, world.now, p.half_life_s)
-    });
-    let held = world.member_use.get(&(lab, user)).map_or(0, |u| u.gpus);
-    used.max(0.0) + p.running_charge_gpu_hours * f64::from(held)
+/// A member's standing inside a lab (by member slot): decayed usage plus the charge
+/// for GPUs held now.
+pub(crate) fn member_key(world: &World, member: usize) -> f64 {
+    world.members[member].usage
+        + world.policy.running_charge_gpu_hours * f64::from(world.member_use[member].gpus)
 }
 
 /// An `f64` with a total order, for heap keys.
@@ -55,18 +52,17 @@ impl Ord for Key {
 }
 
 struct UserQ {
-    user: UserId,
     usage: f64,
-    jobs: Vec<usize>,
+    /// Range of the member's jobs in `FairQueue::jobs`, first come first.
     next: usize,
+    end: usize,
 }
 
 struct LabQ {
-    lab: LabId,
     usage: f64,
     share: f64,
     users: Vec<UserQ>,
-    heap: BinaryHeap<Reverse<(Key, UserId, usize)>>,
+    heap: BinaryHeap<Reverse<(Key, usize)>>,
 }
 
 impl LabQ {
@@ -77,8 +73,9 @@ impl LabQ {
 
 /// The queue of waiting guests in fair-share order.
 pub(crate) struct FairQueue {
+    jobs: Vec<usize>,
     labs: Vec<LabQ>,
-    heap: BinaryHeap<Reverse<(Key, LabId, usize)>>,
+    heap: BinaryHeap<Reverse<(Key, usize)>>,
     charge: f64,
 }
 
@@ -89,65 +86,64 @@ pub(crate) struct Ticket {
 }
 
 impl FairQueue {
-    /// Build the queue over `jobs` (indices into `queue`).
-    pub fn new(world: &World, queue: &[&QueuedJob], jobs: &[usize]) -> Self {
-        let p = world.policy;
-        let now = world.now;
-        let charge = p.running_charge_gpu_hours;
-        let mut by_lab: BTreeMap<LabId, BTreeMap<UserId, Vec<usize>>> = BTreeMap::new();
-        for &j in jobs {
-            let job = queue[j];
-            by_lab.entry(job.lab).or_default().entry(job.user).or_default().push(j);
-        }
-        let mut labs = Vec::with_capacity(by_lab.len());
-        for (lab, users) in by_lab {
-            let info = world.labs.get(&lab);
-            let held = world.lab_use.get(&lab).map_or(0, |u| u.gpus);
-            let (used, lent) = info.map_or((0.0, 0.0), |i| {
-                (
-                    decay(i.used_gpu_hours, i.ledger_at, now, p.half_life_s),
-                    decay(i.lent_gpu_hours, i.ledger_at, now, p.half_life_s),
-                )
-            });
-            let base = info
-                .and_then(|i| i.base_share_gpu_hours)
-                .unwrap_or(p.base_share_gpu_hours);
-            let mut lq = LabQ {
-                lab,
-                usage: used.max(0.0) + charge * f64::from(held),
-                share: (base + lent.max(0.0)).max(1e-9),
-                users: Vec::with_capacity(users.len()),
-                heap: BinaryHeap::new(),
-            };
-            for (user, mut js) in users {
-                js.sort_by_key(|&j| (queue[j].submitted_at, queue[j].id));
-                let uq = UserQ {
-                    user,
-                    usage: member_key(world, lab, user),
-                    jobs: js,
-                    next: 0,
-                };
-                lq.heap.push(Reverse((Key(uq.usage), user, lq.users.len())));
-                lq.users.push(uq);
+    /// Build the queue over `jobs` (queue indices), which must be sorted by (lab slot,
+    /// member slot, submitted_at, id); slots are in id order, so heap ties between
+    /// equal keys break by lab id and user id.
+    pub fn new(world: &World, jobs: Vec<usize>) -> Self {
+        let charge = world.policy.running_charge_gpu_hours;
+        let mut labs: Vec<LabQ> = Vec::new();
+        let mut last: Option<(usize, usize)> = None;
+        for (i, &j) in jobs.iter().enumerate() {
+            let m = &world.meta[j];
+            if last.map(|(l, _)| l) != Some(m.lab) {
+                let lab = &world.labs[m.lab];
+                labs.push(LabQ {
+                    usage: lab.usage + charge * f64::from(world.lab_use[m.lab].gpus),
+                    share: lab.share,
+                    users: Vec::new(),
+                    heap: BinaryHeap::new(),
+                });
             }
-            labs.push(lq);
+            let lab = labs.last_mut().expect("pushed above");
+            if last != Some((m.lab, m.member)) {
+                lab.users.push(UserQ {
+                    usage: member_key(world, m.member),
+                    next: i,
+                    end: i,
+                });
+            }
+            lab.users.last_mut().expect("pushed above").end = i + 1;
+            last = Some((m.lab, m.member));
+        }
+        for lab in &mut labs {
+            lab.heap = lab
+                .users
+                .iter()
+                .enumerate()
+                .map(|(u, q)| Reverse((Key(q.usage), u)))
+                .collect();
         }
         let heap = labs
             .iter()
             .enumerate()
-            .map(|(i, l)| Reverse((l.key(), l.lab, i)))
+            .map(|(i, l)| Reverse((l.key(), i)))
             .collect();
-        FairQueue { labs, heap, charge }
+        FairQueue {
+            jobs,
+            labs,
+            heap,
+            charge,
+        }
     }
 
     /// The next job to consider, or `None` when every job had its turn. Call
     /// [`FairQueue::done`] with the ticket before the next `pop`.
     pub fn pop(&mut self) -> Option<(usize, Ticket)> {
-        let Reverse((_, _, l)) = self.heap.pop()?;
+        let Reverse((_, l)) = self.heap.pop()?;
         let lab = &mut self.labs[l];
-        let Reverse((_, _, u)) = lab.heap.pop()?;
+        let Reverse((_, u)) = lab.heap.pop()?;
         let user = &mut lab.users[u];
-        let job = user.jobs[user.next];
+        let job = self.jobs[user.next];
         user.next += 1;
         Some((job, Ticket { lab: l, user: u }))
     }
@@ -159,11 +155,11 @@ impl FairQueue {
         lab.usage += add;
         let user = &mut lab.users[ticket.user];
         user.usage += add;
-        if user.next < user.jobs.len() {
-            lab.heap.push(Reverse((Key(user.usage), user.user, ticket.user)));
+        if user.next < user.end {
+            lab.heap.push(Reverse((Key(user.usage), ticket.user)));
         }
         if !lab.heap.is_empty() {
-            self.heap.push(Reverse((lab.key(), lab.lab, ticket.lab)));
+            self.heap.push(Reverse((lab.key(), ticket.lab)));
         }
     }
 }

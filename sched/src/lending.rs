@@ -15,9 +15,9 @@ const WEEK_S: i64 = WEEK_MINUTES as i64 * 60;
 
 /// Seconds since Monday 00:00 local time.
 pub(crate) fn second_of_week(now: Time, utc_offset_s: i32) -> i64 {
-    let local = now + i64::from(utc_offset_s);
+    let local = now.saturating_add(i64::from(utc_offset_s));
     // The epoch day was a Thursday, three days after Monday.
-    (local + 3 * 86_400).rem_euclid(WEEK_S)
+    (local.rem_euclid(WEEK_S) + 3 * 86_400).rem_euclid(WEEK_S)
 }
 
 /// When lending ends if it is open at `now`, following adjoining windows.
@@ -54,7 +54,7 @@ pub(crate) fn window_end(windows: &[WeeklyWindow], now: Time, utc_offset_s: i32)
     if end >= WEEK_S {
         return Some(Time::MAX);
     }
-    Some(now + end)
+    Some(now.saturating_add(end))
 }
 
 /// Why a node does not take a guest job, whatever its GPUs do.
@@ -64,8 +64,10 @@ pub(crate) enum LendBlock {
     Reclaimed,
     /// Lend never.
     Never,
-    /// Outside its windows, or the job would not end before the window closes.
-    Window,
+    /// Lends in windows and none is open now.
+    WindowClosed,
+    /// A window is open, but the job would not end before it closes (or has no limit).
+    WindowTooShort,
     /// The job's lab may not borrow here.
     Borrower,
     /// The job's time limit is above the node's longest guest job.
@@ -78,10 +80,13 @@ impl LendBlock {
         match self {
             LendBlock::Reclaimed => format!("the owner of node {node} has reclaimed it"),
             LendBlock::Never => format!("node {node} does not lend its GPUs"),
-            LendBlock::Window if job.time_limit_s <= 0 => {
+            LendBlock::WindowClosed => {
+                format!("node {node} lends only in its time windows, and none is open now")
+            }
+            LendBlock::WindowTooShort if job.time_limit_s <= 0 => {
                 format!("node {node} lends only in time windows, to jobs with a time limit")
             }
-            LendBlock::Window => format!(
+            LendBlock::WindowTooShort => format!(
                 "node {node} lends only in time windows, and a job of {} would not end \
                  before the current one closes",
                 crate::reason::hours(job.time_limit_s)
@@ -119,10 +124,12 @@ pub(crate) fn guest_block(
         }
     }
     match lend_until {
-        None => Some(LendBlock::Window),
+        None => Some(LendBlock::WindowClosed),
         Some(Time::MAX) => None,
-        Some(until) if job.time_limit_s > 0 && now + job.time_limit_s <= until => None,
-        Some(_) => Some(LendBlock::Window),
+        Some(until) if job.time_limit_s > 0 && now.saturating_add(job.time_limit_s) <= until => {
+            None
+        }
+        Some(_) => Some(LendBlock::WindowTooShort),
     }
 }
 
@@ -146,7 +153,12 @@ mod tests {
         let weekend = vec![WeeklyWindow::weekend()];
         let h = 3600;
         let cases: Vec<(&str, &[WeeklyWindow], Time, Option<Time>)> = vec![
-            ("monday noon, nights: closed", &nights, MONDAY + 12 * h, None),
+            (
+                "monday noon, nights: closed",
+                &nights,
+                MONDAY + 12 * h,
+                None,
+            ),
             (
                 "monday 21:00, nights: until tuesday 08:00",
                 &nights,
@@ -159,7 +171,12 @@ mod tests {
                 MONDAY + 3 * h,
                 Some(MONDAY + 8 * h),
             ),
-            ("weekend on friday: closed", &weekend, MONDAY + 4 * 24 * h, None),
+            (
+                "weekend on friday: closed",
+                &weekend,
+                MONDAY + 4 * 24 * h,
+                None,
+            ),
             (
                 "weekend on saturday: until monday",
                 &weekend,

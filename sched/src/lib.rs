@@ -3,17 +3,39 @@
 //!
 //! Invariants this crate keeps:
 //! - No I/O, no clock, no randomness: `now` is an argument, so the portal and the
-//!   simulator run exactly the same code and the same input always gives the same plan.
+//!   simulator run exactly the same code and the same input always gives the same plan,
+//!   whatever the order of the snapshot's vectors.
 //! - Everything is iterated in id order (`BTreeMap`, sorted `Vec`), never in hash order.
 //! - A plan never gives one GPU to two jobs, never places a job on a GPU that is held
-//!   or used locally by the owner, never exceeds a quota, never preempts an owner's
-//!   job, and never starts and preempts the same job.
+//!   or used locally by the owner, never exceeds a quota or a lending rule, never
+//!   preempts an owner's job, and never starts and preempts the same job.
 //! - Planning again after applying a plan starts and preempts nothing new.
 //!
-//! The modules, in the order a plan uses them: [`state`](self) (working copy of the
-//! snapshot), `preemption` (owner reclaims, victims), `owner` (owner-first placement),
-//! `quota`, `fairshare` (guest order), `lending` (rules per node), `placement` (best
-//! fit and backfill reservations), `plan` (the loop), `reason` (why a job waits).
+//! # What the caller fills in
+//!
+//! Every field has a default meaning "no restriction", so a snapshot with only ids,
+//! GPUs, running jobs and the queue schedules first come, first served with owner
+//! priority. For the full policy the portal also passes:
+//! - [`Node::lending`] (the lab admin's rules), [`Node::grace_s`], [`Node::reclaim`]
+//!   (`commons-agent reclaim --now`), and `schedulable = false` for offline/draining.
+//! - [`Gpu::local_use`] and [`Gpu::idle_since`] from the agent's heartbeat, and MIG
+//!   instances as GPUs of their own with [`Gpu::mig_profile`] and their own memory.
+//! - [`RunningJob::last_checkpoint_at`] from `CheckpointStored`, and `preempting` for
+//!   attempts told to stop.
+//! - [`LabInfo`] per lab: the operator quota (it limits borrowing only), the GPU-hours
+//!   borrowed in the quota period, and the fair-share ledgers (GPU-hours lent and used,
+//!   weighted with [`Policy::gpu_weight`], decayed with [`decay`] to `ledger_at`).
+//! - [`MemberInfo`] per (lab, user): the lab admin's quota, period usage, and ledger.
+//! - [`Policy`]: campus knobs (UTC offset for lending windows, default grace, minimum
+//!   runtime, half-life, base share, backfill depth).
+//!
+//! # How a plan is made
+//!
+//! See [`plan`]: owner reclaims, then owner jobs on their own nodes (`owner`), then
+//! every other job in fair-share order (`fairshare`) with quotas (`quota`), lending
+//! rules (`lending`), best-fit placement and backfill reservations (`placement`);
+//! victims are chosen in `preemption`, reasons worded in `reason`, and the working
+//! copy of the snapshot lives in `state`.
 
 mod fairshare;
 mod lending;

@@ -5,12 +5,15 @@
 //!   free GPUs if enough are free, else by preempting just enough guests (with the
 //!   node's grace period), else it waits for its lab's own jobs.
 //! - GPUs an owner job waits for are claimed: no guest is placed on them in this plan.
-//!   A later job of the same lab may use a claimed free GPU only if it ends before the
-//!   owner job is expected to start (backfill inside the lab).
+//!   A waiting owner job claims the free matching GPUs of every own node that could
+//!   hold it, not just the one it names: which node frees first may change as jobs
+//!   start, and a guest on any of them would change the owner's choice in the next
+//!   round (the plan would not be a fixed point). A later job of the same lab may use
+//!   a claimed free GPU only if it ends before the owner job is expected to start there
+//!   (backfill inside the lab); GPUs of guests being preempted are claimed outright.
 //! - Owner jobs are never preempted; guests started in this plan are never victims.
 //! - Lending rules do not apply to a lab's own jobs; member quotas do.
 
-use crate::fairshare::member_key;
 use crate::model::{QueuedJob, Time};
 use crate::placement::end_of;
 use crate::preemption::victims;
@@ -19,34 +22,39 @@ use crate::reason::Reason;
 use crate::state::{gpu_matches, World};
 use crate::Round;
 
-/// Whether `job` could ever run on one of its lab's schedulable nodes.
-pub(crate) fn fits_own_node(world: &World, job: &QueuedJob) -> bool {
-    job.gpus > 0
-        && world.lab_nodes.get(&job.lab).is_some_and(|nodes| {
-            nodes.iter().any(|&n| {
-                let nw = &world.nodes[n];
-                nw.node.schedulable
-                    && world.gpus[nw.gpus.clone()]
-                        .iter()
-                        .filter(|g| gpu_matches(job, g.gpu))
-                        .count()
-                        >= job.gpus as usize
-            })
+/// The lab's schedulable nodes that could ever hold queued job `j` (empty: the job is
+/// not an owner job anywhere). The same for every job of a shape, so plans compute it
+/// once per shape.
+pub(crate) fn own_candidates(world: &World, j: usize) -> Vec<usize> {
+    let job = world.queue[j];
+    world.labs[world.meta[j].lab]
+        .nodes
+        .iter()
+        .copied()
+        .filter(|&n| {
+            let nw = &world.nodes[n];
+            nw.node.schedulable && nw.can_hold(job)
         })
+        .collect()
 }
 
 /// What one own node offers an owner job.
-enum Offer {
+struct Offer {
+    node: usize,
+    /// Free matching GPUs the job may use (unclaimed, or claimed until after it ends).
+    usable: Vec<usize>,
+    /// When the job could start here without preempting anyone (`Time::MAX`: unknown).
+    at: Time,
+    kind: Kind,
+}
+
+enum Kind {
     /// Start now on these GPUs; `left` free GPUs remain on the node.
     Start { left: u32, gpus: Vec<usize> },
     /// Preempt these guests (running indices), losing `cost` GPU-seconds.
-    Preempt {
-        cost: i64,
-        victims: Vec<usize>,
-        usable: Vec<usize>,
-    },
-    /// Wait until about `at` (Time::MAX: unknown); claim the usable free GPUs meanwhile.
-    Wait { at: Time, usable: Vec<usize> },
+    Preempt { cost: i64, victims: Vec<usize> },
+    /// Wait for running jobs to end.
+    Wait,
 }
 
 fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
@@ -73,7 +81,7 @@ fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
                 let run = &world.running[r];
                 if run.guest && !run.new {
                     guest_held += 1;
-                    times.push(now + i64::from(nw.grace_s));
+                    times.push(now.saturating_add(i64::from(nw.grace_s)));
                 } else if let Some(end) = run.expected_end(now, nw.grace_s) {
                     times.push(end);
                 }
@@ -81,114 +89,122 @@ fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
             Some(_) => {}
         }
     }
-    if usable.len() >= want {
-        usable.sort_by_key(|&g| (world.gpus[g].claim.is_some(), world.gpus[g].gpu.memory_mb, g));
-        usable.truncate(want);
-        return Offer::Start {
-            left: nw.free.saturating_sub(job.gpus),
-            gpus: usable,
-        };
-    }
-    if usable.len() + guest_held >= want {
-        let need = (want - usable.len()) as u32;
-        if let Some((victims, cost)) = victims(world, job, n, need) {
-            return Offer::Preempt {
-                cost,
-                victims,
-                usable,
-            };
-        }
-    }
     times.sort_unstable();
     let at = times.get(want - 1).copied().unwrap_or(Time::MAX);
-    Offer::Wait { at, usable }
+    let kind = if usable.len() >= want {
+        let mut gpus = usable.clone();
+        gpus.sort_by_key(|&g| {
+            (
+                world.gpus[g].claim.is_some(),
+                world.gpus[g].gpu.memory_mb,
+                g,
+            )
+        });
+        gpus.truncate(want);
+        Kind::Start {
+            left: nw.free.saturating_sub(job.gpus),
+            gpus,
+        }
+    } else if usable.len() + guest_held >= want {
+        let need = (want - usable.len()) as u32;
+        match victims(world, job, n, need) {
+            Some((victims, cost)) => Kind::Preempt { cost, victims },
+            None => Kind::Wait,
+        }
+    } else {
+        Kind::Wait
+    };
+    Offer {
+        node: n,
+        usable,
+        at,
+        kind,
+    }
 }
 
-/// Place the owner jobs `jobs` (indices into `queue`) on their labs' nodes.
+/// The order in which owner jobs are placed: by lab, then member standing in the
+/// ledger (lowest decayed usage first), then first come, first served. It depends only
+/// on the snapshot's ledgers, not on what runs, so it is the same in every round of a
+/// plan and after the plan is applied (fewer rounds, same fixed point).
+pub(crate) fn owner_order(world: &World, mut jobs: Vec<usize>) -> Vec<usize> {
+    jobs.sort_by(|&a, &b| {
+        let (ma, mb) = (&world.meta[a], &world.meta[b]);
+        let (qa, qb) = (world.queue[a], world.queue[b]);
+        let (ua, ub) = (
+            world.members[ma.member].usage,
+            world.members[mb.member].usage,
+        );
+        ma.lab
+            .cmp(&mb.lab)
+            .then(ua.total_cmp(&ub))
+            .then((ma.member, qa.submitted_at, qa.id).cmp(&(mb.member, qb.submitted_at, qb.id)))
+    });
+    jobs
+}
+
+/// Place the owner jobs `jobs` (queue indices, in [`owner_order`]) on their labs' nodes;
+/// returns the ones that wait for their own nodes and may run elsewhere meanwhile.
 ///
-/// 1. Order each lab's jobs by member standing (lowest decayed usage first), then
-///    first come, first served; labs are independent (their nodes are disjoint).
+/// 1. Labs are independent (their nodes are disjoint); jobs go in the given order.
 /// 2. A job over its member quota waits with that reason.
-/// 3. Every own node that could hold the job makes an offer: start now (best fit wins:
+/// 3. Every own node that could hold the job (`own_nodes`, by shape) makes an offer: start now (best fit wins:
 ///    fewest free GPUs left), else preempt guests (the cheapest set wins), else wait
 ///    (the earliest expected start wins). Ties go to the lowest node id.
-/// 4. Preempting: the victims are told to stop and the job claims the free GPUs and
-///    the victims' GPUs. Waiting: it claims the free matching GPUs of that node until
-///    its expected start, and is returned so the guest phase may place it elsewhere.
+/// 4. Preempting: the victims are told to stop and the job claims their GPUs and the
+///    free ones of that node. Waiting for its own jobs: it may also run elsewhere as a
+///    guest (returned). Either way it claims the free matching GPUs of every other own
+///    node that could hold it, until its expected start there.
+/// 5. A shape that found nothing to claim and no one to preempt is remembered: claims
+///    only grow and GPUs only fill up in this phase, so its later jobs wait too.
 pub(crate) fn place_owner_jobs(
     world: &mut World,
-    queue: &[&QueuedJob],
-    mut jobs: Vec<usize>,
+    jobs: &[usize],
+    own_nodes: &[Vec<usize>],
     round: &mut Round,
 ) -> Vec<usize> {
-    let keys: Vec<(i64, f64, i64, i64, i64)> = jobs
-        .iter()
-        .map(|&j| {
-            let q = queue[j];
-            (q.lab, member_key(world, q.lab, q.user), q.user, q.submitted_at, q.id)
-        })
-        .collect();
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (ka, kb) = (&keys[a], &keys[b]);
-        ka.0.cmp(&kb.0)
-            .then(ka.1.total_cmp(&kb.1))
-            .then((ka.2, ka.3, ka.4).cmp(&(kb.2, kb.3, kb.4)))
-    });
-    jobs = order.into_iter().map(|i| jobs[i]).collect();
-
     let mut elsewhere = Vec::new();
-    for j in jobs {
-        let job = queue[j];
-        if let Some(reason) = member_block(world, job) {
-            round.pending.push((j, reason));
+    let mut hopeless: Vec<Option<u32>> = vec![None; world.shapes];
+    for &j in jobs {
+        let job = world.queue[j];
+        if let Some(reason) = member_block(world, j) {
+            round.wait(j, reason);
             continue;
         }
-        let nodes = world.lab_nodes.get(&job.lab).cloned().unwrap_or_default();
-        let mut start: Option<(u32, usize, Vec<usize>)> = None;
-        let mut preempt: Option<(i64, usize, Vec<usize>, Vec<usize>)> = None;
-        let mut wait: Option<(Time, usize, Vec<usize>)> = None;
-        for n in nodes {
-            let nw = &world.nodes[n];
-            let fits = nw.node.schedulable
-                && world.gpus[nw.gpus.clone()]
-                    .iter()
-                    .filter(|g| gpu_matches(job, g.gpu))
-                    .count()
-                    >= job.gpus as usize;
-            if !fits {
-                continue;
-            }
-            match offer(world, job, n) {
-                Offer::Start { left, gpus } => {
-                    if start.as_ref().is_none_or(|s| left < s.0) {
-                        start = Some((left, n, gpus));
-                    }
-                }
-                Offer::Preempt {
-                    cost,
-                    victims,
-                    usable,
-                } => {
-                    if preempt.as_ref().is_none_or(|p| cost < p.0) {
-                        preempt = Some((cost, n, victims, usable));
-                    }
-                }
-                Offer::Wait { at, usable } => {
-                    if wait.as_ref().is_none_or(|w| at < w.0) {
-                        wait = Some((at, n, usable));
-                    }
-                }
+        if let Some(r) = hopeless[world.meta[j].shape] {
+            round.pending.push((j, r));
+            elsewhere.push(j);
+            continue;
+        }
+        let offers: Vec<Offer> = own_nodes[world.meta[j].shape]
+            .iter()
+            .map(|&n| offer(world, job, n))
+            .collect();
+        // Start now (best fit), else preempt (cheapest), else wait (earliest); ties go
+        // to the lowest node id (offers are in node order and comparisons are strict).
+        let mut best: Option<(u8, i64, usize)> = None;
+        for (i, o) in offers.iter().enumerate() {
+            let key = match &o.kind {
+                Kind::Start { left, .. } => (0, i64::from(*left)),
+                Kind::Preempt { cost, .. } => (1, *cost),
+                Kind::Wait => (2, o.at),
+            };
+            if best.is_none_or(|b| key < (b.0, b.1)) {
+                best = Some((key.0, key.1, i));
             }
         }
-        if let Some((_, n, gpus)) = start {
-            round.starts.push(world.start(job, n, gpus));
-        } else if let Some((_, n, victims, usable)) = preempt {
-            let name = world.node_name(n);
-            for &g in &usable {
-                world.claim(g, world.now);
-            }
-            for r in victims {
+        let Some((_, _, chosen)) = best else { continue };
+        if let Kind::Start { gpus, .. } = &offers[chosen].kind {
+            let (n, gpus) = (offers[chosen].node, gpus.clone());
+            round.starts.push(world.start(j, n, gpus));
+            round.started.push(j);
+            continue;
+        }
+        // The job waits. It claims the free GPUs it could use on every own node, so that
+        // no guest lands where it waits, whichever node frees first.
+        let n = offers[chosen].node;
+        let name = world.node_name(n);
+        let reason = if let Kind::Preempt { victims, .. } = &offers[chosen].kind {
+            for &r in victims {
                 for g in world.running[r].gpus.clone() {
                     if gpu_matches(job, world.gpus[g].gpu) {
                         world.claim(g, world.now);
@@ -200,16 +216,30 @@ pub(crate) fn place_owner_jobs(
                 }
             }
             let grace_s = world.nodes[n].grace_s;
-            round
-                .pending
-                .push((j, Reason::WaitingForGuestsToLeave { node: name, grace_s }));
-        } else if let Some((at, n, usable)) = wait {
-            for g in usable {
-                world.claim(g, at);
+            Reason::WaitingForGuestsToLeave {
+                node: name,
+                grace_s,
             }
-            let node = world.node_name(n);
-            round.pending.push((j, Reason::WaitingForOwnJobs { node }));
+        } else {
             elsewhere.push(j);
+            Reason::WaitingForOwnJobs { node: name }
+        };
+        let r = round.wait(j, reason);
+        if offers
+            .iter()
+            .all(|o| matches!(o.kind, Kind::Wait) && o.usable.is_empty())
+        {
+            hopeless[world.meta[j].shape] = Some(r);
+        }
+        for (i, o) in offers.into_iter().enumerate() {
+            let until = if i == chosen && !matches!(o.kind, Kind::Wait) {
+                world.now
+            } else {
+                o.at
+            };
+            for g in o.usable {
+                world.claim(g, until);
+            }
         }
     }
     elsewhere

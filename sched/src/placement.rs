@@ -57,11 +57,7 @@ pub(crate) fn guest_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
         });
     }
     let want = job.gpus as usize;
-    let matching = world.gpus[nw.gpus.clone()]
-        .iter()
-        .filter(|g| gpu_matches(job, g.gpu))
-        .count();
-    if matching < want || want == 0 {
+    if !nw.can_hold(job) {
         return Err(Verdict::NoHardware);
     }
     if !node.schedulable {
@@ -79,7 +75,7 @@ pub(crate) fn guest_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
         return Err(Verdict::Busy);
     }
     let ends = end_of(world.now, job);
-    let idle_before = world.now - node.lending.min_idle_s;
+    let idle_before = world.now.saturating_sub(node.lending.min_idle_s);
     let (mut usable, mut behind, mut claimed, mut idle) = (Vec::new(), 0, 0, 0);
     let mut behind_job = None;
     for g in nw.gpus.clone() {
@@ -130,10 +126,11 @@ pub(crate) struct Search {
 
 /// Look at every node for a guest job.
 ///
-/// 1. Nodes with fewer free GPUs than asked are judged without looking at GPUs, unless
-///    `full` is false, in which case they are skipped (the caller only wants a fit).
+/// 1. With `full` false the caller only wants a fit: nodes with fewer free GPUs than
+///    asked are skipped. With `full` true the caller wants a reason.
 /// 2. Every node that fits is scored by the free GPUs it keeps; the lowest wins.
-/// 3. Refusals keep the most hopeful verdict, for the job's reason.
+/// 3. Refusals keep the most hopeful verdict, for the job's reason; a `Busy` node is as
+///    hopeful as it gets, so a full search that finds no fit stops there.
 pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
     let mut fit: Option<(u32, usize, Vec<usize>)> = None;
     let mut best: Option<(Verdict, usize)> = None;
@@ -151,6 +148,9 @@ pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
             Err(v) => {
                 if best.is_none_or(|(b, _)| v < b) {
                     best = Some((v, n));
+                    if v == Verdict::Busy && fit.is_none() && full {
+                        break;
+                    }
                 }
             }
         }
@@ -174,6 +174,7 @@ pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> bool {
     let want = job.gpus as usize;
     let now = world.now;
     let mut best: Option<(Time, usize, Vec<usize>)> = None;
+    let mut times: Vec<(Time, usize)> = Vec::new();
     for n in 0..world.nodes.len() {
         let v = guest_fit(world, job, n);
         if matches!(v, Err(v) if !v.transient()) {
@@ -181,7 +182,7 @@ pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> bool {
         }
         let nw = &world.nodes[n];
         let idle_min = nw.node.lending.min_idle_s;
-        let mut times: Vec<(Time, usize)> = Vec::new();
+        times.clear();
         for g in nw.gpus.clone() {
             let gw = &world.gpus[g];
             if gw.gpu.local_use || gw.claim.is_some() || gw.reserved.is_some() {
@@ -191,7 +192,7 @@ pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> bool {
                 continue;
             }
             let at = match gw.holder {
-                None => Some(now.max(gw.gpu.idle_since + idle_min)),
+                None => Some(now.max(gw.gpu.idle_since.saturating_add(idle_min))),
                 Some(r) => world.running[r].expected_end(now, nw.grace_s),
             };
             if let Some(at) = at {

@@ -8,86 +8,107 @@
 //! - Per round the work is about O(queue log queue + shapes x GPUs): identical waiting
 //!   requests share one search, and nothing is searched once no GPU is free.
 
-use std::collections::BTreeMap;
-
 use crate::fairshare::FairQueue;
 use crate::model::*;
-use crate::owner::{fits_own_node, place_owner_jobs};
-use crate::policy::Policy;
+use crate::owner::{own_candidates, owner_order, place_owner_jobs};
 use crate::placement::{reserve, search, Verdict};
+use crate::policy::Policy;
 use crate::preemption::reclaims;
 use crate::quota::{lab_block, member_block};
 use crate::reason::Reason;
 use crate::state::{describe_request, World};
 
-/// What one round decided; `pending` is in queue-position order.
+/// What one round decided.
 #[derive(Default)]
 pub(crate) struct Round {
     pub starts: Vec<Start>,
+    /// Queue indices of `starts`, in the same order.
+    pub started: Vec<usize>,
     pub preempts: Vec<Preempt>,
-    /// (index into the queue, reason).
-    pub pending: Vec<(usize, Reason)>,
+    /// (queue index, index into `reasons`), in position order. Identical requests
+    /// share one reason, so a round clones no strings per waiting job.
+    pub pending: Vec<(usize, u32)>,
+    pub reasons: Vec<Reason>,
+}
+
+impl Round {
+    /// Queue job `j` waits for `reason`; returns the reason's index for sharing.
+    pub fn wait(&mut self, j: usize, reason: Reason) -> u32 {
+        let r = u32::try_from(self.reasons.len()).expect("fewer than 2^32 reasons");
+        self.reasons.push(reason);
+        self.pending.push((j, r));
+        r
+    }
 }
 
 /// Decide which queued jobs start where, which guests to preempt, and why the others
-/// wait.
+/// wait. `now` is UTC seconds since the Unix epoch (virtual in the simulator).
 ///
-/// 1. Read the snapshot into a working [`World`] (nodes, GPUs and running jobs in id
-///    order, quota tallies).
-/// 2. Plan a round (see [`round`]) and apply its starts and preemptions to the world.
-/// 3. Repeat until a round starts and preempts nothing; that round's reasons are the
-///    plan's. Every other round starts or preempts something new, so this ends, and in
-///    practice after two rounds; it is what makes planning again a no-op.
+/// The policy, in order of precedence:
+/// - Guests the owner takes back outright are preempted (node reclaimed, GPU in local
+///   use by the owner).
+/// - Owner first: a lab's job that fits one of the lab's nodes starts there, or
+///   preempts just enough guests (least work lost, with the node's grace period), or
+///   waits for the lab's own jobs while no guest may take the GPUs it could use.
+/// - Every other job (and owner jobs waiting for their own nodes) in fair-share order
+///   among labs, then members, then first come: within member and lab quotas and the
+///   nodes' lending rules, on the best-fitting node; the first waiting jobs reserve
+///   GPUs for their earliest start and later ones only backfill if they end before.
+///
+/// The steps:
+/// 1. Read the snapshot into a working copy (nodes, GPUs, running jobs and the queue in
+///    id order, quota tallies, fair-share ledgers decayed to `now`).
+/// 2. Work out once what does not change between rounds: which jobs fit their own
+///    lab's nodes, the owner-phase order, and the fair-share grouping order.
+/// 3. Plan a round, which applies its starts and preemptions to the working copy as it
+///    decides them.
+/// 4. Repeat until a round starts and preempts nothing; that round's reasons are the
+///    plan's. Every other round starts or preempts something new, so this ends (in
+///    practice after two or three rounds), and it is what makes planning again a no-op.
 pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Time) -> Plan {
     let mut world = World::new(snapshot, policy, now);
-    let running: std::collections::BTreeSet<JobId> =
-        snapshot.running.iter().map(|r| r.id).collect();
-    let mut queue: Vec<&QueuedJob> = snapshot
-        .queue
-        .iter()
-        .filter(|j| !running.contains(&j.id))
+    let n = world.queue.len();
+    let mut own_nodes: Vec<Option<Vec<usize>>> = vec![None; world.shapes];
+    for j in 0..n {
+        let shape = world.meta[j].shape;
+        if own_nodes[shape].is_none() {
+            own_nodes[shape] = Some(own_candidates(&world, j));
+        }
+    }
+    let own_nodes: Vec<Vec<usize>> = own_nodes
+        .into_iter()
+        .map(Option::unwrap_or_default)
         .collect();
-    queue.sort_by_key(|j| j.id);
-    queue.dedup_by_key(|j| j.id);
-    let mut started = vec![false; queue.len()];
-    let index: BTreeMap<JobId, usize> = queue.iter().enumerate().map(|(i, j)| (j.id, i)).collect();
+    let own: Vec<bool> = (0..n)
+        .map(|j| !own_nodes[world.meta[j].shape].is_empty())
+        .collect();
+    // The world keeps the queue in fair-share grouping order already.
+    let fair_order: Vec<usize> = (0..n).collect();
+    let owners = owner_order(&world, (0..n).filter(|&j| own[j]).collect());
+    let mut started = vec![false; n];
     let mut out = Plan::default();
     loop {
         world.new_round();
-        let r = round(&mut world, &queue, &started);
+        let r = round(&mut world, &own, &own_nodes, &owners, &fair_order, &started);
         if r.starts.is_empty() && r.preempts.is_empty() {
             out.pending = r
                 .pending
-                .into_iter()
+                .iter()
                 .zip(1..)
-                .map(|((j, reason), position)| Pending {
-                    job: queue[j].id,
-                    reason,
+                .map(|(&(j, reason), position)| Pending {
+                    job: world.queue[j].id,
+                    reason: r.reasons[reason as usize].clone(),
                     position,
                 })
                 .collect();
             return out;
         }
-        for s in &r.starts {
-            started[index[&s.job]] = true;
+        for &j in &r.started {
+            started[j] = true;
         }
         out.start.extend(r.starts);
         out.preempt.extend(r.preempts);
     }
-}
-
-/// The key under which identical requests share a search result.
-type Shape<'a> = (LabId, u32, &'a [String], u64, Option<&'a str>, i64);
-
-fn shape<'a>(job: &'a QueuedJob) -> Shape<'a> {
-    (
-        job.lab,
-        job.gpus,
-        &job.models,
-        job.min_memory_mb,
-        job.mig_profile.as_deref(),
-        job.time_limit_s,
-    )
 }
 
 /// One round of planning over the jobs not yet started.
@@ -100,67 +121,83 @@ fn shape<'a>(job: &'a QueuedJob) -> Shape<'a> {
 ///    of an identical request that already failed, else search all nodes for the best
 ///    fit. A job that fails reserves GPUs for its earliest start while the policy's
 ///    backfill depth lasts, so later jobs only backfill around it.
-fn round(world: &mut World, queue: &[&QueuedJob], started: &[bool]) -> Round {
+fn round(
+    world: &mut World,
+    own: &[bool],
+    own_nodes: &[Vec<usize>],
+    owners: &[usize],
+    fair_order: &[usize],
+    started: &[bool],
+) -> Round {
     let mut out = Round::default();
     for (r, why) in reclaims(world) {
         out.preempts.push(world.preempt(r, why));
     }
 
-    let (owners, mut guests): (Vec<usize>, Vec<usize>) = (0..queue.len())
-        .filter(|&j| !started[j])
-        .partition(|&j| fits_own_node(world, queue[j]));
-    let elsewhere = place_owner_jobs(world, queue, owners, &mut out);
-    let waiting_owner: std::collections::BTreeSet<usize> = elsewhere.iter().copied().collect();
-    guests.extend(elsewhere);
+    let owners: Vec<usize> = owners.iter().copied().filter(|&j| !started[j]).collect();
+    let mut elsewhere = vec![false; world.queue.len()];
+    for j in place_owner_jobs(world, &owners, own_nodes, &mut out) {
+        elsewhere[j] = true;
+    }
+    let guests: Vec<usize> = fair_order
+        .iter()
+        .copied()
+        .filter(|&j| !started[j] && (!own[j] || elsewhere[j]))
+        .collect();
 
-    let mut fair = FairQueue::new(world, queue, &guests);
-    let mut failed: BTreeMap<Shape, Reason> = BTreeMap::new();
+    let mut fair = FairQueue::new(world, guests);
+    let mut failed: Vec<Option<u32>> = vec![None; world.shapes];
     let mut depth = world.policy.backfill_depth;
+    let mut moved = false;
     while let Some((j, ticket)) = fair.pop() {
-        let job = queue[j];
-        let owner = waiting_owner.contains(&j);
-        let result = place_guest(world, job, owner, &mut failed, &mut depth);
-        match result {
-            Ok(start) => {
-                fair.done(ticket, job.gpus);
-                if owner {
-                    out.pending.retain(|&(p, _)| p != j);
-                }
+        let owner = elsewhere[j];
+        match place_guest(world, j, owner, &mut failed, &mut depth, &mut out) {
+            Some(start) => {
+                fair.done(ticket, world.meta[j].gpus);
+                moved |= owner;
                 out.starts.push(start);
+                out.started.push(j);
             }
-            Err(reason) => {
-                fair.done(ticket, 0);
-                if !owner {
-                    out.pending.push((j, reason));
-                }
-            }
+            None => fair.done(ticket, 0),
         }
+    }
+    if moved {
+        // Owner jobs that found GPUs elsewhere no longer wait for their own nodes.
+        let started: std::collections::BTreeSet<usize> = out.started.iter().copied().collect();
+        out.pending.retain(|(j, _)| !started.contains(j));
     }
     out
 }
 
-fn place_guest<'a>(
+/// Start guest job `j`, or record why it waits (owner jobs keep their owner-phase
+/// reason) and return `None`.
+fn place_guest(
     world: &mut World,
-    job: &'a QueuedJob,
+    j: usize,
     owner: bool,
-    failed: &mut BTreeMap<Shape<'a>, Reason>,
+    failed: &mut [Option<u32>],
     depth: &mut u32,
-) -> Result<Start, Reason> {
-    if !owner {
-        if let Some(reason) = member_block(world, job) {
-            return Err(reason);
+    out: &mut Round,
+) -> Option<Start> {
+    // Owner jobs passed the member check in the owner phase, but a later job of the
+    // same member may have started there since: check again.
+    if let Some(reason) = member_block(world, j).or_else(|| lab_block(world, j)) {
+        if !owner {
+            out.wait(j, reason);
         }
+        return None;
     }
-    if let Some(reason) = lab_block(world, job) {
-        return Err(reason);
+    let shape = world.meta[j].shape;
+    if let Some(r) = failed[shape] {
+        if !owner {
+            out.pending.push((j, r));
+        }
+        return None;
     }
-    let key = shape(job);
-    if let Some(reason) = failed.get(&key) {
-        return Err(reason.clone());
-    }
+    let job = world.queue[j];
     if job.gpus > 0 && world.free_total >= job.gpus {
         if let Some((n, gpus)) = search(world, job, false).fit {
-            return Ok(world.start(job, n, gpus));
+            return Some(world.start(j, n, gpus));
         }
     }
     let best = search(world, job, true).best;
@@ -168,8 +205,15 @@ fn place_guest<'a>(
         *depth -= 1;
     }
     let reason = explain(world, job, best);
-    failed.insert(key, reason.clone());
-    Err(reason)
+    let r = if owner {
+        let r = out.reasons.len() as u32;
+        out.reasons.push(reason);
+        r
+    } else {
+        out.wait(j, reason)
+    };
+    failed[shape] = Some(r);
+    None
 }
 
 /// The reason for a guest job that no node takes, from the most hopeful refusal.
@@ -180,7 +224,9 @@ fn explain(world: &World, job: &QueuedJob, best: Option<(Verdict, usize)>) -> Re
     let node = world.node_name(n);
     let rules = &world.nodes[n].node.lending;
     match verdict {
-        Verdict::Busy if job.models.is_empty() && job.min_memory_mb == 0 && job.mig_profile.is_none() => {
+        Verdict::Busy
+            if job.models.is_empty() && job.min_memory_mb == 0 && job.mig_profile.is_none() =>
+        {
             Reason::WaitingForGpus { gpus: job.gpus }
         }
         Verdict::Busy => Reason::NoFreeMatchingGpu {

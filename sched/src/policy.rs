@@ -106,7 +106,11 @@ impl WeeklyWindow {
             .iter()
             .map(|d| {
                 let start = d * 24 * 60 + from;
-                let len = if to > from { to - from } else { to + 24 * 60 - from };
+                let len = if to > from {
+                    to - from
+                } else {
+                    to + 24 * 60 - from
+                };
                 WeeklyWindow {
                     start_minute: start % WEEK_MINUTES,
                     end_minute: (start + len) % WEEK_MINUTES,

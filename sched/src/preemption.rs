@@ -6,12 +6,13 @@
 //! - A job started by this plan is never a victim in it (no start-then-preempt loops),
 //!   and a job already being preempted is never preempted again.
 //! - Victims are the ones that lose the least work: GPU-seconds since their latest
-//!   checkpoint (or start). Guests inside the policy's minimum runtime are taken only
+//!   checkpoint (or start), but at least the minimum runtime per GPU (a restart costs).
+//!   On one node, guests already stopping are taken first, so nothing is preempted
+//!   twice; across nodes the cost counts them too, so the choice is the same in every
+//!   round and after the plan is applied. Guests inside the policy's minimum runtime are taken only
 //!   when older guests do not free enough GPUs; the owner's reclaim may take them.
 //! - "Just enough": after the greedy choice, any victim whose GPUs are not needed to
 //!   reach the count is dropped again.
-
-use std::collections::BTreeMap;
 
 use crate::model::QueuedJob;
 use crate::state::{gpu_matches, World};
@@ -29,15 +30,18 @@ pub(crate) fn reclaims(world: &World) -> Vec<(usize, String)> {
         if world.nodes[n].node.reclaim {
             out.push((i, format!("the owner of node {name} reclaimed it")));
         } else if r.gpus.iter().any(|&g| world.gpus[g].gpu.local_use) {
-            out.push((i, format!("the owner of node {name} is using the GPU directly")));
+            out.push((
+                i,
+                format!("the owner of node {name} is using the GPU directly"),
+            ));
         }
     }
     out
 }
 
 /// Guests to stop on node `n` so that an owner job gets `need` more matching GPUs.
-/// Returns the victims (running indices) and the work they lose, or `None` if all the
-/// guests together do not free enough.
+/// Returns the victims (running indices) and the GPU-seconds they lose, or `None` if
+/// all the guests together do not free enough.
 ///
 /// 1. Tally, per guest on the node, the matching GPUs it holds that nobody claimed.
 /// 2. Rank guests: already stopping first (free), then outside the minimum runtime
@@ -51,22 +55,25 @@ pub(crate) fn victims(
     need: u32,
 ) -> Option<(Vec<usize>, i64)> {
     let now = world.now;
-    let mut held: BTreeMap<usize, u32> = BTreeMap::new();
+    // A node has a handful of GPUs: a small Vec beats a map here.
+    let mut held: Vec<(usize, u32)> = Vec::new();
     for g in world.nodes[n].gpus.clone() {
         let gw = &world.gpus[g];
         let Some(r) = gw.holder else { continue };
         let run = &world.running[r];
         if run.guest && !run.new && gw.claim.is_none() && gpu_matches(job, gw.gpu) {
-            *held.entry(r).or_default() += 1;
+            match held.iter_mut().find(|(h, _)| *h == r) {
+                Some((_, c)) => *c += 1,
+                None => held.push((r, 1)),
+            }
         }
     }
     let mut ranked: Vec<(bool, bool, i64, i64, usize, u32)> = held
         .into_iter()
         .map(|(r, count)| {
             let run = &world.running[r];
-            let young = now - run.started_at < world.policy.min_runtime_s;
-            let lost = if run.preempting { 0 } else { run.lost_work(now) };
-            (!run.preempting, young, lost, run.job, r, count)
+            let young = now.saturating_sub(run.started_at) < world.policy.min_runtime_s;
+            (!run.preempting, young, cost_of(world, r), run.job, r, count)
         })
         .collect();
     ranked.sort_unstable();
@@ -92,14 +99,19 @@ pub(crate) fn victims(
     }
     let cost = chosen
         .iter()
-        .map(|&(r, _)| {
-            let run = &world.running[r];
-            if run.preempting {
-                0
-            } else {
-                run.lost_work(now)
-            }
-        })
-        .sum();
+        .map(|&(r, _)| cost_of(world, r))
+        .fold(0, i64::saturating_add);
     Some((chosen.into_iter().map(|(r, _)| r).collect(), cost))
+}
+
+/// GPU-seconds a preemption of running job `r` loses, for ranking and choosing.
+///
+/// It ignores whether the guest is already stopping: a guest this plan (or the previous
+/// one) told to stop must weigh the same as before, or an owner job would hop to its
+/// node in the next round and the plan would not be a fixed point. A restart costs at
+/// least the minimum runtime, so a guest that just started is never a free victim.
+fn cost_of(world: &World, r: usize) -> i64 {
+    let run = &world.running[r];
+    let floor = i64::from(run.gpu_count).saturating_mul(world.policy.min_runtime_s.max(1));
+    run.lost_work(world.now).max(floor)
 }

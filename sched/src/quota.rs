@@ -16,7 +16,13 @@ use crate::state::{Use, World};
 /// Slack for float sums of GPU-hours, so a job that uses exactly the rest fits.
 const EPS: f64 = 1e-6;
 
-fn check(quota: &Quota, scope: QuotaScope, usage: Use, period: f64, job: &QueuedJob) -> Option<Reason> {
+fn check(
+    quota: &Quota,
+    scope: QuotaScope,
+    usage: Use,
+    period: f64,
+    job: &QueuedJob,
+) -> Option<Reason> {
     if let Some(limit_s) = quota.max_time_limit_s {
         if job.time_limit_s <= 0 || job.time_limit_s > limit_s {
             return Some(Reason::QuotaTimeLimit { scope, limit_s });
@@ -54,22 +60,32 @@ pub(crate) fn job_gpu_hours(job: &QueuedJob) -> f64 {
     f64::from(job.gpus) * job.time_limit_s.max(0) as f64 / 3600.0
 }
 
-/// Why the member's quota in the job's lab stops it, if it does.
-pub(crate) fn member_block(world: &World, job: &QueuedJob) -> Option<Reason> {
-    let info = world.members.get(&(job.lab, job.user))?;
-    let usage = world
-        .member_use
-        .get(&(job.lab, job.user))
-        .copied()
-        .unwrap_or_default();
-    check(&info.quota, QuotaScope::Member, usage, info.period_gpu_hours, job)
+/// Why the member's quota in the lab stops queued job `j`, if it does.
+pub(crate) fn member_block(world: &World, j: usize) -> Option<Reason> {
+    let m = world.meta[j].member;
+    let info = world.members[m].info?;
+    let usage = world.member_use[m];
+    check(
+        &info.quota,
+        QuotaScope::Member,
+        usage,
+        info.period_gpu_hours,
+        world.queue[j],
+    )
 }
 
-/// Why the lab's borrowing quota stops the job from running as a guest, if it does.
-pub(crate) fn lab_block(world: &World, job: &QueuedJob) -> Option<Reason> {
-    let info = world.labs.get(&job.lab)?;
-    let usage = world.lab_use.get(&job.lab).copied().unwrap_or_default();
-    check(&info.quota, QuotaScope::Lab, usage, info.period_gpu_hours, job)
+/// Why the lab's borrowing quota stops queued job `j` from running as a guest.
+pub(crate) fn lab_block(world: &World, j: usize) -> Option<Reason> {
+    let l = world.meta[j].lab;
+    let info = world.labs[l].info?;
+    let usage = world.lab_use[l];
+    check(
+        &info.quota,
+        QuotaScope::Lab,
+        usage,
+        info.period_gpu_hours,
+        world.queue[j],
+    )
 }
 
 #[cfg(test)]
@@ -109,7 +125,13 @@ mod tests {
                     limit: 4,
                 }),
             ),
-            ("exactly the rest of the hours", held(0, 50.0), 30.0, job(2, 10), None),
+            (
+                "exactly the rest of the hours",
+                held(0, 50.0),
+                30.0,
+                job(2, 10),
+                None,
+            ),
             (
                 "hours would overflow",
                 held(1, 50.0),
@@ -144,6 +166,9 @@ mod tests {
             check(&hours_only, lab, Use::default(), 0.0, &job(1, 0)),
             Some(Reason::QuotaNeedsTimeLimit { scope: lab })
         );
-        assert_eq!(check(&Quota::default(), lab, held(100, 1e9), 1e9, &job(8, 0)), None);
+        assert_eq!(
+            check(&Quota::default(), lab, held(100, 1e9), 1e9, &job(8, 0)),
+            None
+        );
     }
 }

@@ -41,6 +41,23 @@ pub(crate) struct NodeW<'a> {
     pub guest_gpus: u32,
     /// GPUs with no holder and no local use.
     pub free: u32,
+    /// Distinct kinds of GPU on the node (model, memory, MIG profile) with their
+    /// counts, so hardware checks compare a kind once instead of every GPU.
+    pub kinds: Vec<(&'a Gpu, u32)>,
+}
+
+impl NodeW<'_> {
+    /// Whether the node has enough GPUs of the kind `job` asks for, busy or not.
+    pub fn can_hold(&self, job: &QueuedJob) -> bool {
+        job.gpus > 0
+            && self
+                .kinds
+                .iter()
+                .filter(|(g, _)| gpu_matches(job, g))
+                .map(|(_, c)| c)
+                .sum::<u32>()
+                >= job.gpus
+    }
 }
 
 pub(crate) struct GpuW<'a> {
@@ -53,8 +70,10 @@ pub(crate) struct GpuW<'a> {
 
 pub(crate) struct RunW {
     pub job: JobId,
-    pub lab: LabId,
-    pub user: UserId,
+    /// Slot of the job's lab in the world's lab tables.
+    pub lab: usize,
+    /// Slot of the (lab, user) pair in the world's member tables.
+    pub member: usize,
     pub node: Option<usize>,
     pub gpus: Vec<usize>,
     pub gpu_count: u32,
@@ -71,9 +90,9 @@ impl RunW {
     /// When its GPUs are expected back, if known.
     pub fn expected_end(&self, now: Time, grace_s: u32) -> Option<Time> {
         if self.preempting {
-            Some(now + i64::from(grace_s))
+            Some(now.saturating_add(i64::from(grace_s)))
         } else if self.time_limit_s > 0 {
-            Some((self.started_at + self.time_limit_s).max(now))
+            Some(self.started_at.saturating_add(self.time_limit_s).max(now))
         } else {
             None
         }
@@ -81,8 +100,13 @@ impl RunW {
 
     /// GPU-seconds a preemption now would throw away.
     pub fn lost_work(&self, now: Time) -> i64 {
-        let since = self.last_checkpoint_at.unwrap_or(self.started_at).max(self.started_at);
-        (now - since).max(0) * i64::from(self.gpu_count)
+        let since = self
+            .last_checkpoint_at
+            .unwrap_or(self.started_at)
+            .max(self.started_at);
+        now.saturating_sub(since)
+            .max(0)
+            .saturating_mul(i64::from(self.gpu_count))
     }
 
     /// GPU-hours still committed to it by its time limit.
@@ -90,7 +114,11 @@ impl RunW {
         if self.time_limit_s <= 0 {
             return 0.0;
         }
-        let left = (self.started_at + self.time_limit_s - now).max(0);
+        let left = self
+            .started_at
+            .saturating_add(self.time_limit_s)
+            .saturating_sub(now)
+            .max(0);
         f64::from(self.gpu_count) * left as f64 / 3600.0
     }
 }
@@ -102,25 +130,85 @@ pub(crate) struct Use {
     pub committed_gpu_hours: f64,
 }
 
+/// What a plan needs to know about a queued job that does not change between rounds.
+pub(crate) struct JobMeta {
+    /// Lab slot.
+    pub lab: usize,
+    /// Member slot.
+    pub member: usize,
+    /// Identical requests (lab, GPUs, models, memory, MIG profile, time limit) share a
+    /// shape, and so share search results.
+    pub shape: usize,
+    /// GPUs asked for (copied: the hot loop should not chase the job's pointer).
+    pub gpus: u32,
+}
+
+/// A lab's fixed data for one plan.
+pub(crate) struct LabW<'a> {
+    pub info: Option<&'a LabInfo>,
+    /// Decayed usage (GPU-hours) at `now`.
+    pub usage: f64,
+    /// Base share plus decayed contribution (GPU-hours) at `now`.
+    pub share: f64,
+    /// Owner nodes (indices).
+    pub nodes: Vec<usize>,
+}
+
+/// A member's fixed data for one plan.
+pub(crate) struct MemberW<'a> {
+    pub info: Option<&'a MemberInfo>,
+    /// Decayed usage (GPU-hours) at `now`.
+    pub usage: f64,
+}
+
 pub(crate) struct World<'a> {
     pub now: Time,
     pub policy: &'a Policy,
     pub nodes: Vec<NodeW<'a>>,
     pub gpus: Vec<GpuW<'a>>,
     pub running: Vec<RunW>,
-    /// Indices of nodes per owner lab.
-    pub lab_nodes: BTreeMap<LabId, Vec<usize>>,
-    pub labs: BTreeMap<LabId, &'a LabInfo>,
-    pub members: BTreeMap<(LabId, UserId), &'a MemberInfo>,
-    /// What labs hold on other labs' nodes.
-    pub lab_use: BTreeMap<LabId, Use>,
-    /// What members hold, charged to a lab, anywhere.
-    pub member_use: BTreeMap<(LabId, UserId), Use>,
+    /// The queue without duplicates or jobs that already run, ordered by (lab, user,
+    /// submitted_at, id).
+    pub queue: Vec<&'a QueuedJob>,
+    /// Per queued job, same order as `queue`.
+    pub meta: Vec<JobMeta>,
+    /// Number of distinct shapes in the queue.
+    pub shapes: usize,
+    pub labs: Vec<LabW<'a>>,
+    pub members: Vec<MemberW<'a>>,
+    /// What labs hold on other labs' nodes, by lab slot.
+    pub lab_use: Vec<Use>,
+    /// What members hold, charged to a lab, anywhere, by member slot.
+    pub member_use: Vec<Use>,
     /// Free GPUs on schedulable nodes that nobody claimed: zero means nothing can start.
     pub free_total: u32,
 }
 
+/// Dense slots for labs and (lab, user) pairs, handed out in id order.
+#[derive(Default)]
+struct Slots {
+    labs: BTreeMap<LabId, usize>,
+    members: BTreeMap<(LabId, UserId), usize>,
+}
+
+impl Slots {
+    fn lab(&mut self, lab: LabId) -> usize {
+        let next = self.labs.len();
+        *self.labs.entry(lab).or_insert(next)
+    }
+    fn member(&mut self, lab: LabId, user: UserId) -> usize {
+        let next = self.members.len();
+        *self.members.entry((lab, user)).or_insert(next)
+    }
+}
+
 impl<'a> World<'a> {
+    /// Read the snapshot.
+    ///
+    /// 1. Nodes and their GPUs in id order; GPU kinds per node; lending end per node.
+    /// 2. Labs and members get dense slots, with decayed ledgers and shares at `now`.
+    /// 3. Running jobs take their GPUs (first holder wins) and fill the quota tallies.
+    /// 4. The queue, in id order, gets slots and interned shapes.
     pub fn new(snapshot: &'a Snapshot, policy: &'a Policy, now: Time) -> Self {
         let mut order: Vec<&Node> = snapshot.nodes.iter().collect();
         order.sort_by_key(|n| n.id);
@@ -129,13 +217,22 @@ impl<'a> World<'a> {
         let mut gpus = Vec::new();
         let mut gpu_index: BTreeMap<GpuId, usize> = BTreeMap::new();
         let mut node_index: BTreeMap<NodeId, usize> = BTreeMap::new();
-        let mut lab_nodes: BTreeMap<LabId, Vec<usize>> = BTreeMap::new();
         for node in order {
             let idx = nodes.len();
             let mut own: Vec<&Gpu> = node.gpus.iter().collect();
             own.sort_by_key(|g| g.id);
             let first = gpus.len();
+            let mut kinds: Vec<(&Gpu, u32)> = Vec::new();
             for gpu in own {
+                let same = |k: &&Gpu| {
+                    k.model == gpu.model
+                        && k.memory_mb == gpu.memory_mb
+                        && k.mig_profile == gpu.mig_profile
+                };
+                match kinds.iter_mut().find(|(k, _)| same(k)) {
+                    Some((_, c)) => *c += 1,
+                    None => kinds.push((gpu, 1)),
+                }
                 if gpu_index.insert(gpu.id, gpus.len()).is_none() {
                     gpus.push(GpuW {
                         gpu,
@@ -147,7 +244,6 @@ impl<'a> World<'a> {
                 }
             }
             node_index.insert(node.id, idx);
-            lab_nodes.entry(node.lab).or_default().push(idx);
             let grace_s = if node.grace_s > 0 {
                 node.grace_s
             } else {
@@ -160,23 +256,111 @@ impl<'a> World<'a> {
                 grace_s,
                 guest_gpus: 0,
                 free: 0,
+                kinds,
             });
         }
+        let running_ids: std::collections::BTreeSet<JobId> =
+            snapshot.running.iter().map(|r| r.id).collect();
+        let mut queue: Vec<&QueuedJob> = snapshot
+            .queue
+            .iter()
+            .filter(|j| !running_ids.contains(&j.id))
+            .collect();
+        queue.sort_by_key(|j| j.id);
+        queue.dedup_by_key(|j| j.id);
+        // Fair-share order groups jobs by lab and member, first come first; storing the
+        // queue that way lets every round walk it front to back.
+        queue.sort_by_key(|j| (j.lab, j.user, j.submitted_at, j.id));
+        let mut running: Vec<&RunningJob> = snapshot.running.iter().collect();
+        running.sort_by_key(|r| r.id);
+
+        let mut slots = Slots::default();
+        let lab_ids = snapshot.labs.iter().map(|l| l.id);
+        let lab_ids = lab_ids.chain(nodes.iter().map(|n| n.node.lab));
+        let lab_ids = lab_ids.chain(running.iter().map(|r| r.lab));
+        for lab in lab_ids
+            .chain(queue.iter().map(|q| q.lab))
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            slots.lab(lab);
+        }
+        let pairs = snapshot.members.iter().map(|m| (m.lab, m.user));
+        let pairs = pairs.chain(running.iter().map(|r| (r.lab, r.user)));
+        for (lab, user) in pairs
+            .chain(queue.iter().map(|q| (q.lab, q.user)))
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            slots.member(lab, user);
+        }
+        let lab_info: BTreeMap<LabId, &LabInfo> = snapshot.labs.iter().map(|l| (l.id, l)).collect();
+        let member_info: BTreeMap<(LabId, UserId), &MemberInfo> = snapshot
+            .members
+            .iter()
+            .map(|m| ((m.lab, m.user), m))
+            .collect();
+        let decay = |v: f64, at: Time| crate::decay(v, at, now, policy.half_life_s).max(0.0);
+        let mut labs: Vec<LabW> = slots
+            .labs
+            .keys()
+            .map(|&id| {
+                let info = lab_info.get(&id).copied();
+                let base = info
+                    .and_then(|i| i.base_share_gpu_hours)
+                    .unwrap_or(policy.base_share_gpu_hours);
+                LabW {
+                    info,
+                    usage: info.map_or(0.0, |i| decay(i.used_gpu_hours, i.ledger_at)),
+                    share: (base + info.map_or(0.0, |i| decay(i.lent_gpu_hours, i.ledger_at)))
+                        .max(1e-9),
+                    nodes: Vec::new(),
+                }
+            })
+            .collect();
+        for (i, n) in nodes.iter().enumerate() {
+            labs[slots.labs[&n.node.lab]].nodes.push(i);
+        }
+        let members: Vec<MemberW> = slots
+            .members
+            .keys()
+            .map(|key| {
+                let info = member_info.get(key).copied();
+                MemberW {
+                    info,
+                    usage: info.map_or(0.0, |m| decay(m.used_gpu_hours, m.ledger_at)),
+                }
+            })
+            .collect();
+
+        // Interning only looks up (never iterates), and ids follow queue order, so a
+        // hash map keeps the plan deterministic.
+        let mut shape_ids: std::collections::HashMap<Shape, usize> = Default::default();
+        let meta = queue
+            .iter()
+            .map(|q| {
+                let next = shape_ids.len();
+                JobMeta {
+                    lab: slots.labs[&q.lab],
+                    member: slots.members[&(q.lab, q.user)],
+                    shape: *shape_ids.entry(shape(q)).or_insert(next),
+                    gpus: q.gpus,
+                }
+            })
+            .collect();
         let mut world = World {
             now,
             policy,
             nodes,
             gpus,
             running: Vec::with_capacity(snapshot.running.len()),
-            lab_nodes,
-            labs: snapshot.labs.iter().map(|l| (l.id, l)).collect(),
-            members: snapshot.members.iter().map(|m| ((m.lab, m.user), m)).collect(),
-            lab_use: BTreeMap::new(),
-            member_use: BTreeMap::new(),
+            queue,
+            meta,
+            shapes: shape_ids.len(),
+            lab_use: vec![Use::default(); labs.len()],
+            member_use: vec![Use::default(); members.len()],
+            labs,
+            members,
             free_total: 0,
         };
-        let mut running: Vec<&RunningJob> = snapshot.running.iter().collect();
-        running.sort_by_key(|r| r.id);
         for r in running {
             let held: Vec<usize> = r
                 .gpus
@@ -193,8 +377,8 @@ impl<'a> World<'a> {
             let owner_lab = node.map(|n| world.nodes[n].node.lab);
             world.add_running(RunW {
                 job: r.id,
-                lab: r.lab,
-                user: r.user,
+                lab: slots.labs[&r.lab],
+                member: slots.members[&(r.lab, r.user)],
                 node,
                 gpus: held,
                 gpu_count: u32::try_from(r.gpus.len()).unwrap_or(u32::MAX),
@@ -224,11 +408,11 @@ impl<'a> World<'a> {
             if let Some(n) = run.node {
                 self.nodes[n].guest_gpus += run.gpu_count;
             }
-            let u = self.lab_use.entry(run.lab).or_default();
+            let u = &mut self.lab_use[run.lab];
             u.gpus += run.gpu_count;
             u.committed_gpu_hours += run.committed_gpu_hours(self.now);
         }
-        let u = self.member_use.entry((run.lab, run.user)).or_default();
+        let u = &mut self.member_use[run.member];
         u.gpus += run.gpu_count;
         u.committed_gpu_hours += run.committed_gpu_hours(self.now);
         self.running.push(run);
@@ -250,8 +434,9 @@ impl<'a> World<'a> {
             .sum();
     }
 
-    /// Start `job` on `gpus` (indices, all on `node`) and book it everywhere.
-    pub fn start(&mut self, job: &QueuedJob, node: usize, gpus: Vec<usize>) -> Start {
+    /// Start queued job `j` on `gpus` (indices, all on `node`) and book it everywhere.
+    pub fn start(&mut self, j: usize, node: usize, gpus: Vec<usize>) -> Start {
+        let job = self.queue[j];
         let guest = self.nodes[node].node.lab != job.lab;
         let mut ids: Vec<GpuId> = gpus.iter().map(|&g| self.gpus[g].gpu.id).collect();
         ids.sort_unstable();
@@ -263,8 +448,8 @@ impl<'a> World<'a> {
         self.nodes[node].free -= u32::try_from(gpus.len()).unwrap_or(u32::MAX);
         self.add_running(RunW {
             job: job.id,
-            lab: job.lab,
-            user: job.user,
+            lab: self.meta[j].lab,
+            member: self.meta[j].member,
             node: Some(node),
             gpu_count: job.gpus,
             gpus,
@@ -286,7 +471,9 @@ impl<'a> World<'a> {
     pub fn preempt(&mut self, run: usize, reason: String) -> Preempt {
         let r = &mut self.running[run];
         r.preempting = true;
-        let grace_s = r.node.map_or(self.policy.default_grace_s, |n| self.nodes[n].grace_s);
+        let grace_s = r
+            .node
+            .map_or(self.policy.default_grace_s, |n| self.nodes[n].grace_s);
         Preempt {
             job: r.job,
             grace_s,
@@ -321,11 +508,25 @@ impl<'a> World<'a> {
     }
 }
 
+/// The key under which identical requests of one lab share a result.
+pub(crate) type Shape<'a> = (LabId, u32, &'a [String], u64, Option<&'a str>, i64);
+
+fn shape(job: &QueuedJob) -> Shape<'_> {
+    (
+        job.lab,
+        job.gpus,
+        &job.models,
+        job.min_memory_mb,
+        job.mig_profile.as_deref(),
+        job.time_limit_s,
+    )
+}
+
 /// Whether a GPU is of the kind the job asks for (model, memory, MIG profile).
 pub(crate) fn gpu_matches(job: &QueuedJob, gpu: &Gpu) -> bool {
     gpu.memory_mb >= job.min_memory_mb
         && gpu.mig_profile.as_deref() == job.mig_profile.as_deref()
-        && (job.models.is_empty() || job.models.iter().any(|m| *m == gpu.model))
+        && (job.models.is_empty() || job.models.contains(&gpu.model))
 }
 
 /// "model A100 or H100, with at least 80 GB": what the job asks for, for reasons.
@@ -338,7 +539,10 @@ pub(crate) fn describe_request(job: &QueuedJob) -> String {
         parts.push(format!("model {}", job.models.join(" or ")));
     }
     if job.min_memory_mb > 0 {
-        parts.push(format!("with at least {} GB", job.min_memory_mb.div_ceil(1024)));
+        parts.push(format!(
+            "with at least {} GB",
+            job.min_memory_mb.div_ceil(1024)
+        ));
     }
     if parts.is_empty() {
         parts.push("of any model".into());

@@ -99,7 +99,10 @@ mod tests {
         a.advance(100 + BUCKET_S + 600);
         a.release(1);
         a.advance(100 + 10 * BUCKET_S);
-        assert_eq!(a.busy_gpu_s, (2 * (BUCKET_S + 600) + (BUCKET_S - 600)) as f64);
+        assert_eq!(
+            a.busy_gpu_s,
+            (2 * (BUCKET_S + 600) + (BUCKET_S - 600)) as f64
+        );
         assert_eq!(a.hourly[0], (2 * BUCKET_S) as f64);
         assert_eq!(a.hourly[1], (2 * 600 + BUCKET_S - 600) as f64);
         a.lose(200, 200, 4);

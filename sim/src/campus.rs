@@ -98,6 +98,26 @@ pub struct LabFile {
     /// Memory of one GPU in GB (0: unknown, derived from a model name ending in `-<N>GB`).
     #[serde(default)]
     pub gpu_memory_gb: u32,
+    /// Whether the lab's nodes lend idle GPUs to other labs under the `commons`
+    /// policies: "always" (default) or "never".
+    #[serde(default)]
+    pub lend: Lend,
+    /// At most this many GPUs of each of the lab's nodes lent at once (`commons` only).
+    #[serde(default)]
+    pub max_lent_gpus_per_node: Option<u32>,
+    /// Operator quota: at most this many GPUs borrowed from other labs at once
+    /// (`commons` only).
+    #[serde(default)]
+    pub max_borrowed_gpus: Option<u32>,
+}
+
+/// A lab's lending rule for its nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lend {
+    #[default]
+    Always,
+    Never,
 }
 
 /// A node that leaves at `leave_at_s` (seconds after the first submission of the trace)
@@ -107,7 +127,9 @@ pub struct LabFile {
 pub struct DepartureFile {
     /// Node name, `<lab>-<index>` with index from 0.
     pub node: String,
+    /// When it leaves: running jobs get the grace period, then stop and are requeued.
     pub leave_at_s: i64,
+    /// When it comes back, empty; absent: it never does.
     #[serde(default)]
     pub return_at_s: Option<i64>,
     /// The node vanishes at once (power cut) instead of draining within the grace period.
@@ -121,6 +143,9 @@ pub struct Lab {
     pub name: String,
     pub tenants: Vec<String>,
     pub gpu_model: String,
+    pub lend: Lend,
+    pub max_lent_gpus_per_node: Option<u32>,
+    pub max_borrowed_gpus: Option<u32>,
 }
 
 /// A server of a built campus.
@@ -245,6 +270,9 @@ impl CampusFile {
                 name: name.to_string(),
                 tenants: l.tenants.clone(),
                 gpu_model: l.gpu_model.clone(),
+                lend: l.lend,
+                max_lent_gpus_per_node: l.max_lent_gpus_per_node,
+                max_borrowed_gpus: l.max_borrowed_gpus,
             });
         }
         if nodes.is_empty() {
@@ -368,8 +396,20 @@ mod tests {
 
     #[test]
     fn zero_interval_means_no_checkpoints() {
-        let c = build("checkpoint_interval_minutes = 0\n[[lab]]\nname = \"a\"\nnodes = 1\n").unwrap();
+        let c =
+            build("checkpoint_interval_minutes = 0\n[[lab]]\nname = \"a\"\nnodes = 1\n").unwrap();
         assert_eq!(c.checkpoint_interval_s, None);
+    }
+
+    #[test]
+    fn lending_rules_and_quota_are_read() {
+        let c =
+            build("[[lab]]\nname = \"a\"\nnodes = 1\nlend = \"never\"\nmax_borrowed_gpus = 4\n")
+                .unwrap();
+        assert_eq!(c.labs[0].lend, Lend::Never);
+        assert_eq!(c.labs[0].max_borrowed_gpus, Some(4));
+        let e = build("[[lab]]\nname = \"a\"\nnodes = 1\nlend = \"sometimes\"\n").unwrap_err();
+        assert!(e.to_string().contains("lend"), "{e}");
     }
 
     #[test]

@@ -48,9 +48,13 @@ pub struct ReplayArgs {
     /// Add N random node departures (drain within the grace period, back after 1-24 h).
     #[arg(long, default_value_t = 0)]
     pub random_departures: u32,
-    /// Queued jobs per lab shown to the scheduler in one call.
-    #[arg(long, default_value_t = 32)]
+    /// Queued jobs per lab shown to the scheduler in one call (besides the head of the
+    /// campus-wide queue).
+    #[arg(long, default_value_t = 8)]
     pub window: usize,
+    /// Seconds between runs of the scheduler loop (0: plan at the instant of every change).
+    #[arg(long, default_value_t = 30)]
+    pub tick: i64,
     /// No progress on stderr.
     #[arg(long, short)]
     pub quiet: bool,

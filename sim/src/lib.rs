@@ -7,7 +7,7 @@
 //! - [`policy`]: the policies compared, and the FCFS baselines implemented here;
 //! - [`engine`]: the discrete-event loop of one policy;
 //! - [`accounting`] and [`metrics`]: GPU-time bookkeeping and the reported figures;
-//! - [`replay`]: several policies over one workload, as the CLI runs them;
+//! - [`replay`](mod@replay): several policies over one workload, as the CLI runs them;
 //! - [`report`]: the HTML page with SVG plots.
 
 pub mod accounting;

@@ -47,6 +47,7 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
         window_per_lab: args.window.max(1),
         seed: args.seed,
         random_departures: args.random_departures,
+        tick_s: args.tick.max(0),
     };
     let span = (work.span.1 - work.span.0).max(1) as f64;
     let quiet = args.quiet;
@@ -61,10 +62,16 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
     }
     let started = Instant::now();
     let mut last_print = Instant::now();
-    let mut current = None;
+    let mut current: Option<PolicyKind> = None;
     let mut policy_start = Instant::now();
     let result = replay(&campus, &work, &settings, &mut |p, t| {
         if current != Some(p) {
+            if let (Some(prev), false) = (current, quiet) {
+                eprintln!(
+                    "  {prev}: done in {:.1} s",
+                    policy_start.elapsed().as_secs_f64()
+                );
+            }
             current = Some(p);
             policy_start = Instant::now();
         }
@@ -78,8 +85,18 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
             );
         }
     })?;
+    if let (Some(last), false) = (current, quiet) {
+        eprintln!(
+            "  {last}: done in {:.1} s",
+            policy_start.elapsed().as_secs_f64()
+        );
+    }
     let wall = started.elapsed().as_secs_f64();
-    let simulated: i64 = result.outputs.iter().map(|o| o.end_time - work.span.0).sum();
+    let simulated: i64 = result
+        .outputs
+        .iter()
+        .map(|o| o.end_time - work.span.0)
+        .sum();
     if !quiet {
         eprintln!(
             "{} policies in {wall:.1} s wall; simulated/wall = {:.0}x",
@@ -111,7 +128,16 @@ fn print_table(s: &commons_sim::RunSummary) {
     let _ = writeln!(
         err,
         "{:<15} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>5}",
-        "policy", "util", "goodput", "jct_mean", "jct_p95", "wait_mean", "own_wait", "preempt", "lost_gpuh", "worse"
+        "policy",
+        "util",
+        "goodput",
+        "jct_mean",
+        "jct_p95",
+        "wait_mean",
+        "own_wait",
+        "preempt",
+        "lost_gpuh",
+        "worse"
     );
     for (name, m) in &s.policies {
         let _ = writeln!(

@@ -112,7 +112,13 @@ pub fn summarize(campus: &Campus, work: &Workload, out: &SimOutput) -> PolicyMet
     let span = (work.span.1 - work.span.0) as f64;
     let capacity = campus.total_gpus() as f64 * span;
     let acct = &out.accounting;
-    let ratio = |x: f64| if capacity > 0.0 { round(x / capacity, 4) } else { 0.0 };
+    let ratio = |x: f64| {
+        if capacity > 0.0 {
+            round(x / capacity, 4)
+        } else {
+            0.0
+        }
+    };
     let mut per_lab = BTreeMap::new();
     for (i, lab) in campus.labs.iter().enumerate() {
         let (mut jobs, mut wait, mut jct, mut owner) = (0, Vec::new(), Vec::new(), Vec::new());
@@ -229,7 +235,12 @@ pub fn targets(all: &BTreeMap<String, PolicyMetrics>, grace_s: i64) -> Vec<Targe
             (Some(c), Some(i)) => Some(round(c - i, 1)),
             _ => None,
         };
-        push("owner_wait_mean_minus_isolated_s_at_most", owner, grace_s as f64, false);
+        push(
+            "owner_wait_mean_minus_isolated_s_at_most",
+            owner,
+            grace_s as f64,
+            false,
+        );
     }
     if let Some(f) = all.get(PolicyKind::ShareFifo.name()) {
         let goodput = ratio(Some(c.goodput), Some(f.goodput));
@@ -241,7 +252,11 @@ pub fn targets(all: &BTreeMap<String, PolicyMetrics>, grace_s: i64) -> Vec<Targe
         let lost = if n.lost_gpu_hours > 0.0 {
             Some(round(c.lost_gpu_hours / n.lost_gpu_hours, 4))
         } else {
-            Some(if c.lost_gpu_hours > 0.0 { f64::INFINITY } else { 0.0 })
+            Some(if c.lost_gpu_hours > 0.0 {
+                f64::INFINITY
+            } else {
+                0.0
+            })
         };
         push("lost_gpu_hours_vs_nockpt_at_most", lost, 0.1, false);
     }

@@ -22,6 +22,8 @@ pub struct ReplaySettings {
     pub seed: u64,
     /// Random node departures added to those of the campus file.
     pub random_departures: u32,
+    /// See [`SimOptions::tick_s`].
+    pub tick_s: i64,
 }
 
 impl Default for ReplaySettings {
@@ -31,6 +33,7 @@ impl Default for ReplaySettings {
             window_per_lab: SimOptions::new(PolicyKind::Commons).window_per_lab,
             seed: 1,
             random_departures: 0,
+            tick_s: 30,
         }
     }
 }
@@ -58,6 +61,7 @@ pub struct RunSummary {
     pub seed: u64,
     pub random_departures: u32,
     pub window_per_lab: usize,
+    pub tick_s: i64,
     pub campus: CampusSummary,
     pub policies: BTreeMap<String, PolicyMetrics>,
     pub targets: Vec<Target>,
@@ -90,9 +94,13 @@ pub fn replay(
         let opts = SimOptions {
             policy: p,
             window_per_lab: settings.window_per_lab,
+            tick_s: settings.tick_s,
         };
         let out = simulate(&campus, work, &opts, &mut |t| progress(p, t))?;
-        policies.insert(p.name().to_string(), metrics::summarize(&campus, work, &out));
+        policies.insert(
+            p.name().to_string(),
+            metrics::summarize(&campus, work, &out),
+        );
         outputs.push(out);
     }
     metrics::fill_labs_worse_off(&mut policies, campus.grace_s);
@@ -104,6 +112,7 @@ pub fn replay(
         seed: settings.seed,
         random_departures: settings.random_departures,
         window_per_lab: settings.window_per_lab,
+        tick_s: settings.tick_s,
         campus: CampusSummary {
             labs: campus.labs.len(),
             nodes: campus.nodes.len(),

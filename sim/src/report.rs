@@ -45,7 +45,11 @@ pub fn write(dir: &Path, work: &Workload, replay: &Replay, wall_s: f64) -> io::R
 pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<String> {
     let s = &replay.summary;
     let mut h = String::new();
-    let simulated: i64 = replay.outputs.iter().map(|o| o.end_time - work.span.0).sum();
+    let simulated: i64 = replay
+        .outputs
+        .iter()
+        .map(|o| o.end_time - work.span.0)
+        .sum();
     let _ = write!(
         h,
         "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>commons-sim replay</title>\n\
@@ -101,7 +105,9 @@ pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<Strin
             if t.met { "yes" } else { "no" }
         );
     }
-    h += "</table>\n<h2>Utilisation over time</h2>\n";
+    h += "</table>\n";
+    h += &per_lab_table(replay);
+    h += "<h2>Utilisation over time</h2>\n";
     h += &utilization_plot(work, replay)?;
     let samples: Vec<(PolicyKind, Samples)> = replay
         .outputs
@@ -111,11 +117,47 @@ pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<Strin
     h += "<h2>Job completion time</h2>\n";
     h += &cdf_plot("CDF of job completion time", &samples, |s| &s.jct)?;
     h += "<h2>Waiting time</h2>\n";
-    h += &cdf_plot("CDF of waiting time (first start - submission)", &samples, |s| &s.wait)?;
+    h += &cdf_plot(
+        "CDF of waiting time (first start - submission)",
+        &samples,
+        |s| &s.wait,
+    )?;
     h += "<h2>Owner waits against isolated</h2>\n<p>Each point is a lab: its mean wait for jobs that ran on its own GPUs, under a policy (y) and under <code>isolated</code> (x). Below the diagonal the lab's owners wait less than alone.</p>\n";
     h += &owner_plot(replay)?;
     h += "</body></html>\n";
     Ok(h)
+}
+
+/// Mean JCT and owner wait of every lab under every policy, in hours.
+fn per_lab_table(replay: &Replay) -> String {
+    let policies = &replay.summary.policies;
+    let mut h = String::from(
+        "<h2>Per lab</h2>\n<p>Mean JCT / mean owner wait in hours; jobs in brackets.</p>\n<table><tr><th>lab</th>",
+    );
+    for name in policies.keys() {
+        let _ = write!(h, "<th>{name}</th>");
+    }
+    h += "</tr>\n";
+    let hours = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.2}", v / 3600.0));
+    for lab in &replay.campus.labs {
+        let jobs = policies
+            .values()
+            .next()
+            .and_then(|m| m.per_lab.get(&lab.name))
+            .map_or(0, |l| l.jobs);
+        let _ = write!(h, "<tr><td>{} ({jobs})</td>", lab.name);
+        for m in policies.values() {
+            let l = m.per_lab.get(&lab.name);
+            let _ = write!(
+                h,
+                "<td>{} / {}</td>",
+                hours(l.and_then(|l| l.jct_mean_s)),
+                hours(l.and_then(|l| l.owner_wait_mean_s))
+            );
+        }
+        h += "</tr>\n";
+    }
+    h + "</table>\n"
 }
 
 fn utilization_plot(work: &Workload, replay: &Replay) -> io::Result<String> {
@@ -145,7 +187,10 @@ fn utilization_plot(work: &Workload, replay: &Replay) -> io::Result<String> {
                 .enumerate()
                 .map(|(d, c)| {
                     let busy: f64 = c.iter().sum();
-                    (d as f64 + 0.5, busy / (gpus * (c.len() as i64 * BUCKET_S) as f64))
+                    (
+                        d as f64 + 0.5,
+                        busy / (gpus * (c.len() as i64 * BUCKET_S) as f64),
+                    )
                 })
                 .collect();
             let c = color(o.policy);
@@ -153,7 +198,9 @@ fn utilization_plot(work: &Workload, replay: &Replay) -> io::Result<String> {
                 .draw_series(LineSeries::new(points, c.stroke_width(2)))
                 .map_err(plot_err)?
                 .label(o.policy.name())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()
@@ -165,6 +212,19 @@ fn utilization_plot(work: &Workload, replay: &Replay) -> io::Result<String> {
         root.present().map_err(plot_err)?;
     }
     Ok(svg + "\n")
+}
+
+/// Seconds as a short label: "30s", "17m", "2.5h", "12d".
+fn human(s: f64) -> String {
+    if s < 60.0 {
+        format!("{s:.0}s")
+    } else if s < 3_600.0 {
+        format!("{:.0}m", s / 60.0)
+    } else if s < 86_400.0 {
+        format!("{:.1}h", s / 3_600.0)
+    } else {
+        format!("{:.1}d", s / 86_400.0)
+    }
 }
 
 /// Fraction of `sorted` at or below `x`.
@@ -195,7 +255,8 @@ fn cdf_plot(
             .map_err(plot_err)?;
         chart
             .configure_mesh()
-            .x_desc("seconds (log scale; 0 drawn at 1)")
+            .x_desc("time (log scale; 0 drawn at 1 s)")
+            .x_label_formatter(&|v| human(*v))
             .y_desc("fraction of completed jobs")
             .draw()
             .map_err(plot_err)?;
@@ -213,7 +274,9 @@ fn cdf_plot(
                 .draw_series(LineSeries::new(points, c.stroke_width(2)))
                 .map_err(plot_err)?
                 .label(p.name())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()
@@ -245,7 +308,8 @@ fn owner_plot(replay: &Replay) -> io::Result<String> {
     let max = points.iter().fold(10.0f64, |m, p| m.max(p.1).max(p.2)) * 1.5;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (SIZE.1 + 200, SIZE.1 + 40)).into_drawing_area();
+        let root =
+            SVGBackend::with_string(&mut svg, (SIZE.1 + 200, SIZE.1 + 40)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
         let mut chart = ChartBuilder::on(&root)
             .margin(12)
@@ -255,12 +319,17 @@ fn owner_plot(replay: &Replay) -> io::Result<String> {
             .map_err(plot_err)?;
         chart
             .configure_mesh()
-            .x_desc("owner wait under isolated, s")
-            .y_desc("owner wait under the policy, s")
+            .x_desc("owner wait under isolated (mean per lab)")
+            .y_desc("owner wait under the policy")
+            .x_label_formatter(&|v| human(*v))
+            .y_label_formatter(&|v| human(*v))
             .draw()
             .map_err(plot_err)?;
         chart
-            .draw_series(LineSeries::new(vec![(1.0, 1.0), (max, max)], BLACK.mix(0.4)))
+            .draw_series(LineSeries::new(
+                vec![(1.0, 1.0), (max, max)],
+                BLACK.mix(0.4),
+            ))
             .map_err(plot_err)?;
         for o in &replay.outputs {
             let c = color(o.policy);

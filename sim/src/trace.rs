@@ -194,8 +194,7 @@ mod tests {
     fn bad_rows_name_the_line() {
         let e = parse_trace(&format!("{HEADER}0,0,x,5,0,a,0\n"), None).unwrap_err();
         assert!(e.to_string().contains("line 2") && e.to_string().contains("num_gpus"));
-        let e = parse_trace(&format!("{HEADER}0,0,x,5,1,a,0\n1,zz,x,5,1,a,0\n"), None)
-            .unwrap_err();
+        let e = parse_trace(&format!("{HEADER}0,0,x,5,1,a,0\n1,zz,x,5,1,a,0\n"), None).unwrap_err();
         assert!(e.to_string().contains("line 3"), "{e}");
         assert!(matches!(parse_trace(HEADER, None), Err(TraceError::Empty)));
     }

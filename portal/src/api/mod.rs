@@ -51,10 +51,18 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AppError> {
         let message = e.inner().to_string();
         let path = e.path().to_string();
         // For an unknown field the path is its parent; the name is in the message.
-        let field = message
-            .strip_prefix("unknown field `")
-            .and_then(|m| m.split('`').next())
-            .map(str::to_string)
+        let named = |prefix: &str| {
+            message
+                .strip_prefix(prefix)
+                .and_then(|m| m.split('`').next())
+                .map(|f| match path.as_str() {
+                    "." | "" => f.to_string(),
+                    p if p == f || p.ends_with(&format!(".{f}")) => p.to_string(),
+                    parent => format!("{parent}.{f}"),
+                })
+        };
+        let field = named("unknown field `")
+            .or_else(|| named("missing field `"))
             .unwrap_or(path);
         if field.is_empty() || field == "." {
             AppError::BadRequest(format!(
@@ -82,7 +90,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.field(), Some("gpus"));
         let e = parse_json::<JobRequest>(br#"{"gpus":1,"time_limit_minutes":1}"#).unwrap_err();
-        assert!(e.to_string().contains("image"), "{e}");
+        assert_eq!(e.field(), Some("image"), "{e}");
         let e = parse_json::<JobRequest>(b"not json").unwrap_err();
         assert_eq!(e.code(), "bad_request");
     }

@@ -47,8 +47,9 @@ impl TestDb {
                      (run scripts/test.sh, which starts a private PostgreSQL server)",
                 );
                 let name = format!("commons_t_{:016x}", rand::random::<u64>());
-                let mut c = diesel::PgConnection::establish(&admin)
-                    .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at TEST_DATABASE_URL: {e}"));
+                let mut c = diesel::PgConnection::establish(&admin).unwrap_or_else(|e| {
+                    panic!("cannot reach PostgreSQL at TEST_DATABASE_URL: {e}")
+                });
                 diesel::sql_query(format!("CREATE DATABASE {name}"))
                     .execute(&mut c)
                     .unwrap();
@@ -69,8 +70,11 @@ impl Drop for TestDb {
         if let Some(admin) = &self.admin_url {
             use diesel::{Connection, RunQueryDsl};
             if let Ok(mut c) = diesel::PgConnection::establish(admin) {
-                let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
-                    .execute(&mut c);
+                let _ = diesel::sql_query(format!(
+                    "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                    self.name
+                ))
+                .execute(&mut c);
             }
         }
     }
@@ -102,6 +106,7 @@ pub struct TestPortal {
 
 impl TestPortal {
     pub async fn start(backend: Backend) -> TestPortal {
+        init_logging();
         let db = TestDb::new(backend);
         let config = Config {
             database_url: db.url.clone(),
@@ -138,7 +143,10 @@ impl TestPortal {
             backend,
             url: portal.url(),
             portal,
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
             alice,
             bob,
             _db: db,
@@ -210,7 +218,10 @@ impl TestPortal {
             .unwrap();
         let status = r.status().as_u16();
         let text = r.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn submit(&self, token: &str, body: Value) -> i64 {
@@ -224,7 +235,13 @@ impl TestPortal {
     }
 
     /// Waits until the job is in one of `states`; returns it.
-    pub async fn wait_state(&self, token: &str, id: i64, states: &[&str], within: Duration) -> Value {
+    pub async fn wait_state(
+        &self,
+        token: &str,
+        id: i64,
+        states: &[&str],
+        within: Duration,
+    ) -> Value {
         let deadline = Instant::now() + within;
         loop {
             let j = self.job(token, id).await;
@@ -253,7 +270,7 @@ impl TestPortal {
     }
 
     pub async fn stop(self) {
-        self.portal.server.handle().stop(false).await;
+        self.portal.handle.stop(false).await;
     }
 }
 
@@ -306,15 +323,34 @@ impl Drop for TestAgent {
         // Leave no containers behind on the shared engine.
         if let Ok(Some(c)) = commons_agent::state::load_credential(self.dir.path()) {
             let out = std::process::Command::new("docker")
-                .args(["ps", "-a", "-q", "--filter", &format!("label=commons.agent={}", c.agent_id)])
+                .args([
+                    "ps",
+                    "-a",
+                    "-q",
+                    "--filter",
+                    &format!("label=commons.agent={}", c.agent_id),
+                ])
                 .output();
             if let Ok(out) = out {
                 for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = std::process::Command::new("docker").args(["rm", "-f", id]).output();
+                    let _ = std::process::Command::new("docker")
+                        .args(["rm", "-f", id])
+                        .output();
                 }
             }
         }
     }
+}
+
+/// Logs to the test's captured output (shown for failing tests); `RUST_LOG` filters.
+fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,actix_server=warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
 }
 
 /// Polls `check` until it is true, or fails the test after `within`.

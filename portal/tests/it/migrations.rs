@@ -26,10 +26,13 @@ fn migrations_apply_and_revert_on_both_backends() {
 #[test]
 fn both_backends_have_the_same_migrations() {
     let names = |dir: &str| {
-        let mut v: Vec<String> = std::fs::read_dir(format!("{}/../migrations/{dir}", env!("CARGO_MANIFEST_DIR")))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
+        let mut v: Vec<String> = std::fs::read_dir(format!(
+            "{}/../migrations/{dir}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
         v.sort();
         v
     };

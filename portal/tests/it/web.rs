@@ -4,7 +4,8 @@ use crate::harness::{TestPortal, BACKENDS};
 use std::time::Duration;
 
 fn hidden_csrf(html: &str) -> String {
-    let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + "name=\"csrf\" value=\"".len();
+    let at =
+        html.find("name=\"csrf\" value=\"").expect("a CSRF field") + "name=\"csrf\" value=\"".len();
     html[at..].split('"').next().unwrap().to_string()
 }
 
@@ -12,6 +13,7 @@ fn browser() -> reqwest::Client {
     reqwest::Client::builder()
         .cookie_store(true)
         .redirect(reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(30))
         .build()
         .unwrap()
 }
@@ -28,15 +30,42 @@ async fn submit_in_the_browser_form_and_watch_the_job() {
         assert_eq!(r.status(), 303, "not logged in: to the login page");
         assert_eq!(r.headers()["location"], "/login");
 
-        let login = b.get(url("/login")).send().await.unwrap().text().await.unwrap();
-        assert!(login.contains("INSECURE DEVELOPMENT LOGIN"), "the dev login says it is insecure");
+        let login = b
+            .get(url("/login"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            login.contains("INSECURE DEVELOPMENT LOGIN"),
+            "the dev login says it is insecure"
+        );
         let csrf = hidden_csrf(&login);
-        let r = b.post(url("/login")).form(&[("username", "alice"), ("csrf", "forged")]).send().await.unwrap();
+        let r = b
+            .post(url("/login"))
+            .form(&[("username", "alice"), ("csrf", "forged")])
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 403, "a wrong CSRF token is refused");
-        let r = b.post(url("/login")).form(&[("username", "alice"), ("csrf", &csrf)]).send().await.unwrap();
+        let r = b
+            .post(url("/login"))
+            .form(&[("username", "alice"), ("csrf", &csrf)])
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 303);
 
-        let form = b.get(url("/jobs/new")).send().await.unwrap().text().await.unwrap();
+        let form = b
+            .get(url("/jobs/new"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         let csrf = hidden_csrf(&form);
         let fields = |gpus: &str, csrf: &str| {
             vec![
@@ -53,38 +82,99 @@ async fn submit_in_the_browser_form_and_watch_the_job() {
             ]
         };
         // Bad input: the form comes back with the error and what was typed.
-        let r = b.post(url("/jobs")).form(&fields("0", &csrf)).send().await.unwrap();
+        let r = b
+            .post(url("/jobs"))
+            .form(&fields("0", &csrf))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 422);
         let page = r.text().await.unwrap();
         assert!(page.contains("gpus:"), "the field is named");
         assert!(page.contains("echo from the form"), "nothing typed is lost");
         // No CSRF token: refused.
-        let r = b.post(url("/jobs")).form(&fields("1", "")).send().await.unwrap();
+        let r = b
+            .post(url("/jobs"))
+            .form(&fields("1", ""))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 403);
-        assert_eq!(p.get_json(&p.alice, "/api/v1/jobs").await, serde_json::json!([]));
+        assert_eq!(
+            p.get_json(&p.alice, "/api/v1/jobs").await,
+            serde_json::json!([])
+        );
 
-        let r = b.post(url("/jobs")).form(&fields("1", &csrf)).send().await.unwrap();
+        let r = b
+            .post(url("/jobs"))
+            .form(&fields("1", &csrf))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 303, "[{backend:?}] {}", r.text().await.unwrap());
         let location = r.headers()["location"].to_str().unwrap().to_string();
         let id: i64 = location.trim_start_matches("/jobs/").parse().unwrap();
-        p.wait_state(&p.alice, id, &["succeeded"], Duration::from_secs(60)).await;
+        p.wait_state(&p.alice, id, &["succeeded"], Duration::from_secs(60))
+            .await;
 
-        let page = b.get(url(&location)).send().await.unwrap().text().await.unwrap();
+        let page = b
+            .get(url(&location))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert!(page.contains(&format!("job-{id}")));
         assert!(page.contains("succeeded"));
-        let status = b.get(url(&format!("{location}/status"))).send().await.unwrap().text().await.unwrap();
-        assert!(status.contains("from the form"), "[{backend:?}] the output shows: {status}");
+        let status = b
+            .get(url(&format!("{location}/status")))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            status.contains("from the form"),
+            "[{backend:?}] the output shows: {status}"
+        );
         assert!(!status.contains("<html"), "the live part is a fragment");
-        let list = b.get(url("/jobs")).send().await.unwrap().text().await.unwrap();
+        let list = b
+            .get(url("/jobs"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert!(list.contains(&format!("/jobs/{id}")));
-        let nodes = b.get(url("/nodes")).send().await.unwrap().text().await.unwrap();
+        let nodes = b
+            .get(url("/nodes"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert!(nodes.contains("vision-server") && nodes.contains("A100-80GB"));
 
         // Bob cannot see Alice's job page.
         let bob = browser();
-        let login = bob.get(url("/login")).send().await.unwrap().text().await.unwrap();
+        let login = bob
+            .get(url("/login"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         let csrf = hidden_csrf(&login);
-        bob.post(url("/login")).form(&[("username", "bob"), ("csrf", &csrf)]).send().await.unwrap();
+        bob.post(url("/login"))
+            .form(&[("username", "bob"), ("csrf", &csrf)])
+            .send()
+            .await
+            .unwrap();
         assert_eq!(bob.get(url(&location)).send().await.unwrap().status(), 404);
         p.stop().await;
     }

@@ -28,7 +28,11 @@ fn contest(labs: Vec<LabInfo>) -> Vec<JobId> {
 fn fair_share_table() {
     let cases: Vec<(&str, Vec<LabInfo>, Vec<JobId>)> = vec![
         ("equal standing: lower lab id", vec![], vec![1]),
-        ("less usage first", vec![lab(2, 0.0, 100.0), lab(3, 0.0, 10.0)], vec![2]),
+        (
+            "less usage first",
+            vec![lab(2, 0.0, 100.0), lab(3, 0.0, 10.0)],
+            vec![2],
+        ),
         (
             "contribution outweighs usage",
             vec![lab(2, 2000.0, 100.0), lab(3, 0.0, 50.0)],
@@ -95,13 +99,20 @@ fn backfill_only_before_the_reserved_start() {
     let small = job(2, 2, 20, 1);
     let mut long = job(3, 2, 20, 1);
     long.time_limit_s = 3 * H;
-    let s = snap(vec![node(1, 1, 10, 4, "A100", 80)], vec![held], vec![big, small, long]);
+    let s = snap(
+        vec![node(1, 1, 10, 4, "A100", 80)],
+        vec![held],
+        vec![big, small, long],
+    );
     let p = plan(&s, &Policy::default(), NOW);
     assert_eq!(started(&p), vec![2]);
     assert_eq!(reason(&p, 1), Reason::WaitingForGpus { gpus: 4 });
     assert_eq!(reason(&p, 3), Reason::BehindEarlierJob { job: 1 });
     assert_eq!(
-        p.pending.iter().map(|p| (p.job, p.position)).collect::<Vec<_>>(),
+        p.pending
+            .iter()
+            .map(|p| (p.job, p.position))
+            .collect::<Vec<_>>(),
         vec![(1, 1), (3, 2)]
     );
 }

@@ -40,7 +40,7 @@ fn lending_table() {
             nights.clone(),
             NOW,
             Box::new(none),
-            Some("not lent: node n1 lends only in time windows, and a job of 1 h would not end before the current one closes"),
+            Some("not lent: node n1 lends only in its time windows, and none is open now"),
         ),
         ("nights, at 21:00", nights.clone(), MONDAY + 21 * H, Box::new(none), None),
         (

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use crate::support::*;
 
-const MODELS: [&str; 2] = ["A100", "T4"];
+const MODELS: [&str; 3] = ["A100", "T4", "A100"];
 
 fn arb_lending() -> impl Strategy<Value = Lending> {
     (
@@ -44,10 +44,20 @@ fn arb_quota() -> impl Strategy<Value = Quota> {
         })
 }
 
-fn arb_node() -> impl Strategy<Value = (LabId, Vec<(usize, bool, Option<i64>)>, Lending, bool, bool)> {
+/// (owner lab, GPUs as (model, local use, idle since), lending, schedulable, reclaim).
+type NodeSpec = (LabId, Vec<(usize, bool, Option<i64>)>, Lending, bool, bool);
+
+fn arb_node() -> impl Strategy<Value = NodeSpec> {
     (
         1..4i64,
-        prop::collection::vec((0..2usize, prop::bool::weighted(0.1), prop::option::of(-7200..0i64)), 1..6),
+        prop::collection::vec(
+            (
+                0..2usize,
+                prop::bool::weighted(0.1),
+                prop::option::of(-7200..0i64),
+            ),
+            1..6,
+        ),
         arb_lending(),
         prop::bool::weighted(0.9),
         prop::bool::weighted(0.05),
@@ -58,10 +68,23 @@ fn arb_node() -> impl Strategy<Value = (LabId, Vec<(usize, bool, Option<i64>)>, 
 fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
     (
         prop::collection::vec(arb_node(), 1..5),
-        prop::collection::vec((1..5i64, 0..3i64, 1..4u32, 0..2usize, prop::bool::ANY, 0..4u8), 0..20),
+        prop::collection::vec(
+            (
+                1..5i64,
+                0..3i64,
+                1..4u32,
+                0..2usize,
+                prop::bool::ANY,
+                0..4u8,
+            ),
+            0..20,
+        ),
         prop::collection::vec((1..5i64, prop::option::of(arb_quota()), 0.0..300f64), 0..4),
         prop::collection::vec((1..5i64, 0..3i64, arb_quota()), 0..5),
-        prop::collection::vec((1..5i64, 0..3i64, 0..100usize, any::<bool>(), 0..3u8), 0..12),
+        prop::collection::vec(
+            (1..5i64, 0..3i64, 0..100usize, any::<bool>(), 0..3u8),
+            0..12,
+        ),
     )
         .prop_map(|(nodes, queue, labs, members, running)| {
             let mut snapshot = Snapshot::default();
@@ -74,13 +97,14 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                 n.grace_s = (i as u32) * 60;
                 for (m, local, idle) in gpus {
                     gpu_id += 1;
+                    // Kind 2 is a MIG slice of an A100.
                     n.gpus.push(Gpu {
                         id: gpu_id,
                         model: MODELS[m].into(),
-                        memory_mb: if m == 0 { 80 * 1024 } else { 16 * 1024 },
+                        memory_mb: [80, 16, 10][m] * 1024,
                         local_use: local,
                         idle_since: idle.map_or(0, |d| NOW + d),
-                        mig_profile: None,
+                        mig_profile: (m == 2).then(|| "1g.10gb".into()),
                     });
                 }
                 snapshot.nodes.push(n);
@@ -89,7 +113,12 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
             let mut taken = BTreeSet::new();
             for (k, (lab, user, pick, ckpt, size)) in running.into_iter().enumerate() {
                 let n = &snapshot.nodes[pick % snapshot.nodes.len()];
-                let free: Vec<GpuId> = n.gpus.iter().map(|g| g.id).filter(|g| !taken.contains(g)).collect();
+                let free: Vec<GpuId> = n
+                    .gpus
+                    .iter()
+                    .map(|g| g.id)
+                    .filter(|g| !taken.contains(g))
+                    .collect();
                 let want = usize::from(size) + 1;
                 if free.len() < want {
                     continue;
@@ -109,10 +138,14 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                     last_checkpoint_at: ckpt.then_some(started + 500),
                 });
             }
-            for (i, (lab, user, gpus, model, strict, limit)) in queue.into_iter().enumerate() {
+            for (i, (lab, user, gpus, kind, strict, limit)) in queue.into_iter().enumerate() {
                 let mut j = job(i as i64 + 1, lab, user + 10 * lab, gpus);
-                if strict {
-                    j.models = vec![MODELS[model].into()];
+                match (strict, kind) {
+                    (false, 0) => {}
+                    (false, _) => j.min_memory_mb = 40 * 1024,
+                    (true, 0) => j.models = vec![MODELS[0].into()],
+                    (true, 1) => j.models = vec![MODELS[1].into()],
+                    (true, _) => j.mig_profile = Some("1g.10gb".into()),
                 }
                 j.time_limit_s = [0, 1800, H, 5 * H][usize::from(limit)];
                 snapshot.queue.push(j);
@@ -152,14 +185,17 @@ fn owner_of(s: &Snapshot) -> BTreeMap<NodeId, LabId> {
 
 /// (gpus, committed GPU-hours) held by jobs matching `pick`, as the quota rules count.
 fn held(s: &Snapshot, now: Time, pick: impl Fn(&RunningJob) -> bool) -> (u32, f64) {
-    s.running.iter().filter(|r| pick(r)).fold((0, 0.0), |(g, h), r| {
-        let left = if r.time_limit_s > 0 {
-            (r.started_at + r.time_limit_s - now).max(0) as f64 / 3600.0
-        } else {
-            0.0
-        };
-        (g + r.gpus.len() as u32, h + r.gpus.len() as f64 * left)
-    })
+    s.running
+        .iter()
+        .filter(|r| pick(r))
+        .fold((0, 0.0), |(g, h), r| {
+            let left = if r.time_limit_s > 0 {
+                (r.started_at + r.time_limit_s - now).max(0) as f64 / 3600.0
+            } else {
+                0.0
+            };
+            (g + r.gpus.len() as u32, h + r.gpus.len() as f64 * left)
+        })
 }
 
 fn quota_ok(q: &Quota, (gpus, hours): (u32, f64), period: f64, limits: &[i64]) -> bool {
@@ -169,13 +205,78 @@ fn quota_ok(q: &Quota, (gpus, hours): (u32, f64), period: f64, limits: &[i64]) -
             .is_none_or(|m| limits.iter().all(|&l| l > 0 && l <= m))
 }
 
+/// Every lending rule of node `n` holds for guest job `j` started on `gpus`.
+fn lent_by_rules(
+    n: &Node,
+    j: &QueuedJob,
+    gpus: &[GpuId],
+    now: Time,
+    s: &Snapshot,
+    p: &Plan,
+    utc_offset_s: i32,
+) -> Result<(), TestCaseError> {
+    let rules = &n.lending;
+    prop_assert!(!n.reclaim && rules.mode != LendMode::Never);
+    prop_assert!(rules.borrowers.is_empty() || rules.borrowers.contains(&j.lab));
+    if let Some(max) = rules.max_guest_time_limit_s {
+        prop_assert!(j.time_limit_s > 0 && j.time_limit_s <= max);
+    }
+    if rules.mode == LendMode::Windows {
+        let until = rules.lend_until(now, utc_offset_s);
+        prop_assert!(until.is_some_and(|u| j.time_limit_s > 0 && now + j.time_limit_s <= u));
+    }
+    for g in gpus {
+        let gpu = n.gpus.iter().find(|x| x.id == *g).unwrap();
+        prop_assert!(
+            gpu.idle_since <= now - rules.min_idle_s,
+            "GPU {} not idle long enough",
+            g
+        );
+    }
+    if let Some(max) = rules.max_lent_gpus {
+        let owners = owner_of(s);
+        let guest_gpus: usize = s
+            .running
+            .iter()
+            .filter(|r| r.node == n.id && owners.get(&r.node) != Some(&r.lab))
+            .map(|r| r.gpus.len())
+            .sum::<usize>()
+            + p.start
+                .iter()
+                .filter(|st| st.node == n.id)
+                .filter(|st| s.queue.iter().any(|q| q.id == st.job && q.lab != n.lab))
+                .map(|st| st.gpus.len())
+                .sum::<usize>();
+        prop_assert!(
+            guest_gpus <= max as usize,
+            "node {} lends {} > {}",
+            n.id,
+            guest_gpus,
+            max
+        );
+    }
+    Ok(())
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2000,
+        ..ProptestConfig::default() })]
 
     #[test]
-    fn plans_keep_every_invariant(s in arb_snapshot(), offset in 0..(7 * 24 * 3600i64)) {
+    fn plans_keep_every_invariant(
+        s in arb_snapshot(),
+        offset in 0..(7 * 24 * 3600i64),
+        min_runtime_s in prop::sample::select(vec![0i64, 600]),
+        backfill_depth in prop::sample::select(vec![0u32, 3, 64]),
+        running_charge_gpu_hours in prop::sample::select(vec![0.0f64, 1.0, 50.0]),
+    ) {
         let now = NOW + offset - offset % 600;
-        let policy = Policy { backfill_depth: 3, ..Default::default() };
+        let policy = Policy {
+            min_runtime_s,
+            backfill_depth,
+            running_charge_gpu_hours,
+            ..Default::default()
+        };
         let p = plan(&s, &policy, now);
         let owners = owner_of(&s);
 
@@ -199,9 +300,34 @@ proptest! {
                 let gpu = n.gpus.iter().find(|x| x.id == *g).unwrap();
                 prop_assert!(!gpu.local_use);
                 prop_assert!(j.models.is_empty() || j.models.contains(&gpu.model));
+                prop_assert!(gpu.memory_mb >= j.min_memory_mb);
+                prop_assert_eq!(&gpu.mig_profile, &j.mig_profile);
             }
             if n.lab != j.lab {
-                prop_assert!(!n.reclaim && n.lending.mode != LendMode::Never);
+                lent_by_rules(n, j, &st.gpus, now, &s, &p, policy.utc_offset_s)?;
+            }
+        }
+
+        // No guest starts on the matching GPUs of the node an owner job waits on.
+        for pe in &p.pending {
+            let node_name = match &pe.reason {
+                Reason::WaitingForOwnJobs { node } | Reason::WaitingForGuestsToLeave { node, .. } => node,
+                _ => continue,
+            };
+            let owner_job = s.queue.iter().find(|q| q.id == pe.job).unwrap();
+            let n = s.nodes.iter().find(|n| &n.name == node_name).unwrap();
+            for st in p.start.iter().filter(|st| st.node == n.id) {
+                let j = s.queue.iter().find(|q| q.id == st.job).unwrap();
+                if j.lab == n.lab {
+                    continue;
+                }
+                for g in &st.gpus {
+                    let gpu = n.gpus.iter().find(|x| x.id == *g).unwrap();
+                    let matches = (owner_job.models.is_empty() || owner_job.models.contains(&gpu.model))
+                        && gpu.memory_mb >= owner_job.min_memory_mb
+                        && gpu.mig_profile == owner_job.mig_profile;
+                    prop_assert!(!matches, "guest {} took GPU {} that owner job {} waits for", j.id, g, pe.job);
+                }
             }
         }
 

@@ -4,6 +4,14 @@
 use crate::support::*;
 use commons_sched::*;
 
+/// (name, labs, members, the reason text if the job waits).
+type Case = (
+    &'static str,
+    Vec<LabInfo>,
+    Vec<MemberInfo>,
+    Option<&'static str>,
+);
+
 #[test]
 fn quota_table() {
     let lab2 = |quota: Quota, period: f64| LabInfo {
@@ -31,7 +39,7 @@ fn quota_table() {
         ..Default::default()
     };
     // Lab 2 borrows 2 GPUs on node 1 (23 h of their 24-h limits left) and asks for 2.
-    let cases: Vec<(&str, Vec<LabInfo>, Vec<MemberInfo>, Option<&str>)> = vec![
+    let cases: Vec<Case> = vec![
         ("no quota", vec![], vec![], None),
         ("lab gpus fit", vec![lab2(gpus(4), 0.0)], vec![], None),
         (
@@ -83,7 +91,11 @@ fn quota_table() {
 
 #[test]
 fn lab_quota_does_not_apply_on_own_nodes() {
-    let mut s = snap(vec![node(1, 2, 10, 4, "A100", 80)], vec![], vec![job(1, 2, 20, 4)]);
+    let mut s = snap(
+        vec![node(1, 2, 10, 4, "A100", 80)],
+        vec![],
+        vec![job(1, 2, 20, 4)],
+    );
     s.labs = vec![LabInfo {
         id: 2,
         quota: Quota {
@@ -113,6 +125,12 @@ fn quota_counts_starts_of_the_same_plan() {
     }];
     let p = plan(&s, &Policy::default(), NOW);
     assert_eq!(started(&p).len(), 3);
-    assert_eq!(reason(&p, 4).to_string(), "your quota in this lab: 3 of 3 GPUs in use");
-    assert_eq!(p.pending.iter().map(|p| p.position).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(
+        reason(&p, 4).to_string(),
+        "your quota in this lab: 3 of 3 GPUs in use"
+    );
+    assert_eq!(
+        p.pending.iter().map(|p| p.position).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
 }

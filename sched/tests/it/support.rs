@@ -94,7 +94,8 @@ pub fn apply(s: &Snapshot, plan: &Plan, now: Time) -> Snapshot {
             ..Default::default()
         });
     }
-    next.queue.retain(|q| !plan.start.iter().any(|st| st.job == q.id));
+    next.queue
+        .retain(|q| !plan.start.iter().any(|st| st.job == q.id));
     for p in &plan.preempt {
         let r = next.running.iter_mut().find(|r| r.id == p.job).unwrap();
         r.preempting = true;

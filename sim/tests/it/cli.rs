@@ -10,7 +10,9 @@ fn replay_writes_json_and_report() {
     let campus = dir.path().join("c.toml");
     std::fs::write(
         &trace,
-        format!("{HEADER}0,0,-,100,1,va,0\n1,10,-,200,2,vb,1\n2,20,-,50,1,va,2\n3,30,-,70,16,vb,3\n"),
+        format!(
+            "{HEADER}0,0,-,100,1,va,0\n1,10,-,200,2,vb,1\n2,20,-,50,1,va,2\n3,30,-,70,16,vb,3\n"
+        ),
     )
     .unwrap();
     std::fs::write(
@@ -21,7 +23,12 @@ fn replay_writes_json_and_report() {
     let json = dir.path().join("out.json");
     let report = dir.path().join("report");
     let status = Command::new(env!("CARGO_BIN_EXE_commons-sim"))
-        .args(["replay", "--quiet", "--policies", "isolated,share-fifo,commons,commons-nockpt"])
+        .args([
+            "replay",
+            "--quiet",
+            "--policies",
+            "isolated,share-fifo,commons,commons-nockpt",
+        ])
         .arg("--trace")
         .arg(&trace)
         .arg("--campus")
@@ -33,7 +40,8 @@ fn replay_writes_json_and_report() {
         .status()
         .unwrap();
     assert!(status.success());
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["capped_jobs"], 1);
     for p in ["isolated", "share-fifo", "commons", "commons-nockpt"] {
         let m = &v["policies"][p];
@@ -71,7 +79,11 @@ fn replay_writes_json_and_report() {
 fn a_bad_campus_file_names_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let campus = dir.path().join("c.toml");
-    std::fs::write(&campus, "[[lab]]\nname = \"a\"\nnodes = 1\ngpus_per_node = 0\n").unwrap();
+    std::fs::write(
+        &campus,
+        "[[lab]]\nname = \"a\"\nnodes = 1\ngpus_per_node = 0\n",
+    )
+    .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_commons-sim"))
         .arg("check-campus")
         .arg(&campus)

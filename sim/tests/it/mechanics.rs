@@ -56,7 +56,11 @@ fn owner_arriving_while_a_guest_runs() {
     let c = campus(GUEST_CAMPUS);
     let w = workload(
         &c,
-        &[(0, 10_000, 1, "vb"), (0, 3_000, 1, "vb"), (1000, 500, 1, "va")],
+        &[
+            (0, 10_000, 1, "vb"),
+            (0, 3_000, 1, "vb"),
+            (1000, 500, 1, "va"),
+        ],
     );
     // With checkpoints every 600 s the guest keeps 600 s of its 1060 s and loses 460.
     // Without, it loses all 1060 s and runs its 3000 s again.

@@ -20,7 +20,11 @@ fn one_lab_queues_first_come_first_served() {
     let w = workload(&c, &[(0, 100, 2, "va"), (10, 50, 1, "va")]);
     for p in PolicyKind::ALL {
         let (out, m) = run(&c, &w, p);
-        assert_eq!(times(&out), vec![(Some(0), Some(100)), (Some(100), Some(150))], "{p}");
+        assert_eq!(
+            times(&out),
+            vec![(Some(0), Some(100)), (Some(100), Some(150))],
+            "{p}"
+        );
         assert_eq!(m.jct_mean_s, Some(120.0), "{p}");
         assert_eq!(m.wait_mean_s, Some(45.0), "{p}");
         assert_eq!(m.wait_p95_s, Some(90.0), "{p}");
@@ -60,7 +64,11 @@ fn two_labs_share_idle_gpus_only_when_pooled() {
     let (out, m) = run(&c, &w, PolicyKind::Isolated);
     assert_eq!(
         times(&out),
-        vec![(Some(0), Some(100)), (Some(100), Some(200)), (Some(1000), Some(1010))]
+        vec![
+            (Some(0), Some(100)),
+            (Some(100), Some(200)),
+            (Some(1000), Some(1010))
+        ]
     );
     assert_eq!(m.per_lab["b"].jct_mean_s, Some(150.0));
     // 200 busy GPU-seconds of 2 GPUs x 1000 s (lab a's job runs after the span).
@@ -69,7 +77,11 @@ fn two_labs_share_idle_gpus_only_when_pooled() {
         let (out, m) = run(&c, &w, p);
         assert_eq!(
             times(&out),
-            vec![(Some(0), Some(100)), (Some(0), Some(100)), (Some(1000), Some(1010))],
+            vec![
+                (Some(0), Some(100)),
+                (Some(0), Some(100)),
+                (Some(1000), Some(1010))
+            ],
             "{p}"
         );
         assert_eq!(m.per_lab["b"].jct_mean_s, Some(100.0), "{p}");
@@ -109,7 +121,14 @@ fn wide_jobs_are_capped_to_the_widest_node() {
 fn same_seed_gives_the_same_json() {
     let c = campus(TWO_LABS);
     let rows: Vec<(i64, i64, u32, &str)> = (0..200)
-        .map(|i| (i * 37, 500 + (i * 7919) % 4000, 1, ["va", "vb", "vc"][i as usize % 3]))
+        .map(|i| {
+            (
+                i * 37,
+                500 + (i * 7919) % 4000,
+                1,
+                ["va", "vb", "vc"][i as usize % 3],
+            )
+        })
         .collect();
     let w = workload(&c, &rows);
     let settings = ReplaySettings {
@@ -130,4 +149,97 @@ fn same_seed_gives_the_same_json() {
     };
     let r = replay(&c, &w, &other, &mut |_, _| {}).unwrap();
     assert_eq!(r.summary.seed, 8);
+}
+
+const GUEST_CAMPUS: &str = r#"
+grace_seconds = 60
+checkpoint_interval_minutes = 10
+[[lab]]
+name = "a"
+tenants = ["va"]
+nodes = 1
+gpus_per_node = 1
+[[lab]]
+name = "b"
+tenants = ["vb"]
+nodes = 1
+gpus_per_node = 1
+"#;
+
+#[test]
+fn owner_arriving_while_a_guest_runs_under_the_real_policy() {
+    let c = campus(GUEST_CAMPUS);
+    // Lab b fills both GPUs at t=0 (one job is a guest on a's node); lab a's job
+    // arrives at t=1000 and takes its GPU back after the 60 s grace.
+    let w = workload(
+        &c,
+        &[
+            (0, 10_000, 1, "vb"),
+            (0, 3_000, 1, "vb"),
+            (1000, 500, 1, "va"),
+        ],
+    );
+    for (policy, lost_h) in [
+        (PolicyKind::Commons, 0.13),
+        (PolicyKind::CommonsNoCkpt, 0.29),
+    ] {
+        let (out, m) = run(&c, &w, policy);
+        assert_eq!(times(&out)[2], (Some(1060), Some(1560)), "{policy}");
+        assert_eq!(m.preemptions, 1, "{policy}");
+        assert_eq!(m.per_lab["a"].owner_wait_mean_s, Some(60.0), "{policy}");
+        // The guest ran 1060 s: with a checkpoint every 600 s it loses 460 s, else all.
+        assert_eq!(m.lost_gpu_hours, lost_h, "{policy}");
+        assert_eq!(m.completed_jobs, 3);
+    }
+    // The baselines never preempt: the owner waits for the guest to finish.
+    let (out, m) = run(&c, &w, PolicyKind::ShareFifo);
+    assert_eq!(m.preemptions, 0);
+    assert_eq!(times(&out)[2].0, Some(3000));
+}
+
+#[test]
+fn the_scheduler_runs_on_ticks() {
+    let c = campus(ONE_LAB);
+    let w = workload(
+        &c,
+        &[(5, 100, 1, "va"), (30, 100, 1, "va"), (31, 10, 2, "va")],
+    );
+    let opts = commons_sim::SimOptions {
+        tick_s: 30,
+        ..commons_sim::SimOptions::new(PolicyKind::Commons)
+    };
+    let out = commons_sim::simulate(&c, &w, &opts, &mut |_| {}).unwrap();
+    // Submitted at 5: planned at the tick at 30. The 2-GPU job waits for both GPUs
+    // (free at 130) and starts at the next tick, 150.
+    assert_eq!(
+        times(&out),
+        vec![
+            (Some(30), Some(130)),
+            (Some(30), Some(130)),
+            (Some(150), Some(160))
+        ]
+    );
+}
+
+#[test]
+fn lending_rules_and_borrowing_quota_bind_the_commons_policy() {
+    for rule in ["lend = \"never\"", "max_lent_gpus_per_node = 0"] {
+        for (a_rule, b_rule) in [(rule, ""), ("", "max_borrowed_gpus = 0")] {
+            let c = campus(&format!(
+                "[[lab]]\nname = \"a\"\ntenants = [\"va\"]\nnodes = 1\ngpus_per_node = 1\n{a_rule}\n\
+                 [[lab]]\nname = \"b\"\ntenants = [\"vb\"]\nnodes = 1\ngpus_per_node = 1\n{b_rule}\n"
+            ));
+            let w = workload(&c, &[(0, 100, 1, "vb"), (0, 100, 1, "vb")]);
+            let (out, _) = run(&c, &w, PolicyKind::Commons);
+            let case = (a_rule, b_rule);
+            assert_eq!(
+                times(&out),
+                vec![(Some(0), Some(100)), (Some(100), Some(200))],
+                "{case:?}"
+            );
+            // share-fifo knows no owners and no rules.
+            let (out, _) = run(&c, &w, PolicyKind::ShareFifo);
+            assert_eq!(times(&out)[1], (Some(0), Some(100)), "{case:?}");
+        }
+    }
 }

@@ -2,9 +2,10 @@
 //! virtual time.
 //!
 //! 1. Events are job arrivals (from the workload, in submission order), job finishes,
-//!    ends of grace periods, and nodes leaving or returning. All events of one instant
-//!    are applied first; then the policy is asked once what to do (only if something
-//!    changed), and its starts and preemptions are applied at that same instant.
+//!    ends of grace periods, nodes leaving or returning, and scheduler ticks. All events
+//!    of one instant are applied first. If something changed, the policy is asked once,
+//!    at that instant if it falls on a tick (a multiple of [`SimOptions::tick_s`]),
+//!    else at the next tick; its starts and preemptions take effect then.
 //! 2. `commons` policies build a [`sched::Snapshot`] (kept up to date incrementally) and
 //!    call the real [`sched::plan`]; every start and preemption of the plan is checked
 //!    against the simulator's own state, and an inapplicable plan is an error.
@@ -17,10 +18,13 @@
 //! queued; the snapshot's `running` list mirrors the running jobs. Everything is
 //! iterated in index order, so a run is a pure function of its inputs.
 
+mod commons;
+
 use crate::accounting::Accounting;
 use crate::campus::Campus;
 use crate::policy::{fcfs, PolicyKind};
 use crate::trace::Workload;
+use commons::{initial_snapshot, running_job, sched_policy};
 use commons_sched as sched;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -39,13 +43,18 @@ pub struct SimOptions {
     /// How many queued jobs at the head of each lab's queue the scheduler sees per call
     /// (like Slurm's `bf_max_job_test`); the plan is recomputed while the window moves.
     pub window_per_lab: usize,
+    /// The scheduler loop runs at most once per tick, on multiples of `tick_s` seconds
+    /// (like the portal's loop); changes in between wait for the next tick. 0: the
+    /// policy is asked at the very instant of every change.
+    pub tick_s: i64,
 }
 
 impl SimOptions {
     pub fn new(policy: PolicyKind) -> SimOptions {
         SimOptions {
             policy,
-            window_per_lab: 32,
+            window_per_lab: 8,
+            tick_s: 0,
         }
     }
 }
@@ -83,6 +92,7 @@ enum Ev {
     GraceEnd { job: usize, attempt: u32 },
     Leave(usize),
     Return(usize),
+    Tick,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,9 +139,17 @@ struct Engine<'a> {
     lab_queue: Vec<BTreeSet<(i64, usize)>>,
     dirty: Vec<bool>,
     changed: bool,
+    /// Labs with a job that arrived at this instant.
+    arrived: Vec<bool>,
+    /// Something other than an arrival changed at this instant.
+    other_change: bool,
+    tick_pending: bool,
     guests: usize,
     snap: sched::Snapshot,
     run_pos: Vec<usize>,
+    policy: sched::Policy,
+    /// Per lab: GPU-hours borrowed and lent by finished guest attempts, decayed to `.2`.
+    ledgers: Vec<(f64, f64, i64)>,
     acct: Accounting,
     preemptions: u64,
     migrations_ok: u64,
@@ -169,6 +187,7 @@ pub fn simulate_with(
             e.push(work.span.0 + r, Ev::Return(i));
         }
     }
+    progress(e.now);
     let mut steps = 0u64;
     loop {
         let next_arrival = work.jobs.get(e.next_arrival).map(|j| j.submit);
@@ -195,9 +214,18 @@ pub fn simulate_with(
             e.arrive(j.idx);
             e.next_arrival += 1;
         }
-        e.schedule(planner)?;
+        if e.changed {
+            let tick = e.opts.tick_s.max(1);
+            let at = (t + tick - 1).div_euclid(tick) * tick;
+            if at == t {
+                e.schedule(planner)?;
+            } else if !e.tick_pending {
+                e.tick_pending = true;
+                e.push(at, Ev::Tick);
+            }
+        }
         steps += 1;
-        if steps % 4096 == 0 {
+        if steps.is_multiple_of(4096) {
             progress(t);
         }
     }
@@ -266,9 +294,14 @@ impl<'a> Engine<'a> {
             lab_queue: vec![BTreeSet::new(); campus.labs.len()],
             dirty: vec![false; campus.labs.len()],
             changed: false,
+            arrived: vec![false; campus.labs.len()],
+            other_change: false,
+            tick_pending: false,
             guests: 0,
             snap,
             run_pos: vec![usize::MAX; work.jobs.len()],
+            policy: sched_policy(campus),
+            ledgers: vec![(0.0, 0.0, work.span.0); campus.labs.len()],
             acct: Accounting::new(work.span.0, work.span.1),
             preemptions: 0,
             migrations_ok: 0,
@@ -319,11 +352,13 @@ impl<'a> Engine<'a> {
                     }
                 }
             }
+            Ev::Tick => self.tick_pending = false,
             Ev::Return(d) => {
                 let node = self.campus.departures[d].node;
                 self.down[node] -= 1;
                 if self.down[node] == 0 {
                     self.snap.nodes[node].schedulable = true;
+                    self.other_change = true;
                     self.touch(self.campus.nodes[node].lab);
                 }
             }
@@ -341,6 +376,7 @@ impl<'a> Engine<'a> {
         self.jobs[job].st = St::Queued;
         self.queue.insert((j.submit, job));
         self.lab_queue[j.lab].insert((j.submit, job));
+        self.arrived[j.lab] = true;
         self.touch(j.lab);
     }
 
@@ -380,17 +416,22 @@ impl<'a> Engine<'a> {
         let node = self.jobs[job].node;
         let gpus = std::mem::take(&mut self.jobs[job].gpus);
         self.acct.release(gpus.len() as u64);
-        self.free[node].extend(gpus);
+        self.free[node].extend(gpus.iter().copied());
         self.free[node].sort_unstable();
         self.on_node[node].retain(|&j| j != job);
-        if self.campus.nodes[node].lab != self.work.jobs[job].lab {
+        let (owner, borrower) = (self.campus.nodes[node].lab, self.work.jobs[job].lab);
+        if owner != borrower {
             self.guests -= 1;
+            let gpu_h = gpus.len() as f64 * (self.now - self.jobs[job].start) as f64 / 3600.0;
+            self.book(borrower, gpu_h, 0.0);
+            self.book(owner, 0.0, gpu_h);
         }
         let pos = std::mem::replace(&mut self.run_pos[job], usize::MAX);
         self.snap.running.swap_remove(pos);
         if let Some(moved) = self.snap.running.get(pos) {
             self.run_pos[moved.id as usize] = pos;
         }
+        self.other_change = true;
         self.touch(self.campus.nodes[node].lab);
     }
 
@@ -459,6 +500,8 @@ impl<'a> Engine<'a> {
             PolicyKind::Commons | PolicyKind::CommonsNoCkpt => self.run_sched(planner)?,
         }
         self.dirty.fill(false);
+        self.arrived.fill(false);
+        self.other_change = false;
         Ok(())
     }
 
@@ -470,7 +513,11 @@ impl<'a> Engine<'a> {
         pool: &[usize],
         queue: impl Iterator<Item = &'q (i64, usize)>,
     ) -> Vec<usize> {
-        let widest = pool.iter().map(|&n| self.campus.nodes[n].gpus).max().unwrap_or(0);
+        let widest = pool
+            .iter()
+            .map(|&n| self.campus.nodes[n].gpus)
+            .max()
+            .unwrap_or(0);
         let free: usize = pool.iter().map(|&n| self.free[n].len()).sum();
         let mut out = Vec::new();
         let mut fitting = 0;
@@ -497,187 +544,5 @@ impl<'a> Engine<'a> {
             let gpus = self.free[node][..take].to_vec();
             self.start(job, node, gpus);
         }
-    }
-
-    /// Ask the real scheduler, apply its plan, and ask again while the window of
-    /// queued jobs it saw was cut short and it still started something.
-    ///
-    /// Skipped when it provably has nothing to do: no job waits, or every GPU is held
-    /// and no guest runs anywhere (owner jobs are never preempted, DESIGN "Policy").
-    fn run_sched(&mut self, planner: &mut Planner<'_>) -> Result<(), SimError> {
-        let policy = sched_policy(self.campus);
-        for _ in 0..1_000 {
-            let any_free = (0..self.free.len()).any(|n| self.down[n] == 0 && !self.free[n].is_empty());
-            if self.queue.is_empty() || (!any_free && self.guests == 0) {
-                return Ok(());
-            }
-            let mut queue = self.window();
-            queue.sort_unstable();
-            queue.dedup();
-            let truncated = queue.len() < self.queue.len();
-            self.snap.queue = queue
-                .into_iter()
-                .map(|(_, job)| queued_job(&self.work.jobs[job], self.jobs[job].saved))
-                .collect();
-            let plan = planner(&self.snap, &policy, self.now);
-            self.plan_calls += 1;
-            for s in &plan.start {
-                self.check_start(s)?;
-                self.start(s.job as usize, s.node as usize, s.gpus.clone());
-            }
-            for p in &plan.preempt {
-                let job = usize::try_from(p.job).ok().filter(|&j| j < self.jobs.len());
-                let job = job.ok_or_else(|| self.bad(format!("preempts unknown job {}", p.job)))?;
-                if self.jobs[job].st != St::Running {
-                    return Err(self.bad(format!("preempts job {job}, which is not running")));
-                }
-                if !self.jobs[job].preempting {
-                    self.begin_stop(job, i64::from(p.grace_s));
-                }
-            }
-            if !(truncated && !plan.start.is_empty()) {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// The queued jobs the scheduler sees in one call, as `(submitted, job)`, unsorted:
-    /// the head of the campus-wide queue up to one more job than there are free GPUs
-    /// (a first-come-first-served pass can start no more, as each start takes a GPU),
-    /// plus the first `window_per_lab` jobs of every lab's queue (what owner priority
-    /// and fair share among labs look at).
-    fn window(&self) -> Vec<(i64, usize)> {
-        let free: usize = (0..self.free.len())
-            .filter(|&n| self.down[n] == 0)
-            .map(|n| self.free[n].len())
-            .sum();
-        let widest = self.campus.max_node_gpus();
-        let mut out = Vec::new();
-        let mut fitting = 0;
-        for &q in &self.queue {
-            if fitting > free {
-                break;
-            }
-            if self.work.jobs[q.1].gpus <= widest {
-                fitting += 1;
-            }
-            out.push(q);
-        }
-        for lab_queue in &self.lab_queue {
-            out.extend(lab_queue.iter().take(self.opts.window_per_lab));
-        }
-        out
-    }
-
-    fn bad(&self, message: String) -> SimError {
-        SimError::BadPlan {
-            now: self.now,
-            message,
-        }
-    }
-
-    fn check_start(&self, s: &sched::Start) -> Result<(), SimError> {
-        let job = usize::try_from(s.job).ok().filter(|&j| j < self.jobs.len());
-        let Some(job) = job else {
-            return Err(self.bad(format!("starts unknown job {}", s.job)));
-        };
-        if self.jobs[job].st != St::Queued {
-            return Err(self.bad(format!("starts job {job}, which is not queued")));
-        }
-        let node = usize::try_from(s.node).ok().filter(|&n| n < self.free.len());
-        let Some(node) = node else {
-            return Err(self.bad(format!("starts job {job} on unknown node {}", s.node)));
-        };
-        if self.down[node] > 0 {
-            return Err(self.bad(format!("starts job {job} on node {node}, which is away")));
-        }
-        if s.gpus.len() != self.work.jobs[job].gpus as usize {
-            return Err(self.bad(format!(
-                "gives job {job} {} GPUs, it asked for {}",
-                s.gpus.len(),
-                self.work.jobs[job].gpus
-            )));
-        }
-        let mut seen = s.gpus.clone();
-        seen.sort_unstable();
-        seen.dedup();
-        if seen.len() != s.gpus.len() || s.gpus.iter().any(|g| !self.free[node].contains(g)) {
-            return Err(self.bad(format!(
-                "gives job {job} GPUs {:?} of node {node}, which are not all free",
-                s.gpus
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// The scheduler's policy knobs for this campus.
-fn sched_policy(_campus: &Campus) -> sched::Policy {
-    sched::Policy::default()
-}
-
-// The `..Default::default()` below keep these constructors compiling while `sched`
-// adds fields to its structs; clippy finds them needless whenever no field is new.
-#[allow(clippy::needless_update)]
-fn initial_snapshot(campus: &Campus) -> sched::Snapshot {
-    let nodes = campus
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| sched::Node {
-            id: i as i64,
-            name: n.name.clone(),
-            lab: n.lab as i64,
-            schedulable: true,
-            gpus: (0..i64::from(n.gpus))
-                .map(|k| sched::Gpu {
-                    id: i as i64 * GPU_STRIDE + k,
-                    model: n.model.clone(),
-                    memory_mb: n.memory_mb,
-                    local_use: false,
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        })
-        .collect();
-    sched::Snapshot {
-        nodes,
-        ..Default::default()
-    }
-}
-
-#[allow(clippy::needless_update)]
-fn queued_job(j: &crate::trace::Job, saved: i64) -> sched::QueuedJob {
-    sched::QueuedJob {
-        id: j.idx as i64,
-        user: j.lab as i64,
-        lab: j.lab as i64,
-        gpus: j.gpus,
-        time_limit_s: j.duration - saved,
-        submitted_at: j.submit,
-        ..Default::default()
-    }
-}
-
-#[allow(clippy::needless_update)]
-fn running_job(
-    j: &crate::trace::Job,
-    node: usize,
-    gpus: Vec<sched::GpuId>,
-    now: i64,
-    remaining: i64,
-) -> sched::RunningJob {
-    sched::RunningJob {
-        id: j.idx as i64,
-        user: j.lab as i64,
-        lab: j.lab as i64,
-        node: node as i64,
-        gpus,
-        started_at: now,
-        time_limit_s: remaining,
-        preempting: false,
-        ..Default::default()
     }
 }
