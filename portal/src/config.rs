@@ -20,6 +20,8 @@ pub struct Config {
     /// it a fresh key is made at start (everyone is logged out on restart).
     pub session_key_file: Option<PathBuf>,
     pub scheduler: SchedulerConfig,
+    /// Knobs of the scheduling policy (grace default, half-life, base share, ...).
+    pub policy: commons_sched::Policy,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -44,6 +46,7 @@ impl Default for Config {
             insecure_dev_login: false,
             session_key_file: None,
             scheduler: SchedulerConfig::default(),
+            policy: commons_sched::Policy::default(),
         }
     }
 }

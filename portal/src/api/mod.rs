@@ -2,6 +2,7 @@
 
 mod jobs;
 mod nodes;
+mod policy;
 pub mod views;
 
 use crate::error::{ApiError, AppError};
@@ -14,7 +15,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::scope("/api/v1")
             .configure(jobs::configure)
-            .configure(nodes::configure),
+            .configure(nodes::configure)
+            .configure(policy::configure),
     );
 }
 

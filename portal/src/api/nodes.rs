@@ -20,6 +20,9 @@ struct NodeView {
     agent_version: String,
     last_seen_at: Option<chrono::NaiveDateTime>,
     gpus: Vec<crate::db::models::Gpu>,
+    lending: commons_sched::Lending,
+    grace_s: i32,
+    reclaim: bool,
 }
 
 async fn list(state: web::Data<AppState>, _user: CurrentUser) -> Result<HttpResponse, ApiError> {
@@ -27,6 +30,9 @@ async fn list(state: web::Data<AppState>, _user: CurrentUser) -> Result<HttpResp
     let views: Vec<NodeView> = rows
         .into_iter()
         .map(|(n, l, gpus)| NodeView {
+            lending: n.lending_rules(),
+            grace_s: n.grace_s,
+            reclaim: n.reclaim,
             id: n.id,
             name: n.name,
             lab: l.slug,

@@ -21,6 +21,35 @@ pub struct CurrentUser {
 }
 
 impl CurrentUser {
+    /// May this user administer `lab` (its lab admin, or an operator)?
+    pub fn admin_of(&self, lab: i64) -> bool {
+        self.user.is_operator
+            || self
+                .labs
+                .iter()
+                .any(|(l, r)| l.id == lab && *r == crate::db::models::Role::Admin)
+    }
+
+    /// Refuses unless the user administers `lab`.
+    pub fn require_admin_of(&self, lab: i64) -> Result<(), AppError> {
+        if self.admin_of(lab) {
+            Ok(())
+        } else {
+            Err(AppError::Forbidden(
+                "only the lab's admins (or operators) may do this".into(),
+            ))
+        }
+    }
+
+    /// Refuses unless the user is an operator.
+    pub fn require_operator(&self) -> Result<(), AppError> {
+        if self.user.is_operator {
+            Ok(())
+        } else {
+            Err(AppError::Forbidden("only operators may do this".into()))
+        }
+    }
+
     /// (slug, id) of the user's labs, for validation.
     pub fn lab_ids(&self) -> Vec<(String, i64)> {
         self.labs

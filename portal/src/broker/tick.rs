@@ -10,17 +10,88 @@
 //! 5. Send the `Start`s to the agents.
 //!
 //! The loop runs every `tick_ms`, and sooner when woken (submission, freed GPUs).
+//! With PostgreSQL, several portal replicas may run; only the one holding the advisory
+//! lock [`LEADER_LOCK`] ticks (the lock lives as long as its connection). SQLite
+//! deployments run one portal.
 
-use crate::db::{attempts, nodes, now};
+use crate::db::{attempts, nodes, now, snapshot};
 use crate::error::AppError;
 use crate::state::AppState;
 use std::time::Duration;
 
+/// Advisory lock key of the scheduler leader ("GPUC" in ASCII).
+pub const LEADER_LOCK: i64 = 0x4750_5543;
+
+#[derive(diesel::QueryableByName)]
+struct Locked {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    locked: bool,
+}
+
+/// Holds (or tries to take) the leader lock on a dedicated PostgreSQL connection.
+#[derive(Default)]
+struct Leader {
+    conn: Option<diesel::PgConnection>,
+    leading: bool,
+}
+
+impl Leader {
+    fn check(&mut self, url: &str) -> bool {
+        use diesel::{Connection, RunQueryDsl};
+        if self.leading {
+            // Still ours while the connection lives.
+            let alive = self.conn.as_mut().is_some_and(|c| {
+                diesel::sql_query("SELECT TRUE AS locked")
+                    .get_result::<Locked>(c)
+                    .is_ok()
+            });
+            if alive {
+                return true;
+            }
+            tracing::warn!("lost the scheduler leader connection");
+            *self = Leader::default();
+        }
+        if self.conn.is_none() {
+            self.conn = diesel::PgConnection::establish(url).ok();
+        }
+        let Some(c) = self.conn.as_mut() else {
+            return false;
+        };
+        let got = diesel::sql_query(format!(
+            "SELECT pg_try_advisory_lock({LEADER_LOCK}) AS locked"
+        ))
+        .get_result::<Locked>(c)
+        .map(|l| l.locked);
+        match got {
+            Ok(true) => {
+                tracing::info!("this portal now runs the scheduler");
+                self.leading = true;
+            }
+            Ok(false) => {}
+            Err(_) => self.conn = None,
+        }
+        self.leading
+    }
+}
+
 pub async fn run(state: AppState) {
     let period = Duration::from_millis(state.config.scheduler.tick_ms);
+    let postgres = state.db.backend == crate::db::Backend::Postgres;
+    let leader = std::sync::Arc::new(std::sync::Mutex::new(Leader::default()));
     loop {
-        if let Err(e) = tick(&state).await {
-            tracing::error!("scheduler tick failed: {e:#}");
+        let lead = if postgres {
+            let l = std::sync::Arc::clone(&leader);
+            let url = state.config.database_url.clone();
+            tokio::task::spawn_blocking(move || l.lock().unwrap().check(&url))
+                .await
+                .unwrap_or(false)
+        } else {
+            true
+        };
+        if lead {
+            if let Err(e) = tick(&state).await {
+                tracing::error!("scheduler tick failed: {e:#}");
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
@@ -31,6 +102,7 @@ pub async fn run(state: AppState) {
 
 pub async fn tick(state: &AppState) -> Result<(), AppError> {
     let cfg = state.config.scheduler.clone();
+    let policy = state.config.policy.clone();
     let snapshot = state
         .db
         .run(move |c| {
@@ -43,15 +115,20 @@ pub async fn tick(state: &AppState) -> Result<(), AppError> {
             if lost > 0 {
                 tracing::warn!(lost, "attempts lost with their servers; jobs requeued");
             }
-            attempts::snapshot(c)
+            snapshot::read(c, &policy)
         })
         .await?;
-    if snapshot.queue.is_empty() {
+    if snapshot.queue.is_empty()
+        && !snapshot
+            .nodes
+            .iter()
+            .any(|n| n.reclaim || n.gpus.iter().any(|g| g.local_use))
+    {
         return Ok(());
     }
     let plan = commons_sched::plan(
         &snapshot,
-        &commons_sched::Policy::default(),
+        &state.config.policy,
         chrono::Utc::now().timestamp(),
     );
     let ttl = chrono::Duration::seconds(state.config.scheduler.lease_ttl_s as i64);

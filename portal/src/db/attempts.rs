@@ -8,16 +8,16 @@
 //!   nothing here; if the agent still runs it, the caller answers with a `Stop`.
 
 use super::jobs::{add_event, set_state};
-use super::models::{Attempt, AttemptStatus, Gpu, Job, JobState, Node};
+use super::models::{Attempt, AttemptStatus, JobState, Node};
 use super::schema::*;
 use super::{now, DbConn};
 use crate::error::AppError;
 use chrono::NaiveDateTime;
 use commons_proto::{AttemptReport, AttemptState, JobSpec, PortalMsg};
 use diesel::prelude::*;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, AppError> {
+pub(crate) fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, AppError> {
     Ok(job_attempts::table
         .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
         .order(job_attempts::id)
@@ -25,113 +25,56 @@ fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, AppError> {
         .load(c)?)
 }
 
-/// Reads the campus into a scheduler snapshot (one transaction).
-pub fn snapshot(c: &mut DbConn) -> Result<commons_sched::Snapshot, AppError> {
-    c.transaction(|c| {
-        let nodes: Vec<Node> = nodes::table
-            .filter(nodes::revoked_at.is_null())
-            .order(nodes::id)
-            .select(Node::as_select())
-            .load(c)?;
-        let gpus: Vec<Gpu> = gpus::table
-            .filter(gpus::present.eq(true))
-            .order(gpus::id)
-            .select(Gpu::as_select())
-            .load(c)?;
-        let active = active_attempts(c)?;
-        let queued: Vec<Job> = jobs::table
-            .filter(jobs::state.eq(JobState::Queued.as_str()))
-            .order(jobs::id)
-            .select(Job::as_select())
-            .load(c)?;
-        let job_of: BTreeMap<i64, Job> = if active.is_empty() {
-            BTreeMap::new()
-        } else {
-            jobs::table
-                .filter(jobs::id.eq_any(active.iter().map(|a| a.job_id).collect::<Vec<_>>()))
-                .select(Job::as_select())
-                .load(c)?
-                .into_iter()
-                .map(|j| (j.id, j))
-                .collect()
-        };
-        Ok(commons_sched::Snapshot {
-            nodes: nodes
-                .iter()
-                .map(|n| commons_sched::Node {
-                    id: n.id,
-                    name: n.name.clone(),
-                    lab: n.lab_id,
-                    schedulable: n.online,
-                    gpus: gpus
-                        .iter()
-                        .filter(|g| g.node_id == n.id)
-                        .map(|g| commons_sched::Gpu {
-                            id: g.id,
-                            model: g.model.clone(),
-                            memory_mb: g.memory_mb as u64,
-                            local_use: g.local_use,
-                            ..Default::default()
-                        })
-                        .collect(),
-                    ..Default::default()
-                })
-                .collect(),
-            running: active
-                .iter()
-                .map(|a| {
-                    let j = job_of.get(&a.job_id);
-                    commons_sched::RunningJob {
-                        id: a.job_id,
-                        user: j.map_or(0, |j| j.user_id),
-                        lab: j.map_or(0, |j| j.lab_id),
-                        node: a.node_id,
-                        gpus: a.gpu_id_list(),
-                        started_at: a.created_at.and_utc().timestamp(),
-                        time_limit_s: j.map_or(0, |j| j.time_limit_s),
-                        preempting: a.status() == AttemptStatus::Stopping,
-                        ..Default::default()
-                    }
-                })
-                .collect(),
-            queue: queued
-                .iter()
-                .map(|j| commons_sched::QueuedJob {
-                    id: j.id,
-                    user: j.user_id,
-                    lab: j.lab_id,
-                    gpus: j.gpus.max(0) as u32,
-                    models: j.models_vec(),
-                    min_memory_mb: j.min_gpu_memory_mb.max(0) as u64,
-                    time_limit_s: j.time_limit_s,
-                    submitted_at: j.created_at.and_utc().timestamp(),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        })
-    })
-}
-
-/// A `Start` to send once the plan is committed.
-pub struct StartOrder {
+/// A message to send to a node once the plan is committed.
+pub struct Order {
     pub node: i64,
     pub msg: PortalMsg,
 }
 
-/// Commits a plan (second transaction), re-checking each start against the database as
-/// it is now: the job must still be queued, its node online and its GPUs free.
+/// Commits a plan (second transaction), re-checking each change against the database as
+/// it is now:
+/// 1. Preemptions first: the job must still run its attempt; the attempt goes to
+///    `stopping`, the job to `preempting`, and the node gets a `Stop` with the grace.
+/// 2. Starts: the job must still be queued, its node online and its GPUs free.
+/// 3. Waiting jobs get their reason and place in the queue.
 pub fn apply_plan(
     c: &mut DbConn,
     plan: &commons_sched::Plan,
     lease_ttl: chrono::Duration,
-) -> Result<Vec<StartOrder>, AppError> {
+) -> Result<Vec<Order>, AppError> {
     c.transaction(|c| {
-        let mut held: BTreeSet<i64> = active_attempts(c)?
-            .iter()
-            .flat_map(|a| a.gpu_id_list())
-            .collect();
+        let active = active_attempts(c)?;
+        let mut held: BTreeSet<i64> = active.iter().flat_map(|a| a.gpu_id_list()).collect();
         let mut orders = Vec::new();
+        for p in &plan.preempt {
+            let attempt = active.iter().find(|a| {
+                a.job_id == p.job
+                    && matches!(a.status(), AttemptStatus::Starting | AttemptStatus::Running)
+            });
+            let job = super::jobs::get(c, p.job)?;
+            let (Some(a), JobState::Starting | JobState::Running) = (attempt, job.state()) else {
+                tracing::info!(job = p.job, "plan preemption no longer valid; skipped");
+                continue;
+            };
+            diesel::update(job_attempts::table.find(a.id))
+                .set(job_attempts::state.eq(AttemptStatus::Stopping.as_str()))
+                .execute(c)?;
+            set_state(
+                c,
+                job.id,
+                JobState::Preempting,
+                &format!("preempting: {} (grace {} s)", p.reason, p.grace_s),
+            )?;
+            orders.push(Order {
+                node: a.node_id,
+                msg: PortalMsg::Stop {
+                    job: a.job_id,
+                    attempt: a.attempt,
+                    grace_s: u64::from(p.grace_s),
+                    reason: format!("preempted: {}", p.reason),
+                },
+            });
+        }
         for s in &plan.start {
             let job = super::jobs::get(c, s.job)?;
             let node: Option<Node> = nodes::table
@@ -192,7 +135,7 @@ pub fn apply_plan(
                 .find(job.user_id)
                 .select(users::username)
                 .first(c)?;
-            orders.push(StartOrder {
+            orders.push(Order {
                 node: node.id,
                 msg: PortalMsg::Start {
                     job: job.id,
@@ -258,6 +201,8 @@ fn end_attempt(
     }
     match job.state() {
         JobState::Starting | JobState::Running => {}
+        // A job that ended by itself during its grace period has simply ended.
+        JobState::Preempting if status == AttemptStatus::Exited => {}
         JobState::Preempting => return requeue(c, job.id, reason.unwrap_or("preempted")),
         JobState::Cancelled => {
             return add_event(c, job.id, JobState::Cancelled, "container stopped");
@@ -444,18 +389,22 @@ pub fn renew(c: &mut DbConn, node: i64, ttl: chrono::Duration) -> Result<PortalM
 
 /// `Stop`s for this node's attempts that are being stopped (sent again after a reconnect).
 pub fn pending_stops(c: &mut DbConn, node: i64) -> Result<Vec<PortalMsg>, AppError> {
-    let rows: Vec<(i64, i32)> = job_attempts::table
+    let rows: Vec<(i64, i32, String)> = job_attempts::table
+        .inner_join(jobs::table)
         .filter(job_attempts::node_id.eq(node))
         .filter(job_attempts::state.eq(AttemptStatus::Stopping.as_str()))
-        .select((job_attempts::job_id, job_attempts::attempt))
+        .select((job_attempts::job_id, job_attempts::attempt, jobs::state))
         .load(c)?;
     Ok(rows
         .into_iter()
-        .map(|(job, attempt)| PortalMsg::Stop {
+        .map(|(job, attempt, state)| PortalMsg::Stop {
             job,
             attempt,
             grace_s: 10,
-            reason: "cancelled".into(),
+            reason: match JobState::parse(&state) {
+                JobState::Preempting => "preempted".into(),
+                _ => "cancelled".into(),
+            },
         })
         .collect())
 }

@@ -14,6 +14,7 @@ pub mod jobs;
 pub mod models;
 pub mod nodes;
 pub mod schema;
+pub mod snapshot;
 pub mod users;
 
 use diesel::connection::SimpleConnection;

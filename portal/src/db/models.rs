@@ -12,6 +12,8 @@ pub struct Lab {
     pub slug: String,
     pub name: String,
     pub created_at: NaiveDateTime,
+    /// JSON of `commons_sched::Quota`: the operators' limit on what the lab borrows.
+    pub quota: String,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Serialize)]
@@ -38,6 +40,18 @@ pub struct Node {
     pub last_seen_at: Option<NaiveDateTime>,
     pub created_at: NaiveDateTime,
     pub revoked_at: Option<NaiveDateTime>,
+    /// JSON of `commons_sched::Lending`, set by the lab admin.
+    pub lending: String,
+    /// Seconds a preempted guest gets to checkpoint and stop.
+    pub grace_s: i32,
+    /// The owner takes every GPU back now.
+    pub reclaim: bool,
+}
+
+impl Node {
+    pub fn lending_rules(&self) -> commons_sched::Lending {
+        serde_json::from_str(&self.lending).unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Serialize)]
@@ -53,6 +67,8 @@ pub struct Gpu {
     pub present: bool,
     pub local_use: bool,
     pub utilization_pct: i32,
+    /// Last time the owner used it directly.
+    pub idle_since: Option<NaiveDateTime>,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable)]

@@ -186,6 +186,16 @@ pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<
                 gpus::utilization_pct.eq(s.utilization_pct.min(100) as i32),
             ))
             .execute(c)?;
+            // Idle time counts from the owner's last direct use.
+            if s.local_use || before == Some(true) {
+                diesel::update(
+                    gpus::table
+                        .filter(gpus::node_id.eq(node))
+                        .filter(gpus::uuid.eq(&s.uuid)),
+                )
+                .set(gpus::idle_since.eq(now()))
+                .execute(c)?;
+            }
         }
         Ok(changed)
     })

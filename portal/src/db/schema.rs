@@ -7,6 +7,7 @@ diesel::table! {
         slug -> Text,
         name -> Text,
         created_at -> Timestamp,
+        quota -> Text,
     }
 }
 
@@ -26,6 +27,7 @@ diesel::table! {
         user_id -> BigInt,
         lab_id -> BigInt,
         role -> Text,
+        quota -> Text,
     }
 }
 
@@ -53,6 +55,9 @@ diesel::table! {
         last_seen_at -> Nullable<Timestamp>,
         created_at -> Timestamp,
         revoked_at -> Nullable<Timestamp>,
+        lending -> Text,
+        grace_s -> Integer,
+        reclaim -> Bool,
     }
 }
 
@@ -80,6 +85,7 @@ diesel::table! {
         present -> Bool,
         local_use -> Bool,
         utilization_pct -> Integer,
+        idle_since -> Nullable<Timestamp>,
     }
 }
 

@@ -100,6 +100,10 @@ pub struct TestPortal {
     pub alice: String,
     /// bob: member of lab physics.
     pub bob: String,
+    /// carol: admin of lab vision.
+    pub carol: String,
+    /// olga: operator.
+    pub olga: String,
     /// Kept so the database lives (and is dropped) with the portal.
     _db: TestDb,
 }
@@ -122,7 +126,7 @@ impl TestPortal {
         };
         let portal = commons_portal::start(config).await.expect("portal starts");
         let dbh = portal.state.db.clone();
-        let (alice, bob) = tokio::task::spawn_blocking(move || {
+        let (alice, bob, carol, olga) = tokio::task::spawn_blocking(move || {
             dbh.run_blocking(|c| {
                 let vision = users::create_lab(c, "vision", "Vision Lab")?;
                 let physics = users::create_lab(c, "physics", "Physics Lab")?;
@@ -130,9 +134,14 @@ impl TestPortal {
                 users::set_membership(c, a.id, vision.id, Role::Member)?;
                 let b = users::create_user(c, "bob", "bob@campus.test", false)?;
                 users::set_membership(c, b.id, physics.id, Role::Member)?;
+                let carol = users::create_user(c, "carol", "carol@campus.test", false)?;
+                users::set_membership(c, carol.id, vision.id, Role::Admin)?;
+                let olga = users::create_user(c, "olga", "olga@campus.test", true)?;
                 Ok::<_, commons_portal::error::AppError>((
                     users::create_api_token(c, a.id, "test")?,
                     users::create_api_token(c, b.id, "test")?,
+                    users::create_api_token(c, carol.id, "test")?,
+                    users::create_api_token(c, olga.id, "test")?,
                 ))
             })
             .unwrap()
@@ -149,6 +158,8 @@ impl TestPortal {
                 .unwrap(),
             alice,
             bob,
+            carol,
+            olga,
             _db: db,
         }
     }
@@ -205,6 +216,23 @@ impl TestPortal {
             .unwrap();
         assert!(r.status().is_success(), "GET {path}: {}", r.status());
         r.json().await.unwrap()
+    }
+
+    pub async fn put_json(&self, token: &str, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .put(format!("{}{path}", self.url))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn post_json(&self, token: &str, path: &str, body: &Value) -> (u16, Value) {

@@ -4,4 +4,5 @@
 mod harness;
 mod jobs;
 mod migrations;
+mod policy;
 mod web;

@@ -1,0 +1,6 @@
+ALTER TABLE memberships DROP COLUMN quota;
+ALTER TABLE labs DROP COLUMN quota;
+ALTER TABLE gpus DROP COLUMN idle_since;
+ALTER TABLE nodes DROP COLUMN reclaim;
+ALTER TABLE nodes DROP COLUMN grace_s;
+ALTER TABLE nodes DROP COLUMN lending;

@@ -1,0 +1,212 @@
+//! The scheduler's view of the campus, read in one transaction: nodes with their lending
+//! rules, GPUs, running attempts, the queue, and each lab's and member's quota and
+//! usage ledgers.
+//!
+//! Usage is derived from the attempts themselves (no separate counters to drift):
+//! GPU-seconds of each attempt, weighted by GPU class and decayed with the policy's
+//! half-life for fair share, and summed over the quota period for quotas. A job on
+//! another lab's node is borrowing: it counts against its lab's quota and ledger, and to
+//! the node's lab as lending.
+
+use super::models::{Attempt, Gpu, Job, JobState, Lab, Node};
+use super::schema::*;
+use super::{now, DbConn};
+use crate::error::AppError;
+use commons_sched::{LabInfo, MemberInfo, Policy, Quota};
+use diesel::prelude::*;
+use std::collections::BTreeMap;
+
+/// The window GPU-hour quotas count over.
+pub const QUOTA_PERIOD_S: i64 = 7 * 24 * 3600;
+/// How far back the fair-share ledgers look (eight half-lives of a week: < 0.4%).
+const LEDGER_LOOKBACK_S: i64 = 8 * 7 * 24 * 3600;
+
+fn secs(t: chrono::NaiveDateTime) -> i64 {
+    t.and_utc().timestamp()
+}
+
+/// Reads the campus into a scheduler snapshot (one transaction).
+pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, AppError> {
+    c.transaction(|c| {
+        let t = now();
+        let now_s = secs(t);
+        let nodes: Vec<Node> = nodes::table
+            .filter(nodes::revoked_at.is_null())
+            .order(nodes::id)
+            .select(Node::as_select())
+            .load(c)?;
+        let gpus: Vec<Gpu> = gpus::table
+            .order(gpus::id)
+            .select(Gpu::as_select())
+            .load(c)?;
+        let gpu_by_id: BTreeMap<i64, &Gpu> = gpus.iter().map(|g| (g.id, g)).collect();
+        let node_lab: BTreeMap<i64, i64> = nodes.iter().map(|n| (n.id, n.lab_id)).collect();
+        let active = super::attempts::active_attempts(c)?;
+        let queued: Vec<Job> = jobs::table
+            .filter(jobs::state.eq(JobState::Queued.as_str()))
+            .order(jobs::id)
+            .select(Job::as_select())
+            .load(c)?;
+        // Attempts that used GPUs within the ledgers' reach, with their jobs' lab and user.
+        let since = t - chrono::Duration::seconds(LEDGER_LOOKBACK_S);
+        let used: Vec<(Attempt, i64, i64, i64)> = job_attempts::table
+            .inner_join(jobs::table)
+            .filter(job_attempts::started_at.is_not_null())
+            .filter(
+                job_attempts::ended_at
+                    .is_null()
+                    .or(job_attempts::ended_at.gt(since)),
+            )
+            .select((
+                Attempt::as_select(),
+                jobs::lab_id,
+                jobs::user_id,
+                jobs::time_limit_s,
+            ))
+            .load(c)?;
+        let labs: Vec<Lab> = labs::table
+            .order(labs::id)
+            .select(Lab::as_select())
+            .load(c)?;
+        let members: Vec<(i64, i64, String)> = memberships::table
+            .order((memberships::lab_id, memberships::user_id))
+            .select((
+                memberships::lab_id,
+                memberships::user_id,
+                memberships::quota,
+            ))
+            .load(c)?;
+
+        let mut lab_info: BTreeMap<i64, LabInfo> = labs
+            .iter()
+            .map(|l| {
+                (
+                    l.id,
+                    LabInfo {
+                        id: l.id,
+                        quota: serde_json::from_str::<Quota>(&l.quota).unwrap_or_default(),
+                        ledger_at: now_s,
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        let mut member_info: BTreeMap<(i64, i64), MemberInfo> = members
+            .iter()
+            .map(|(lab, user, quota)| {
+                (
+                    (*lab, *user),
+                    MemberInfo {
+                        lab: *lab,
+                        user: *user,
+                        quota: serde_json::from_str::<Quota>(quota).unwrap_or_default(),
+                        ledger_at: now_s,
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        let period_start = now_s - QUOTA_PERIOD_S;
+        for (a, job_lab, user, _) in &used {
+            let Some(start) = a.started_at.map(secs) else {
+                continue;
+            };
+            let end = a.ended_at.map(secs).unwrap_or(now_s).max(start);
+            let ids = a.gpu_id_list();
+            let weight: f64 = ids
+                .iter()
+                .filter_map(|g| gpu_by_id.get(g))
+                .map(|g| policy.gpu_weight(&g.model))
+                .sum();
+            let hours = (end - start) as f64 / 3600.0;
+            let decayed = commons_sched::decay(weight * hours, end, now_s, policy.half_life_s);
+            let in_period =
+                ids.len() as f64 * (end - start.max(period_start)).max(0) as f64 / 3600.0;
+            let borrowed = node_lab.get(&a.node_id).is_some_and(|l| l != job_lab);
+            if borrowed {
+                if let Some(l) = lab_info.get_mut(job_lab) {
+                    l.used_gpu_hours += decayed;
+                    l.period_gpu_hours += in_period;
+                }
+                if let Some(owner) = node_lab.get(&a.node_id).and_then(|l| lab_info.get_mut(l)) {
+                    owner.lent_gpu_hours += decayed;
+                }
+            }
+            if let Some(m) = member_info.get_mut(&(*job_lab, *user)) {
+                m.used_gpu_hours += decayed;
+                m.period_gpu_hours += in_period;
+            }
+        }
+        let job_of: BTreeMap<i64, (i64, i64, i64)> = used
+            .iter()
+            .map(|(a, lab, user, limit)| (a.job_id, (*lab, *user, *limit)))
+            .collect();
+
+        Ok(commons_sched::Snapshot {
+            nodes: nodes
+                .iter()
+                .map(|n| commons_sched::Node {
+                    id: n.id,
+                    name: n.name.clone(),
+                    lab: n.lab_id,
+                    schedulable: n.online,
+                    lending: n.lending_rules(),
+                    grace_s: n.grace_s.max(0) as u32,
+                    reclaim: n.reclaim,
+                    gpus: gpus
+                        .iter()
+                        .filter(|g| g.node_id == n.id && g.present)
+                        .map(|g| commons_sched::Gpu {
+                            id: g.id,
+                            model: g.model.clone(),
+                            memory_mb: g.memory_mb.max(0) as u64,
+                            local_use: g.local_use,
+                            idle_since: g.idle_since.map(secs).unwrap_or(0),
+                            ..Default::default()
+                        })
+                        .collect(),
+                })
+                .collect(),
+            running: active
+                .iter()
+                .map(|a| {
+                    // An attempt still starting has no started_at yet: count from creation.
+                    let (lab, user, limit) = job_of.get(&a.job_id).copied().unwrap_or_else(|| {
+                        jobs::table
+                            .find(a.job_id)
+                            .select((jobs::lab_id, jobs::user_id, jobs::time_limit_s))
+                            .first(c)
+                            .unwrap_or((0, 0, 0))
+                    });
+                    commons_sched::RunningJob {
+                        id: a.job_id,
+                        user,
+                        lab,
+                        node: a.node_id,
+                        gpus: a.gpu_id_list(),
+                        started_at: secs(a.started_at.unwrap_or(a.created_at)),
+                        time_limit_s: limit,
+                        preempting: a.status() == super::models::AttemptStatus::Stopping,
+                        last_checkpoint_at: None,
+                    }
+                })
+                .collect(),
+            queue: queued
+                .iter()
+                .map(|j| commons_sched::QueuedJob {
+                    id: j.id,
+                    user: j.user_id,
+                    lab: j.lab_id,
+                    gpus: j.gpus.max(0) as u32,
+                    models: j.models_vec(),
+                    min_memory_mb: j.min_gpu_memory_mb.max(0) as u64,
+                    time_limit_s: j.time_limit_s,
+                    submitted_at: secs(j.created_at),
+                    ..Default::default()
+                })
+                .collect(),
+            labs: lab_info.into_values().collect(),
+            members: member_info.into_values().collect(),
+        })
+    })
+}

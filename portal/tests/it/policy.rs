@@ -1,0 +1,231 @@
+//! The scheduler's policy in the running system: owner first with preemption, lending
+//! rules and quotas set through the API, with role checks.
+
+use crate::harness::{wait_for, TestPortal, BACKENDS};
+use serde_json::json;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+fn job(cmd: &str, gpus: i64, minutes: i64) -> serde_json::Value {
+    json!({"image": "commons-demo:latest", "command": ["sh", "-c", cmd], "gpus": gpus,
+           "time_limit_minutes": minutes, "cpus": 0.25, "memory_gb": 0.125})
+}
+
+fn secs(v: &serde_json::Value) -> f64 {
+    let t =
+        chrono::NaiveDateTime::parse_from_str(v.as_str().unwrap(), "%Y-%m-%dT%H:%M:%S%.f").unwrap();
+    t.and_utc().timestamp_millis() as f64 / 1000.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_job_preempts_a_guest_within_the_grace_period() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let _agent = p.agent("vision", "fake:2xA100-80GB").await;
+        let node = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
+            .as_i64()
+            .unwrap();
+        let grace = 3;
+        let (status, v) = p
+            .put_json(
+                &p.carol,
+                &format!("/api/v1/nodes/{node}/lending"),
+                &json!({"mode": "always", "grace_seconds": grace}),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+
+        // Bob (physics) fills the vision lab's idle GPUs as a guest.
+        let g1 = p.submit(&p.bob, job("sleep 300", 1, 30)).await;
+        let g2 = p.submit(&p.bob, job("sleep 300", 1, 60)).await;
+        p.wait_state(&p.bob, g1, &["running"], T).await;
+        p.wait_state(&p.bob, g2, &["running"], T).await;
+
+        // Alice (vision) needs one GPU of her lab's server.
+        let owner = p.submit(&p.alice, job("echo owner; sleep 2", 1, 10)).await;
+        let o = p
+            .wait_state(&p.alice, owner, &["running", "succeeded"], T)
+            .await;
+        let waited = secs(&o["started_at"]) - secs(&o["created_at"]);
+        assert!(
+            waited <= grace as f64 + 3.0,
+            "[{backend:?}] the owner waited {waited:.1}s; grace is {grace}s plus one tick"
+        );
+        // Exactly one guest went back to the queue; the other kept running.
+        let me = &p;
+        wait_for(Duration::from_secs(20), "a guest requeued", || async move {
+            let a = me.job(&me.bob, g1).await;
+            let b = me.job(&me.bob, g2).await;
+            let states = [
+                a["state"].as_str().unwrap().to_string(),
+                b["state"].as_str().unwrap().to_string(),
+            ];
+            states.contains(&"running".to_string())
+                && (states.contains(&"queued".to_string())
+                    || a["attempts"].as_i64() == Some(2)
+                    || b["attempts"].as_i64() == Some(2))
+        })
+        .await;
+        let (victim, survivor) = {
+            let a = p.job(&p.bob, g1).await;
+            if a["state"] == "running" && a["attempts"] == 1 {
+                (g2, g1)
+            } else {
+                (g1, g2)
+            }
+        };
+        let events = p
+            .get_json(&p.bob, &format!("/api/v1/jobs/{victim}/events"))
+            .await;
+        let states: Vec<&str> = events
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["state"].as_str().unwrap())
+            .collect();
+        assert!(
+            states.windows(2).any(|w| w == ["preempting", "queued"]),
+            "[{backend:?}] the guest was preempted and requeued: {states:?}"
+        );
+        assert_eq!(p.job(&p.bob, survivor).await["attempts"], 1);
+        // When the owner is done, the guest runs again (attempt 2).
+        p.wait_state(&p.alice, owner, &["succeeded"], T).await;
+        let again = p.wait_state(&p.bob, victim, &["running"], T).await;
+        assert_eq!(again["attempts"], 2, "[{backend:?}] {again}");
+        p.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lending_rules_and_quotas_bind_guests_and_need_the_right_role() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let _agent = p.agent("vision", "fake:2xA100-80GB").await;
+        let node = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
+            .as_i64()
+            .unwrap();
+        let lending = format!("/api/v1/nodes/{node}/lending");
+
+        // Only vision's admins (or operators) set its lending rules.
+        let (status, _) = p
+            .put_json(&p.alice, &lending, &json!({"mode": "never"}))
+            .await;
+        assert_eq!(status, 403, "a member is refused");
+        let (status, _) = p
+            .put_json(&p.bob, &lending, &json!({"mode": "never"}))
+            .await;
+        assert_eq!(status, 403, "another lab is refused");
+        for (body, field) in [
+            (json!({"mode": "sometimes"}), "mode"),
+            (
+                json!({"mode": "always", "max_lent_gpus": -1}),
+                "max_lent_gpus",
+            ),
+            (json!({"mode": "windows"}), "windows"),
+            (
+                json!({"mode": "windows", "windows": [{"days": [7], "from": "19:00", "to": "07:00"}]}),
+                "windows[0].days",
+            ),
+            (
+                json!({"mode": "windows", "windows": [{"days": [0], "from": "25:00", "to": "07:00"}]}),
+                "windows[0].from",
+            ),
+            (
+                json!({"mode": "always", "borrowers": ["nowhere"]}),
+                "borrowers",
+            ),
+            (
+                json!({"mode": "always", "grace_seconds": 99999}),
+                "grace_seconds",
+            ),
+        ] {
+            let (status, v) = p.put_json(&p.carol, &lending, &body).await;
+            assert_eq!(status, 422, "[{backend:?}] {body}: {v}");
+            assert_eq!(v["field"], field, "{v}");
+        }
+        assert_eq!(
+            p.get_json(&p.alice, "/api/v1/nodes").await[0]["lending"]["mode"],
+            "always",
+            "nothing changed"
+        );
+
+        // Lend never: a guest waits, and says why; the owner still runs.
+        let (status, v) = p
+            .put_json(&p.carol, &lending, &json!({"mode": "never"}))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        let guest = p.submit(&p.bob, job("true", 1, 5)).await;
+        let me = &p;
+        wait_for(Duration::from_secs(10), "a reason", || async move {
+            let j = me.job(&me.bob, guest).await;
+            j["state"] == "queued" && j["reason"].as_str().is_some_and(|r| r.contains("lend"))
+        })
+        .await;
+        let owner = p.submit(&p.alice, job("true", 1, 5)).await;
+        assert_eq!(
+            p.wait_state(&p.alice, owner, &["succeeded", "failed"], T)
+                .await["state"],
+            "succeeded"
+        );
+        assert_eq!(p.job(&p.bob, guest).await["state"], "queued");
+
+        // Lend always, but physics' quota allows no job longer than 10 minutes.
+        let (status, _) = p
+            .put_json(
+                &p.carol,
+                "/api/v1/labs/physics/quota",
+                &json!({"max_job_minutes": 10}),
+            )
+            .await;
+        assert_eq!(status, 403, "lab quotas are the operators'");
+        let (status, v) = p
+            .put_json(
+                &p.olga,
+                "/api/v1/labs/physics/quota",
+                &json!({"max_job_minutes": -5}),
+            )
+            .await;
+        assert_eq!(
+            (status, v["field"].as_str()),
+            (422, Some("max_job_minutes"))
+        );
+        let (status, _) = p
+            .put_json(
+                &p.olga,
+                "/api/v1/labs/physics/quota",
+                &json!({"max_job_minutes": 10}),
+            )
+            .await;
+        assert_eq!(status, 200);
+        p.put_json(&p.carol, &lending, &json!({"mode": "always"}))
+            .await;
+        let long = p.submit(&p.bob, job("true", 1, 60)).await;
+        p.wait_state(&p.bob, guest, &["succeeded"], T).await;
+        let me = &p;
+        wait_for(Duration::from_secs(10), "a quota reason", || async move {
+            let j = me.job(&me.bob, long).await;
+            j["state"] == "queued" && j["reason"].as_str().is_some_and(|r| r.contains("quota"))
+        })
+        .await;
+
+        // A lab admin sets a member's quota; only for members of their lab.
+        let (status, _) = p
+            .put_json(
+                &p.carol,
+                "/api/v1/labs/vision/members/alice/quota",
+                &json!({"max_gpus": 1}),
+            )
+            .await;
+        assert_eq!(status, 200);
+        let (status, _) = p
+            .put_json(
+                &p.carol,
+                "/api/v1/labs/physics/members/bob/quota",
+                &json!({"max_gpus": 1}),
+            )
+            .await;
+        assert_eq!(status, 403);
+        p.stop().await;
+    }
+}
