@@ -20,6 +20,8 @@ pub struct RunningPortal {
     pub handle: actix_web::dev::ServerHandle,
     /// Ends when the server stops.
     pub server: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The scheduler loop (runs until aborted).
+    pub scheduler: tokio::task::JoinHandle<()>,
 }
 
 impl RunningPortal {
@@ -90,11 +92,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let handle = server.handle();
     // The server only serves while its future is polled.
     let server = tokio::spawn(server);
-    tokio::spawn(crate::broker::tick::run(state.clone()));
+    let scheduler = tokio::spawn(crate::broker::tick::run(state.clone()));
     Ok(RunningPortal {
         addr,
         state,
         handle,
         server,
+        scheduler,
     })
 }

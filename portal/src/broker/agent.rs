@@ -162,6 +162,7 @@ async fn handle(state: &AppState, node: i64, msg: AgentMsg) -> Result<Vec<Portal
                         replies.extend(out.stop);
                     }
                     replies.push(attempts::renew(c, node, ttl)?);
+                    replies.extend(attempts::undelivered_starts(c, node, &reports)?);
                 }
                 AgentMsg::AttemptEvent {
                     job,

@@ -131,27 +131,9 @@ pub fn apply_plan(
                     names.join(", ")
                 ),
             )?;
-            let user: String = users::table
-                .find(job.user_id)
-                .select(users::username)
-                .first(c)?;
             orders.push(Order {
                 node: node.id,
-                msg: PortalMsg::Start {
-                    job: job.id,
-                    attempt,
-                    spec: JobSpec {
-                        image: job.image.clone(),
-                        command: job.command_vec(),
-                        env: job.env_map(),
-                        cpus: job.cpus,
-                        memory_mb: job.memory_mb.max(0) as u64,
-                        time_limit_s: job.time_limit_s.max(0) as u64,
-                        user,
-                    },
-                    gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
-                    lease_until: lease_until.and_utc().timestamp(),
-                },
+                msg: start_msg(c, &job, attempt, &gpus, lease_until)?,
             });
         }
         for p in &plan.pending {
@@ -169,6 +151,62 @@ pub fn apply_plan(
         }
         Ok(orders)
     })
+}
+
+/// The `Start` for an attempt of `job` on `gpus`.
+fn start_msg(
+    c: &mut DbConn,
+    job: &super::models::Job,
+    attempt: i32,
+    gpus: &[super::models::Gpu],
+    lease_until: NaiveDateTime,
+) -> Result<PortalMsg, AppError> {
+    let user: String = users::table
+        .find(job.user_id)
+        .select(users::username)
+        .first(c)?;
+    Ok(PortalMsg::Start {
+        job: job.id,
+        attempt,
+        spec: JobSpec {
+            image: job.image.clone(),
+            command: job.command_vec(),
+            env: job.env_map(),
+            cpus: job.cpus,
+            memory_mb: job.memory_mb.max(0) as u64,
+            time_limit_s: job.time_limit_s.max(0) as u64,
+            user,
+        },
+        gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
+        lease_until: lease_until.and_utc().timestamp(),
+    })
+}
+
+/// `Start`s for this node's attempts that should be starting but that the agent does not
+/// report. The database is the truth of what should run: whichever portal replica holds
+/// the agent's connection delivers them, also when the first send was lost. The agent
+/// ignores a `Start` it already has.
+pub fn undelivered_starts(
+    c: &mut DbConn,
+    node: i64,
+    reported: &[AttemptReport],
+) -> Result<Vec<PortalMsg>, AppError> {
+    let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
+    let starting: Vec<Attempt> = job_attempts::table
+        .filter(job_attempts::node_id.eq(node))
+        .filter(job_attempts::state.eq(AttemptStatus::Starting.as_str()))
+        .select(Attempt::as_select())
+        .load(c)?;
+    let mut out = Vec::new();
+    for a in starting
+        .iter()
+        .filter(|a| !known.contains(&(a.job_id, a.attempt)))
+    {
+        let job = super::jobs::get(c, a.job_id)?;
+        let gpus = super::nodes::gpus_by_ids(c, &a.gpu_id_list())?;
+        out.push(start_msg(c, &job, a.attempt, &gpus, a.lease_until)?);
+    }
+    Ok(out)
 }
 
 fn requeue(c: &mut DbConn, job: i64, why: &str) -> Result<(), AppError> {

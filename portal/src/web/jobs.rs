@@ -1,6 +1,6 @@
 //! Job pages: my jobs, the submit form, one job (with a live status fragment), cancel.
 
-use super::Banner;
+use super::{number, optional, Banner};
 use crate::api::views::{job_view, JobView};
 use crate::auth::{check_csrf, CurrentUser};
 use crate::db::jobs;
@@ -95,20 +95,6 @@ impl Default for JobForm {
             kind: "batch".into(),
             lab: String::new(),
         }
-    }
-}
-
-fn number<T: std::str::FromStr>(field: &str, text: &str) -> Result<T, AppError> {
-    text.trim()
-        .parse()
-        .map_err(|_| AppError::invalid(field, format!("{:?} is not a number", text.trim())))
-}
-
-fn optional<T: std::str::FromStr>(field: &str, text: &str) -> Result<Option<T>, AppError> {
-    if text.trim().is_empty() {
-        Ok(None)
-    } else {
-        number(field, text).map(Some)
     }
 }
 

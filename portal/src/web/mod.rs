@@ -1,10 +1,12 @@
 //! The HTML UI: askama pages, each handler beside the view it renders.
 
 mod jobs;
+mod labs;
 mod login;
 mod nodes;
 
 use crate::auth::{csrf_token, CurrentUser};
+use crate::error::AppError;
 use crate::state::AppState;
 use actix_session::Session;
 use actix_web::{web, HttpResponse};
@@ -14,6 +16,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(index))
         .configure(login::configure)
         .configure(jobs::configure)
+        .configure(labs::configure)
         .configure(nodes::configure);
 }
 
@@ -24,6 +27,8 @@ pub struct Banner {
     pub dev: bool,
     pub user: Option<String>,
     pub csrf: String,
+    /// Slugs of the labs the user administers (for the navigation).
+    pub admin_labs: Vec<String>,
 }
 
 impl Banner {
@@ -32,6 +37,15 @@ impl Banner {
             dev: state.config.insecure_dev_login,
             user: user.map(|u| u.user.username.clone()),
             csrf: csrf_token(session),
+            admin_labs: user
+                .map(|u| {
+                    u.labs
+                        .iter()
+                        .filter(|(l, _)| u.admin_of(l.id))
+                        .map(|(l, _)| l.slug.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }
@@ -42,6 +56,25 @@ pub struct ErrorPage {
     pub banner: Banner,
     pub status: u16,
     pub message: String,
+}
+
+/// A form field as a number, or an error naming the field.
+pub(crate) fn number<T: std::str::FromStr>(field: &str, text: &str) -> Result<T, AppError> {
+    text.trim()
+        .parse()
+        .map_err(|_| AppError::invalid(field, format!("{:?} is not a number", text.trim())))
+}
+
+/// An optional form field (empty means none).
+pub(crate) fn optional<T: std::str::FromStr>(
+    field: &str,
+    text: &str,
+) -> Result<Option<T>, AppError> {
+    if text.trim().is_empty() {
+        Ok(None)
+    } else {
+        number(field, text).map(Some)
+    }
 }
 
 async fn index(user: Option<CurrentUser>) -> HttpResponse {

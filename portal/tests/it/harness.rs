@@ -171,11 +171,16 @@ impl TestPortal {
 
     /// Starts an agent for `lab` with the given fake GPUs.
     pub async fn agent(&self, lab: &str, gpus: &str) -> TestAgent {
+        self.agent_at(&self.url, lab, gpus).await
+    }
+
+    /// The same, connected to the portal (replica) at `portal`.
+    pub async fn agent_at(&self, portal: &str, lab: &str, gpus: &str) -> TestAgent {
         demo_image();
         let dir = tempfile::tempdir().unwrap();
         let token = self.enrol_token(lab);
         let config = commons_agent::AgentConfig {
-            portal: self.url.clone(),
+            portal: portal.to_string(),
             enrol_token: Some(token.clone()),
             state_dir: dir.path().to_path_buf(),
             gpus: gpus.parse().unwrap(),
@@ -297,7 +302,15 @@ impl TestPortal {
             .unwrap()
     }
 
+    /// A second portal (replica) on the same database.
+    pub async fn replica(&self) -> RunningPortal {
+        let mut config = (*self.portal.state.config).clone();
+        config.listen = "127.0.0.1:0".into();
+        commons_portal::start(config).await.expect("replica starts")
+    }
+
     pub async fn stop(self) {
+        self.portal.scheduler.abort();
         self.portal.handle.stop(false).await;
     }
 }

@@ -229,3 +229,85 @@ async fn lending_rules_and_quotas_bind_guests_and_need_the_right_role() {
         p.stop().await;
     }
 }
+
+/// How many sessions hold the scheduler leader lock in this test's database (advisory
+/// locks are per database; other tests share the server).
+fn leader_locks(url: &str) -> i64 {
+    use diesel::{Connection, RunQueryDsl};
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut c = diesel::PgConnection::establish(url).unwrap();
+    diesel::sql_query(format!(
+        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND ((classid::bigint << 32) | objid::bigint) = {}",
+        commons_portal::broker::tick::LEADER_LOCK
+    ))
+    .get_result::<N>(&mut c)
+    .unwrap()
+    .n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_schedules_and_another_takes_over() {
+    let p = TestPortal::start(crate::harness::Backend::Postgres).await;
+    let url = p.portal.state.config.database_url.clone();
+    let u = url.clone();
+    wait_for(Duration::from_secs(10), "the first portal to lead", || {
+        let u = u.clone();
+        async move {
+            tokio::task::spawn_blocking(move || leader_locks(&u))
+                .await
+                .unwrap()
+                == 1
+        }
+    })
+    .await;
+    // A second replica; the agent talks to it, the first one schedules.
+    let replica = p.replica().await;
+    let _agent = p
+        .agent_at(&replica.url(), "vision", "fake:1xA100-80GB")
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let u = url.clone();
+    assert_eq!(
+        tokio::task::spawn_blocking(move || leader_locks(&u))
+            .await
+            .unwrap(),
+        1,
+        "one leader"
+    );
+    let first = p.submit(&p.alice, job("echo one", 1, 5)).await;
+    let j = p
+        .wait_state(&p.alice, first, &["succeeded", "failed"], T)
+        .await;
+    assert_eq!(
+        j["state"], "succeeded",
+        "started by the leader, delivered by the replica: {j}"
+    );
+
+    // The leader goes; the replica takes the lock and schedules.
+    p.portal.scheduler.abort();
+    let u = url.clone();
+    wait_for(Duration::from_secs(20), "the replica to lead", || {
+        let u = u.clone();
+        async move {
+            tokio::task::spawn_blocking(move || leader_locks(&u))
+                .await
+                .unwrap()
+                == 1
+        }
+    })
+    .await;
+    let second = p.submit(&p.alice, job("echo two", 1, 5)).await;
+    let j = p
+        .wait_state(&p.alice, second, &["succeeded", "failed"], T)
+        .await;
+    assert_eq!(j["state"], "succeeded", "{j}");
+    replica.scheduler.abort();
+    replica.handle.stop(false).await;
+    p.stop().await;
+}

@@ -179,3 +179,173 @@ async fn submit_in_the_browser_form_and_watch_the_job() {
         p.stop().await;
     }
 }
+
+async fn logged_in(p: &TestPortal, user: &str) -> reqwest::Client {
+    let b = browser();
+    let login = b
+        .get(format!("{}/login", p.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = hidden_csrf(&login);
+    let r = b
+        .post(format!("{}/login", p.url))
+        .form(&[("username", user), ("csrf", &csrf)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab_admin_page_sets_lending_rules_and_quotas() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+        let node = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
+            .as_i64()
+            .unwrap();
+        let url = |path: &str| format!("{}{path}", p.url);
+
+        for member in ["alice", "bob"] {
+            let b = logged_in(&p, member).await;
+            let r = b.get(url("/labs/vision/admin")).send().await.unwrap();
+            assert_eq!(
+                r.status(),
+                403,
+                "[{backend:?}] {member} is no admin of vision"
+            );
+        }
+        let carol = logged_in(&p, "carol").await;
+        let page = carol
+            .get(url("/labs/vision/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            page.contains("vision-server") && page.contains("alice"),
+            "[{backend:?}]"
+        );
+        assert!(
+            !page.contains("Save lab quota"),
+            "lab quotas are for operators"
+        );
+        let csrf = hidden_csrf(&page);
+        let lending = url(&format!("/labs/vision/nodes/{node}/lending"));
+
+        let r = carol
+            .post(&lending)
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("mode", "nights"),
+                ("max_lent_gpus", "-3"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 422);
+        assert!(
+            r.text().await.unwrap().contains("max_lent_gpus"),
+            "the field is named"
+        );
+        let r = carol
+            .post(&lending)
+            .form(&[("mode", "never")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "no CSRF token, no change");
+        assert_eq!(
+            p.get_json(&p.alice, "/api/v1/nodes").await[0]["lending"]["mode"],
+            "always"
+        );
+
+        let r = carol
+            .post(&lending)
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("mode", "nights_weekends"),
+                ("max_lent_gpus", "1"),
+                ("grace_seconds", "60"),
+                ("borrowers", "physics"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}] {}", r.text().await.unwrap());
+        let n = &p.get_json(&p.alice, "/api/v1/nodes").await[0];
+        assert_eq!(n["lending"]["mode"], "windows");
+        assert_eq!(
+            n["lending"]["windows"].as_array().unwrap().len(),
+            9,
+            "7 nights and 2 weekend days"
+        );
+        assert_eq!(n["lending"]["max_lent_gpus"], 1);
+        assert_eq!(n["grace_s"], 60);
+        assert_eq!(n["lending"]["borrowers"].as_array().unwrap().len(), 1);
+        let page = carol
+            .get(url("/labs/vision/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            page.contains(r#"value="nights_weekends" selected"#),
+            "the page shows what was saved"
+        );
+
+        let r = carol
+            .post(url("/labs/vision/members/alice/quota"))
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("max_gpus", "2"),
+                ("max_gpu_hours", "100"),
+                ("max_job_minutes", ""),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        let page = carol
+            .get(url("/labs/vision/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            page.contains(r#"name="max_gpu_hours" value="100""#),
+            "[{backend:?}] saved member quota shown"
+        );
+
+        let olga = logged_in(&p, "olga").await;
+        let page = olga
+            .get(url("/labs/physics/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains("Save lab quota"), "operators edit lab quotas");
+        let csrf = hidden_csrf(&page);
+        let r = olga
+            .post(url("/labs/physics/quota"))
+            .form(&[("csrf", csrf.as_str()), ("max_gpus", "4")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        p.stop().await;
+    }
+}
