@@ -3,9 +3,8 @@
 use crate::config::Config;
 use crate::db::Db;
 use crate::state::AppState;
-use actix_session::{
-    config::CookieContentSecurity, storage::CookieSessionStore, SessionMiddleware,
-};
+use actix_session::config::{CookieContentSecurity, PersistentSession, TtlExtensionPolicy};
+use actix_session::{storage::CookieSessionStore, SessionMiddleware};
 use actix_web::cookie::{Key, SameSite};
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context;
@@ -54,11 +53,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let db = tokio::task::spawn_blocking(move || Db::open(&url)).await??;
     let key = session_key(&config)?;
     let secure_cookies = !config.insecure_dev_login;
+    let idle = actix_web::cookie::time::Duration::minutes(config.session_idle_minutes as i64);
     let state = AppState {
         db,
-        config: Arc::new(config),
+        config: Arc::new(config.clone()),
         agents: Default::default(),
         wake: Default::default(),
+        oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
     };
     let data = web::Data::new(state.clone());
     let listener = std::net::TcpListener::bind(&state.config.listen)
@@ -74,6 +75,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
                     .cookie_http_only(true)
                     .cookie_same_site(SameSite::Lax)
                     .cookie_content_security(CookieContentSecurity::Private)
+                    // Idle expiry: every request pushes the end out again.
+                    .session_lifecycle(
+                        PersistentSession::default()
+                            .session_ttl(idle)
+                            .session_ttl_extension_policy(TtlExtensionPolicy::OnEveryRequest),
+                    )
                     .build(),
             )
             .wrap(actix_web::middleware::Logger::new("%r %s %Dms").exclude("/healthz"))

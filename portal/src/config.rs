@@ -22,6 +22,69 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     /// Knobs of the scheduling policy (grace default, half-life, base share, ...).
     pub policy: commons_sched::Policy,
+    /// Campus single sign-on (OpenID Connect).
+    pub oidc: OidcConfig,
+    /// A session ends after this many minutes without a request.
+    pub session_idle_minutes: u64,
+    /// ... and this many hours after login, whatever happens.
+    pub session_absolute_hours: u64,
+}
+
+/// A secret that never shows in logs or `Debug` output.
+#[derive(Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<hidden>")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OidcConfig {
+    /// The provider's issuer URL (env `COMMONS_OIDC_ISSUER`); SSO is on when it is set.
+    pub issuer: Option<String>,
+    /// Env `COMMONS_OIDC_CLIENT_ID`.
+    pub client_id: Option<String>,
+    /// Env `COMMONS_OIDC_CLIENT_SECRET`; prefer `client_secret_file`.
+    pub client_secret: Option<Secret>,
+    /// File holding the client secret (env `COMMONS_OIDC_CLIENT_SECRET_FILE`).
+    pub client_secret_file: Option<PathBuf>,
+    /// Scopes asked for besides `openid`.
+    pub scopes: Vec<String>,
+    /// The claim that lists the user's groups (env `COMMONS_OIDC_GROUPS_CLAIM`).
+    pub groups_claim: String,
+    /// How groups map to labs, roles and operators.
+    pub groups: crate::auth::rules::GroupRules,
+}
+
+impl Default for OidcConfig {
+    fn default() -> Self {
+        Self {
+            issuer: None,
+            client_id: None,
+            client_secret: None,
+            client_secret_file: None,
+            scopes: vec!["email".into(), "profile".into()],
+            groups_claim: "groups".into(),
+            groups: Default::default(),
+        }
+    }
+}
+
+impl OidcConfig {
+    /// The client secret, from the file if one is named.
+    pub fn secret(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.client_secret_file {
+            let s = std::fs::read_to_string(path).with_context(|| {
+                format!("cannot read oidc.client_secret_file {}", path.display())
+            })?;
+            return Ok(Some(s.trim().to_string()));
+        }
+        Ok(self.client_secret.as_ref().map(|s| s.0.clone()))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -47,6 +110,9 @@ impl Default for Config {
             session_key_file: None,
             scheduler: SchedulerConfig::default(),
             policy: commons_sched::Policy::default(),
+            oidc: OidcConfig::default(),
+            session_idle_minutes: 8 * 60,
+            session_absolute_hours: 7 * 24,
         }
     }
 }
@@ -82,6 +148,21 @@ impl Config {
         if let Ok(v) = std::env::var("COMMONS_PUBLIC_URL") {
             c.public_url = Some(v);
         }
+        if let Ok(v) = std::env::var("COMMONS_OIDC_ISSUER") {
+            c.oidc.issuer = Some(v);
+        }
+        if let Ok(v) = std::env::var("COMMONS_OIDC_CLIENT_ID") {
+            c.oidc.client_id = Some(v);
+        }
+        if let Ok(v) = std::env::var("COMMONS_OIDC_CLIENT_SECRET") {
+            c.oidc.client_secret = Some(Secret(v));
+        }
+        if let Ok(v) = std::env::var("COMMONS_OIDC_CLIENT_SECRET_FILE") {
+            c.oidc.client_secret_file = Some(v.into());
+        }
+        if let Ok(v) = std::env::var("COMMONS_OIDC_GROUPS_CLAIM") {
+            c.oidc.groups_claim = v;
+        }
         Ok(c)
     }
 
@@ -97,6 +178,32 @@ impl Config {
             s.lease_ttl_s >= 3 * s.heartbeat_s,
             "scheduler.lease_ttl_s must be at least three heartbeats"
         );
+        anyhow::ensure!(
+            self.session_idle_minutes >= 1,
+            "session_idle_minutes must be at least 1"
+        );
+        anyhow::ensure!(
+            self.session_absolute_hours >= 1,
+            "session_absolute_hours must be at least 1"
+        );
+        if let Some(issuer) = &self.oidc.issuer {
+            url::Url::parse(issuer)
+                .with_context(|| format!("oidc.issuer {issuer:?} is not a URL"))?;
+            anyhow::ensure!(
+                self.oidc.client_id.is_some(),
+                "oidc.client_id is required when oidc.issuer is set"
+            );
+            anyhow::ensure!(
+                self.oidc.secret()?.is_some(),
+                "oidc.client_secret or oidc.client_secret_file is required when oidc.issuer is set"
+            );
+            let public = self
+                .public_url
+                .as_deref()
+                .context("public_url is required with SSO: the provider redirects to <public_url>/auth/callback")?;
+            url::Url::parse(public)
+                .with_context(|| format!("public_url {public:?} is not a URL"))?;
+        }
         Ok(())
     }
 }

@@ -14,6 +14,7 @@ pub mod config;
 pub mod db;
 pub mod demo;
 pub mod error;
+pub mod members;
 pub mod policy;
 pub mod service;
 pub mod state;

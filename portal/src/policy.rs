@@ -176,9 +176,14 @@ pub async fn set_lending(
             user.require_admin_of(n.lab_id)?;
             let (lending, grace, reclaim) = lending_rules(c, req)?;
             let json = serde_json::to_string(&lending).map_err(|e| AppError::Internal(e.into()))?;
-            diesel::update(nodes::table.find(node))
-                .set((nodes::lending.eq(&json), nodes::grace_s.eq(grace), nodes::reclaim.eq(reclaim)))
-                .execute(c)?;
+            let before = serde_json::json!({"lending": n.lending_rules(), "grace_s": n.grace_s, "reclaim": n.reclaim});
+            let after = serde_json::json!({"lending": lending, "grace_s": grace, "reclaim": reclaim});
+            c.transaction(|c| {
+                diesel::update(nodes::table.find(node))
+                    .set((nodes::lending.eq(&json), nodes::grace_s.eq(grace), nodes::reclaim.eq(reclaim)))
+                    .execute(c)?;
+                crate::db::audit::record(c, &user.user, Some(n.lab_id), "set_lending", &format!("node {}", n.name), &before.to_string(), &after.to_string())
+            })?;
             tracing::info!(node, by = %user.user.username, "lending rules changed");
             Ok::<_, AppError>(serde_json::json!({"node": node, "lending": lending, "grace_s": grace, "reclaim": reclaim}))
         })
@@ -228,16 +233,25 @@ pub async fn set_member_quota(
             let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
             user.require_admin_of(lab.id)?;
             let member = users::user_by_name(c, &username)?.ok_or(AppError::NotFound("member"))?;
-            let n = diesel::update(
-                memberships::table
-                    .filter(memberships::lab_id.eq(lab.id))
-                    .filter(memberships::user_id.eq(member.id)),
-            )
-            .set(memberships::quota.eq(&json))
-            .execute(c)?;
-            if n == 0 {
+            let before: Option<String> = memberships::table
+                .filter(memberships::lab_id.eq(lab.id))
+                .filter(memberships::user_id.eq(member.id))
+                .select(memberships::quota)
+                .first(c)
+                .optional()?;
+            let Some(before) = before else {
                 return Err(AppError::NotFound("member"));
-            }
+            };
+            c.transaction(|c| {
+                diesel::update(
+                    memberships::table
+                        .filter(memberships::lab_id.eq(lab.id))
+                        .filter(memberships::user_id.eq(member.id)),
+                )
+                .set(memberships::quota.eq(&json))
+                .execute(c)?;
+                crate::db::audit::record(c, &user.user, Some(lab.id), "set_member_quota", &format!("member {username}"), &before, &json)
+            })?;
             tracing::info!(lab = %slug, member = %username, by = %user.user.username, "member quota changed");
             Ok(())
         })

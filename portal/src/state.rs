@@ -14,4 +14,6 @@ pub struct AppState {
     pub agents: Registry,
     /// Wakes the scheduler early (a job was submitted, GPUs were freed).
     pub wake: Arc<Notify>,
+    /// Campus SSO, when configured.
+    pub oidc: Option<Arc<crate::auth::oidc::Oidc>>,
 }

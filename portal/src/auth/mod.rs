@@ -3,6 +3,9 @@
 //! (`Authorization: Bearer ...`); browsers carry a session cookie. Forms carry a CSRF
 //! token bound to the session ([`csrf_token`], [`check_csrf`]).
 
+pub mod oidc;
+pub mod rules;
+
 use crate::db::models::{Lab, Role, User};
 use crate::error::AppError;
 use crate::state::AppState;
@@ -13,6 +16,7 @@ use std::pin::Pin;
 
 const SESSION_USER: &str = "uid";
 const SESSION_CSRF: &str = "csrf";
+const SESSION_LOGIN_AT: &str = "login_at";
 
 #[derive(Debug, Clone)]
 pub struct CurrentUser {
@@ -80,7 +84,19 @@ impl FromRequest for CurrentUser {
                 Err(e) => return Err(as_response(api, e)),
             };
             let uid = if token.is_none() {
-                session.get::<i64>(SESSION_USER).ok().flatten()
+                let login_at = session
+                    .get::<i64>(SESSION_LOGIN_AT)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0);
+                let max_age = state.config.session_absolute_hours as i64 * 3600;
+                if chrono::Utc::now().timestamp() - login_at > max_age {
+                    // Absolute expiry: however active, a session ends this long after login.
+                    session.purge();
+                    None
+                } else {
+                    session.get::<i64>(SESSION_USER).ok().flatten()
+                }
             } else {
                 None
             };
@@ -120,9 +136,11 @@ fn as_response(api: bool, e: AppError) -> actix_web::Error {
 }
 
 pub fn log_in(session: &Session, user: i64) -> Result<(), AppError> {
+    // A new session id at login: a session fixed before login is worth nothing after.
     session.renew();
     session
         .insert(SESSION_USER, user)
+        .and_then(|_| session.insert(SESSION_LOGIN_AT, chrono::Utc::now().timestamp()))
         .map_err(|e| AppError::Internal(anyhow::anyhow!("session: {e}")))
 }
 
@@ -154,6 +172,6 @@ pub fn check_csrf(session: &Session, provided: &str) -> Result<(), AppError> {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

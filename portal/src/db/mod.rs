@@ -10,6 +10,8 @@
 //!   async executor.
 
 pub mod attempts;
+pub mod audit;
+pub mod identity;
 pub mod jobs;
 pub mod models;
 pub mod nodes;

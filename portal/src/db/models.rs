@@ -25,6 +25,13 @@ pub struct User {
     pub display_name: String,
     pub is_operator: bool,
     pub created_at: NaiveDateTime,
+    #[serde(skip)]
+    pub oidc_issuer: Option<String>,
+    #[serde(skip)]
+    pub oidc_subject: Option<String>,
+    /// Operator by the CLI (kept), as opposed to by an SSO group (refreshed at login).
+    #[serde(skip)]
+    pub operator_manual: bool,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Serialize)]

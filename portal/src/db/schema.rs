@@ -19,6 +19,9 @@ diesel::table! {
         display_name -> Text,
         is_operator -> Bool,
         created_at -> Timestamp,
+        oidc_issuer -> Nullable<Text>,
+        oidc_subject -> Nullable<Text>,
+        operator_manual -> Bool,
     }
 }
 
@@ -28,6 +31,21 @@ diesel::table! {
         lab_id -> BigInt,
         role -> Text,
         quota -> Text,
+        source -> Text,
+    }
+}
+
+diesel::table! {
+    audit_log (id) {
+        id -> BigInt,
+        at -> Timestamp,
+        actor_id -> Nullable<BigInt>,
+        actor -> Text,
+        lab_id -> Nullable<BigInt>,
+        action -> Text,
+        target -> Text,
+        before -> Text,
+        after -> Text,
     }
 }
 
@@ -177,4 +195,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     job_attempts,
     job_events,
     job_logs,
+    audit_log,
 );

@@ -84,6 +84,7 @@ pub fn create_user(
             users::email.eq(email),
             users::display_name.eq(username),
             users::is_operator.eq(operator),
+            users::operator_manual.eq(operator),
             users::created_at.eq(now()),
         )),
         users::id
@@ -147,8 +148,25 @@ pub fn labs_of(c: &mut DbConn, user: i64) -> Result<Vec<(Lab, Role)>, AppError> 
         .collect())
 }
 
-/// Creates a personal access token; returns the secret (shown once).
+/// Creates a personal access token that never expires; returns the secret (shown once).
 pub fn create_api_token(c: &mut DbConn, user: i64, name: &str) -> Result<String, AppError> {
+    create_api_token_until(c, user, name, None)
+}
+
+/// Creates a personal access token valid until `expires_at`; returns the secret.
+pub fn create_api_token_until(
+    c: &mut DbConn,
+    user: i64,
+    name: &str,
+    expires_at: Option<chrono::NaiveDateTime>,
+) -> Result<String, AppError> {
+    let name = name.trim();
+    if name.is_empty() || name.len() > 100 {
+        return Err(AppError::invalid(
+            "name",
+            "name the token (1 to 100 characters), e.g. after the laptop that uses it",
+        ));
+    }
     let secret = new_secret("gcp");
     diesel::insert_into(api_tokens::table)
         .values((
@@ -156,9 +174,52 @@ pub fn create_api_token(c: &mut DbConn, user: i64, name: &str) -> Result<String,
             api_tokens::name.eq(name),
             api_tokens::token_hash.eq(hash_secret(&secret)),
             api_tokens::created_at.eq(now()),
+            api_tokens::expires_at.eq(expires_at),
         ))
         .execute(c)?;
     Ok(secret)
+}
+
+/// A token as its owner sees it (never the secret).
+#[derive(Debug, Clone, Queryable, serde::Serialize)]
+pub struct TokenInfo {
+    pub id: i64,
+    pub name: String,
+    pub created_at: chrono::NaiveDateTime,
+    pub expires_at: Option<chrono::NaiveDateTime>,
+    pub last_used_at: Option<chrono::NaiveDateTime>,
+    pub revoked_at: Option<chrono::NaiveDateTime>,
+}
+
+pub fn tokens_of(c: &mut DbConn, user: i64) -> Result<Vec<TokenInfo>, AppError> {
+    Ok(api_tokens::table
+        .filter(api_tokens::user_id.eq(user))
+        .order(api_tokens::id.desc())
+        .select((
+            api_tokens::id,
+            api_tokens::name,
+            api_tokens::created_at,
+            api_tokens::expires_at,
+            api_tokens::last_used_at,
+            api_tokens::revoked_at,
+        ))
+        .load(c)?)
+}
+
+/// Revokes one of the user's own tokens.
+pub fn revoke_token(c: &mut DbConn, user: i64, id: i64) -> Result<(), AppError> {
+    let n = diesel::update(
+        api_tokens::table
+            .find(id)
+            .filter(api_tokens::user_id.eq(user))
+            .filter(api_tokens::revoked_at.is_null()),
+    )
+    .set(api_tokens::revoked_at.eq(now()))
+    .execute(c)?;
+    if n == 0 {
+        return Err(AppError::NotFound("token"));
+    }
+    Ok(())
 }
 
 /// The user a personal access token belongs to, if it is valid; records its use.

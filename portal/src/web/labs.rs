@@ -3,6 +3,7 @@
 
 use super::{optional, Banner};
 use crate::auth::{check_csrf, CurrentUser};
+use crate::db::audit::AuditEntry;
 use crate::db::models::{Lab, Node, Role};
 use crate::db::schema::{memberships, nodes, users as users_t};
 use crate::db::users;
@@ -19,6 +20,12 @@ use serde::Deserialize;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/labs/{slug}/admin", web::get().to(page))
+        .route("/audit", web::get().to(audit_page))
+        .route("/labs/{slug}/members", web::post().to(post_member))
+        .route(
+            "/labs/{slug}/members/{username}/remove",
+            web::post().to(post_remove_member),
+        )
         .route(
             "/labs/{slug}/nodes/{id}/lending",
             web::post().to(post_lending),
@@ -41,6 +48,7 @@ struct NodeRow {
 struct MemberRow {
     username: String,
     role: String,
+    source: String,
     quota: Quota,
 }
 
@@ -53,7 +61,30 @@ struct LabAdminPage {
     operator: bool,
     nodes: Vec<NodeRow>,
     members: Vec<MemberRow>,
+    audit: Vec<AuditEntry>,
     error: Option<String>,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "audit.html")]
+struct AuditPage {
+    banner: Banner,
+    audit: Vec<AuditEntry>,
+}
+
+/// Operators read the whole audit log here; lab admins read their lab's on its page.
+async fn audit_page(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+) -> Result<AuditPage, WebError> {
+    user.require_operator()?;
+    let banner = Banner::new(&state, &session, Some(&user));
+    let audit = state
+        .db
+        .run(|c| crate::db::audit::list(c, None, 500))
+        .await?;
+    Ok(AuditPage { banner, audit })
 }
 
 const NIGHTS: (u32, u32) = (19 * 60, 7 * 60);
@@ -124,20 +155,27 @@ async fn load(
                     }
                 })
                 .collect();
-            let members: Vec<(String, String, String)> = memberships::table
+            let members: Vec<(String, String, String, String)> = memberships::table
                 .inner_join(users_t::table)
                 .filter(memberships::lab_id.eq(lab.id))
                 .order(users_t::username)
-                .select((users_t::username, memberships::role, memberships::quota))
+                .select((
+                    users_t::username,
+                    memberships::role,
+                    memberships::quota,
+                    memberships::source,
+                ))
                 .load(c)?;
             let members = members
                 .into_iter()
-                .map(|(username, role, q)| MemberRow {
+                .map(|(username, role, q, source)| MemberRow {
                     username,
                     role: Role::parse(&role).as_str().to_string(),
+                    source,
                     quota: serde_json::from_str(&q).unwrap_or_default(),
                 })
                 .collect();
+            let audit = crate::db::audit::list(c, Some(lab.id), 100)?;
             let lab_quota = serde_json::from_str(&lab.quota).unwrap_or_default();
             Ok::<_, AppError>(LabAdminPage {
                 banner,
@@ -146,6 +184,7 @@ async fn load(
                 operator,
                 nodes,
                 members,
+                audit,
                 error,
             })
         })
@@ -317,5 +356,52 @@ async fn post_member_quota(
             .map(|_| ()),
         Err(e) => Err(e),
     };
+    outcome(&state, &session, user, slug, result).await
+}
+
+#[derive(Deserialize)]
+struct MemberForm {
+    #[serde(default)]
+    csrf: String,
+    member: String,
+    #[serde(default)]
+    role: String,
+}
+
+/// Adds a member or changes a member's role.
+async fn post_member(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    slug: web::Path<String>,
+    form: web::Form<MemberForm>,
+) -> Result<HttpResponse, WebError> {
+    check_csrf(&session, &form.csrf)?;
+    let slug = slug.into_inner();
+    let role = match form.role.as_str() {
+        "admin" => Role::Admin,
+        _ => Role::Member,
+    };
+    let result = crate::members::set_member(
+        &state,
+        user.clone(),
+        slug.clone(),
+        form.member.clone(),
+        role,
+    )
+    .await;
+    outcome(&state, &session, user, slug, result).await
+}
+
+async fn post_remove_member(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    path: web::Path<(String, String)>,
+    form: web::Form<QuotaForm>,
+) -> Result<HttpResponse, WebError> {
+    check_csrf(&session, &form.csrf)?;
+    let (slug, username) = path.into_inner();
+    let result = crate::members::remove_member(&state, user.clone(), slug.clone(), username).await;
     outcome(&state, &session, user, slug, result).await
 }

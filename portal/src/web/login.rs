@@ -1,10 +1,14 @@
-//! Logging in and out. Until campus SSO is configured, the only way in is the development
-//! login, which exists only behind `--insecure-dev-login` and says so on every page.
+//! Logging in and out: campus SSO (OpenID Connect, see `auth::oidc`) and, only behind
+//! `--insecure-dev-login`, a development login that says so on every page.
+//!
+//! A refused SSO callback (forged or missing state, replayed code, bad ID token) shows a
+//! clear page, is logged, and creates no session.
 
 use super::Banner;
+use crate::auth::oidc::PendingLogin;
 use crate::auth::{check_csrf, log_in, log_out};
 use crate::db::models::User;
-use crate::db::users;
+use crate::db::{identity, users};
 use crate::error::{AppError, WebError};
 use crate::state::AppState;
 use actix_session::Session;
@@ -13,9 +17,14 @@ use askama::Template;
 use askama_web::WebTemplate;
 use serde::Deserialize;
 
+const SESSION_PENDING: &str = "oidc_pending";
+const SESSION_ID_TOKEN: &str = "id_token";
+
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/login", web::get().to(page))
-        .route("/login", web::post().to(submit))
+        .route("/login", web::post().to(dev_login))
+        .route("/auth/login", web::get().to(sso_start))
+        .route("/auth/callback", web::get().to(sso_callback))
         .route("/logout", web::post().to(logout));
 }
 
@@ -23,21 +32,117 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 #[template(path = "login.html")]
 struct LoginPage {
     banner: Banner,
+    sso: bool,
     users: Vec<User>,
     error: Option<String>,
 }
 
-async fn page(state: web::Data<AppState>, session: Session) -> Result<LoginPage, WebError> {
+async fn login_page(
+    state: &AppState,
+    session: &Session,
+    error: Option<String>,
+) -> Result<LoginPage, WebError> {
     let users = if state.config.insecure_dev_login {
         state.db.run(users::all_users).await?
     } else {
         Vec::new()
     };
     Ok(LoginPage {
-        banner: Banner::new(&state, &session, None),
+        banner: Banner::new(state, session, None),
+        sso: state.oidc.is_some(),
         users,
-        error: None,
+        error,
     })
+}
+
+async fn page(state: web::Data<AppState>, session: Session) -> Result<LoginPage, WebError> {
+    login_page(&state, &session, None).await
+}
+
+/// Shows the login page with why the login failed (HTTP 401).
+async fn refused(
+    state: &AppState,
+    session: &Session,
+    e: AppError,
+) -> Result<HttpResponse, WebError> {
+    tracing::warn!("login refused: {e}");
+    let page = login_page(state, session, Some(e.to_string())).await?;
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::Unauthorized()
+        .content_type("text/html; charset=utf-8")
+        .body(body))
+}
+
+async fn sso_start(state: web::Data<AppState>, session: Session) -> Result<HttpResponse, WebError> {
+    let oidc = state
+        .oidc
+        .as_ref()
+        .ok_or(AppError::NotFound("campus login"))?;
+    let (url, pending) = oidc.begin().await?;
+    session
+        .insert(SESSION_PENDING, &pending)
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("session: {e}")))?;
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("location", url))
+        .finish())
+}
+
+#[derive(Deserialize)]
+struct Callback {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+    error_description: Option<String>,
+}
+
+async fn sso_callback(
+    state: web::Data<AppState>,
+    session: Session,
+    query: web::Query<Callback>,
+) -> Result<HttpResponse, WebError> {
+    let oidc = state
+        .oidc
+        .clone()
+        .ok_or(AppError::NotFound("campus login"))?;
+    // Whatever happens next, this login attempt is spent.
+    let pending: Option<PendingLogin> = session.remove_as(SESSION_PENDING).and_then(Result::ok);
+    let q = query.into_inner();
+    if let Some(err) = q.error {
+        let why = q.error_description.unwrap_or(err);
+        return refused(
+            &state,
+            &session,
+            AppError::Unauthenticated(format!("the campus login service said: {why}")),
+        )
+        .await;
+    }
+    let (Some(code), Some(st)) = (q.code, q.state) else {
+        return refused(
+            &state,
+            &session,
+            AppError::Unauthenticated("the login answer lacks its code or state".into()),
+        )
+        .await;
+    };
+    let identity = match oidc.finish(pending, &code, &st).await {
+        Ok(i) => i,
+        Err(e) => return refused(&state, &session, e).await,
+    };
+    let rules = state.config.oidc.groups.clone();
+    let id = identity.clone();
+    let user = state
+        .db
+        .run(move |c| identity::sign_in(c, &id, &rules))
+        .await?;
+    log_in(&session, user.id)?;
+    // Kept for RP-initiated logout, if it fits the cookie.
+    if identity.id_token.len() < 2048 {
+        let _ = session.insert(SESSION_ID_TOKEN, &identity.id_token);
+    }
+    tracing::info!(user = %user.username, groups = ?identity.groups, "logged in through campus SSO");
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("location", "/jobs"))
+        .finish())
 }
 
 #[derive(Deserialize)]
@@ -47,7 +152,7 @@ struct LoginForm {
     csrf: String,
 }
 
-async fn submit(
+async fn dev_login(
     state: web::Data<AppState>,
     session: Session,
     form: web::Form<LoginForm>,
@@ -77,10 +182,23 @@ struct LogoutForm {
     csrf: String,
 }
 
-async fn logout(session: Session, form: web::Form<LogoutForm>) -> Result<HttpResponse, WebError> {
+async fn logout(
+    state: web::Data<AppState>,
+    session: Session,
+    form: web::Form<LogoutForm>,
+) -> Result<HttpResponse, WebError> {
     check_csrf(&session, &form.csrf)?;
+    let id_token: Option<String> = session.get(SESSION_ID_TOKEN).ok().flatten();
     log_out(&session);
+    // RP-initiated logout: end the provider's session too, when it offers that.
+    let mut to = "/login".to_string();
+    if let (Some(oidc), Some(public)) = (&state.oidc, &state.config.public_url) {
+        let after = format!("{}/login", public.trim_end_matches('/'));
+        if let Some(url) = oidc.logout_url(id_token.as_deref(), &after).await {
+            to = url;
+        }
+    }
     Ok(HttpResponse::SeeOther()
-        .insert_header(("location", "/login"))
+        .insert_header(("location", to))
         .finish())
 }

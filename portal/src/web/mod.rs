@@ -4,6 +4,7 @@ mod jobs;
 mod labs;
 mod login;
 mod nodes;
+mod tokens;
 
 use crate::auth::{csrf_token, CurrentUser};
 use crate::error::AppError;
@@ -17,7 +18,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(login::configure)
         .configure(jobs::configure)
         .configure(labs::configure)
-        .configure(nodes::configure);
+        .configure(nodes::configure)
+        .configure(tokens::configure);
 }
 
 /// What the base layout shows on every page.
@@ -29,6 +31,7 @@ pub struct Banner {
     pub csrf: String,
     /// Slugs of the labs the user administers (for the navigation).
     pub admin_labs: Vec<String>,
+    pub operator: bool,
 }
 
 impl Banner {
@@ -46,6 +49,7 @@ impl Banner {
                         .collect()
                 })
                 .unwrap_or_default(),
+            operator: user.is_some_and(|u| u.user.is_operator),
         }
     }
 }

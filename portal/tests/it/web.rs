@@ -349,3 +349,204 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
         p.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_members_and_the_audit_log() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let url = |path: &str| format!("{}{path}", p.url);
+
+        // A personal access token: made in the browser, shown once, works, revoked.
+        let alice = logged_in(&p, "alice").await;
+        let page = alice
+            .get(url("/tokens"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let csrf = hidden_csrf(&page);
+        let r = alice
+            .post(url("/tokens"))
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("name", ""),
+                ("expires_days", "30"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 422, "a token needs a name");
+        let r = alice
+            .post(url("/tokens"))
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("name", "laptop"),
+                ("expires_days", "30"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let page = r.text().await.unwrap();
+        let at = page
+            .find("id=\"new-token\">")
+            .expect("the new token is shown")
+            + "id=\"new-token\">".len();
+        let token = page[at..].split('<').next().unwrap().to_string();
+        assert!(token.starts_with("gcp_"));
+        assert_eq!(
+            p.get_json(&token, "/api/v1/jobs").await,
+            serde_json::json!([])
+        );
+        let listing = alice
+            .get(url("/tokens"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(!listing.contains(&token), "[{backend:?}] shown once only");
+        assert!(listing.contains("laptop"));
+        let id: i64 = {
+            let at = listing.find("/tokens/").unwrap() + "/tokens/".len();
+            listing[at..].split('/').next().unwrap().parse().unwrap()
+        };
+        let r = alice
+            .post(url(&format!("/tokens/{id}/revoke")))
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        let r = p
+            .http
+            .get(url("/api/v1/jobs"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "[{backend:?}] a revoked token is refused");
+        let bob = logged_in(&p, "bob").await;
+        let page = bob
+            .get(url("/tokens"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let bob_csrf = hidden_csrf(&page);
+        let r = bob
+            .post(url(&format!("/tokens/{id}/revoke")))
+            .form(&[("csrf", bob_csrf.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "nobody revokes another's token");
+
+        // A lab admin adds a member by e-mail, makes them admin, sets a quota; all audited.
+        let carol = logged_in(&p, "carol").await;
+        let page = carol
+            .get(url("/labs/vision/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let csrf = hidden_csrf(&page);
+        let r = carol
+            .post(url("/labs/vision/members"))
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("member", "nobody@campus.test"),
+                ("role", "member"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 422);
+        let r = carol
+            .post(url("/labs/vision/members"))
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("member", "bob@campus.test"),
+                ("role", "member"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        let r = carol
+            .post(url("/labs/vision/members"))
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("member", "bob"),
+                ("role", "admin"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        let r = carol
+            .post(url("/labs/vision/members/alice/quota"))
+            .form(&[("csrf", csrf.as_str()), ("max_gpus", "3")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        let r = bob.get(url("/labs/vision/admin")).send().await.unwrap();
+        assert_eq!(
+            r.status(),
+            200,
+            "[{backend:?}] bob is an admin of vision now"
+        );
+        let page = r.text().await.unwrap();
+        for action in ["set_member", "set_member_quota"] {
+            assert!(
+                page.contains(action),
+                "[{backend:?}] the audit log shows {action}"
+            );
+        }
+        let audit = &page[page.find("id=\"audit\"").expect("an audit table")..];
+        assert!(
+            audit.contains("max_gpus&#34;:3"),
+            "[{backend:?}] the value after is shown: {audit}"
+        );
+        let r = carol
+            .post(url("/labs/vision/members/bob/remove"))
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        assert_eq!(
+            bob.get(url("/labs/vision/admin"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            403
+        );
+
+        // Operators read the whole log; others may not.
+        assert_eq!(alice.get(url("/audit")).send().await.unwrap().status(), 403);
+        let olga = logged_in(&p, "olga").await;
+        let all = olga
+            .get(url("/audit"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            all.contains("remove_member") && all.contains("carol"),
+            "[{backend:?}]"
+        );
+        p.stop().await;
+    }
+}

@@ -1,0 +1,62 @@
+//! The audit log: who did what to which lab, when, with the value before and after.
+//! Written in the same transaction as the change it records.
+
+use super::models::User;
+use super::schema::audit_log;
+use super::{now, DbConn};
+use crate::error::AppError;
+use chrono::NaiveDateTime;
+use diesel::prelude::*;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Queryable, Selectable, Serialize)]
+#[diesel(table_name = audit_log)]
+pub struct AuditEntry {
+    pub id: i64,
+    pub at: NaiveDateTime,
+    #[serde(skip)]
+    pub actor_id: Option<i64>,
+    pub actor: String,
+    #[serde(skip)]
+    pub lab_id: Option<i64>,
+    pub action: String,
+    pub target: String,
+    pub before: String,
+    pub after: String,
+}
+
+pub fn record(
+    c: &mut DbConn,
+    actor: &User,
+    lab: Option<i64>,
+    action: &str,
+    target: &str,
+    before: &str,
+    after: &str,
+) -> Result<(), AppError> {
+    diesel::insert_into(audit_log::table)
+        .values((
+            audit_log::at.eq(now()),
+            audit_log::actor_id.eq(actor.id),
+            audit_log::actor.eq(&actor.username),
+            audit_log::lab_id.eq(lab),
+            audit_log::action.eq(action),
+            audit_log::target.eq(target),
+            audit_log::before.eq(before),
+            audit_log::after.eq(after),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+/// The newest entries, of one lab or of all.
+pub fn list(c: &mut DbConn, lab: Option<i64>, limit: i64) -> Result<Vec<AuditEntry>, AppError> {
+    let mut q = audit_log::table.into_boxed();
+    if let Some(l) = lab {
+        q = q.filter(audit_log::lab_id.eq(l));
+    }
+    Ok(q.order(audit_log::id.desc())
+        .limit(limit)
+        .select(AuditEntry::as_select())
+        .load(c)?)
+}

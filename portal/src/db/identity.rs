@@ -1,0 +1,140 @@
+//! Signing in with campus SSO: users keyed by (issuer, subject), and memberships kept in
+//! step with the groups the provider sends.
+//!
+//! Memberships granted by group rules (`source = 'sso'`) are refreshed at every login:
+//! added, changed, or removed when the group is gone. Memberships a lab admin granted
+//! by hand (`source = 'manual'`) are never touched by a login.
+
+use super::models::{Role, User};
+use super::schema::*;
+use super::{now, users as accounts, DbConn};
+use crate::auth::oidc::Identity;
+use crate::auth::rules::{grants, GroupRules};
+use crate::error::AppError;
+use crate::insert_returning_id;
+use diesel::prelude::*;
+
+/// A username for a new SSO user: the provider's, made safe, made unique.
+fn free_username(c: &mut DbConn, wanted: &str) -> Result<String, AppError> {
+    let base: String = wanted
+        .chars()
+        .filter(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(*ch))
+        .take(56)
+        .collect();
+    let base = if base.is_empty() {
+        "user".to_string()
+    } else {
+        base
+    };
+    for n in 1.. {
+        let candidate = if n == 1 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        };
+        if accounts::user_by_name(c, &candidate)?.is_none() {
+            return Ok(candidate);
+        }
+    }
+    unreachable!("some suffix is free")
+}
+
+/// Finds or creates the user for `id`, refreshes profile, operator flag and group
+/// memberships; returns the user.
+pub fn sign_in(c: &mut DbConn, id: &Identity, rules: &GroupRules) -> Result<User, AppError> {
+    c.transaction(|c| {
+        let existing: Option<User> = users::table
+            .filter(users::oidc_issuer.eq(&id.issuer))
+            .filter(users::oidc_subject.eq(&id.subject))
+            .select(User::as_select())
+            .first(c)
+            .optional()?;
+        let user_id = match existing {
+            Some(u) => u.id,
+            None => {
+                // An account the operators made by hand for the same person (same name and
+                // e-mail, no identity yet) is linked rather than duplicated.
+                let manual = accounts::user_by_name(c, &id.username)?.filter(|u| {
+                    u.oidc_issuer.is_none()
+                        && !id.email.is_empty()
+                        && u.email.eq_ignore_ascii_case(&id.email)
+                });
+                match manual {
+                    Some(u) => u.id,
+                    None => {
+                        let name = free_username(c, &id.username)?;
+                        insert_returning_id!(
+                            c,
+                            diesel::insert_into(users::table).values((
+                                users::username.eq(&name),
+                                users::email.eq(&id.email),
+                                users::display_name.eq(&id.name),
+                                users::is_operator.eq(false),
+                                users::created_at.eq(now()),
+                            )),
+                            users::id
+                        )?
+                    }
+                }
+            }
+        };
+        let user = accounts::user_by_id(c, user_id)?;
+        let granted = grants(rules, &id.groups);
+        diesel::update(users::table.find(user_id))
+            .set((
+                users::oidc_issuer.eq(&id.issuer),
+                users::oidc_subject.eq(&id.subject),
+                users::email.eq(&id.email),
+                users::display_name.eq(&id.name),
+                users::is_operator.eq(user.operator_manual || granted.operator),
+            ))
+            .execute(c)?;
+
+        let current: Vec<(i64, String, String)> = memberships::table
+            .filter(memberships::user_id.eq(user_id))
+            .select((memberships::lab_id, memberships::role, memberships::source))
+            .load(c)?;
+        let mut wanted_labs = Vec::new();
+        for (slug, role) in &granted.labs {
+            let lab = match accounts::lab_by_slug(c, slug) {
+                Ok(l) => l,
+                Err(_) => accounts::create_lab(c, slug, slug)?,
+            };
+            wanted_labs.push(lab.id);
+            match current.iter().find(|(l, _, _)| *l == lab.id) {
+                Some((_, _, source)) if source == "manual" => {}
+                Some((_, r, _)) if Role::parse(r) == *role => {}
+                Some(_) => {
+                    diesel::update(
+                        memberships::table
+                            .filter(memberships::user_id.eq(user_id))
+                            .filter(memberships::lab_id.eq(lab.id)),
+                    )
+                    .set(memberships::role.eq(role.as_str()))
+                    .execute(c)?;
+                }
+                None => {
+                    diesel::insert_into(memberships::table)
+                        .values((
+                            memberships::user_id.eq(user_id),
+                            memberships::lab_id.eq(lab.id),
+                            memberships::role.eq(role.as_str()),
+                            memberships::source.eq("sso"),
+                        ))
+                        .execute(c)?;
+                }
+            }
+        }
+        for (lab, _, source) in &current {
+            if source == "sso" && !wanted_labs.contains(lab) {
+                diesel::delete(
+                    memberships::table
+                        .filter(memberships::user_id.eq(user_id))
+                        .filter(memberships::lab_id.eq(lab)),
+                )
+                .execute(c)?;
+            }
+        }
+        accounts::user_by_id(c, user_id)
+    })
+}

@@ -1,0 +1,133 @@
+//! Personal access tokens for the API and the CLI: made and revoked in the browser,
+//! shown once, stored hashed, with an expiry and the time of last use.
+
+use super::{optional, Banner};
+use crate::auth::{check_csrf, CurrentUser};
+use crate::db::users::{self, TokenInfo};
+use crate::error::{AppError, WebError};
+use crate::state::AppState;
+use actix_session::Session;
+use actix_web::{web, HttpResponse};
+use askama::Template;
+use askama_web::WebTemplate;
+use serde::Deserialize;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/tokens", web::get().to(page))
+        .route("/tokens", web::post().to(create))
+        .route("/tokens/{id}/revoke", web::post().to(revoke));
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "tokens.html")]
+struct TokensPage {
+    banner: Banner,
+    tokens: Vec<TokenInfo>,
+    /// A token just made: shown this once.
+    new_secret: Option<String>,
+    error: Option<String>,
+}
+
+async fn render(
+    state: &AppState,
+    session: &Session,
+    user: CurrentUser,
+    new_secret: Option<String>,
+    error: Option<String>,
+) -> Result<TokensPage, WebError> {
+    let banner = Banner::new(state, session, Some(&user));
+    let id = user.user.id;
+    let tokens = state.db.run(move |c| users::tokens_of(c, id)).await?;
+    Ok(TokensPage {
+        banner,
+        tokens,
+        new_secret,
+        error,
+    })
+}
+
+async fn page(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+) -> Result<TokensPage, WebError> {
+    render(&state, &session, user, None, None).await
+}
+
+#[derive(Deserialize)]
+struct NewToken {
+    #[serde(default)]
+    csrf: String,
+    name: String,
+    /// Days until it expires; empty: never.
+    #[serde(default)]
+    expires_days: String,
+}
+
+async fn create(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    form: web::Form<NewToken>,
+) -> Result<HttpResponse, WebError> {
+    check_csrf(&session, &form.csrf)?;
+    let id = user.user.id;
+    let form = form.into_inner();
+    let result = match optional::<i64>("expires_days", &form.expires_days) {
+        Ok(Some(d)) if !(1..=3650).contains(&d) => Err(AppError::invalid(
+            "expires_days",
+            "from 1 to 3650 days, or empty for never",
+        )),
+        Ok(days) => {
+            let until = days.map(|d| crate::db::now() + chrono::Duration::days(d));
+            state
+                .db
+                .run(move |c| users::create_api_token_until(c, id, &form.name, until))
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    let (status, page) = match result {
+        Ok(secret) => (
+            actix_web::http::StatusCode::OK,
+            render(&state, &session, user, Some(secret), None).await?,
+        ),
+        Err(e @ AppError::Invalid { .. }) => {
+            let msg = format!("{}: {e}", e.field().unwrap_or_default());
+            (
+                actix_web::http::StatusCode::UNPROCESSABLE_ENTITY,
+                render(&state, &session, user, None, Some(msg)).await?,
+            )
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .insert_header(("cache-control", "no-store"))
+        .body(body))
+}
+
+#[derive(Deserialize)]
+struct CsrfOnly {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn revoke(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    form: web::Form<CsrfOnly>,
+) -> Result<HttpResponse, WebError> {
+    check_csrf(&session, &form.csrf)?;
+    let (uid, token) = (user.user.id, id.into_inner());
+    state
+        .db
+        .run(move |c| users::revoke_token(c, uid, token))
+        .await?;
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("location", "/tokens"))
+        .finish())
+}
