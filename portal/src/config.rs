@@ -215,8 +215,36 @@ mod tests {
     #[test]
     fn example_config_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/portal.example.toml");
-        let c = Config::load(Some(&path)).unwrap();
+        let mut c = Config::load(Some(&path)).unwrap();
+        assert!(c.oidc.issuer.is_some() && c.oidc.groups.lab_group_prefix.is_some());
+        // The secret file of the example lives on the portal's server; use one of ours.
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "s3cret\n").unwrap();
+        c.oidc.client_secret_file = Some(secret);
         c.validate().unwrap();
+        assert_eq!(c.oidc.secret().unwrap().as_deref(), Some("s3cret"));
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn sso_needs_its_settings() {
+        let mut c = Config {
+            public_url: Some("https://gpu.campus.example".into()),
+            ..Config::default()
+        };
+        c.oidc.issuer = Some("https://sso.campus.example".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("oidc.client_id"), "{e}");
+        c.oidc.client_id = Some("gpu".into());
+        c.oidc.client_secret = Some(Secret("hidden-value".into()));
+        c.validate().unwrap();
+        assert!(
+            !format!("{c:?}").contains("hidden-value"),
+            "secrets never print"
+        );
+        c.public_url = None;
+        assert!(c.validate().unwrap_err().to_string().contains("public_url"));
     }
 
     #[test]

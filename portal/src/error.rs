@@ -21,6 +21,9 @@ pub enum AppError {
     NotFound(&'static str),
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// A service we depend on is down; the message says which, in user words.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
 }
@@ -46,6 +49,7 @@ impl AppError {
             AppError::Forbidden(_) => StatusCode::FORBIDDEN,
             AppError::NotFound(_) => StatusCode::NOT_FOUND,
             AppError::Conflict { .. } => StatusCode::CONFLICT,
+            AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -57,6 +61,7 @@ impl AppError {
             AppError::Forbidden(_) => "forbidden",
             AppError::NotFound(_) => "not_found",
             AppError::Conflict { code, .. } => code,
+            AppError::Unavailable(_) => "unavailable",
             AppError::Internal(_) => "internal",
         }
     }
