@@ -52,7 +52,15 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let url = config.database_url.clone();
     let db = tokio::task::spawn_blocking(move || Db::open(&url)).await??;
     let key = session_key(&config)?;
-    let secure_cookies = !config.insecure_dev_login;
+    // Secure cookies need HTTPS: off for the dev login and for a portal served over http.
+    let secure_cookies = !config.insecure_dev_login
+        && !config
+            .public_url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("http://"));
+    if !secure_cookies && !config.insecure_dev_login {
+        tracing::warn!("public_url is plain http: session cookies are not marked Secure");
+    }
     let idle = actix_web::cookie::time::Duration::minutes(config.session_idle_minutes as i64);
     let state = AppState {
         db,

@@ -206,9 +206,20 @@ pub async fn set_lab_quota(
         .db
         .run(move |c| {
             let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
-            diesel::update(labs::table.find(lab.id))
-                .set(labs::quota.eq(&json))
-                .execute(c)?;
+            c.transaction(|c| {
+                diesel::update(labs::table.find(lab.id))
+                    .set(labs::quota.eq(&json))
+                    .execute(c)?;
+                crate::db::audit::record(
+                    c,
+                    &user.user,
+                    Some(lab.id),
+                    "set_lab_quota",
+                    &format!("lab {slug}"),
+                    &lab.quota,
+                    &json,
+                )
+            })?;
             tracing::info!(lab = %slug, by = %user.user.username, "lab quota changed");
             Ok::<_, AppError>(())
         })

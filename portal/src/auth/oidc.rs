@@ -137,9 +137,11 @@ impl Oidc {
             .await
             .map_err(|e| {
                 tracing::error!("OIDC discovery at {} failed: {e}", self.issuer.as_str());
-                AppError::Internal(anyhow::anyhow!(
-                    "the campus login service cannot be reached"
-                ))
+                AppError::Unavailable(
+                    "the campus login service cannot be reached or is misconfigured; \
+                     try again later or tell the operators"
+                        .into(),
+                )
             })?;
         *cache = Some((Instant::now(), m.clone()));
         Ok(m)

@@ -110,9 +110,14 @@ pub struct TestPortal {
 
 impl TestPortal {
     pub async fn start(backend: Backend) -> TestPortal {
+        Self::start_with(backend, |_| {}).await
+    }
+
+    /// The same, with the configuration adjusted first (SSO settings, say).
+    pub async fn start_with(backend: Backend, adjust: impl FnOnce(&mut Config)) -> TestPortal {
         init_logging();
         let db = TestDb::new(backend);
-        let config = Config {
+        let mut config = Config {
             database_url: db.url.clone(),
             listen: "127.0.0.1:0".into(),
             insecure_dev_login: true,
@@ -124,6 +129,7 @@ impl TestPortal {
             },
             ..Config::default()
         };
+        adjust(&mut config);
         let portal = commons_portal::start(config).await.expect("portal starts");
         let dbh = portal.state.db.clone();
         let (alice, bob, carol, olga) = tokio::task::spawn_blocking(move || {
@@ -385,6 +391,8 @@ impl Drop for TestAgent {
 
 /// Logs to the test's captured output (shown for failing tests); `RUST_LOG` filters.
 fn init_logging() {
+    // fantoccini's TLS connector needs a process-wide rustls provider, even for http.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
