@@ -270,3 +270,67 @@ pub async fn set_member_quota(
     state.wake.notify_one();
     Ok(q)
 }
+
+/// Replaces the lab's default quota for members without one of their own (the lab's
+/// admins or operators).
+pub async fn set_member_default_quota(
+    state: &AppState,
+    user: CurrentUser,
+    slug: String,
+    req: QuotaRequest,
+) -> Result<Quota, AppError> {
+    let q = quota(&req)?;
+    let json = serde_json::to_string(&q).map_err(|e| AppError::Internal(e.into()))?;
+    state
+        .db
+        .run(move |c| {
+            let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
+            user.require_admin_of(lab.id)?;
+            c.transaction(|c| {
+                diesel::update(labs::table.find(lab.id))
+                    .set(labs::member_quota.eq(&json))
+                    .execute(c)?;
+                crate::db::audit::record(
+                    c,
+                    &user.user,
+                    Some(lab.id),
+                    "set_member_default_quota",
+                    &format!("lab {slug}"),
+                    &lab.member_quota,
+                    &json,
+                )
+            })
+        })
+        .await?;
+    state.wake.notify_one();
+    Ok(q)
+}
+
+/// Makes a one-time enrolment token for one of the lab's servers (the lab's admins or
+/// operators); returns the secret, shown once.
+pub async fn create_enrol_token(
+    state: &AppState,
+    user: CurrentUser,
+    slug: String,
+) -> Result<String, AppError> {
+    state
+        .db
+        .run(move |c| {
+            let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
+            user.require_admin_of(lab.id)?;
+            c.transaction(|c| {
+                let token = users::create_enrol_token(c, lab.id)?;
+                crate::db::audit::record(
+                    c,
+                    &user.user,
+                    Some(lab.id),
+                    "create_enrol_token",
+                    &format!("lab {slug}"),
+                    "",
+                    &format!("valid {} h", users::ENROL_TOKEN_TTL_H),
+                )?;
+                Ok(token)
+            })
+        })
+        .await
+}

@@ -6,6 +6,7 @@ ALTER TABLE users ADD COLUMN operator_manual BOOLEAN NOT NULL DEFAULT 0;
 CREATE UNIQUE INDEX users_oidc_identity ON users (oidc_issuer, oidc_subject);
 UPDATE users SET operator_manual = is_operator;
 ALTER TABLE memberships ADD COLUMN source TEXT NOT NULL DEFAULT 'manual';
+ALTER TABLE labs ADD COLUMN member_quota TEXT NOT NULL DEFAULT '{}';
 
 CREATE TABLE audit_log (
     id INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -14,6 +14,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/labs/{slug}/members/{username}/quota",
             web::put().to(put_member_quota),
+        )
+        .route(
+            "/labs/{slug}/member-default-quota",
+            web::put().to(put_member_default_quota),
         );
 }
 
@@ -45,5 +49,15 @@ async fn put_member_quota(
 ) -> Result<HttpResponse, ApiError> {
     let (slug, username) = path.into_inner();
     let q = policy::set_member_quota(&state, user, slug, username, body.0).await?;
+    Ok(HttpResponse::Ok().json(q))
+}
+
+async fn put_member_default_quota(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    slug: web::Path<String>,
+    body: ApiJson<QuotaRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let q = policy::set_member_default_quota(&state, user, slug.into_inner(), body.0).await?;
     Ok(HttpResponse::Ok().json(q))
 }

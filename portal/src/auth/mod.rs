@@ -126,6 +126,12 @@ impl FromRequest for CurrentUser {
     }
 }
 
+/// However active, a session ends `max_age_s` after its login (a session without a
+/// login time is treated as ancient).
+pub fn past_absolute_expiry(login_at: i64, now: i64, max_age_s: i64) -> bool {
+    now.saturating_sub(login_at) > max_age_s
+}
+
 /// API errors render as JSON, UI errors as a page (or a redirect to the login).
 fn as_response(api: bool, e: AppError) -> actix_web::Error {
     if api {
@@ -174,4 +180,26 @@ pub fn check_csrf(session: &Session, provided: &str) -> Result<(), AppError> {
 
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absolute_expiry() {
+        assert!(!past_absolute_expiry(1_000, 1_000 + 3600, 3600));
+        assert!(past_absolute_expiry(1_000, 1_000 + 3601, 3600));
+        assert!(
+            past_absolute_expiry(0, 1_700_000_000, 7 * 24 * 3600),
+            "no login time: expired"
+        );
+    }
+
+    #[test]
+    fn constant_time_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
 }

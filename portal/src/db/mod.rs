@@ -17,6 +17,7 @@ pub mod models;
 pub mod nodes;
 pub mod schema;
 pub mod snapshot;
+pub mod usage;
 pub mod users;
 
 use diesel::connection::SimpleConnection;

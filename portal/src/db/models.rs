@@ -14,6 +14,8 @@ pub struct Lab {
     pub created_at: NaiveDateTime,
     /// JSON of `commons_sched::Quota`: the operators' limit on what the lab borrows.
     pub quota: String,
+    /// JSON of `commons_sched::Quota`: the lab admins' default for members without one.
+    pub member_quota: String,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Serialize)]

@@ -8,6 +8,7 @@ diesel::table! {
         name -> Text,
         created_at -> Timestamp,
         quota -> Text,
+        member_quota -> Text,
     }
 }
 
@@ -180,6 +181,7 @@ diesel::joinable!(gpus -> nodes (node_id));
 diesel::joinable!(jobs -> users (user_id));
 diesel::joinable!(jobs -> labs (lab_id));
 diesel::joinable!(job_attempts -> jobs (job_id));
+diesel::joinable!(job_attempts -> nodes (node_id));
 diesel::joinable!(job_events -> jobs (job_id));
 diesel::joinable!(job_logs -> jobs (job_id));
 

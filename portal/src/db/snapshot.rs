@@ -91,15 +91,31 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                 )
             })
             .collect();
+        let member_default: BTreeMap<i64, Quota> = labs
+            .iter()
+            .map(|l| {
+                (
+                    l.id,
+                    serde_json::from_str(&l.member_quota).unwrap_or_default(),
+                )
+            })
+            .collect();
         let mut member_info: BTreeMap<(i64, i64), MemberInfo> = members
             .iter()
             .map(|(lab, user, quota)| {
+                // A member without a quota of their own has the lab's default.
+                let own: Quota = serde_json::from_str(quota).unwrap_or_default();
+                let quota = if own == Quota::default() {
+                    member_default.get(lab).cloned().unwrap_or_default()
+                } else {
+                    own
+                };
                 (
                     (*lab, *user),
                     MemberInfo {
                         lab: *lab,
                         user: *user,
-                        quota: serde_json::from_str::<Quota>(quota).unwrap_or_default(),
+                        quota,
                         ledger_at: now_s,
                         ..Default::default()
                     },

@@ -32,6 +32,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         )
         .route("/labs/{slug}/quota", web::post().to(post_lab_quota))
         .route(
+            "/labs/{slug}/member-default-quota",
+            web::post().to(post_member_default_quota),
+        )
+        .route("/labs/{slug}/enrol-token", web::post().to(post_enrol_token))
+        .route(
             "/labs/{slug}/members/{username}/quota",
             web::post().to(post_member_quota),
         );
@@ -62,6 +67,10 @@ struct LabAdminPage {
     nodes: Vec<NodeRow>,
     members: Vec<MemberRow>,
     audit: Vec<AuditEntry>,
+    usage: crate::db::usage::LabUsage,
+    member_default: Quota,
+    /// A just-made enrolment token and the command that uses it (shown once).
+    enrol: Option<(String, String)>,
     error: Option<String>,
 }
 
@@ -176,7 +185,9 @@ async fn load(
                 })
                 .collect();
             let audit = crate::db::audit::list(c, Some(lab.id), 100)?;
+            let usage = crate::db::usage::lab_usage(c, lab.id, crate::db::now(), 6)?;
             let lab_quota = serde_json::from_str(&lab.quota).unwrap_or_default();
+            let member_default = serde_json::from_str(&lab.member_quota).unwrap_or_default();
             Ok::<_, AppError>(LabAdminPage {
                 banner,
                 lab,
@@ -185,6 +196,9 @@ async fn load(
                 nodes,
                 members,
                 audit,
+                usage,
+                member_default,
+                enrol: None,
                 error,
             })
         })
@@ -404,4 +418,50 @@ async fn post_remove_member(
     let (slug, username) = path.into_inner();
     let result = crate::members::remove_member(&state, user.clone(), slug.clone(), username).await;
     outcome(&state, &session, user, slug, result).await
+}
+
+async fn post_member_default_quota(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    slug: web::Path<String>,
+    form: web::Form<QuotaForm>,
+) -> Result<HttpResponse, WebError> {
+    check_csrf(&session, &form.csrf)?;
+    let slug = slug.into_inner();
+    let result = match form.to_request() {
+        Ok(req) => policy::set_member_default_quota(&state, user.clone(), slug.clone(), req)
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    outcome(&state, &session, user, slug, result).await
+}
+
+/// Makes an enrolment token and shows it once, with the agent's command line.
+async fn post_enrol_token(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    slug: web::Path<String>,
+    form: web::Form<QuotaForm>,
+    req: actix_web::HttpRequest,
+) -> Result<HttpResponse, WebError> {
+    check_csrf(&session, &form.csrf)?;
+    let slug = slug.into_inner();
+    let token = policy::create_enrol_token(&state, user.clone(), slug.clone()).await?;
+    let portal = state.config.public_url.clone().unwrap_or_else(|| {
+        let info = req.connection_info();
+        format!("{}://{}", info.scheme(), info.host())
+    });
+    let command = format!(
+        "commons-agent run --portal {portal} --enrol-token {token} --state-dir /var/lib/commons-agent --gpus auto"
+    );
+    let mut page = load(&state, &session, user, slug, None).await?;
+    page.enrol = Some((token, command));
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header(("cache-control", "no-store"))
+        .body(body))
 }

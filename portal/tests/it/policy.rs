@@ -93,6 +93,42 @@ async fn owner_job_preempts_a_guest_within_the_grace_period() {
         p.wait_state(&p.alice, owner, &["succeeded"], T).await;
         let again = p.wait_state(&p.bob, victim, &["running"], T).await;
         assert_eq!(again["attempts"], 2, "[{backend:?}] {again}");
+
+        // The week's usage: vision lent, physics borrowed (all of what it used).
+        let usage = |slug: &'static str| {
+            let db = p.portal.state.db.clone();
+            db.run_blocking(move |c| {
+                let lab = commons_portal::db::users::lab_by_slug(c, slug)?;
+                commons_portal::db::usage::lab_usage(c, lab.id, commons_portal::db::now(), 2)
+            })
+            .unwrap()
+        };
+        let vision = usage("vision");
+        assert!(vision.weeks[0].lent > 0.0, "[{backend:?}] {vision:?}");
+        assert!(
+            vision.weeks[0].used > 0.0 && vision.weeks[0].borrowed == 0.0,
+            "alice ran at home"
+        );
+        let physics = usage("physics");
+        assert!(
+            physics.weeks[0].used > 0.0 && physics.weeks[0].borrowed == physics.weeks[0].used,
+            "{physics:?}"
+        );
+        assert_eq!(physics.members[0].0, "bob");
+        // ... and the console shows them.
+        let olga = crate::web::logged_in(&p, "olga").await;
+        let page = olga
+            .get(format!("{}/labs/physics/admin", p.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            page.contains("id=\"usage\"") && page.contains("<td>bob</td>"),
+            "[{backend:?}]"
+        );
         p.stop().await;
     }
 }
@@ -208,6 +244,51 @@ async fn lending_rules_and_quotas_bind_guests_and_need_the_right_role() {
             j["state"] == "queued" && j["reason"].as_str().is_some_and(|r| r.contains("quota"))
         })
         .await;
+
+        // A lab's default member quota binds members without their own; an own quota
+        // replaces it.
+        let (status, _) = p
+            .put_json(
+                &p.alice,
+                "/api/v1/labs/vision/member-default-quota",
+                &json!({"max_job_minutes": 10}),
+            )
+            .await;
+        assert_eq!(status, 403, "members do not set it");
+        let (status, v) = p
+            .put_json(
+                &p.carol,
+                "/api/v1/labs/vision/member-default-quota",
+                &json!({"max_job_minutes": 10}),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        let long_owner = p.submit(&p.alice, job("true", 1, 60)).await;
+        let me = &p;
+        wait_for(
+            Duration::from_secs(10),
+            "a member quota reason",
+            || async move {
+                let j = me.job(&me.alice, long_owner).await;
+                j["state"] == "queued" && j["reason"].as_str().is_some_and(|r| r.contains("quota"))
+            },
+        )
+        .await;
+        let (status, _) = p
+            .put_json(
+                &p.carol,
+                "/api/v1/labs/vision/members/alice/quota",
+                &json!({"max_gpus": 2}),
+            )
+            .await;
+        assert_eq!(status, 200);
+        let j = p
+            .wait_state(&p.alice, long_owner, &["succeeded", "failed"], T)
+            .await;
+        assert_eq!(
+            j["state"], "succeeded",
+            "[{backend:?}] her own quota replaced the default: {j}"
+        );
 
         // A lab admin sets a member's quota; only for members of their lab.
         let (status, _) = p

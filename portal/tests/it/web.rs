@@ -180,7 +180,7 @@ async fn submit_in_the_browser_form_and_watch_the_job() {
     }
 }
 
-async fn logged_in(p: &TestPortal, user: &str) -> reqwest::Client {
+pub async fn logged_in(p: &TestPortal, user: &str) -> reqwest::Client {
     let b = browser();
     let login = b
         .get(format!("{}/login", p.url))
@@ -327,6 +327,55 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
             page.contains(r#"name="max_gpu_hours" value="100""#),
             "[{backend:?}] saved member quota shown"
         );
+
+        // A new server: the console makes a one-time enrolment token, shown once.
+        let r = carol
+            .post(url("/labs/vision/enrol-token"))
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let page = r.text().await.unwrap();
+        let at = page
+            .find("id=\"enrol-token\">")
+            .expect("the token is shown")
+            + "id=\"enrol-token\">".len();
+        let token = page[at..].split('<').next().unwrap().to_string();
+        assert!(
+            page.contains("commons-agent run --portal"),
+            "with the command that uses it"
+        );
+        let r = p
+            .http
+            .post(url("/api/agent/v1/enrol"))
+            .json(&serde_json::json!({"token": token, "hostname": "new-server", "agent_version": "0"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            201,
+            "[{backend:?}] the console's token enrols a server"
+        );
+        let alice = logged_in(&p, "alice").await;
+        let alice_csrf = hidden_csrf(
+            &alice
+                .get(url("/tokens"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+        let r = alice
+            .post(url("/labs/vision/enrol-token"))
+            .form(&[("csrf", alice_csrf.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "a member makes no enrolment tokens");
 
         let olga = logged_in(&p, "olga").await;
         let page = olga
@@ -549,4 +598,30 @@ async fn tokens_members_and_the_audit_log() {
         );
         p.stop().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cookie_is_locked_down() {
+    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let b = browser();
+    let login = b.get(format!("{}/login", p.url)).send().await.unwrap();
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().to_string();
+    let csrf = hidden_csrf(&login.text().await.unwrap());
+    let r = b
+        .post(format!("{}/login", p.url))
+        .form(&[("username", "alice"), ("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let after = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    for c in [&cookie, &after] {
+        assert!(c.contains("HttpOnly") && c.contains("SameSite=Lax"), "{c}");
+        assert!(c.contains("Max-Age=28800"), "idle expiry of 8 h: {c}");
+    }
+    assert_ne!(
+        cookie.split(';').next(),
+        after.split(';').next(),
+        "a new session value at login"
+    );
+    p.stop().await;
 }

@@ -1,0 +1,136 @@
+//! A lab's usage by week, for its console: GPU-hours its members used (and how much of
+//! that was borrowed from other labs), and GPU-hours others used on its servers (lent).
+//! Derived from the attempts, split exactly at week boundaries (Monday 00:00 UTC).
+
+use super::models::Attempt;
+use super::schema::*;
+use super::DbConn;
+use crate::error::AppError;
+use chrono::{Datelike, Duration, NaiveDate, NaiveDateTime};
+use diesel::prelude::*;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WeekUsage {
+    /// Monday of the week.
+    pub week: NaiveDate,
+    pub used: f64,
+    pub borrowed: f64,
+    pub lent: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LabUsage {
+    /// Newest week first.
+    pub weeks: Vec<WeekUsage>,
+    /// Member -> GPU-hours per week, in the order of `weeks`.
+    pub members: Vec<(String, Vec<f64>)>,
+}
+
+fn monday(t: NaiveDateTime) -> NaiveDateTime {
+    let d = t.date();
+    let back = d.weekday().num_days_from_monday() as i64;
+    (d - Duration::days(back))
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight exists")
+}
+
+/// GPU-hours of `gpus` GPUs busy from `start` to `end` that fall in each week.
+fn split(
+    start: NaiveDateTime,
+    end: NaiveDateTime,
+    gpus: usize,
+    weeks: &[NaiveDateTime],
+) -> Vec<f64> {
+    weeks
+        .iter()
+        .map(|w| {
+            let (a, b) = (start.max(*w), end.min(*w + Duration::days(7)));
+            if b > a {
+                (b - a).num_seconds() as f64 / 3600.0 * gpus as f64
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+pub fn lab_usage(
+    c: &mut DbConn,
+    lab: i64,
+    now: NaiveDateTime,
+    n_weeks: usize,
+) -> Result<LabUsage, AppError> {
+    let this = monday(now);
+    let weeks: Vec<NaiveDateTime> = (0..n_weeks as i64)
+        .map(|i| this - Duration::days(7 * i))
+        .collect();
+    let since = *weeks.last().expect("at least one week");
+    // Attempts of this lab's jobs (used) or on this lab's nodes (possibly lent).
+    let rows: Vec<(Attempt, i64, String, i64)> = job_attempts::table
+        .inner_join(jobs::table.inner_join(users::table))
+        .inner_join(nodes::table)
+        .filter(job_attempts::started_at.is_not_null())
+        .filter(
+            job_attempts::ended_at
+                .is_null()
+                .or(job_attempts::ended_at.gt(since)),
+        )
+        .filter(jobs::lab_id.eq(lab).or(nodes::lab_id.eq(lab)))
+        .select((
+            Attempt::as_select(),
+            jobs::lab_id,
+            users::username,
+            nodes::lab_id,
+        ))
+        .load(c)?;
+    let mut out: Vec<WeekUsage> = weeks
+        .iter()
+        .map(|w| WeekUsage {
+            week: w.date(),
+            ..Default::default()
+        })
+        .collect();
+    let mut members: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (a, job_lab, user, node_lab) in rows {
+        let start = a.started_at.expect("filtered");
+        let end = a.ended_at.unwrap_or(now).min(now);
+        let hours = split(start, end, a.gpu_id_list().len(), &weeks);
+        for (i, h) in hours.iter().enumerate() {
+            if job_lab == lab {
+                out[i].used += h;
+                if node_lab != lab {
+                    out[i].borrowed += h;
+                }
+                members
+                    .entry(user.clone())
+                    .or_insert_with(|| vec![0.0; n_weeks])[i] += h;
+            } else if node_lab == lab {
+                out[i].lent += h;
+            }
+        }
+    }
+    Ok(LabUsage {
+        weeks: out,
+        members: members.into_iter().collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> NaiveDateTime {
+        NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M").unwrap()
+    }
+
+    #[test]
+    fn weeks_start_on_monday_and_split_exactly() {
+        // 2026-12-02 is a Wednesday.
+        assert_eq!(monday(t("2026-12-02 15:00")), t("2026-11-30 00:00"));
+        let weeks = [t("2026-11-30 00:00"), t("2026-11-23 00:00")];
+        // Sunday 22:00 to Monday 02:00 on 2 GPUs: 4 GPU-hours each side.
+        let h = split(t("2026-11-29 22:00"), t("2026-11-30 02:00"), 2, &weeks);
+        assert_eq!(h, vec![4.0, 4.0]);
+    }
+}
