@@ -16,9 +16,9 @@ use crate::config::Config;
 use crate::error::AppError;
 use openidconnect::core::{
     CoreAuthDisplay, CoreAuthenticationFlow, CoreClaimName, CoreClaimType, CoreClient,
-    CoreClientAuthMethod, CoreGenderClaim, CoreGrantType, CoreJsonWebKey,
-    CoreJweContentEncryptionAlgorithm, CoreJweKeyManagementAlgorithm, CoreResponseMode,
-    CoreResponseType, CoreSubjectIdentifierType,
+    CoreClientAuthMethod, CoreGenderClaim, CoreGrantType, CoreIdToken, CoreIdTokenClaims,
+    CoreIdTokenVerifier, CoreJsonWebKey, CoreJweContentEncryptionAlgorithm,
+    CoreJweKeyManagementAlgorithm, CoreResponseMode, CoreResponseType, CoreSubjectIdentifierType,
 };
 use openidconnect::{
     AdditionalClaims, AdditionalProviderMetadata, AuthorizationCode, ClientId, ClientSecret,
@@ -216,12 +216,7 @@ impl Oidc {
         let id_token = openidconnect::TokenResponse::id_token(&token)
             .ok_or_else(|| refused("the campus login service sent no ID token"))?;
         let verifier = client.id_token_verifier();
-        let claims = id_token
-            .claims(&verifier, &Nonce::new(pending.nonce))
-            .map_err(|e| {
-                tracing::warn!("ID token refused: {e}");
-                refused("the campus login service's answer did not verify; please log in again")
-            })?;
+        let claims = verify_id_token(id_token, &verifier, &pending.nonce)?;
         let mut email = claims.email().map(|e| e.as_str().to_string());
         let mut name = claims
             .name()
@@ -289,6 +284,21 @@ impl Oidc {
     }
 }
 
+/// Checks an ID token: signature against the provider's keys, issuer, audience, expiry
+/// and our nonce. Any failure is a refused login.
+fn verify_id_token<'t>(
+    token: &'t CoreIdToken,
+    verifier: &CoreIdTokenVerifier<'_>,
+    nonce: &str,
+) -> Result<&'t CoreIdTokenClaims, AppError> {
+    token
+        .claims(verifier, &Nonce::new(nonce.to_string()))
+        .map_err(|e| {
+            tracing::warn!("ID token refused: {e}");
+            refused("the campus login service's answer did not verify; please log in again")
+        })
+}
+
 /// The JSON payload of a JWT (not verified here: call only on a verified token).
 fn raw_payload(jwt: &str) -> serde_json::Value {
     use base64::Engine;
@@ -336,6 +346,105 @@ mod tests {
         );
         assert_eq!(groups_in(&v, "missing"), None);
         assert_eq!(groups_in(&v, "n"), None);
+    }
+
+    /// ID tokens minted here with a key of our own, checked the way `finish` checks them.
+    mod id_tokens {
+        use super::super::*;
+        use openidconnect::core::{CoreJwsSigningAlgorithm, CoreRsaPrivateSigningKey};
+        use openidconnect::{
+            Audience, EmptyAdditionalClaims, JsonWebKeyId, JsonWebKeySet, PrivateSigningKey,
+            StandardClaims, SubjectIdentifier,
+        };
+
+        fn key(kid: &str) -> CoreRsaPrivateSigningKey {
+            let out = std::process::Command::new("openssl")
+                .args(["genrsa", "-traditional", "2048"])
+                .output()
+                .expect("the openssl CLI is needed (apt-get install openssl)");
+            let pem = String::from_utf8(out.stdout).unwrap();
+            CoreRsaPrivateSigningKey::from_pem(&pem, Some(JsonWebKeyId::new(kid.into()))).unwrap()
+        }
+
+        struct Mint {
+            issuer: &'static str,
+            audience: &'static str,
+            expires_in: i64,
+            nonce: &'static str,
+        }
+
+        const GOOD: Mint = Mint {
+            issuer: "https://idp.test",
+            audience: "portal",
+            expires_in: 300,
+            nonce: "n-1",
+        };
+
+        fn mint(k: &CoreRsaPrivateSigningKey, m: &Mint) -> CoreIdToken {
+            let now = chrono::Utc::now();
+            let claims = CoreIdTokenClaims::new(
+                IssuerUrl::new(m.issuer.into()).unwrap(),
+                vec![Audience::new(m.audience.into())],
+                now + chrono::Duration::seconds(m.expires_in),
+                now - chrono::Duration::seconds(60),
+                StandardClaims::new(SubjectIdentifier::new("dana".into())),
+                EmptyAdditionalClaims {},
+            )
+            .set_nonce(Some(Nonce::new(m.nonce.into())));
+            CoreIdToken::new(
+                claims,
+                k,
+                CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256,
+                None,
+                None,
+            )
+            .unwrap()
+        }
+
+        #[test]
+        fn only_a_token_for_us_with_our_nonce_passes() {
+            let k = key("k1");
+            let jwks = JsonWebKeySet::new(vec![k.as_verification_key()]);
+            let verifier = CoreIdTokenVerifier::new_confidential_client(
+                ClientId::new("portal".into()),
+                ClientSecret::new("secret".into()),
+                IssuerUrl::new("https://idp.test".into()).unwrap(),
+                jwks,
+            );
+            let good = mint(&k, &GOOD);
+            assert_eq!(
+                verify_id_token(&good, &verifier, "n-1")
+                    .unwrap()
+                    .subject()
+                    .as_str(),
+                "dana"
+            );
+            assert!(
+                verify_id_token(&good, &verifier, "n-2").is_err(),
+                "wrong nonce"
+            );
+            for bad in [
+                Mint {
+                    audience: "another-client",
+                    ..GOOD
+                },
+                Mint {
+                    expires_in: -30,
+                    ..GOOD
+                },
+                Mint {
+                    issuer: "https://evil.test",
+                    ..GOOD
+                },
+            ] {
+                assert!(verify_id_token(&mint(&k, &bad), &verifier, "n-1").is_err());
+            }
+            let stranger = key("k1");
+            assert!(
+                verify_id_token(&mint(&stranger, &GOOD), &verifier, "n-1").is_err(),
+                "another key"
+            );
+        }
     }
 
     #[test]
