@@ -2,6 +2,7 @@
 //! database backends. One binary for all (each file under tests/ would link separately).
 
 mod browser;
+mod console;
 mod harness;
 mod jobs;
 mod migrations;
