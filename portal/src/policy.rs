@@ -200,27 +200,66 @@ pub async fn set_lab_quota(
     req: QuotaRequest,
 ) -> Result<Quota, AppError> {
     user.require_operator()?;
+    set_lab_setting(state, user, slug, req, LabSetting::BorrowQuota).await
+}
+
+/// Replaces the lab's default quota for members without one of their own (the lab's
+/// admins or operators).
+pub async fn set_member_default_quota(
+    state: &AppState,
+    user: CurrentUser,
+    slug: String,
+    req: QuotaRequest,
+) -> Result<Quota, AppError> {
+    set_lab_setting(state, user, slug, req, LabSetting::MemberDefault).await
+}
+
+/// The two quotas a lab row holds.
+#[derive(Clone, Copy)]
+enum LabSetting {
+    BorrowQuota,
+    MemberDefault,
+}
+
+/// Stores one of the lab's quotas with its audit entry; the caller checked the role
+/// that is not the lab admin's (operators for the borrowing quota).
+async fn set_lab_setting(
+    state: &AppState,
+    user: CurrentUser,
+    slug: String,
+    req: QuotaRequest,
+    which: LabSetting,
+) -> Result<Quota, AppError> {
     let q = quota(&req)?;
     let json = serde_json::to_string(&q).map_err(|e| AppError::Internal(e.into()))?;
     state
         .db
         .run(move |c| {
             let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
+            user.require_admin_of(lab.id)?;
+            let (action, before) = match which {
+                LabSetting::BorrowQuota => ("set_lab_quota", lab.quota.clone()),
+                LabSetting::MemberDefault => ("set_member_default_quota", lab.member_quota.clone()),
+            };
             c.transaction(|c| {
-                diesel::update(labs::table.find(lab.id))
-                    .set(labs::quota.eq(&json))
-                    .execute(c)?;
+                let row = diesel::update(labs::table.find(lab.id));
+                match which {
+                    LabSetting::BorrowQuota => row.set(labs::quota.eq(&json)).execute(c)?,
+                    LabSetting::MemberDefault => {
+                        row.set(labs::member_quota.eq(&json)).execute(c)?
+                    }
+                };
                 crate::db::audit::record(
                     c,
                     &user.user,
                     Some(lab.id),
-                    "set_lab_quota",
+                    action,
                     &format!("lab {slug}"),
-                    &lab.quota,
+                    &before,
                     &json,
                 )
             })?;
-            tracing::info!(lab = %slug, by = %user.user.username, "lab quota changed");
+            tracing::info!(lab = %slug, by = %user.user.username, action, "lab quota changed");
             Ok::<_, AppError>(())
         })
         .await?;
@@ -265,41 +304,6 @@ pub async fn set_member_quota(
             })?;
             tracing::info!(lab = %slug, member = %username, by = %user.user.username, "member quota changed");
             Ok(())
-        })
-        .await?;
-    state.wake.notify_one();
-    Ok(q)
-}
-
-/// Replaces the lab's default quota for members without one of their own (the lab's
-/// admins or operators).
-pub async fn set_member_default_quota(
-    state: &AppState,
-    user: CurrentUser,
-    slug: String,
-    req: QuotaRequest,
-) -> Result<Quota, AppError> {
-    let q = quota(&req)?;
-    let json = serde_json::to_string(&q).map_err(|e| AppError::Internal(e.into()))?;
-    state
-        .db
-        .run(move |c| {
-            let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
-            user.require_admin_of(lab.id)?;
-            c.transaction(|c| {
-                diesel::update(labs::table.find(lab.id))
-                    .set(labs::member_quota.eq(&json))
-                    .execute(c)?;
-                crate::db::audit::record(
-                    c,
-                    &user.user,
-                    Some(lab.id),
-                    "set_member_default_quota",
-                    &format!("lab {slug}"),
-                    &lab.member_quota,
-                    &json,
-                )
-            })
         })
         .await?;
     state.wake.notify_one();
