@@ -332,7 +332,9 @@ pub fn apply_report(
                         )?;
                     }
                 } else if a.status() == AttemptStatus::Stopping {
-                    out.stop = Some(stop("cancelled"));
+                    // Still running although told to stop (the first `Stop` was lost).
+                    let job = super::jobs::get(c, a.job_id)?;
+                    out.stop = Some(stop(stop_reason(job.state())));
                 }
             }
             AttemptState::Exited => {
@@ -425,6 +427,14 @@ pub fn renew(c: &mut DbConn, node: i64, ttl: chrono::Duration) -> Result<PortalM
     })
 }
 
+/// Why an attempt in `stopping` is being stopped, from its job's state.
+fn stop_reason(job: JobState) -> &'static str {
+    match job {
+        JobState::Preempting => "preempted",
+        _ => "cancelled",
+    }
+}
+
 /// `Stop`s for this node's attempts that are being stopped (sent again after a reconnect).
 pub fn pending_stops(c: &mut DbConn, node: i64) -> Result<Vec<PortalMsg>, AppError> {
     let rows: Vec<(i64, i32, String)> = job_attempts::table
@@ -439,10 +449,7 @@ pub fn pending_stops(c: &mut DbConn, node: i64) -> Result<Vec<PortalMsg>, AppErr
             job,
             attempt,
             grace_s: 10,
-            reason: match JobState::parse(&state) {
-                JobState::Preempting => "preempted".into(),
-                _ => "cancelled".into(),
-            },
+            reason: stop_reason(JobState::parse(&state)).into(),
         })
         .collect())
 }

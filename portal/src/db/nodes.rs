@@ -167,15 +167,27 @@ pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<
         diesel::update(nodes::table.find(node))
             .set((nodes::online.eq(true), nodes::last_seen_at.eq(now())))
             .execute(c)?;
+        // What the portal knew before this heartbeat, read once for the whole node.
+        let known: std::collections::BTreeMap<String, (bool, Option<chrono::NaiveDateTime>)> =
+            gpus::table
+                .filter(gpus::node_id.eq(node))
+                .select((gpus::uuid, gpus::local_use, gpus::idle_since))
+                .load::<(String, bool, Option<chrono::NaiveDateTime>)>(c)?
+                .into_iter()
+                .map(|(uuid, local, idle)| (uuid, (local, idle)))
+                .collect();
         let mut changed = false;
         for s in stats {
-            let before: Option<bool> = gpus::table
-                .filter(gpus::node_id.eq(node))
-                .filter(gpus::uuid.eq(&s.uuid))
-                .select(gpus::local_use)
-                .first(c)
-                .optional()?;
-            changed |= before.is_some_and(|b| b != s.local_use);
+            let Some((was_local, idle_since)) = known.get(&s.uuid).copied() else {
+                continue;
+            };
+            changed |= was_local != s.local_use;
+            // Idle time counts from the owner's last direct use.
+            let idle_since = if s.local_use || was_local {
+                Some(now())
+            } else {
+                idle_since
+            };
             diesel::update(
                 gpus::table
                     .filter(gpus::node_id.eq(node))
@@ -184,18 +196,9 @@ pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<
             .set((
                 gpus::local_use.eq(s.local_use),
                 gpus::utilization_pct.eq(s.utilization_pct.min(100) as i32),
+                gpus::idle_since.eq(idle_since),
             ))
             .execute(c)?;
-            // Idle time counts from the owner's last direct use.
-            if s.local_use || before == Some(true) {
-                diesel::update(
-                    gpus::table
-                        .filter(gpus::node_id.eq(node))
-                        .filter(gpus::uuid.eq(&s.uuid)),
-                )
-                .set(gpus::idle_since.eq(now()))
-                .execute(c)?;
-            }
         }
         Ok(changed)
     })

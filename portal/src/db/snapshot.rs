@@ -49,7 +49,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             .load(c)?;
         // Attempts that used GPUs within the ledgers' reach, with their jobs' lab and user.
         let since = t - chrono::Duration::seconds(LEDGER_LOOKBACK_S);
-        let used: Vec<(Attempt, i64, i64, i64)> = job_attempts::table
+        let used: Vec<(Attempt, i64, i64)> = job_attempts::table
             .inner_join(jobs::table)
             .filter(job_attempts::started_at.is_not_null())
             .filter(
@@ -57,12 +57,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                     .is_null()
                     .or(job_attempts::ended_at.gt(since)),
             )
-            .select((
-                Attempt::as_select(),
-                jobs::lab_id,
-                jobs::user_id,
-                jobs::time_limit_s,
-            ))
+            .select((Attempt::as_select(), jobs::lab_id, jobs::user_id))
             .load(c)?;
         let labs: Vec<Lab> = labs::table
             .order(labs::id)
@@ -123,7 +118,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             })
             .collect();
         let period_start = now_s - QUOTA_PERIOD_S;
-        for (a, job_lab, user, _) in &used {
+        for (a, job_lab, user) in &used {
             let Some(start) = a.started_at.map(secs) else {
                 continue;
             };
@@ -153,9 +148,14 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                 m.period_gpu_hours += in_period;
             }
         }
-        let job_of: BTreeMap<i64, (i64, i64, i64)> = used
-            .iter()
-            .map(|(a, lab, user, limit)| (a.job_id, (*lab, *user, *limit)))
+        // Lab, user and time limit of the jobs whose attempts hold GPUs, in one query.
+        let active_jobs: Vec<i64> = active.iter().map(|a| a.job_id).collect();
+        let job_of: BTreeMap<i64, (i64, i64, i64)> = jobs::table
+            .filter(jobs::id.eq_any(&active_jobs))
+            .select((jobs::id, jobs::lab_id, jobs::user_id, jobs::time_limit_s))
+            .load::<(i64, i64, i64, i64)>(c)?
+            .into_iter()
+            .map(|(id, lab, user, limit)| (id, (lab, user, limit)))
             .collect();
 
         Ok(commons_sched::Snapshot {
@@ -186,14 +186,8 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             running: active
                 .iter()
                 .map(|a| {
+                    let (lab, user, limit) = job_of.get(&a.job_id).copied().unwrap_or_default();
                     // An attempt still starting has no started_at yet: count from creation.
-                    let (lab, user, limit) = job_of.get(&a.job_id).copied().unwrap_or_else(|| {
-                        jobs::table
-                            .find(a.job_id)
-                            .select((jobs::lab_id, jobs::user_id, jobs::time_limit_s))
-                            .first(c)
-                            .unwrap_or((0, 0, 0))
-                    });
                     commons_sched::RunningJob {
                         id: a.job_id,
                         user,

@@ -1,6 +1,6 @@
 //! Job pages: my jobs, the submit form, one job (with a live status fragment), cancel.
 
-use super::{number, optional, Banner};
+use super::{number, optional, Banner, CsrfForm};
 use crate::api::views::{job_view, JobView};
 use crate::auth::{check_csrf, CurrentUser};
 use crate::db::jobs;
@@ -263,12 +263,6 @@ async fn status(
 ) -> Result<JobStatus, WebError> {
     let status = load_status(&state, &session, user, id.into_inner()).await?;
     Ok(JobStatus { status })
-}
-
-#[derive(Deserialize)]
-struct CsrfForm {
-    #[serde(default)]
-    csrf: String,
 }
 
 async fn cancel(

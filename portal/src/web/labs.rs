@@ -1,7 +1,7 @@
 //! The lab admin's page: lending rules of the lab's servers, quotas of its members, and
 //! the lab's own quota (editable by operators). Role-checked through `CurrentUser`.
 
-use super::{optional, Banner};
+use super::{optional, Banner, CsrfForm};
 use crate::auth::{check_csrf, CurrentUser};
 use crate::db::audit::AuditEntry;
 use crate::db::models::{Lab, Node, Role};
@@ -412,7 +412,7 @@ async fn post_remove_member(
     session: Session,
     user: CurrentUser,
     path: web::Path<(String, String)>,
-    form: web::Form<QuotaForm>,
+    form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, WebError> {
     check_csrf(&session, &form.csrf)?;
     let (slug, username) = path.into_inner();
@@ -444,7 +444,7 @@ async fn post_enrol_token(
     session: Session,
     user: CurrentUser,
     slug: web::Path<String>,
-    form: web::Form<QuotaForm>,
+    form: web::Form<CsrfForm>,
     req: actix_web::HttpRequest,
 ) -> Result<HttpResponse, WebError> {
     check_csrf(&session, &form.csrf)?;

@@ -4,7 +4,7 @@
 //! A refused SSO callback (forged or missing state, replayed code, bad ID token) shows a
 //! clear page, is logged, and creates no session.
 
-use super::Banner;
+use super::{Banner, CsrfForm};
 use crate::auth::oidc::PendingLogin;
 use crate::auth::{check_csrf, log_in, log_out};
 use crate::db::models::User;
@@ -176,16 +176,10 @@ async fn dev_login(
         .finish())
 }
 
-#[derive(Deserialize)]
-struct LogoutForm {
-    #[serde(default)]
-    csrf: String,
-}
-
 async fn logout(
     state: web::Data<AppState>,
     session: Session,
-    form: web::Form<LogoutForm>,
+    form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, WebError> {
     check_csrf(&session, &form.csrf)?;
     let id_token: Option<String> = session.get(SESSION_ID_TOKEN).ok().flatten();

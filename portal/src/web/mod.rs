@@ -54,6 +54,13 @@ impl Banner {
     }
 }
 
+/// A form that carries nothing but its CSRF token (cancel, revoke, remove, ...).
+#[derive(serde::Deserialize)]
+pub(crate) struct CsrfForm {
+    #[serde(default)]
+    pub csrf: String,
+}
+
 #[derive(Template)]
 #[template(path = "error.html")]
 pub struct ErrorPage {

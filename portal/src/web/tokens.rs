@@ -1,7 +1,7 @@
 //! Personal access tokens for the API and the CLI: made and revoked in the browser,
 //! shown once, stored hashed, with an expiry and the time of last use.
 
-use super::{optional, Banner};
+use super::{optional, Banner, CsrfForm};
 use crate::auth::{check_csrf, CurrentUser};
 use crate::db::users::{self, TokenInfo};
 use crate::error::{AppError, WebError};
@@ -108,18 +108,12 @@ async fn create(
         .body(body))
 }
 
-#[derive(Deserialize)]
-struct CsrfOnly {
-    #[serde(default)]
-    csrf: String,
-}
-
 async fn revoke(
     state: web::Data<AppState>,
     session: Session,
     user: CurrentUser,
     id: web::Path<i64>,
-    form: web::Form<CsrfOnly>,
+    form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, WebError> {
     check_csrf(&session, &form.csrf)?;
     let (uid, token) = (user.user.id, id.into_inner());
