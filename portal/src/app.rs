@@ -76,6 +76,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
+            // Inside the session middleware, so it can read the session.
+            .wrap(actix_web::middleware::from_fn(crate::web::error_pages))
             .wrap(
                 SessionMiddleware::builder(CookieSessionStore::default(), key.clone())
                     .cookie_name("commons_session".into())

@@ -57,7 +57,7 @@ pub struct OidcConfig {
     /// The claim that lists the user's groups (env `COMMONS_OIDC_GROUPS_CLAIM`).
     pub groups_claim: String,
     /// How groups map to labs, roles and operators.
-    pub groups: crate::auth::rules::GroupRules,
+    pub groups: crate::identity::GroupRules,
 }
 
 impl Default for OidcConfig {

@@ -3,13 +3,17 @@
 //! 1. A SQLite database under the data dir, with a demo lab and users.
 //! 2. The demo image `commons-demo:latest`, built without any registry if missing.
 //! 3. The portal with the (insecure) development login.
-//! 4. A local agent with fake GPUs and the real Docker Engine, enrolled on first start.
+//! 4. A local agent with fake GPUs and the real Docker Engine, enrolled on first start: the
+//!    `commons-agent` binary next to this executable, run as a child process (the portal
+//!    does not link the agent).
 
 use crate::db::models::Role;
 use crate::db::{users, Db};
 use crate::{start, Config};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use tokio::signal::unix::{signal, SignalKind};
 
 pub const DEMO_IMAGE: &str = "commons-demo:latest";
 pub const DEMO_GPUS: &str = "fake:2xA100-80GB,1xRTX4090-24GB";
@@ -67,10 +71,133 @@ fn seed(db: &Db) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("seeding the demo database: {e}"))
 }
 
+/// The agent's credential file in its state dir (`commons_agent::state`): present once the
+/// node has enrolled, so later starts need no enrolment token.
+const AGENT_CREDENTIAL_FILE: &str = "node.json";
+
+/// The `commons-agent` executable next to this one (`target/debug/commons-portal` ->
+/// `target/debug/commons-agent`).
+fn sibling_agent() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find this executable's path")?;
+    let dir = exe
+        .parent()
+        .context("this executable's path has no directory")?;
+    Ok(dir.join("commons-agent"))
+}
+
+/// Finds the agent binary. Under `cargo run` (cargo sets `CARGO`), builds it first with the
+/// same profile as this executable (a no-op when it is up to date): `cargo run -p
+/// commons-portal` builds the portal only.
+async fn agent_binary() -> anyhow::Result<PathBuf> {
+    let bin = sibling_agent()?;
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let mut cmd = tokio::process::Command::new(cargo);
+        cmd.args(["build", "-p", "commons-agent"]);
+        // The profile is the name of the directory the executable lives in.
+        match bin
+            .parent()
+            .and_then(|d| d.file_name())
+            .and_then(|n| n.to_str())
+        {
+            Some("debug") | None => {}
+            Some("release") => {
+                cmd.arg("--release");
+            }
+            Some(other) => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        eprintln!("building the demo's agent (cargo build -p commons-agent) ...");
+        let status = cmd
+            .current_dir(&root)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .status()
+            .await
+            .context("cannot run cargo to build commons-agent")?;
+        anyhow::ensure!(
+            status.success(),
+            "building commons-agent failed (see above)"
+        );
+    }
+    anyhow::ensure!(
+        bin.is_file(),
+        "the demo runs the agent binary {} and it is missing: build it with \
+         `cargo build -p commons-agent` (add `--release` for a release build of the portal), \
+         or start the demo with `cargo run -p commons-portal -- demo`, which builds it",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// Starts `commons-agent run` for the demo node. The enrolment token, when there is one,
+/// goes in the environment (`COMMONS_ENROL_TOKEN`), not in the process list. The child gets
+/// a process group of its own, so a Ctrl-C at the terminal reaches the portal only, and
+/// the portal stops the agent; it is also killed if the portal drops it.
+fn spawn_agent(
+    bin: &Path,
+    url: &str,
+    state_dir: &Path,
+    gpus: &str,
+    enrol_token: Option<String>,
+) -> anyhow::Result<tokio::process::Child> {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("run")
+        .arg("--portal")
+        .arg(url)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .arg("--gpus")
+        .arg(gpus)
+        .args(["--name", "demo-server"])
+        .env_remove("COMMONS_PORTAL")
+        .env_remove("COMMONS_ENROL_TOKEN")
+        .stdin(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(t) = enrol_token {
+        cmd.env("COMMONS_ENROL_TOKEN", t);
+    }
+    cmd.spawn()
+        .with_context(|| format!("cannot start {}", bin.display()))
+}
+
+/// Kills the agent (if it still runs) and waits for it.
+async fn stop_agent(agent: &mut tokio::process::Child) {
+    if let Err(e) = agent.kill().await {
+        eprintln!("stopping the demo's agent: {e}");
+    }
+}
+
+/// Resolves when this process is asked to stop: Ctrl-C (SIGINT), SIGTERM or SIGHUP. The
+/// handlers are installed when this is called, so no signal after the call is missed.
+fn stop_requested() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
+    })
+}
+
+fn agent_exited(status: std::io::Result<ExitStatus>) -> anyhow::Error {
+    match status {
+        Ok(s) => anyhow::anyhow!(
+            "the demo's agent (commons-agent) exited unexpectedly ({s}); see its output above"
+        ),
+        Err(e) => anyhow::anyhow!("waiting for the demo's agent (commons-agent): {e}"),
+    }
+}
+
 pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.data_dir)?;
     let data_dir = std::fs::canonicalize(&opts.data_dir)?;
-    let gpus: commons_agent::GpuMode = opts.gpus.parse()?;
+    let agent_bin = agent_binary().await?;
     tokio::task::spawn_blocking(ensure_demo_image).await??;
     let config = Config {
         database_url: format!("sqlite://{}", data_dir.join("commons.db").display()),
@@ -78,34 +205,45 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
         insecure_dev_login: true,
         ..Config::default()
     };
+    // Installed before anything runs that must be stopped, so no signal is missed.
+    let stop = stop_requested()?;
     let portal = start(config).await?;
     let db = portal.state.db.clone();
     tokio::task::spawn_blocking(move || seed(&db)).await??;
 
     let agent_dir = data_dir.join("agent");
-    let enrol_token = if commons_agent::state::load_credential(&agent_dir)?.is_none() {
+    let enrolled = agent_dir
+        .join(AGENT_CREDENTIAL_FILE)
+        .try_exists()
+        .with_context(|| format!("cannot read {}", agent_dir.display()))?;
+    let enrol_token = if enrolled {
+        None
+    } else {
         let db = portal.state.db.clone();
         Some(tokio::task::spawn_blocking(move || crate::admin::enrol_token(&db, "demo")).await??)
-    } else {
-        None
     };
     let url = portal.url();
-    let agent = tokio::spawn(commons_agent::run(commons_agent::AgentConfig {
-        portal: url.clone(),
-        enrol_token,
-        state_dir: agent_dir,
-        gpus,
-        hostname: "demo-server".into(),
-    }));
+    let mut agent = spawn_agent(&agent_bin, &url, &agent_dir, &opts.gpus, enrol_token)?;
     println!();
     println!("GPU Commons demo is running: {url}/");
     println!("Log in as alice (development login: INSECURE, for this machine only).");
     println!("Data in {}. Stop with Ctrl-C.", data_dir.display());
     println!();
-    tokio::select! {
-        r = portal.server => r??,
-        r = agent => r??,
-        _ = tokio::signal::ctrl_c() => portal.handle.stop(true).await,
-    }
-    Ok(())
+    let handle = portal.handle.clone();
+    let outcome = tokio::select! {
+        r = portal.server => {
+            stop_agent(&mut agent).await;
+            r.map_err(anyhow::Error::from).and_then(|r| r.map_err(anyhow::Error::from))
+        }
+        s = agent.wait() => {
+            handle.stop(true).await;
+            Err(agent_exited(s))
+        }
+        () = stop => {
+            stop_agent(&mut agent).await;
+            handle.stop(true).await;
+            Ok(())
+        }
+    };
+    outcome
 }

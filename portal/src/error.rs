@@ -150,8 +150,11 @@ impl ResponseError for WebError {
             status: self.0.status().as_u16(),
             message: self.0.to_string(),
         };
-        HttpResponse::build(self.0.status())
+        let mut res = HttpResponse::build(self.0.status())
             .content_type("text/html; charset=utf-8")
-            .body(askama::Template::render(&page).unwrap_or_else(|_| self.0.to_string()))
+            .body(askama::Template::render(&page).unwrap_or_else(|_| self.0.to_string()));
+        // `web::error_pages` renders it again with the user's navigation.
+        res.extensions_mut().insert(page);
+        res
     }
 }

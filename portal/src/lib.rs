@@ -1,9 +1,10 @@
 //! GPU Commons portal: the web UI, the REST API, the agents' broker and the scheduler
 //! loop, over one database (SQLite or PostgreSQL).
 //!
-//! Layout: `db` (models and queries, no HTTP), `api` (JSON handlers), `web` (HTML
-//! handlers and their views), `broker` (agents and scheduler), `auth`, `service` (use
-//! cases both front ends share), `validate` (pure input rules).
+//! Layers, imports pointing down only: `main`/`app`/`demo`/`admin` (wiring); `web`, `api`
+//! (HTTP handlers); `broker` (agents' WebSocket, scheduler tick); `auth` (who is asking,
+//! CSRF); `service` (use cases and read models); `db` (schema, typed rows, queries);
+//! domain types any layer may use (`domain`, `identity`, `validate`, `config`, `error`).
 
 pub mod admin;
 pub mod api;
@@ -13,9 +14,9 @@ pub mod broker;
 pub mod config;
 pub mod db;
 pub mod demo;
+pub mod domain;
 pub mod error;
-pub mod members;
-pub mod policy;
+pub mod identity;
 pub mod service;
 pub mod state;
 pub mod validate;

@@ -115,7 +115,7 @@ fn main() -> anyhow::Result<()> {
                     &username,
                     &email,
                     lab.as_deref(),
-                    Role::parse(&role),
+                    role.parse::<Role>().map_err(|e| anyhow::anyhow!("--role: {e} (member or admin)"))?,
                     operator,
                 )?,
                 AdminCmd::ApiToken { username } => admin::api_token(&db, &username)?,

@@ -119,21 +119,7 @@ pub fn image_reference(s: &str) -> Result<(), AppError> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobKind {
-    Batch,
-    Interactive,
-}
-
-impl JobKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobKind::Batch => "batch",
-            JobKind::Interactive => "interactive",
-        }
-    }
-}
+pub use crate::domain::JobKind;
 
 /// A job as submitted, through the API or the form.
 #[derive(Debug, Clone, Deserialize)]

@@ -1,11 +1,9 @@
 //! `/api/v1/jobs`: submit, list, read, logs, history, cancel.
 
-use super::views::{job_view, JobView};
 use super::ApiJson;
 use crate::auth::CurrentUser;
-use crate::db::jobs;
 use crate::error::ApiError;
-use crate::service;
+use crate::service::jobs;
 use crate::state::AppState;
 use crate::validate::JobRequest;
 use actix_web::{web, HttpResponse};
@@ -24,20 +22,12 @@ async fn submit(
     user: CurrentUser,
     body: ApiJson<JobRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let view = service::submit(&state, user, body.0).await?;
+    let view = jobs::submit(&state, &user, body.0).await?;
     Ok(HttpResponse::Created().json(view))
 }
 
 async fn list(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpResponse, ApiError> {
-    let views: Vec<JobView> = state
-        .db
-        .run(move |c| {
-            jobs::list_for_user(c, user.user.id, 500)?
-                .iter()
-                .map(|j| job_view(c, j))
-                .collect::<Result<_, _>>()
-        })
-        .await?;
+    let views = jobs::list(&state, &user, 500).await?;
     Ok(HttpResponse::Ok().json(views))
 }
 
@@ -46,14 +36,7 @@ async fn get(
     user: CurrentUser,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = id.into_inner();
-    let view = state
-        .db
-        .run(move |c| {
-            let job = jobs::get_for(c, id, &user)?;
-            job_view(c, &job)
-        })
-        .await?;
+    let view = jobs::get(&state, &user, id.into_inner()).await?;
     Ok(HttpResponse::Ok().json(view))
 }
 
@@ -62,14 +45,7 @@ async fn logs(
     user: CurrentUser,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = id.into_inner();
-    let text = state
-        .db
-        .run(move |c| {
-            jobs::get_for(c, id, &user)?;
-            jobs::logs(c, id, jobs::MAX_LOG_BYTES as usize)
-        })
-        .await?;
+    let text = jobs::logs(&state, &user, id.into_inner()).await?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")
         .body(text))
@@ -80,14 +56,7 @@ async fn events(
     user: CurrentUser,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = id.into_inner();
-    let events = state
-        .db
-        .run(move |c| {
-            jobs::get_for(c, id, &user)?;
-            jobs::events(c, id)
-        })
-        .await?;
+    let events = jobs::events(&state, &user, id.into_inner()).await?;
     Ok(HttpResponse::Ok().json(events))
 }
 
@@ -96,6 +65,6 @@ async fn cancel(
     user: CurrentUser,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    let view = service::cancel(&state, user, id.into_inner()).await?;
+    let view = jobs::cancel(&state, &user, id.into_inner()).await?;
     Ok(HttpResponse::Ok().json(view))
 }

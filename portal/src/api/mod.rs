@@ -3,7 +3,6 @@
 mod jobs;
 mod nodes;
 mod policy;
-pub mod views;
 
 use crate::error::{ApiError, AppError};
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};

@@ -4,7 +4,7 @@
 use super::ApiJson;
 use crate::auth::CurrentUser;
 use crate::error::ApiError;
-use crate::policy::{self, LendingRequest, QuotaRequest};
+use crate::service::policy::{self, LabQuota, LendingRequest, QuotaRequest, Windows};
 use crate::state::AppState;
 use actix_web::{web, HttpResponse};
 
@@ -27,7 +27,7 @@ async fn put_lending(
     id: web::Path<i64>,
     body: ApiJson<LendingRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let saved = policy::set_lending(&state, user, id.into_inner(), body.0).await?;
+    let saved = policy::set_lending(&state, &user, id.into_inner(), body.0, Windows::Given).await?;
     Ok(HttpResponse::Ok().json(saved))
 }
 
@@ -37,7 +37,7 @@ async fn put_lab_quota(
     slug: web::Path<String>,
     body: ApiJson<QuotaRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let q = policy::set_lab_quota(&state, user, slug.into_inner(), body.0).await?;
+    let q = policy::set_lab_quota(&state, &user, slug.into_inner(), body.0, LabQuota::Borrowing).await?;
     Ok(HttpResponse::Ok().json(q))
 }
 
@@ -48,7 +48,7 @@ async fn put_member_quota(
     body: ApiJson<QuotaRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let (slug, username) = path.into_inner();
-    let q = policy::set_member_quota(&state, user, slug, username, body.0).await?;
+    let q = policy::set_member_quota(&state, &user, slug, username, body.0).await?;
     Ok(HttpResponse::Ok().json(q))
 }
 
@@ -58,6 +58,6 @@ async fn put_member_default_quota(
     slug: web::Path<String>,
     body: ApiJson<QuotaRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let q = policy::set_member_default_quota(&state, user, slug.into_inner(), body.0).await?;
+    let q = policy::set_lab_quota(&state, &user, slug.into_inner(), body.0, LabQuota::MemberDefault).await?;
     Ok(HttpResponse::Ok().json(q))
 }

@@ -1,16 +1,21 @@
 //! Who is asking: [`CurrentUser`] is the typed extractor every user-facing handler takes,
 //! so no handler can forget to authenticate. API clients send a personal access token
-//! (`Authorization: Bearer ...`); browsers carry a session cookie. Forms carry a CSRF
-//! token bound to the session ([`csrf_token`], [`check_csrf`]).
+//! (`Authorization: Bearer ...`); browsers carry a session cookie.
+//!
+//! Forms: every state-changing form is read through [`CsrfForm`], which refuses a body
+//! whose CSRF token is missing or not the session's before the handler runs. The plain
+//! `web::Form` is a disallowed type (clippy.toml), so a handler cannot read a form
+//! without the check.
 
 pub mod oidc;
-pub mod rules;
 
-use crate::db::models::{Lab, Role, User};
-use crate::error::AppError;
+use crate::error::{AppError, WebError};
+use crate::service::Actor;
 use crate::state::AppState;
 use actix_session::{Session, SessionExt};
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -18,48 +23,14 @@ const SESSION_USER: &str = "uid";
 const SESSION_CSRF: &str = "csrf";
 const SESSION_LOGIN_AT: &str = "login_at";
 
+/// The signed-in user making this request (an [`Actor`] for the service layer).
 #[derive(Debug, Clone)]
-pub struct CurrentUser {
-    pub user: User,
-    pub labs: Vec<(Lab, Role)>,
-}
+pub struct CurrentUser(pub Actor);
 
-impl CurrentUser {
-    /// May this user administer `lab` (its lab admin, or an operator)?
-    pub fn admin_of(&self, lab: i64) -> bool {
-        self.user.is_operator
-            || self
-                .labs
-                .iter()
-                .any(|(l, r)| l.id == lab && *r == crate::db::models::Role::Admin)
-    }
-
-    /// Refuses unless the user administers `lab`.
-    pub fn require_admin_of(&self, lab: i64) -> Result<(), AppError> {
-        if self.admin_of(lab) {
-            Ok(())
-        } else {
-            Err(AppError::Forbidden(
-                "only the lab's admins (or operators) may do this".into(),
-            ))
-        }
-    }
-
-    /// Refuses unless the user is an operator.
-    pub fn require_operator(&self) -> Result<(), AppError> {
-        if self.user.is_operator {
-            Ok(())
-        } else {
-            Err(AppError::Forbidden("only operators may do this".into()))
-        }
-    }
-
-    /// (slug, id) of the user's labs, for validation.
-    pub fn lab_ids(&self) -> Vec<(String, i64)> {
-        self.labs
-            .iter()
-            .map(|(l, _)| (l.slug.clone(), l.id))
-            .collect()
+impl std::ops::Deref for CurrentUser {
+    type Target = Actor;
+    fn deref(&self) -> &Actor {
+        &self.0
     }
 }
 
@@ -90,7 +61,7 @@ impl FromRequest for CurrentUser {
                     .flatten()
                     .unwrap_or(0);
                 let max_age = state.config.session_absolute_hours as i64 * 3600;
-                if chrono::Utc::now().timestamp() - login_at > max_age {
+                if past_absolute_expiry(login_at, chrono::Utc::now().timestamp(), max_age) {
                     // Absolute expiry: however active, a session ends this long after login.
                     session.purge();
                     None
@@ -118,7 +89,7 @@ impl FromRequest for CurrentUser {
                         }
                     };
                     let labs = crate::db::users::labs_of(c, user.id)?;
-                    Ok(CurrentUser { user, labs })
+                    Ok(CurrentUser(Actor { user, labs }))
                 })
                 .await
                 .map_err(|e| as_response(api, e))
@@ -142,7 +113,9 @@ fn as_response(api: bool, e: AppError) -> actix_web::Error {
 }
 
 pub fn log_in(session: &Session, user: i64) -> Result<(), AppError> {
-    // A new session id at login: a session fixed before login is worth nothing after.
+    // A fresh session at login: nothing from before it (a CSRF token an attacker may
+    // have planted or read) carries over, and the session id changes.
+    session.clear();
     session.renew();
     session
         .insert(SESSION_USER, user)
@@ -165,7 +138,7 @@ pub fn csrf_token(session: &Session) -> String {
 }
 
 /// Refuses a state-changing form whose token is missing or not this session's.
-pub fn check_csrf(session: &Session, provided: &str) -> Result<(), AppError> {
+fn check_csrf(session: &Session, provided: &str) -> Result<(), AppError> {
     match session.get::<String>(SESSION_CSRF) {
         Ok(Some(t))
             if !provided.is_empty() && constant_time_eq(t.as_bytes(), provided.as_bytes()) =>
@@ -177,6 +150,43 @@ pub fn check_csrf(session: &Session, provided: &str) -> Result<(), AppError> {
         )),
     }
 }
+
+/// A form body that passed the CSRF check; the form's own fields are in `.0`.
+/// Refused with 403 (an HTML page) when the token is missing or stale.
+pub struct CsrfForm<T>(pub T);
+
+#[derive(Deserialize)]
+struct WithCsrf<T> {
+    #[serde(default)]
+    csrf: String,
+    #[serde(flatten)]
+    form: T,
+}
+
+impl<T: DeserializeOwned + 'static> FromRequest for CsrfForm<T> {
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, actix_web::Error>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let session = req.get_session();
+        #[allow(clippy::disallowed_types)] // the one place that reads a raw form
+        let form = web::Form::<WithCsrf<T>>::from_request(req, payload);
+        Box::pin(async move {
+            // The token first: a forged request learns nothing from a parse error.
+            let body = form.await;
+            let provided = body.as_ref().map(|b| b.csrf.as_str()).unwrap_or_default();
+            check_csrf(&session, provided).map_err(WebError)?;
+            let body = body.map_err(|e| {
+                WebError(AppError::BadRequest(format!("the form could not be read: {e}")))
+            })?;
+            Ok(CsrfForm(body.into_inner().form))
+        })
+    }
+}
+
+/// A form that carries nothing but its CSRF token (cancel, revoke, remove, ...).
+#[derive(Deserialize)]
+pub struct NoFields {}
 
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

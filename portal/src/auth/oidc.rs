@@ -68,18 +68,7 @@ pub struct PendingLogin {
     verifier: String,
 }
 
-/// Who the provider says logged in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    pub issuer: String,
-    pub subject: String,
-    pub username: String,
-    pub email: String,
-    pub name: String,
-    pub groups: Vec<String>,
-    /// For RP-initiated logout.
-    pub id_token: String,
-}
+pub use crate::identity::Identity;
 
 pub struct Oidc {
     issuer: IssuerUrl,

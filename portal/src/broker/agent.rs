@@ -4,7 +4,8 @@
 //! `AttemptEvent`s are applied in the order they happened.
 
 use crate::db::models::Node;
-use crate::db::{attempts, jobs, nodes};
+use crate::db::{jobs, nodes};
+use crate::service::attempts;
 use crate::error::{ApiError, AppError};
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};

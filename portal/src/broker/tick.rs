@@ -14,7 +14,8 @@
 //! lock [`LEADER_LOCK`] ticks (the lock lives as long as its connection). SQLite
 //! deployments run one portal.
 
-use crate::db::{attempts, nodes, now, snapshot};
+use crate::db::{nodes, now, snapshot};
+use crate::service::attempts;
 use crate::error::AppError;
 use crate::state::AppState;
 use std::time::Duration;

@@ -1,23 +1,15 @@
-//! Attempts: the scheduler's snapshot and plan, and the agent reports that move attempts
-//! (and so jobs) along.
-//!
-//! Invariants:
-//! - At most one active attempt (starting, running, stopping) per job; active attempts
-//!   hold their GPUs, so the scheduler never gives a GPU to two attempts.
-//! - A report about an attempt that is unknown, on another node, or already over changes
-//!   nothing here; if the agent still runs it, the caller answers with a `Stop`.
+//! Attempts' rows: the queries the attempt lifecycle (`service::attempts`) runs. No rules
+//! here beyond what a single statement guarantees.
 
-use super::jobs::{add_event, set_state};
-use super::models::{Attempt, AttemptStatus, JobState, Node};
+use super::models::{Attempt, AttemptStatus, JobState};
 use super::schema::*;
-use super::{now, DbConn};
+use super::types::to_json;
+use super::DbConn;
 use crate::error::AppError;
 use chrono::NaiveDateTime;
-use commons_proto::{AttemptReport, AttemptState, JobSpec, PortalMsg};
 use diesel::prelude::*;
-use std::collections::BTreeSet;
 
-pub(crate) fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, AppError> {
+pub fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, AppError> {
     Ok(job_attempts::table
         .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
         .order(job_attempts::id)
@@ -25,453 +17,127 @@ pub(crate) fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, AppError> 
         .load(c)?)
 }
 
-/// A message to send to a node once the plan is committed.
-pub struct Order {
-    pub node: i64,
-    pub msg: PortalMsg,
+/// Attempt `attempt` of `job`, if it exists.
+pub fn find(c: &mut DbConn, job: i64, attempt: i32) -> Result<Option<Attempt>, AppError> {
+    Ok(job_attempts::table
+        .filter(job_attempts::job_id.eq(job))
+        .filter(job_attempts::attempt.eq(attempt))
+        .select(Attempt::as_select())
+        .first(c)
+        .optional()?)
 }
 
-/// Commits a plan (second transaction), re-checking each change against the database as
-/// it is now:
-/// 1. Preemptions first: the job must still run its attempt; the attempt goes to
-///    `stopping`, the job to `preempting`, and the node gets a `Stop` with the grace.
-/// 2. Starts: the job must still be queued, its node online and its GPUs free.
-/// 3. Waiting jobs get their reason and place in the queue.
-pub fn apply_plan(
-    c: &mut DbConn,
-    plan: &commons_sched::Plan,
-    lease_ttl: chrono::Duration,
-) -> Result<Vec<Order>, AppError> {
-    c.transaction(|c| {
-        let active = active_attempts(c)?;
-        let mut held: BTreeSet<i64> = active.iter().flat_map(|a| a.gpu_id_list()).collect();
-        let mut orders = Vec::new();
-        for p in &plan.preempt {
-            let attempt = active.iter().find(|a| {
-                a.job_id == p.job
-                    && matches!(a.status(), AttemptStatus::Starting | AttemptStatus::Running)
-            });
-            let job = super::jobs::get(c, p.job)?;
-            let (Some(a), JobState::Starting | JobState::Running) = (attempt, job.state()) else {
-                tracing::info!(job = p.job, "plan preemption no longer valid; skipped");
-                continue;
-            };
-            diesel::update(job_attempts::table.find(a.id))
-                .set(job_attempts::state.eq(AttemptStatus::Stopping.as_str()))
-                .execute(c)?;
-            set_state(
-                c,
-                job.id,
-                JobState::Preempting,
-                &format!("preempting: {} (grace {} s)", p.reason, p.grace_s),
-            )?;
-            orders.push(Order {
-                node: a.node_id,
-                msg: PortalMsg::Stop {
-                    job: a.job_id,
-                    attempt: a.attempt,
-                    grace_s: u64::from(p.grace_s),
-                    reason: format!("preempted: {}", p.reason),
-                },
-            });
-        }
-        for s in &plan.start {
-            let job = super::jobs::get(c, s.job)?;
-            let node: Option<Node> = nodes::table
-                .find(s.node)
-                .filter(nodes::online.eq(true))
-                .filter(nodes::revoked_at.is_null())
-                .select(Node::as_select())
-                .first(c)
-                .optional()?;
-            let gpus = super::nodes::gpus_by_ids(c, &s.gpus)?;
-            let gpus_ok = gpus.len() == s.gpus.len()
-                && gpus
-                    .iter()
-                    .all(|g| g.node_id == s.node && g.present && !held.contains(&g.id));
-            let (Some(node), true, JobState::Queued) = (node, gpus_ok, job.state()) else {
-                tracing::info!(job = s.job, "plan start no longer valid; skipped");
-                continue;
-            };
-            held.extend(s.gpus.iter().copied());
-            let attempt = job.attempts + 1;
-            let t = now();
-            let lease_until = t + lease_ttl;
-            let ids: Vec<String> = s.gpus.iter().map(|g| g.to_string()).collect();
-            diesel::insert_into(job_attempts::table)
-                .values((
-                    job_attempts::job_id.eq(job.id),
-                    job_attempts::attempt.eq(attempt),
-                    job_attempts::node_id.eq(node.id),
-                    job_attempts::gpu_ids.eq(ids.join(",")),
-                    job_attempts::state.eq(AttemptStatus::Starting.as_str()),
-                    job_attempts::lease_until.eq(lease_until),
-                    job_attempts::created_at.eq(t),
-                ))
-                .execute(c)?;
-            diesel::update(jobs::table.find(job.id))
-                .set((
-                    jobs::attempts.eq(attempt),
-                    jobs::node_id.eq(node.id),
-                    jobs::reason.eq(None::<String>),
-                    jobs::queue_position.eq(None::<i32>),
-                ))
-                .execute(c)?;
-            let names: Vec<String> = gpus
-                .iter()
-                .map(|g| format!("#{} {}", g.idx, g.model))
-                .collect();
-            set_state(
-                c,
-                job.id,
-                JobState::Starting,
-                &format!(
-                    "attempt {attempt} starting on {} (GPU {})",
-                    node.name,
-                    names.join(", ")
-                ),
-            )?;
-            orders.push(Order {
-                node: node.id,
-                msg: start_msg(c, &job, attempt, &gpus, lease_until)?,
-            });
-        }
-        for p in &plan.pending {
-            let reason = p.reason.to_string();
-            diesel::update(
-                jobs::table
-                    .find(p.job)
-                    .filter(jobs::state.eq(JobState::Queued.as_str())),
-            )
-            .set((
-                jobs::reason.eq(Some(reason)),
-                jobs::queue_position.eq(Some(p.position as i32)),
-            ))
-            .execute(c)?;
-        }
-        Ok(orders)
-    })
-}
-
-/// The `Start` for an attempt of `job` on `gpus`.
-fn start_msg(
-    c: &mut DbConn,
-    job: &super::models::Job,
-    attempt: i32,
-    gpus: &[super::models::Gpu],
-    lease_until: NaiveDateTime,
-) -> Result<PortalMsg, AppError> {
-    let user: String = users::table
-        .find(job.user_id)
-        .select(users::username)
-        .first(c)?;
-    Ok(PortalMsg::Start {
-        job: job.id,
-        attempt,
-        spec: JobSpec {
-            image: job.image.clone(),
-            command: job.command_vec(),
-            env: job.env_map(),
-            cpus: job.cpus,
-            memory_mb: job.memory_mb.max(0) as u64,
-            time_limit_s: job.time_limit_s.max(0) as u64,
-            user,
-        },
-        gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
-        lease_until: lease_until.and_utc().timestamp(),
-    })
-}
-
-/// `Start`s for this node's attempts that should be starting but that the agent does not
-/// report. The database is the truth of what should run: whichever portal replica holds
-/// the agent's connection delivers them, also when the first send was lost. The agent
-/// ignores a `Start` it already has.
-pub fn undelivered_starts(
+/// A node's attempts in the given states.
+pub fn on_node(
     c: &mut DbConn,
     node: i64,
-    reported: &[AttemptReport],
-) -> Result<Vec<PortalMsg>, AppError> {
-    let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
-    let starting: Vec<Attempt> = job_attempts::table
+    states: &[AttemptStatus],
+) -> Result<Vec<Attempt>, AppError> {
+    Ok(job_attempts::table
         .filter(job_attempts::node_id.eq(node))
-        .filter(job_attempts::state.eq(AttemptStatus::Starting.as_str()))
+        .filter(job_attempts::state.eq_any(states))
+        .order(job_attempts::id)
         .select(Attempt::as_select())
-        .load(c)?;
-    let mut out = Vec::new();
-    for a in starting
-        .iter()
-        .filter(|a| !known.contains(&(a.job_id, a.attempt)))
-    {
-        let job = super::jobs::get(c, a.job_id)?;
-        let gpus = super::nodes::gpus_by_ids(c, &a.gpu_id_list())?;
-        out.push(start_msg(c, &job, a.attempt, &gpus, a.lease_until)?);
-    }
-    Ok(out)
+        .load(c)?)
 }
 
-fn requeue(c: &mut DbConn, job: i64, why: &str) -> Result<(), AppError> {
-    diesel::update(jobs::table.find(job))
-        .set((jobs::node_id.eq(None::<i64>), jobs::reason.eq(Some(why))))
-        .execute(c)?;
-    set_state(c, job, JobState::Queued, &format!("requeued: {why}"))
+/// A node's attempts being stopped, with their jobs' states.
+pub fn stopping_on(c: &mut DbConn, node: i64) -> Result<Vec<(Attempt, JobState)>, AppError> {
+    Ok(job_attempts::table
+        .inner_join(jobs::table)
+        .filter(job_attempts::node_id.eq(node))
+        .filter(job_attempts::state.eq(AttemptStatus::Stopping))
+        .select((Attempt::as_select(), jobs::state))
+        .load(c)?)
 }
 
-/// Ends an attempt and moves its job along.
-fn end_attempt(
+/// Active attempts whose lease ran out before `cutoff`.
+pub fn expired(c: &mut DbConn, cutoff: NaiveDateTime) -> Result<Vec<Attempt>, AppError> {
+    Ok(job_attempts::table
+        .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
+        .filter(job_attempts::lease_until.lt(cutoff))
+        .order(job_attempts::id)
+        .select(Attempt::as_select())
+        .load(c)?)
+}
+
+pub fn insert(
     c: &mut DbConn,
-    a: &Attempt,
+    job: i64,
+    attempt: i32,
+    node: i64,
+    gpus: &[i64],
+    lease_until: NaiveDateTime,
+    at: NaiveDateTime,
+) -> Result<(), AppError> {
+    let gpu_ids = to_json(gpus).map_err(|e| AppError::Internal(e.into()))?;
+    diesel::insert_into(job_attempts::table)
+        .values((
+            job_attempts::job_id.eq(job),
+            job_attempts::attempt.eq(attempt),
+            job_attempts::node_id.eq(node),
+            job_attempts::gpu_ids.eq(&gpu_ids),
+            job_attempts::state.eq(AttemptStatus::Starting),
+            job_attempts::lease_until.eq(lease_until),
+            job_attempts::created_at.eq(at),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+pub fn set_status(c: &mut DbConn, id: i64, status: AttemptStatus) -> Result<(), AppError> {
+    diesel::update(job_attempts::table.find(id))
+        .set(job_attempts::state.eq(status))
+        .execute(c)?;
+    Ok(())
+}
+
+pub fn mark_running(c: &mut DbConn, id: i64, at: NaiveDateTime) -> Result<(), AppError> {
+    diesel::update(job_attempts::table.find(id))
+        .set((
+            job_attempts::state.eq(AttemptStatus::Running),
+            job_attempts::started_at.eq(at),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+pub fn end(
+    c: &mut DbConn,
+    id: i64,
     status: AttemptStatus,
     exit_code: Option<i64>,
     reason: Option<&str>,
+    at: NaiveDateTime,
 ) -> Result<(), AppError> {
-    diesel::update(job_attempts::table.find(a.id))
+    diesel::update(job_attempts::table.find(id))
         .set((
-            job_attempts::state.eq(status.as_str()),
-            job_attempts::ended_at.eq(now()),
+            job_attempts::state.eq(status),
+            job_attempts::ended_at.eq(at),
             job_attempts::exit_code.eq(exit_code),
             job_attempts::reason.eq(reason),
         ))
         .execute(c)?;
-    let job = super::jobs::get(c, a.job_id)?;
-    // Only the job's current attempt may decide its fate.
-    if job.attempts != a.attempt {
-        return Ok(());
-    }
-    match job.state() {
-        JobState::Starting | JobState::Running => {}
-        // A job that ended by itself during its grace period has simply ended.
-        JobState::Preempting if status == AttemptStatus::Exited => {}
-        JobState::Preempting => return requeue(c, job.id, reason.unwrap_or("preempted")),
-        JobState::Cancelled => {
-            return add_event(c, job.id, JobState::Cancelled, "container stopped");
-        }
-        _ => return Ok(()),
-    }
-    diesel::update(jobs::table.find(job.id))
-        .set((jobs::exit_code.eq(exit_code), jobs::reason.eq(reason)))
-        .execute(c)?;
-    match status {
-        AttemptStatus::Exited if exit_code == Some(0) => {
-            set_state(c, job.id, JobState::Succeeded, "exited with code 0")
-        }
-        AttemptStatus::Exited => set_state(
-            c,
-            job.id,
-            JobState::Failed,
-            &format!("exited with code {}", exit_code.unwrap_or(-1)),
-        ),
-        AttemptStatus::Lost => requeue(c, job.id, reason.unwrap_or("lost")),
-        AttemptStatus::Stopped if reason.is_some_and(|r| r.starts_with("lease expired")) => {
-            requeue(c, job.id, reason.unwrap_or("lease expired"))
-        }
-        _ => set_state(c, job.id, JobState::Failed, reason.unwrap_or("stopped")),
-    }
+    Ok(())
 }
 
-/// What the caller must do after a report.
-#[derive(Debug, Default)]
-pub struct ReportOutcome {
-    /// Send this `Stop` back to the agent.
-    pub stop: Option<PortalMsg>,
-    /// GPUs were freed: run the scheduler soon.
-    pub freed: bool,
-}
-
-/// Applies one attempt report or event from `node`.
-pub fn apply_report(
+/// Moves every active attempt of `node` to `until`; returns their (job, attempt).
+pub fn renew_on(
     c: &mut DbConn,
     node: i64,
-    r: &AttemptReport,
-) -> Result<ReportOutcome, AppError> {
-    c.transaction(|c| {
-        let a: Option<Attempt> = job_attempts::table
-            .filter(job_attempts::job_id.eq(r.job))
-            .filter(job_attempts::attempt.eq(r.attempt))
-            .select(Attempt::as_select())
-            .first(c)
-            .optional()?;
-        let stop = |why: &str| PortalMsg::Stop {
-            job: r.job,
-            attempt: r.attempt,
-            grace_s: 10,
-            reason: why.into(),
-        };
-        let a = match a {
-            Some(a) if a.node_id == node && a.status().is_active() => a,
-            _ => {
-                let mut out = ReportOutcome::default();
-                if !r.state.is_final() {
-                    out.stop = Some(stop("this attempt is not expected to run"));
-                }
-                return Ok(out);
-            }
-        };
-        let mut out = ReportOutcome::default();
-        match r.state {
-            AttemptState::Starting => {}
-            AttemptState::Running => {
-                if a.status() == AttemptStatus::Starting {
-                    diesel::update(job_attempts::table.find(a.id))
-                        .set((
-                            job_attempts::state.eq(AttemptStatus::Running.as_str()),
-                            job_attempts::started_at.eq(now()),
-                        ))
-                        .execute(c)?;
-                    let job = super::jobs::get(c, a.job_id)?;
-                    if job.state() == JobState::Starting && job.attempts == a.attempt {
-                        if job.started_at.is_none() {
-                            diesel::update(jobs::table.find(job.id))
-                                .set(jobs::started_at.eq(now()))
-                                .execute(c)?;
-                        }
-                        set_state(
-                            c,
-                            job.id,
-                            JobState::Running,
-                            &format!("attempt {} running", a.attempt),
-                        )?;
-                    }
-                } else if a.status() == AttemptStatus::Stopping {
-                    // Still running although told to stop (the first `Stop` was lost).
-                    let job = super::jobs::get(c, a.job_id)?;
-                    out.stop = Some(stop(stop_reason(job.state())));
-                }
-            }
-            AttemptState::Exited => {
-                end_attempt(
-                    c,
-                    &a,
-                    AttemptStatus::Exited,
-                    r.exit_code,
-                    r.reason.as_deref(),
-                )?;
-                out.freed = true;
-            }
-            AttemptState::Stopped => {
-                end_attempt(
-                    c,
-                    &a,
-                    AttemptStatus::Stopped,
-                    r.exit_code,
-                    r.reason.as_deref(),
-                )?;
-                out.freed = true;
-            }
-            AttemptState::Failed => {
-                end_attempt(
-                    c,
-                    &a,
-                    AttemptStatus::Failed,
-                    r.exit_code,
-                    r.reason.as_deref(),
-                )?;
-                out.freed = true;
-            }
-        }
-        Ok(out)
-    })
-}
-
-/// After a `Hello`: attempts this node should run but does not report are lost (their
-/// jobs go back to the queue). Returns whether any were.
-pub fn reconcile_missing(
-    c: &mut DbConn,
-    node: i64,
-    reported: &[AttemptReport],
-) -> Result<bool, AppError> {
-    c.transaction(|c| {
-        let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
-        let ours: Vec<Attempt> = job_attempts::table
-            .filter(job_attempts::node_id.eq(node))
-            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
-            .select(Attempt::as_select())
-            .load(c)?;
-        let mut any = false;
-        for a in ours
-            .iter()
-            .filter(|a| !known.contains(&(a.job_id, a.attempt)))
-        {
-            end_attempt(
-                c,
-                a,
-                AttemptStatus::Lost,
-                None,
-                Some("the server no longer had its container"),
-            )?;
-            any = true;
-        }
-        Ok(any)
-    })
-}
-
-/// Renews the leases of this node's active attempts; returns the `Renew` to send.
-pub fn renew(c: &mut DbConn, node: i64, ttl: chrono::Duration) -> Result<PortalMsg, AppError> {
-    let until = now() + ttl;
-    c.transaction(|c| {
-        let ours: Vec<(i64, i32)> = job_attempts::table
-            .filter(job_attempts::node_id.eq(node))
-            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
-            .select((job_attempts::job_id, job_attempts::attempt))
-            .load(c)?;
-        diesel::update(
-            job_attempts::table
-                .filter(job_attempts::node_id.eq(node))
-                .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE)),
-        )
-        .set(job_attempts::lease_until.eq(until))
-        .execute(c)?;
-        Ok(PortalMsg::Renew {
-            lease_until: until.and_utc().timestamp(),
-            attempts: ours,
-        })
-    })
-}
-
-/// Why an attempt in `stopping` is being stopped, from its job's state.
-fn stop_reason(job: JobState) -> &'static str {
-    match job {
-        JobState::Preempting => "preempted",
-        _ => "cancelled",
-    }
-}
-
-/// `Stop`s for this node's attempts that are being stopped (sent again after a reconnect).
-pub fn pending_stops(c: &mut DbConn, node: i64) -> Result<Vec<PortalMsg>, AppError> {
-    let rows: Vec<(i64, i32, String)> = job_attempts::table
-        .inner_join(jobs::table)
+    until: NaiveDateTime,
+) -> Result<Vec<(i64, i32)>, AppError> {
+    let ours: Vec<(i64, i32)> = job_attempts::table
         .filter(job_attempts::node_id.eq(node))
-        .filter(job_attempts::state.eq(AttemptStatus::Stopping.as_str()))
-        .select((job_attempts::job_id, job_attempts::attempt, jobs::state))
+        .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
+        .select((job_attempts::job_id, job_attempts::attempt))
         .load(c)?;
-    Ok(rows
-        .into_iter()
-        .map(|(job, attempt, state)| PortalMsg::Stop {
-            job,
-            attempt,
-            grace_s: 10,
-            reason: stop_reason(JobState::parse(&state)).into(),
-        })
-        .collect())
-}
-
-/// Attempts whose lease ran out before `cutoff` (lease TTL plus a margin ago): their agent
-/// has stopped them by now, so they are lost and their jobs requeued.
-pub fn expire_leases(c: &mut DbConn, cutoff: NaiveDateTime) -> Result<usize, AppError> {
-    c.transaction(|c| {
-        let expired: Vec<Attempt> = job_attempts::table
-            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
-            .filter(job_attempts::lease_until.lt(cutoff))
-            .select(Attempt::as_select())
-            .load(c)?;
-        for a in &expired {
-            end_attempt(
-                c,
-                a,
-                AttemptStatus::Lost,
-                None,
-                Some("lost contact with its server"),
-            )?;
-        }
-        Ok(expired.len())
-    })
+    diesel::update(
+        job_attempts::table
+            .filter(job_attempts::node_id.eq(node))
+            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE)),
+    )
+    .set(job_attempts::lease_until.eq(until))
+    .execute(c)?;
+    Ok(ours)
 }

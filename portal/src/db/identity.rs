@@ -5,11 +5,11 @@
 //! added, changed, or removed when the group is gone. Memberships a lab admin granted
 //! by hand (`source = 'manual'`) are never touched by a login.
 
-use super::models::{Role, User};
+use super::models::User;
+use crate::domain::MembershipSource;
 use super::schema::*;
 use super::{now, users as accounts, DbConn};
-use crate::auth::oidc::Identity;
-use crate::auth::rules::{grants, GroupRules};
+use crate::identity::{grants, GroupRules, Identity};
 use crate::error::AppError;
 use crate::insert_returning_id;
 use diesel::prelude::*;
@@ -26,7 +26,8 @@ fn free_username(c: &mut DbConn, wanted: &str) -> Result<String, AppError> {
     } else {
         base
     };
-    for n in 1.. {
+    let mut n = 1u64;
+    loop {
         let candidate = if n == 1 {
             base.clone()
         } else {
@@ -35,8 +36,8 @@ fn free_username(c: &mut DbConn, wanted: &str) -> Result<String, AppError> {
         if accounts::user_by_name(c, &candidate)?.is_none() {
             return Ok(candidate);
         }
+        n += 1;
     }
-    unreachable!("some suffix is free")
 }
 
 /// Finds or creates the user for `id`, refreshes profile, operator flag and group
@@ -90,10 +91,7 @@ pub fn sign_in(c: &mut DbConn, id: &Identity, rules: &GroupRules) -> Result<User
             ))
             .execute(c)?;
 
-        let current: Vec<(i64, String, String)> = memberships::table
-            .filter(memberships::user_id.eq(user_id))
-            .select((memberships::lab_id, memberships::role, memberships::source))
-            .load(c)?;
+        let current = accounts::memberships_of(c, user_id)?;
         let mut wanted_labs = Vec::new();
         for (slug, role) in &granted.labs {
             let lab = match accounts::lab_by_slug(c, slug) {
@@ -101,38 +99,15 @@ pub fn sign_in(c: &mut DbConn, id: &Identity, rules: &GroupRules) -> Result<User
                 Err(_) => accounts::create_lab(c, slug, slug)?,
             };
             wanted_labs.push(lab.id);
-            match current.iter().find(|(l, _, _)| *l == lab.id) {
-                Some((_, _, source)) if source == "manual" => {}
-                Some((_, r, _)) if Role::parse(r) == *role => {}
-                Some(_) => {
-                    diesel::update(
-                        memberships::table
-                            .filter(memberships::user_id.eq(user_id))
-                            .filter(memberships::lab_id.eq(lab.id)),
-                    )
-                    .set(memberships::role.eq(role.as_str()))
-                    .execute(c)?;
-                }
-                None => {
-                    diesel::insert_into(memberships::table)
-                        .values((
-                            memberships::user_id.eq(user_id),
-                            memberships::lab_id.eq(lab.id),
-                            memberships::role.eq(role.as_str()),
-                            memberships::source.eq("sso"),
-                        ))
-                        .execute(c)?;
-                }
+            match current.iter().find(|m| m.lab_id == lab.id) {
+                Some(m) if m.source == MembershipSource::Manual => {}
+                Some(m) if m.role == *role => {}
+                _ => accounts::upsert_membership(c, user_id, lab.id, *role, MembershipSource::Sso)?,
             }
         }
-        for (lab, _, source) in &current {
-            if source == "sso" && !wanted_labs.contains(lab) {
-                diesel::delete(
-                    memberships::table
-                        .filter(memberships::user_id.eq(user_id))
-                        .filter(memberships::lab_id.eq(lab)),
-                )
-                .execute(c)?;
+        for m in &current {
+            if m.source == MembershipSource::Sso && !wanted_labs.contains(&m.lab_id) {
+                accounts::remove_membership(c, user_id, m.lab_id)?;
             }
         }
         accounts::user_by_id(c, user_id)

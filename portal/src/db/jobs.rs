@@ -5,6 +5,7 @@
 
 use super::models::{Attempt, Job, JobEvent, JobState};
 use super::schema::*;
+use super::types::to_json;
 use super::{now, DbConn};
 use crate::error::AppError;
 use crate::insert_returning_id;
@@ -19,7 +20,7 @@ pub fn add_event(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Re
         .values((
             job_events::job_id.eq(job),
             job_events::at.eq(now()),
-            job_events::state.eq(state.as_str()),
+            job_events::state.eq(state),
             job_events::message.eq(message),
         ))
         .execute(c)?;
@@ -30,7 +31,7 @@ pub fn add_event(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Re
 pub fn set_state(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Result<(), AppError> {
     let t = now();
     diesel::update(jobs::table.find(job))
-        .set(jobs::state.eq(state.as_str()))
+        .set(jobs::state.eq(state))
         .execute(c)?;
     if state.is_final() {
         diesel::update(jobs::table.find(job))
@@ -44,6 +45,10 @@ pub fn set_state(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Re
 }
 
 pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> {
+    let json = |e: serde_json::Error| AppError::Internal(e.into());
+    let command = to_json(&v.command).map_err(json)?;
+    let env = to_json(&v.env).map_err(json)?;
+    let models = to_json(&v.gpu_models).map_err(json)?;
     c.transaction(|c| {
         let id = insert_returning_id!(
             c,
@@ -51,16 +56,16 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
                 jobs::user_id.eq(user),
                 jobs::lab_id.eq(v.lab_id),
                 jobs::image.eq(&v.image),
-                jobs::command.eq(serde_json::to_string(&v.command).expect("json")),
-                jobs::env.eq(serde_json::to_string(&v.env).expect("json")),
+                jobs::command.eq(&command),
+                jobs::env.eq(&env),
                 jobs::gpus.eq(v.gpus),
-                jobs::gpu_models.eq(serde_json::to_string(&v.gpu_models).expect("json")),
+                jobs::gpu_models.eq(&models),
                 jobs::min_gpu_memory_mb.eq(v.min_gpu_memory_mb),
                 jobs::cpus.eq(v.cpus),
                 jobs::memory_mb.eq(v.memory_mb),
                 jobs::time_limit_s.eq(v.time_limit_s),
-                jobs::kind.eq(v.kind.as_str()),
-                jobs::state.eq(JobState::Queued.as_str()),
+                jobs::kind.eq(v.kind),
+                jobs::state.eq(JobState::Queued),
                 jobs::reason.eq(Some("waiting for the scheduler")),
                 jobs::created_at.eq(now()),
             )),
@@ -80,17 +85,6 @@ pub fn get(c: &mut DbConn, id: i64) -> Result<Job, AppError> {
         .ok_or(AppError::NotFound("job"))
 }
 
-/// A job the user may see: their own, else "not found" (never "forbidden", which would
-/// tell that the id exists).
-pub fn get_for(c: &mut DbConn, id: i64, user: &crate::auth::CurrentUser) -> Result<Job, AppError> {
-    let job = get(c, id)?;
-    if job.user_id == user.user.id || user.user.is_operator {
-        Ok(job)
-    } else {
-        Err(AppError::NotFound("job"))
-    }
-}
-
 pub fn list_for_user(c: &mut DbConn, user: i64, limit: i64) -> Result<Vec<Job>, AppError> {
     Ok(jobs::table
         .filter(jobs::user_id.eq(user))
@@ -98,6 +92,23 @@ pub fn list_for_user(c: &mut DbConn, user: i64, limit: i64) -> Result<Vec<Job>, 
         .limit(limit)
         .select(Job::as_select())
         .load(c)?)
+}
+
+/// The latest attempt of each of `jobs` (one query).
+pub fn last_attempts(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<Attempt>, AppError> {
+    let all: Vec<Attempt> = job_attempts::table
+        .filter(job_attempts::job_id.eq_any(jobs))
+        .order((job_attempts::job_id, job_attempts::attempt))
+        .select(Attempt::as_select())
+        .load(c)?;
+    let mut last: Vec<Attempt> = Vec::new();
+    for a in all {
+        match last.last_mut() {
+            Some(l) if l.job_id == a.job_id => *l = a,
+            _ => last.push(a),
+        }
+    }
+    Ok(last)
 }
 
 pub fn events(c: &mut DbConn, job: i64) -> Result<Vec<JobEvent>, AppError> {
@@ -183,6 +194,67 @@ pub fn append_log(c: &mut DbConn, job: i64, attempt: i32, chunk: &str) -> Result
     })
 }
 
+/// A job placed on `node` as attempt `attempt`: no longer waiting.
+pub fn set_placed(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(), AppError> {
+    diesel::update(jobs::table.find(job))
+        .set((
+            jobs::attempts.eq(attempt),
+            jobs::node_id.eq(node),
+            jobs::reason.eq(None::<String>),
+            jobs::queue_position.eq(None::<i32>),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+/// A job back in the queue: on no node, with the reason it waits.
+pub fn set_unplaced(c: &mut DbConn, job: i64, why: &str) -> Result<(), AppError> {
+    diesel::update(jobs::table.find(job))
+        .set((jobs::node_id.eq(None::<i64>), jobs::reason.eq(Some(why))))
+        .execute(c)?;
+    Ok(())
+}
+
+pub fn set_result(
+    c: &mut DbConn,
+    job: i64,
+    exit_code: Option<i64>,
+    reason: Option<&str>,
+) -> Result<(), AppError> {
+    diesel::update(jobs::table.find(job))
+        .set((jobs::exit_code.eq(exit_code), jobs::reason.eq(reason)))
+        .execute(c)?;
+    Ok(())
+}
+
+/// Records the job's first start time (later attempts keep it).
+pub fn set_first_start(c: &mut DbConn, job: i64, at: chrono::NaiveDateTime) -> Result<(), AppError> {
+    diesel::update(jobs::table.find(job).filter(jobs::started_at.is_null()))
+        .set(jobs::started_at.eq(at))
+        .execute(c)?;
+    Ok(())
+}
+
+/// Why a queued job waits, and its place in the queue (a job no longer queued keeps
+/// what it has).
+pub fn set_waiting(c: &mut DbConn, job: i64, reason: &str, position: i32) -> Result<(), AppError> {
+    diesel::update(jobs::table.find(job).filter(jobs::state.eq(JobState::Queued)))
+        .set((
+            jobs::reason.eq(Some(reason)),
+            jobs::queue_position.eq(Some(position)),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+/// The username of a job's owner.
+pub fn owner_name(c: &mut DbConn, job: &Job) -> Result<String, AppError> {
+    Ok(users::table
+        .find(job.user_id)
+        .select(users::username)
+        .first(c)?)
+}
+
 /// Cancels a job. Returns the attempt to stop on its node, if one is active.
 pub fn cancel(c: &mut DbConn, job: &Job, by: &str) -> Result<Option<Attempt>, AppError> {
     c.transaction(|c| {
@@ -201,7 +273,7 @@ pub fn cancel(c: &mut DbConn, job: &Job, by: &str) -> Result<Option<Attempt>, Ap
             .optional()?;
         if let Some(a) = &active {
             diesel::update(job_attempts::table.find(a.id))
-                .set(job_attempts::state.eq("stopping"))
+                .set(job_attempts::state.eq(super::models::AttemptStatus::Stopping))
                 .execute(c)?;
         }
         diesel::update(jobs::table.find(job.id))

@@ -17,6 +17,7 @@ pub mod models;
 pub mod nodes;
 pub mod schema;
 pub mod snapshot;
+pub mod types;
 pub mod usage;
 pub mod users;
 
@@ -182,6 +183,15 @@ macro_rules! insert_returning_id {
             $crate::db::DbConn::Sqlite(c) => $insert.returning($id).get_result::<i64>(c),
         }
     };
+}
+
+/// Runs `f` in a transaction (so `service/` needs no diesel traits of its own).
+pub fn transaction<T, E, F>(c: &mut DbConn, f: F) -> Result<T, E>
+where
+    F: FnOnce(&mut DbConn) -> Result<T, E>,
+    E: From<diesel::result::Error>,
+{
+    c.transaction(f)
 }
 
 pub fn now() -> chrono::NaiveDateTime {

@@ -1,9 +1,14 @@
-//! Rows as Rust structs, and the enums stored as text.
+//! Rows as Rust structs. Enum and JSON columns are typed ([`super::types`]): a row that
+//! does not parse fails its query.
 
 use super::schema::*;
+use super::types::Json;
+pub use crate::domain::{AttemptStatus, JobKind, JobState, MembershipSource, Role};
 use chrono::NaiveDateTime;
+use commons_sched::{Lending, Quota};
 use diesel::prelude::*;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Queryable, Selectable, Serialize)]
 #[diesel(table_name = labs)]
@@ -12,10 +17,10 @@ pub struct Lab {
     pub slug: String,
     pub name: String,
     pub created_at: NaiveDateTime,
-    /// JSON of `commons_sched::Quota`: the operators' limit on what the lab borrows.
-    pub quota: String,
-    /// JSON of `commons_sched::Quota`: the lab admins' default for members without one.
-    pub member_quota: String,
+    /// The operators' limit on what the lab borrows.
+    pub quota: Json<Quota>,
+    /// The lab admins' default for members without a quota of their own.
+    pub member_quota: Json<Quota>,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Serialize)]
@@ -49,8 +54,8 @@ pub struct Node {
     pub last_seen_at: Option<NaiveDateTime>,
     pub created_at: NaiveDateTime,
     pub revoked_at: Option<NaiveDateTime>,
-    /// JSON of `commons_sched::Lending`, set by the lab admin.
-    pub lending: String,
+    /// Set by the lab admin.
+    pub lending: Json<Lending>,
     /// Seconds a preempted guest gets to checkpoint and stop.
     pub grace_s: i32,
     /// The owner takes every GPU back now.
@@ -58,8 +63,8 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn lending_rules(&self) -> commons_sched::Lending {
-        serde_json::from_str(&self.lending).unwrap_or_default()
+    pub fn lending_rules(&self) -> Lending {
+        self.lending.0.clone()
     }
 }
 
@@ -87,16 +92,16 @@ pub struct Job {
     pub user_id: i64,
     pub lab_id: i64,
     pub image: String,
-    pub command: String,
-    pub env: String,
+    pub command: Json<Vec<String>>,
+    pub env: Json<BTreeMap<String, String>>,
     pub gpus: i32,
-    pub gpu_models: String,
+    pub gpu_models: Json<Vec<String>>,
     pub min_gpu_memory_mb: i64,
     pub cpus: f64,
     pub memory_mb: i64,
     pub time_limit_s: i64,
-    pub kind: String,
-    pub state: String,
+    pub kind: JobKind,
+    pub state: JobState,
     pub reason: Option<String>,
     pub queue_position: Option<i32>,
     pub exit_code: Option<i64>,
@@ -110,16 +115,7 @@ pub struct Job {
 
 impl Job {
     pub fn state(&self) -> JobState {
-        JobState::parse(&self.state)
-    }
-    pub fn command_vec(&self) -> Vec<String> {
-        serde_json::from_str(&self.command).unwrap_or_default()
-    }
-    pub fn env_map(&self) -> std::collections::BTreeMap<String, String> {
-        serde_json::from_str(&self.env).unwrap_or_default()
-    }
-    pub fn models_vec(&self) -> Vec<String> {
-        serde_json::from_str(&self.gpu_models).unwrap_or_default()
+        self.state
     }
 }
 
@@ -130,8 +126,9 @@ pub struct Attempt {
     pub job_id: i64,
     pub attempt: i32,
     pub node_id: i64,
-    pub gpu_ids: String,
-    pub state: String,
+    /// Ids of the `gpus` rows it holds.
+    pub gpu_ids: Json<Vec<i64>>,
+    pub state: AttemptStatus,
     pub lease_until: NaiveDateTime,
     pub created_at: NaiveDateTime,
     pub started_at: Option<NaiveDateTime>,
@@ -142,13 +139,10 @@ pub struct Attempt {
 
 impl Attempt {
     pub fn gpu_id_list(&self) -> Vec<i64> {
-        self.gpu_ids
-            .split(',')
-            .filter_map(|s| s.trim().parse().ok())
-            .collect()
+        self.gpu_ids.0.clone()
     }
     pub fn status(&self) -> AttemptStatus {
-        AttemptStatus::parse(&self.state)
+        self.state
     }
 }
 
@@ -160,95 +154,6 @@ pub struct JobEvent {
     #[serde(skip)]
     pub job_id: i64,
     pub at: NaiveDateTime,
-    pub state: String,
+    pub state: JobState,
     pub message: String,
-}
-
-macro_rules! text_enum {
-    ($(#[$m:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? } default $default:ident) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-        #[serde(rename_all = "snake_case")]
-        pub enum $name { $($variant),+ }
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-            pub fn as_str(self) -> &'static str {
-                match self { $($name::$variant => $text),+ }
-            }
-            /// Unknown text (a newer portal's state) reads as the default.
-            pub fn parse(s: &str) -> Self {
-                match s { $($text => $name::$variant,)+ _ => $name::$default }
-            }
-        }
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
-text_enum!(
-    /// A job's state, as users and the API see it.
-    JobState {
-        Queued => "queued",
-        Starting => "starting",
-        Running => "running",
-        Preempting => "preempting",
-        Succeeded => "succeeded",
-        Failed => "failed",
-        Cancelled => "cancelled",
-    } default Failed
-);
-
-impl JobState {
-    pub fn is_final(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
-    }
-}
-
-text_enum!(
-    /// An attempt's state in the portal. Active attempts hold their GPUs.
-    AttemptStatus {
-        Starting => "starting",
-        Running => "running",
-        Stopping => "stopping",
-        Exited => "exited",
-        Stopped => "stopped",
-        Failed => "failed",
-        Lost => "lost",
-    } default Lost
-);
-
-impl AttemptStatus {
-    pub const ACTIVE: [&'static str; 3] = ["starting", "running", "stopping"];
-    pub fn is_active(self) -> bool {
-        matches!(self, Self::Starting | Self::Running | Self::Stopping)
-    }
-}
-
-text_enum!(
-    /// A member's role in a lab.
-    Role {
-        Member => "member",
-        Admin => "admin",
-    } default Member
-);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn text_enums_round_trip() {
-        for s in JobState::ALL {
-            assert_eq!(JobState::parse(s.as_str()), *s);
-        }
-        for s in AttemptStatus::ALL {
-            assert_eq!(AttemptStatus::parse(s.as_str()), *s);
-        }
-        assert!(JobState::Cancelled.is_final());
-        assert!(!JobState::Preempting.is_final());
-        assert!(AttemptStatus::Stopping.is_active());
-    }
 }

@@ -65,6 +65,8 @@ pub fn enrol(
                 nodes::credential_hash.eq(hash_secret(&credential)),
                 nodes::agent_version.eq(agent_version),
                 nodes::created_at.eq(now()),
+                // The campus default grace, until the lab admin sets one.
+                nodes::grace_s.eq(0),
             )),
             nodes::id
         )?;
@@ -250,6 +252,58 @@ pub fn gpus_by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Gpu>, AppError> {
         .order(gpus::idx)
         .select(Gpu::as_select())
         .load(c)?)
+}
+
+/// Names of the nodes `ids` (one query).
+pub fn names(
+    c: &mut DbConn,
+    ids: &[i64],
+) -> Result<std::collections::BTreeMap<i64, String>, AppError> {
+    Ok(nodes::table
+        .filter(nodes::id.eq_any(ids))
+        .select((nodes::id, nodes::name))
+        .load::<(i64, String)>(c)?
+        .into_iter()
+        .collect())
+}
+
+/// A lab's enrolled (not revoked) nodes.
+pub fn of_lab(c: &mut DbConn, lab: i64) -> Result<Vec<Node>, AppError> {
+    Ok(nodes::table
+        .filter(nodes::lab_id.eq(lab))
+        .filter(nodes::revoked_at.is_null())
+        .order(nodes::id)
+        .select(Node::as_select())
+        .load(c)?)
+}
+
+/// Replaces a node's lending rules (JSON of `commons_sched::Lending`), grace and reclaim.
+pub fn set_lending(
+    c: &mut DbConn,
+    node: i64,
+    lending_json: &str,
+    grace_s: i32,
+    reclaim: bool,
+) -> Result<(), AppError> {
+    diesel::update(nodes::table.find(node))
+        .set((
+            nodes::lending.eq(lending_json),
+            nodes::grace_s.eq(grace_s),
+            nodes::reclaim.eq(reclaim),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+/// Node `id` if it is online and not revoked (where a start may go).
+pub fn online_node(c: &mut DbConn, id: i64) -> Result<Option<Node>, AppError> {
+    Ok(nodes::table
+        .find(id)
+        .filter(nodes::online.eq(true))
+        .filter(nodes::revoked_at.is_null())
+        .select(Node::as_select())
+        .first(c)
+        .optional()?)
 }
 
 pub fn node_by_id(c: &mut DbConn, id: i64) -> Result<Node, AppError> {

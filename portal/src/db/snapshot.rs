@@ -43,7 +43,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
         let node_lab: BTreeMap<i64, i64> = nodes.iter().map(|n| (n.id, n.lab_id)).collect();
         let active = super::attempts::active_attempts(c)?;
         let queued: Vec<Job> = jobs::table
-            .filter(jobs::state.eq(JobState::Queued.as_str()))
+            .filter(jobs::state.eq(JobState::Queued))
             .order(jobs::id)
             .select(Job::as_select())
             .load(c)?;
@@ -63,7 +63,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             .order(labs::id)
             .select(Lab::as_select())
             .load(c)?;
-        let members: Vec<(i64, i64, String)> = memberships::table
+        let members: Vec<(i64, i64, super::types::Json<Quota>)> = memberships::table
             .order((memberships::lab_id, memberships::user_id))
             .select((
                 memberships::lab_id,
@@ -79,7 +79,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                     l.id,
                     LabInfo {
                         id: l.id,
-                        quota: serde_json::from_str::<Quota>(&l.quota).unwrap_or_default(),
+                        quota: l.quota.0.clone(),
                         ledger_at: now_s,
                         ..Default::default()
                     },
@@ -91,7 +91,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             .map(|l| {
                 (
                     l.id,
-                    serde_json::from_str(&l.member_quota).unwrap_or_default(),
+                    l.member_quota.0.clone(),
                 )
             })
             .collect();
@@ -99,7 +99,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             .iter()
             .map(|(lab, user, quota)| {
                 // A member without a quota of their own has the lab's default.
-                let own: Quota = serde_json::from_str(quota).unwrap_or_default();
+                let own = quota.0.clone();
                 let quota = if own == Quota::default() {
                     member_default.get(lab).cloned().unwrap_or_default()
                 } else {
@@ -208,7 +208,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                     user: j.user_id,
                     lab: j.lab_id,
                     gpus: j.gpus.max(0) as u32,
-                    models: j.models_vec(),
+                    models: j.gpu_models.0.clone(),
                     min_memory_mb: j.min_gpu_memory_mb.max(0) as u64,
                     time_limit_s: j.time_limit_s,
                     submitted_at: secs(j.created_at),

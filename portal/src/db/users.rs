@@ -2,6 +2,10 @@
 //! tokens and agent enrolment tokens. Secrets are random, shown once, stored as SHA-256.
 
 use super::models::{Lab, Role, User};
+use super::types::Json;
+use crate::domain::MembershipSource;
+use commons_sched::Quota;
+use std::collections::BTreeMap;
 use super::schema::*;
 use super::{now, DbConn};
 use crate::error::AppError;
@@ -48,13 +52,142 @@ pub fn create_lab(c: &mut DbConn, slug: &str, name: &str) -> Result<Lab, AppErro
     Ok(labs::table.find(id).select(Lab::as_select()).first(c)?)
 }
 
+/// The lab `slug`, or an error naming the field `lab` (for operator commands).
 pub fn lab_by_slug(c: &mut DbConn, slug: &str) -> Result<Lab, AppError> {
-    labs::table
+    find_lab(c, slug)?.ok_or_else(|| AppError::invalid("lab", format!("no lab {slug:?}")))
+}
+
+pub fn find_lab(c: &mut DbConn, slug: &str) -> Result<Option<Lab>, AppError> {
+    Ok(labs::table
         .filter(labs::slug.eq(slug))
         .select(Lab::as_select())
         .first(c)
+        .optional()?)
+}
+
+pub fn lab_by_id(c: &mut DbConn, id: i64) -> Result<Lab, AppError> {
+    labs::table
+        .find(id)
+        .select(Lab::as_select())
+        .first(c)
         .optional()?
-        .ok_or_else(|| AppError::invalid("lab", format!("no lab {slug:?}")))
+        .ok_or(AppError::NotFound("lab"))
+}
+
+/// Slugs of the labs `ids` (one query).
+pub fn lab_slugs(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, String>, AppError> {
+    Ok(labs::table
+        .filter(labs::id.eq_any(ids))
+        .select((labs::id, labs::slug))
+        .load::<(i64, String)>(c)?
+        .into_iter()
+        .collect())
+}
+
+/// Every lab's (id, slug).
+pub fn all_lab_slugs(c: &mut DbConn) -> Result<Vec<(i64, String)>, AppError> {
+    Ok(labs::table
+        .order(labs::id)
+        .select((labs::id, labs::slug))
+        .load(c)?)
+}
+
+/// Replaces the lab's borrowing quota (`borrowing`) or its members' default quota.
+pub fn set_lab_quota(c: &mut DbConn, lab: i64, borrowing: bool, json: &str) -> Result<(), AppError> {
+    let row = diesel::update(labs::table.find(lab));
+    if borrowing {
+        row.set(labs::quota.eq(json)).execute(c)?;
+    } else {
+        row.set(labs::member_quota.eq(json)).execute(c)?;
+    }
+    Ok(())
+}
+
+/// One person's membership of one lab.
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = memberships)]
+pub struct Membership {
+    pub user_id: i64,
+    pub lab_id: i64,
+    pub role: Role,
+    pub quota: Json<Quota>,
+    pub source: MembershipSource,
+}
+
+pub fn membership(c: &mut DbConn, lab: i64, user: i64) -> Result<Option<Membership>, AppError> {
+    Ok(memberships::table
+        .filter(memberships::lab_id.eq(lab))
+        .filter(memberships::user_id.eq(user))
+        .select(Membership::as_select())
+        .first(c)
+        .optional()?)
+}
+
+/// A lab's members with their usernames, by username.
+pub fn members_of(c: &mut DbConn, lab: i64) -> Result<Vec<(String, Membership)>, AppError> {
+    Ok(memberships::table
+        .inner_join(users::table)
+        .filter(memberships::lab_id.eq(lab))
+        .order(users::username)
+        .select((users::username, Membership::as_select()))
+        .load(c)?)
+}
+
+/// A user's memberships, whatever their labs.
+pub fn memberships_of(c: &mut DbConn, user: i64) -> Result<Vec<Membership>, AppError> {
+    Ok(memberships::table
+        .filter(memberships::user_id.eq(user))
+        .select(Membership::as_select())
+        .load(c)?)
+}
+
+/// Adds a membership, or changes its role and source; a member's own quota stays.
+pub fn upsert_membership(
+    c: &mut DbConn,
+    user: i64,
+    lab: i64,
+    role: Role,
+    source: MembershipSource,
+) -> Result<(), AppError> {
+    let changed = diesel::update(
+        memberships::table
+            .filter(memberships::user_id.eq(user))
+            .filter(memberships::lab_id.eq(lab)),
+    )
+    .set((memberships::role.eq(role), memberships::source.eq(source)))
+    .execute(c)?;
+    if changed == 0 {
+        diesel::insert_into(memberships::table)
+            .values((
+                memberships::user_id.eq(user),
+                memberships::lab_id.eq(lab),
+                memberships::role.eq(role),
+                memberships::source.eq(source),
+            ))
+            .execute(c)?;
+    }
+    Ok(())
+}
+
+pub fn remove_membership(c: &mut DbConn, user: i64, lab: i64) -> Result<(), AppError> {
+    diesel::delete(
+        memberships::table
+            .filter(memberships::user_id.eq(user))
+            .filter(memberships::lab_id.eq(lab)),
+    )
+    .execute(c)?;
+    Ok(())
+}
+
+pub fn set_member_quota(c: &mut DbConn, lab: i64, user: i64, json: &str) -> Result<(), AppError> {
+    diesel::update(
+        memberships::table
+            .filter(memberships::lab_id.eq(lab))
+            .filter(memberships::user_id.eq(user)),
+    )
+    .set(memberships::quota.eq(json))
+    .execute(c)?;
+    Ok(())
 }
 
 pub fn create_user(
@@ -109,6 +242,14 @@ pub fn user_by_name(c: &mut DbConn, username: &str) -> Result<Option<User>, AppE
         .optional()?)
 }
 
+pub fn user_by_email(c: &mut DbConn, email: &str) -> Result<Option<User>, AppError> {
+    Ok(users::table
+        .filter(users::email.eq(email))
+        .select(User::as_select())
+        .first(c)
+        .optional()?)
+}
+
 pub fn all_users(c: &mut DbConn) -> Result<Vec<User>, AppError> {
     Ok(users::table
         .order(users::username)
@@ -116,36 +257,19 @@ pub fn all_users(c: &mut DbConn) -> Result<Vec<User>, AppError> {
         .load(c)?)
 }
 
-/// Adds or changes a membership.
+/// Adds or changes a membership by hand (operator commands, the demo).
 pub fn set_membership(c: &mut DbConn, user: i64, lab: i64, role: Role) -> Result<(), AppError> {
-    diesel::delete(
-        memberships::table
-            .filter(memberships::user_id.eq(user))
-            .filter(memberships::lab_id.eq(lab)),
-    )
-    .execute(c)?;
-    diesel::insert_into(memberships::table)
-        .values((
-            memberships::user_id.eq(user),
-            memberships::lab_id.eq(lab),
-            memberships::role.eq(role.as_str()),
-        ))
-        .execute(c)?;
-    Ok(())
+    upsert_membership(c, user, lab, role, MembershipSource::Manual)
 }
 
 /// The labs a user belongs to, by slug.
 pub fn labs_of(c: &mut DbConn, user: i64) -> Result<Vec<(Lab, Role)>, AppError> {
-    let rows: Vec<(Lab, String)> = memberships::table
+    Ok(memberships::table
         .inner_join(labs::table)
         .filter(memberships::user_id.eq(user))
         .order(labs::slug)
         .select((Lab::as_select(), memberships::role))
-        .load(c)?;
-    Ok(rows
-        .into_iter()
-        .map(|(l, r)| (l, Role::parse(&r)))
-        .collect())
+        .load(c)?)
 }
 
 /// Creates a personal access token that never expires; returns the secret (shown once).

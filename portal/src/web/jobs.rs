@@ -1,12 +1,11 @@
 //! Job pages: my jobs, the submit form, one job (with a live status fragment), cancel.
 
-use super::{number, optional, Banner, CsrfForm};
-use crate::api::views::{job_view, JobView};
-use crate::auth::{check_csrf, CurrentUser};
-use crate::db::jobs;
-use crate::db::models::{JobEvent, JobState};
+use super::{number, optional, Banner};
+use crate::auth::{CsrfForm, CurrentUser, NoFields};
+use crate::db::models::JobEvent;
 use crate::error::{AppError, WebError};
-use crate::service;
+use crate::service::jobs;
+use crate::service::views::JobView;
 use crate::state::AppState;
 use crate::validate::{JobKind, JobRequest};
 use actix_session::Session;
@@ -41,23 +40,13 @@ async fn list(
     user: CurrentUser,
 ) -> Result<JobsPage, WebError> {
     let banner = Banner::new(&state, &session, Some(&user));
-    let jobs = state
-        .db
-        .run(move |c| {
-            jobs::list_for_user(c, user.user.id, 200)?
-                .iter()
-                .map(|j| job_view(c, j))
-                .collect::<Result<Vec<_>, AppError>>()
-        })
-        .await?;
+    let jobs = jobs::list(&state, &user, 200).await?;
     Ok(JobsPage { banner, jobs })
 }
 
 /// The submit form's fields, as typed: kept on error so nothing the user wrote is lost.
 #[derive(Debug, Clone, Deserialize)]
 pub struct JobForm {
-    #[serde(default)]
-    csrf: String,
     image: String,
     #[serde(default)]
     command: String,
@@ -82,7 +71,6 @@ pub struct JobForm {
 impl Default for JobForm {
     fn default() -> Self {
         JobForm {
-            csrf: String::new(),
             image: "commons-demo:latest".into(),
             command: "echo hello from $(hostname); sleep 5".into(),
             env: String::new(),
@@ -163,12 +151,11 @@ async fn create(
     state: web::Data<AppState>,
     session: Session,
     user: CurrentUser,
-    form: web::Form<JobForm>,
+    form: CsrfForm<JobForm>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
-    let form = form.into_inner();
+    let form = form.0;
     let outcome = match form.to_request() {
-        Ok(req) => service::submit(&state, user.clone(), req).await,
+        Ok(req) => jobs::submit(&state, &user, req).await,
         Err(e) => Err(e),
     };
     match outcome {
@@ -222,19 +209,8 @@ async fn load_status(
     id: i64,
 ) -> Result<StatusData, WebError> {
     let csrf = crate::auth::csrf_token(session);
-    let (job, events, logs) = state
-        .db
-        .run(move |c| {
-            let job = jobs::get_for(c, id, &user)?;
-            let view = job_view(c, &job)?;
-            Ok::<_, AppError>((
-                view,
-                jobs::events(c, id)?,
-                jobs::logs(c, id, PAGE_LOG_TAIL)?,
-            ))
-        })
-        .await?;
-    let active = !JobState::parse(&job.state).is_final();
+    let (job, events, logs) = jobs::detail(state, &user, id, PAGE_LOG_TAIL).await?;
+    let active = !job.state.is_final();
     Ok(StatusData {
         job,
         events,
@@ -267,14 +243,12 @@ async fn status(
 
 async fn cancel(
     state: web::Data<AppState>,
-    session: Session,
     user: CurrentUser,
     id: web::Path<i64>,
-    form: web::Form<CsrfForm>,
+    _form: CsrfForm<NoFields>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let id = id.into_inner();
-    service::cancel(&state, user, id).await?;
+    jobs::cancel(&state, &user, id).await?;
     Ok(HttpResponse::SeeOther()
         .insert_header(("location", format!("/jobs/{id}")))
         .finish())

@@ -1,21 +1,21 @@
 //! The lab admin's page: lending rules of the lab's servers, quotas of its members, and
 //! the lab's own quota (editable by operators). Role-checked through `CurrentUser`.
 
-use super::{optional, Banner, CsrfForm};
-use crate::auth::{check_csrf, CurrentUser};
+use super::{optional, Banner};
+use crate::auth::{CsrfForm, CurrentUser, NoFields};
 use crate::db::audit::AuditEntry;
-use crate::db::models::{Lab, Node, Role};
-use crate::db::schema::{memberships, nodes, users as users_t};
-use crate::db::users;
+use crate::db::models::{Lab, Role};
+use crate::domain::MembershipSource;
 use crate::error::{AppError, WebError};
-use crate::policy::{self, LendingRequest, QuotaRequest, WindowRequest};
+use crate::service::labs::{self, MemberRow, NodeRow};
+use crate::service::policy::{self, LabQuota, LendingRequest, QuotaRequest, WindowRequest, Windows};
+use crate::service::members;
 use crate::state::AppState;
 use actix_session::Session;
 use actix_web::{web, HttpResponse};
 use askama::Template;
 use askama_web::WebTemplate;
-use commons_sched::{LendMode, Quota};
-use diesel::prelude::*;
+use commons_sched::Quota;
 use serde::Deserialize;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -42,21 +42,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         );
 }
 
-/// One server as the form shows it.
-struct NodeRow {
-    node: Node,
-    preset: &'static str,
-    lending: commons_sched::Lending,
-    borrowers: String,
-}
-
-struct MemberRow {
-    username: String,
-    role: String,
-    source: String,
-    quota: Quota,
-}
-
 #[derive(Template, WebTemplate)]
 #[template(path = "lab_admin.html")]
 struct LabAdminPage {
@@ -69,6 +54,8 @@ struct LabAdminPage {
     audit: Vec<AuditEntry>,
     usage: crate::db::usage::LabUsage,
     member_default: Quota,
+    /// The grace period a node without its own gets.
+    default_grace_s: u32,
     /// A just-made enrolment token and the command that uses it (shown once).
     enrol: Option<(String, String)>,
     error: Option<String>,
@@ -96,28 +83,6 @@ async fn audit_page(
     Ok(AuditPage { banner, audit })
 }
 
-const NIGHTS: (u32, u32) = (19 * 60, 7 * 60);
-
-/// Which form preset the stored windows are.
-fn preset(l: &commons_sched::Lending) -> &'static str {
-    match l.mode {
-        LendMode::Never => "never",
-        LendMode::Always => "always",
-        LendMode::Windows => {
-            let has_nights = l.windows.iter().any(|w| w.start_minute % 1440 == NIGHTS.0);
-            let has_weekend = l
-                .windows
-                .iter()
-                .any(|w| w.start_minute == 5 * 1440 && w.end_minute == 6 * 1440);
-            match (has_nights, has_weekend) {
-                (true, true) => "nights_weekends",
-                (true, false) => "nights",
-                _ => "weekends",
-            }
-        }
-    }
-}
-
 async fn load(
     state: &AppState,
     session: &Session,
@@ -127,83 +92,24 @@ async fn load(
 ) -> Result<LabAdminPage, WebError> {
     let banner = Banner::new(state, session, Some(&user));
     let operator = user.user.is_operator;
-    let page = state
+    let console = state
         .db
-        .run(move |c| {
-            let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
-            user.require_admin_of(lab.id)?;
-            let lab_nodes: Vec<Node> = nodes::table
-                .filter(nodes::lab_id.eq(lab.id))
-                .filter(nodes::revoked_at.is_null())
-                .order(nodes::id)
-                .select(Node::as_select())
-                .load(c)?;
-            let all_labs: Vec<(i64, String)> = crate::db::schema::labs::table
-                .select((crate::db::schema::labs::id, crate::db::schema::labs::slug))
-                .load(c)?;
-            let nodes = lab_nodes
-                .into_iter()
-                .map(|node| {
-                    let lending = node.lending_rules();
-                    let borrowers = lending
-                        .borrowers
-                        .iter()
-                        .filter_map(|id| {
-                            all_labs
-                                .iter()
-                                .find(|(l, _)| l == id)
-                                .map(|(_, s)| s.clone())
-                        })
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    NodeRow {
-                        preset: preset(&lending),
-                        lending,
-                        borrowers,
-                        node,
-                    }
-                })
-                .collect();
-            let members: Vec<(String, String, String, String)> = memberships::table
-                .inner_join(users_t::table)
-                .filter(memberships::lab_id.eq(lab.id))
-                .order(users_t::username)
-                .select((
-                    users_t::username,
-                    memberships::role,
-                    memberships::quota,
-                    memberships::source,
-                ))
-                .load(c)?;
-            let members = members
-                .into_iter()
-                .map(|(username, role, q, source)| MemberRow {
-                    username,
-                    role: Role::parse(&role).as_str().to_string(),
-                    source,
-                    quota: serde_json::from_str(&q).unwrap_or_default(),
-                })
-                .collect();
-            let audit = crate::db::audit::list(c, Some(lab.id), 100)?;
-            let usage = crate::db::usage::lab_usage(c, lab.id, crate::db::now(), 6)?;
-            let lab_quota = serde_json::from_str(&lab.quota).unwrap_or_default();
-            let member_default = serde_json::from_str(&lab.member_quota).unwrap_or_default();
-            Ok::<_, AppError>(LabAdminPage {
-                banner,
-                lab,
-                lab_quota,
-                operator,
-                nodes,
-                members,
-                audit,
-                usage,
-                member_default,
-                enrol: None,
-                error,
-            })
-        })
+        .run(move |c| labs::console(c, &user, &slug))
         .await?;
-    Ok(page)
+    Ok(LabAdminPage {
+        banner,
+        lab_quota: console.lab.quota.0.clone(),
+        member_default: console.lab.member_quota.0.clone(),
+        lab: console.lab,
+        operator,
+        nodes: console.nodes,
+        members: console.members,
+        audit: console.audit,
+        usage: console.usage,
+        default_grace_s: state.config.policy.default_grace_s,
+        enrol: None,
+        error,
+    })
 }
 
 async fn page(
@@ -241,8 +147,6 @@ async fn outcome(
 
 #[derive(Deserialize)]
 struct LendingForm {
-    #[serde(default)]
-    csrf: String,
     mode: String,
     #[serde(default)]
     max_lent_gpus: String,
@@ -258,27 +162,31 @@ struct LendingForm {
     reclaim: Option<String>,
 }
 
+fn hhmm(minute: u32) -> String {
+    format!("{:02}:{:02}", minute / 60, minute % 60)
+}
+
 impl LendingForm {
-    fn to_request(&self) -> Result<LendingRequest, AppError> {
-        let every_day: Vec<u32> = (0..7).collect();
-        let nights = WindowRequest {
-            days: every_day,
-            from: "19:00".into(),
-            to: "07:00".into(),
+    /// The form as the API's request, and whether it keeps the stored windows.
+    fn to_request(&self) -> Result<(LendingRequest, Windows), AppError> {
+        let (mode, windows, keep) = match self.mode.as_str() {
+            "never" | "always" => (self.mode.clone(), vec![], Windows::Given),
+            "custom" => ("windows".into(), vec![], Windows::Keep),
+            preset => {
+                let windows = labs::preset_windows(preset)
+                    .ok_or_else(|| AppError::invalid("mode", "pick one of the lending choices"))?;
+                let windows = windows
+                    .into_iter()
+                    .map(|(days, from, to)| WindowRequest {
+                        days: days.to_vec(),
+                        from: hhmm(from),
+                        to: if to == 0 { "24:00".into() } else { hhmm(to) },
+                    })
+                    .collect();
+                ("windows".into(), windows, Windows::Given)
+            }
         };
-        let weekends = WindowRequest {
-            days: vec![5, 6],
-            from: "00:00".into(),
-            to: "24:00".into(),
-        };
-        let (mode, windows) = match self.mode.as_str() {
-            "never" | "always" => (self.mode.clone(), vec![]),
-            "nights" => ("windows".into(), vec![nights]),
-            "weekends" => ("windows".into(), vec![weekends]),
-            "nights_weekends" => ("windows".into(), vec![nights, weekends]),
-            _ => return Err(AppError::invalid("mode", "pick one of the lending choices")),
-        };
-        Ok(LendingRequest {
+        let req = LendingRequest {
             mode,
             windows,
             max_lent_gpus: optional("max_lent_gpus", &self.max_lent_gpus)?,
@@ -293,7 +201,8 @@ impl LendingForm {
                 .collect(),
             grace_seconds: optional("grace_seconds", &self.grace_seconds)?,
             reclaim: self.reclaim.is_some(),
-        })
+        };
+        Ok((req, keep))
     }
 }
 
@@ -302,12 +211,11 @@ async fn post_lending(
     session: Session,
     user: CurrentUser,
     path: web::Path<(String, i64)>,
-    form: web::Form<LendingForm>,
+    form: CsrfForm<LendingForm>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let (slug, node) = path.into_inner();
-    let result = match form.to_request() {
-        Ok(req) => policy::set_lending(&state, user.clone(), node, req)
+    let result = match form.0.to_request() {
+        Ok((req, windows)) => policy::set_lending(&state, &user, node, req, windows)
             .await
             .map(|_| ()),
         Err(e) => Err(e),
@@ -317,8 +225,6 @@ async fn post_lending(
 
 #[derive(Deserialize)]
 struct QuotaForm {
-    #[serde(default)]
-    csrf: String,
     #[serde(default)]
     max_gpus: String,
     #[serde(default)]
@@ -342,12 +248,11 @@ async fn post_lab_quota(
     session: Session,
     user: CurrentUser,
     slug: web::Path<String>,
-    form: web::Form<QuotaForm>,
+    form: CsrfForm<QuotaForm>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let slug = slug.into_inner();
-    let result = match form.to_request() {
-        Ok(req) => policy::set_lab_quota(&state, user.clone(), slug.clone(), req)
+    let result = match form.0.to_request() {
+        Ok(req) => policy::set_lab_quota(&state, &user, slug.clone(), req, LabQuota::Borrowing)
             .await
             .map(|_| ()),
         Err(e) => Err(e),
@@ -360,12 +265,11 @@ async fn post_member_quota(
     session: Session,
     user: CurrentUser,
     path: web::Path<(String, String)>,
-    form: web::Form<QuotaForm>,
+    form: CsrfForm<QuotaForm>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let (slug, username) = path.into_inner();
-    let result = match form.to_request() {
-        Ok(req) => policy::set_member_quota(&state, user.clone(), slug.clone(), username, req)
+    let result = match form.0.to_request() {
+        Ok(req) => policy::set_member_quota(&state, &user, slug.clone(), username, req)
             .await
             .map(|_| ()),
         Err(e) => Err(e),
@@ -375,11 +279,13 @@ async fn post_member_quota(
 
 #[derive(Deserialize)]
 struct MemberForm {
-    #[serde(default)]
-    csrf: String,
     member: String,
-    #[serde(default)]
+    #[serde(default = "member")]
     role: String,
+}
+
+fn member() -> String {
+    Role::Member.as_str().into()
 }
 
 /// Adds a member or changes a member's role.
@@ -388,22 +294,13 @@ async fn post_member(
     session: Session,
     user: CurrentUser,
     slug: web::Path<String>,
-    form: web::Form<MemberForm>,
+    form: CsrfForm<MemberForm>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let slug = slug.into_inner();
-    let role = match form.role.as_str() {
-        "admin" => Role::Admin,
-        _ => Role::Member,
+    let result = match form.0.role.parse::<Role>() {
+        Ok(role) => members::set_member(&state, &user, slug.clone(), form.0.member, role).await,
+        Err(e) => Err(AppError::invalid("role", e.to_string())),
     };
-    let result = crate::members::set_member(
-        &state,
-        user.clone(),
-        slug.clone(),
-        form.member.clone(),
-        role,
-    )
-    .await;
     outcome(&state, &session, user, slug, result).await
 }
 
@@ -412,11 +309,10 @@ async fn post_remove_member(
     session: Session,
     user: CurrentUser,
     path: web::Path<(String, String)>,
-    form: web::Form<CsrfForm>,
+    _form: CsrfForm<NoFields>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let (slug, username) = path.into_inner();
-    let result = crate::members::remove_member(&state, user.clone(), slug.clone(), username).await;
+    let result = members::remove_member(&state, &user, slug.clone(), username).await;
     outcome(&state, &session, user, slug, result).await
 }
 
@@ -425,12 +321,11 @@ async fn post_member_default_quota(
     session: Session,
     user: CurrentUser,
     slug: web::Path<String>,
-    form: web::Form<QuotaForm>,
+    form: CsrfForm<QuotaForm>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let slug = slug.into_inner();
-    let result = match form.to_request() {
-        Ok(req) => policy::set_member_default_quota(&state, user.clone(), slug.clone(), req)
+    let result = match form.0.to_request() {
+        Ok(req) => policy::set_lab_quota(&state, &user, slug.clone(), req, LabQuota::MemberDefault)
             .await
             .map(|_| ()),
         Err(e) => Err(e),
@@ -444,12 +339,11 @@ async fn post_enrol_token(
     session: Session,
     user: CurrentUser,
     slug: web::Path<String>,
-    form: web::Form<CsrfForm>,
+    _form: CsrfForm<NoFields>,
     req: actix_web::HttpRequest,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let slug = slug.into_inner();
-    let token = policy::create_enrol_token(&state, user.clone(), slug.clone()).await?;
+    let token = policy::create_enrol_token(&state, &user, slug.clone()).await?;
     let portal = state.config.public_url.clone().unwrap_or_else(|| {
         let info = req.connection_info();
         format!("{}://{}", info.scheme(), info.host())

@@ -4,9 +4,9 @@
 //! A refused SSO callback (forged or missing state, replayed code, bad ID token) shows a
 //! clear page, is logged, and creates no session.
 
-use super::{Banner, CsrfForm};
+use super::Banner;
 use crate::auth::oidc::PendingLogin;
-use crate::auth::{check_csrf, log_in, log_out};
+use crate::auth::{log_in, log_out, CsrfForm, NoFields};
 use crate::db::models::User;
 use crate::db::{identity, users};
 use crate::error::{AppError, WebError};
@@ -148,14 +148,12 @@ async fn sso_callback(
 #[derive(Deserialize)]
 struct LoginForm {
     username: String,
-    #[serde(default)]
-    csrf: String,
 }
 
 async fn dev_login(
     state: web::Data<AppState>,
     session: Session,
-    form: web::Form<LoginForm>,
+    form: CsrfForm<LoginForm>,
 ) -> Result<HttpResponse, WebError> {
     if !state.config.insecure_dev_login {
         return Err(AppError::Forbidden(
@@ -163,8 +161,7 @@ async fn dev_login(
         )
         .into());
     }
-    check_csrf(&session, &form.csrf)?;
-    let name = form.username.trim().to_string();
+    let name = form.0.username.trim().to_string();
     let user = state.db.run(move |c| users::user_by_name(c, &name)).await?;
     let Some(user) = user else {
         return Err(AppError::invalid("username", "no such user").into());
@@ -179,9 +176,8 @@ async fn dev_login(
 async fn logout(
     state: web::Data<AppState>,
     session: Session,
-    form: web::Form<CsrfForm>,
+    _form: CsrfForm<NoFields>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let id_token: Option<String> = session.get(SESSION_ID_TOKEN).ok().flatten();
     log_out(&session);
     // RP-initiated logout: end the provider's session too, when it offers that.

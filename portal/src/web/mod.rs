@@ -9,8 +9,11 @@ mod tokens;
 use crate::auth::{csrf_token, CurrentUser};
 use crate::error::AppError;
 use crate::state::AppState;
-use actix_session::Session;
-use actix_web::{web, HttpResponse};
+use actix_session::{Session, SessionExt};
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::{web, FromRequest, HttpResponse};
 use askama::Template;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -54,19 +57,35 @@ impl Banner {
     }
 }
 
-/// A form that carries nothing but its CSRF token (cancel, revoke, remove, ...).
-#[derive(serde::Deserialize)]
-pub(crate) struct CsrfForm {
-    #[serde(default)]
-    pub csrf: String,
-}
-
-#[derive(Template)]
+#[derive(Template, Clone)]
 #[template(path = "error.html")]
 pub struct ErrorPage {
     pub banner: Banner,
     pub status: u16,
     pub message: String,
+}
+
+/// Renders HTML error pages again with the header of the signed-in user, so an error
+/// never strands anyone without navigation. (The error itself is made where the request
+/// failed, which knows nothing of the session.)
+pub async fn error_pages(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let res = next.call(req).await?.map_into_boxed_body();
+    let Some(mut page) = res.response().extensions().get::<ErrorPage>().cloned() else {
+        return Ok(res);
+    };
+    let http = res.request().clone();
+    let Some(state) = http.app_data::<web::Data<AppState>>().cloned() else {
+        return Ok(res);
+    };
+    let user = CurrentUser::extract(&http).await.ok();
+    page.banner = Banner::new(&state, &http.get_session(), user.as_ref());
+    let Ok(body) = page.render() else {
+        return Ok(res);
+    };
+    Ok(res.map_body(|_, _| BoxBody::new(body)))
 }
 
 /// A form field as a number, or an error naming the field.

@@ -3,7 +3,7 @@
 use super::Banner;
 use crate::auth::CurrentUser;
 use crate::db::models::{Gpu, Lab, Node};
-use crate::db::nodes;
+use crate::service::nodes;
 use crate::error::WebError;
 use crate::state::AppState;
 use actix_session::Session;
@@ -27,7 +27,7 @@ async fn page(
     session: Session,
     user: CurrentUser,
 ) -> Result<NodesPage, WebError> {
-    let nodes = state.db.run(nodes::list_with_gpus).await?;
+    let nodes = state.db.run(nodes::list).await?;
     Ok(NodesPage {
         banner: Banner::new(&state, &session, Some(&user)),
         nodes,

@@ -1,8 +1,8 @@
 //! Personal access tokens for the API and the CLI: made and revoked in the browser,
 //! shown once, stored hashed, with an expiry and the time of last use.
 
-use super::{optional, Banner, CsrfForm};
-use crate::auth::{check_csrf, CurrentUser};
+use super::{optional, Banner};
+use crate::auth::{CsrfForm, CurrentUser, NoFields};
 use crate::db::users::{self, TokenInfo};
 use crate::error::{AppError, WebError};
 use crate::state::AppState;
@@ -56,8 +56,6 @@ async fn page(
 
 #[derive(Deserialize)]
 struct NewToken {
-    #[serde(default)]
-    csrf: String,
     name: String,
     /// Days until it expires; empty: never.
     #[serde(default)]
@@ -68,11 +66,10 @@ async fn create(
     state: web::Data<AppState>,
     session: Session,
     user: CurrentUser,
-    form: web::Form<NewToken>,
+    form: CsrfForm<NewToken>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let id = user.user.id;
-    let form = form.into_inner();
+    let form = form.0;
     let result = match optional::<i64>("expires_days", &form.expires_days) {
         Ok(Some(d)) if !(1..=3650).contains(&d) => Err(AppError::invalid(
             "expires_days",
@@ -110,12 +107,10 @@ async fn create(
 
 async fn revoke(
     state: web::Data<AppState>,
-    session: Session,
     user: CurrentUser,
     id: web::Path<i64>,
-    form: web::Form<CsrfForm>,
+    _form: CsrfForm<NoFields>,
 ) -> Result<HttpResponse, WebError> {
-    check_csrf(&session, &form.csrf)?;
     let (uid, token) = (user.user.id, id.into_inner());
     state
         .db

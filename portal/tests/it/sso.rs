@@ -4,7 +4,7 @@
 use crate::browser::Browser;
 use crate::harness::{Backend, TestPortal, BACKENDS};
 use crate::oidc_provider::{free_port, OidcProvider, TestUser};
-use commons_portal::auth::rules::GroupRules;
+use commons_portal::identity::GroupRules;
 use commons_portal::config::Secret;
 use commons_portal::db::models::Role;
 use fantoccini::Locator;

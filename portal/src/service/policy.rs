@@ -1,15 +1,14 @@
 //! Lending rules (set by lab admins per node) and quotas (operators for labs, lab admins
 //! for members): the requests, their rules, and the use cases the API and the UI share.
 //! Each call replaces the whole setting; a rule that breaks is refused with its field
-//! named and nothing changes.
+//! named and nothing changes. Every change is audited in the same transaction.
 
-use crate::auth::CurrentUser;
-use crate::db::schema::{labs, memberships, nodes};
-use crate::db::{users, DbConn};
+use super::{lab_admin, node_admin, Actor};
+use crate::db::types::to_json;
+use crate::db::{self, users, DbConn};
 use crate::error::AppError;
 use crate::state::AppState;
 use commons_sched::{LendMode, Lending, Quota, WeeklyWindow};
-use diesel::prelude::*;
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -45,6 +44,16 @@ pub struct LendingRequest {
     pub reclaim: bool,
 }
 
+/// Where a lending change takes its windows from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Windows {
+    /// From the request.
+    Given,
+    /// Keep the node's current windows (the web form's "custom" choice, for windows set
+    /// through the API that no preset describes).
+    Keep,
+}
+
 fn hhmm(field: &str, s: &str) -> Result<u32, AppError> {
     let bad = || AppError::invalid(field, format!("{s:?} is not a time of day HH:MM"));
     let (h, m) = s.split_once(':').ok_or_else(bad)?;
@@ -65,7 +74,8 @@ fn in_range(field: &str, v: Option<i64>, max: i64) -> Result<Option<i64>, AppErr
     }
 }
 
-/// Checks a lending request and turns it into the scheduler's rules.
+/// Checks a lending request and turns it into the scheduler's rules and the node's grace
+/// period (0: the campus default).
 pub fn lending_rules(
     c: &mut DbConn,
     req: LendingRequest,
@@ -112,8 +122,8 @@ pub fn lending_rules(
     let grace = in_range("grace_seconds", req.grace_seconds, 3600)?;
     let mut borrowers = Vec::new();
     for slug in &req.borrowers {
-        let lab = users::lab_by_slug(c, slug)
-            .map_err(|_| AppError::invalid("borrowers", format!("no lab {slug:?}")))?;
+        let lab = users::find_lab(c, slug)?
+            .ok_or_else(|| AppError::invalid("borrowers", format!("no lab {slug:?}")))?;
         borrowers.push(lab.id);
     }
     borrowers.sort_unstable();
@@ -127,7 +137,9 @@ pub fn lending_rules(
             max_guest_time_limit_s: longest.map(|m| m * 60),
             borrowers,
         },
-        grace.unwrap_or(300) as i32,
+        // No grace given: the campus default applies, whatever it is when a guest is
+        // preempted.
+        grace.unwrap_or(0) as i32,
         req.reclaim,
     ))
 }
@@ -165,26 +177,49 @@ pub fn quota(req: &QuotaRequest) -> Result<Quota, AppError> {
 /// Replaces a node's lending rules (its lab's admins or operators).
 pub async fn set_lending(
     state: &AppState,
-    user: CurrentUser,
+    actor: &Actor,
     node: i64,
-    req: LendingRequest,
+    mut req: LendingRequest,
+    windows: Windows,
 ) -> Result<serde_json::Value, AppError> {
+    let actor = actor.clone();
     let saved = state
         .db
         .run(move |c| {
-            let n = crate::db::nodes::node_by_id(c, node)?;
-            user.require_admin_of(n.lab_id)?;
-            let (lending, grace, reclaim) = lending_rules(c, req)?;
-            let json = serde_json::to_string(&lending).map_err(|e| AppError::Internal(e.into()))?;
-            let before = serde_json::json!({"lending": n.lending_rules(), "grace_s": n.grace_s, "reclaim": n.reclaim});
+            let (admin, n) = node_admin(c, &actor, node)?;
+            let keep = windows == Windows::Keep;
+            if keep {
+                // The windows stay as stored; the mode must stay "windows" for them to apply.
+                req.windows.clear();
+                req.mode = "always".into();
+            }
+            let (mut lending, grace, reclaim) = lending_rules(c, req)?;
+            if keep {
+                lending.mode = LendMode::Windows;
+                lending.windows = n.lending.windows.clone();
+                if lending.windows.is_empty() {
+                    return Err(AppError::invalid(
+                        "mode",
+                        "this server has no lending windows to keep; pick a preset",
+                    ));
+                }
+            }
+            let json = to_json(&lending).map_err(|e| AppError::Internal(e.into()))?;
+            let before = serde_json::json!({"lending": n.lending, "grace_s": n.grace_s, "reclaim": n.reclaim});
             let after = serde_json::json!({"lending": lending, "grace_s": grace, "reclaim": reclaim});
-            c.transaction(|c| {
-                diesel::update(nodes::table.find(node))
-                    .set((nodes::lending.eq(&json), nodes::grace_s.eq(grace), nodes::reclaim.eq(reclaim)))
-                    .execute(c)?;
-                crate::db::audit::record(c, &user.user, Some(n.lab_id), "set_lending", &format!("node {}", n.name), &before.to_string(), &after.to_string())
+            db::transaction(c, |c| {
+                db::nodes::set_lending(c, node, &json, grace, reclaim)?;
+                db::audit::record(
+                    c,
+                    admin.user(),
+                    Some(n.lab_id),
+                    "set_lending",
+                    &format!("node {}", n.name),
+                    &before.to_string(),
+                    &after.to_string(),
+                )
             })?;
-            tracing::info!(node, by = %user.user.username, "lending rules changed");
+            tracing::info!(node, by = %admin.user().username, "lending rules changed");
             Ok::<_, AppError>(serde_json::json!({"node": node, "lending": lending, "grace_s": grace, "reclaim": reclaim}))
         })
         .await?;
@@ -192,74 +227,45 @@ pub async fn set_lending(
     Ok(saved)
 }
 
-/// Replaces a lab's quota on borrowing (operators).
-pub async fn set_lab_quota(
-    state: &AppState,
-    user: CurrentUser,
-    slug: String,
-    req: QuotaRequest,
-) -> Result<Quota, AppError> {
-    user.require_operator()?;
-    set_lab_setting(state, user, slug, req, LabSetting::BorrowQuota).await
-}
-
-/// Replaces the lab's default quota for members without one of their own (the lab's
-/// admins or operators).
-pub async fn set_member_default_quota(
-    state: &AppState,
-    user: CurrentUser,
-    slug: String,
-    req: QuotaRequest,
-) -> Result<Quota, AppError> {
-    set_lab_setting(state, user, slug, req, LabSetting::MemberDefault).await
-}
-
 /// The two quotas a lab row holds.
-#[derive(Clone, Copy)]
-enum LabSetting {
-    BorrowQuota,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabQuota {
+    /// What the lab may borrow (operators set it).
+    Borrowing,
+    /// The default for members without a quota of their own (lab admins set it).
     MemberDefault,
 }
 
-/// Stores one of the lab's quotas with its audit entry; the caller checked the role
-/// that is not the lab admin's (operators for the borrowing quota).
-async fn set_lab_setting(
+/// Replaces one of a lab's quotas: the borrowing quota (operators) or the members'
+/// default (the lab's admins or operators).
+pub async fn set_lab_quota(
     state: &AppState,
-    user: CurrentUser,
+    actor: &Actor,
     slug: String,
     req: QuotaRequest,
-    which: LabSetting,
+    which: LabQuota,
 ) -> Result<Quota, AppError> {
+    if which == LabQuota::Borrowing {
+        actor.require_operator()?;
+    }
     let q = quota(&req)?;
-    let json = serde_json::to_string(&q).map_err(|e| AppError::Internal(e.into()))?;
+    let json = to_json(&q).map_err(|e| AppError::Internal(e.into()))?;
+    let actor = actor.clone();
     state
         .db
         .run(move |c| {
-            let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
-            user.require_admin_of(lab.id)?;
+            let admin = lab_admin(c, &actor, &slug)?;
+            let lab = admin.lab();
             let (action, before) = match which {
-                LabSetting::BorrowQuota => ("set_lab_quota", lab.quota.clone()),
-                LabSetting::MemberDefault => ("set_member_default_quota", lab.member_quota.clone()),
+                LabQuota::Borrowing => ("set_lab_quota", &lab.quota),
+                LabQuota::MemberDefault => ("set_member_default_quota", &lab.member_quota),
             };
-            c.transaction(|c| {
-                let row = diesel::update(labs::table.find(lab.id));
-                match which {
-                    LabSetting::BorrowQuota => row.set(labs::quota.eq(&json)).execute(c)?,
-                    LabSetting::MemberDefault => {
-                        row.set(labs::member_quota.eq(&json)).execute(c)?
-                    }
-                };
-                crate::db::audit::record(
-                    c,
-                    &user.user,
-                    Some(lab.id),
-                    action,
-                    &format!("lab {slug}"),
-                    &before,
-                    &json,
-                )
+            let before = to_json(before).map_err(|e| AppError::Internal(e.into()))?;
+            db::transaction(c, |c| {
+                db::users::set_lab_quota(c, lab.id, which == LabQuota::Borrowing, &json)?;
+                db::audit::record(c, admin.user(), Some(lab.id), action, &format!("lab {slug}"), &before, &json)
             })?;
-            tracing::info!(lab = %slug, by = %user.user.username, action, "lab quota changed");
+            tracing::info!(lab = %slug, by = %admin.user().username, action, "lab quota changed");
             Ok::<_, AppError>(())
         })
         .await?;
@@ -270,39 +276,29 @@ async fn set_lab_setting(
 /// Replaces a member's quota in a lab (the lab's admins or operators).
 pub async fn set_member_quota(
     state: &AppState,
-    user: CurrentUser,
+    actor: &Actor,
     slug: String,
     username: String,
     req: QuotaRequest,
 ) -> Result<Quota, AppError> {
     let q = quota(&req)?;
-    let json = serde_json::to_string(&q).map_err(|e| AppError::Internal(e.into()))?;
+    let json = to_json(&q).map_err(|e| AppError::Internal(e.into()))?;
+    let actor = actor.clone();
     state
         .db
         .run(move |c| {
-            let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
-            user.require_admin_of(lab.id)?;
+            let admin = lab_admin(c, &actor, &slug)?;
+            let lab = admin.lab().id;
             let member = users::user_by_name(c, &username)?.ok_or(AppError::NotFound("member"))?;
-            let before: Option<String> = memberships::table
-                .filter(memberships::lab_id.eq(lab.id))
-                .filter(memberships::user_id.eq(member.id))
-                .select(memberships::quota)
-                .first(c)
-                .optional()?;
-            let Some(before) = before else {
+            let Some(m) = db::users::membership(c, lab, member.id)? else {
                 return Err(AppError::NotFound("member"));
             };
-            c.transaction(|c| {
-                diesel::update(
-                    memberships::table
-                        .filter(memberships::lab_id.eq(lab.id))
-                        .filter(memberships::user_id.eq(member.id)),
-                )
-                .set(memberships::quota.eq(&json))
-                .execute(c)?;
-                crate::db::audit::record(c, &user.user, Some(lab.id), "set_member_quota", &format!("member {username}"), &before, &json)
+            let before = to_json(&m.quota).map_err(|e| AppError::Internal(e.into()))?;
+            db::transaction(c, |c| {
+                db::users::set_member_quota(c, lab, member.id, &json)?;
+                db::audit::record(c, admin.user(), Some(lab), "set_member_quota", &format!("member {username}"), &before, &json)
             })?;
-            tracing::info!(lab = %slug, member = %username, by = %user.user.username, "member quota changed");
+            tracing::info!(lab = %slug, member = %username, by = %admin.user().username, "member quota changed");
             Ok(())
         })
         .await?;
@@ -314,20 +310,20 @@ pub async fn set_member_quota(
 /// operators); returns the secret, shown once.
 pub async fn create_enrol_token(
     state: &AppState,
-    user: CurrentUser,
+    actor: &Actor,
     slug: String,
 ) -> Result<String, AppError> {
+    let actor = actor.clone();
     state
         .db
         .run(move |c| {
-            let lab = users::lab_by_slug(c, &slug).map_err(|_| AppError::NotFound("lab"))?;
-            user.require_admin_of(lab.id)?;
-            c.transaction(|c| {
-                let token = users::create_enrol_token(c, lab.id)?;
-                crate::db::audit::record(
+            let admin = lab_admin(c, &actor, &slug)?;
+            db::transaction(c, |c| {
+                let token = users::create_enrol_token(c, admin.lab().id)?;
+                db::audit::record(
                     c,
-                    &user.user,
-                    Some(lab.id),
+                    admin.user(),
+                    Some(admin.lab().id),
                     "create_enrol_token",
                     &format!("lab {slug}"),
                     "",

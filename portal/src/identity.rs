@@ -1,4 +1,6 @@
-//! From SSO groups to lab memberships and roles (pure).
+//! Who a campus SSO login says someone is ([`Identity`]), and how their groups map to
+//! lab memberships and roles ([`GroupRules`], pure). Domain types: the OIDC client makes
+//! identities, the database layer stores them, neither imports the other.
 //!
 //! Two kinds of rule, both in the `[oidc]` configuration:
 //! - a naming convention: with `lab_group_prefix = "lab-"` and
@@ -8,9 +10,22 @@
 //!
 //! When several rules name the same lab, admin wins over member.
 
-use crate::db::models::Role;
+use crate::domain::Role;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+
+/// A verified login: the ID token's claims that matter to us.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub issuer: String,
+    pub subject: String,
+    pub username: String,
+    pub email: String,
+    pub name: String,
+    pub groups: Vec<String>,
+    /// For RP-initiated logout.
+    pub id_token: String,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

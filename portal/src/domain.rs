@@ -1,0 +1,144 @@
+//! The portal's closed sets of values: job and attempt states, job kinds, membership
+//! roles and sources. Any layer may use them.
+//!
+//! Invariant: text that is not one of the listed values is an error wherever it is read
+//! (a database row, a form, a request), never a silent default. In the database they are
+//! `Text` columns read and written through diesel's `FromSql`/`ToSql` (see `db::types`),
+//! so a damaged row fails its query instead of turning into `Failed` or `Member`.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Text that names none of an enum's values.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{value:?} is not a known {what}")]
+pub struct UnknownValue {
+    pub what: &'static str,
+    pub value: String,
+}
+
+macro_rules! text_enum {
+    ($(#[$m:meta])* $name:ident ($what:literal) { $($(#[$vm:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+                 diesel::AsExpression, diesel::FromSqlRow)]
+        #[serde(rename_all = "snake_case")]
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        pub enum $name { $($(#[$vm])* $variant),+ }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = UnknownValue;
+            fn from_str(s: &str) -> Result<Self, UnknownValue> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownValue { what: $what, value: s.to_string() }),
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        $crate::db::types::text_column!($name);
+    };
+}
+
+text_enum!(
+    /// A job's state, as users and the API see it.
+    JobState ("job state") {
+        Queued => "queued",
+        Starting => "starting",
+        Running => "running",
+        Preempting => "preempting",
+        Succeeded => "succeeded",
+        Failed => "failed",
+        Cancelled => "cancelled",
+    }
+);
+
+impl JobState {
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+text_enum!(
+    /// An attempt's state in the portal. Active attempts hold their GPUs.
+    AttemptStatus ("attempt state") {
+        Starting => "starting",
+        Running => "running",
+        Stopping => "stopping",
+        Exited => "exited",
+        Stopped => "stopped",
+        Failed => "failed",
+        Lost => "lost",
+    }
+);
+
+impl AttemptStatus {
+    pub const ACTIVE: [AttemptStatus; 3] = [Self::Starting, Self::Running, Self::Stopping];
+    pub fn is_active(self) -> bool {
+        Self::ACTIVE.contains(&self)
+    }
+}
+
+text_enum!(
+    /// A member's role in a lab.
+    Role ("lab role") {
+        Member => "member",
+        Admin => "admin",
+    }
+);
+
+text_enum!(
+    /// Who granted a membership: a lab admin by hand (kept across logins) or an SSO
+    /// group rule (refreshed at every login).
+    MembershipSource ("membership source") {
+        Manual => "manual",
+        Sso => "sso",
+    }
+);
+
+text_enum!(
+    /// A batch job runs its command; an interactive one waits for its user.
+    JobKind ("job kind") {
+        Batch => "batch",
+        Interactive => "interactive",
+    }
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_enums_round_trip_and_refuse_unknown_text() {
+        for s in JobState::ALL {
+            assert_eq!(s.as_str().parse::<JobState>(), Ok(*s));
+        }
+        for s in AttemptStatus::ALL {
+            assert_eq!(s.as_str().parse::<AttemptStatus>(), Ok(*s));
+        }
+        for s in Role::ALL {
+            assert_eq!(s.as_str().parse::<Role>(), Ok(*s));
+        }
+        let e = "finished".parse::<JobState>().unwrap_err();
+        assert_eq!(e.to_string(), "\"finished\" is not a known job state");
+        assert!("owner".parse::<Role>().is_err());
+        assert!("".parse::<MembershipSource>().is_err());
+        assert!(JobState::Cancelled.is_final());
+        assert!(!JobState::Preempting.is_final());
+        assert!(AttemptStatus::Stopping.is_active());
+        assert!(!AttemptStatus::Lost.is_active());
+    }
+}

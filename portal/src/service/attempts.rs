@@ -1,0 +1,353 @@
+//! The attempt lifecycle: committing the scheduler's plan, and the agent reports that
+//! move attempts (and so jobs) along.
+//!
+//! Invariants:
+//! - At most one active attempt (starting, running, stopping) per job; active attempts
+//!   hold their GPUs, so the scheduler never gives a GPU to two attempts.
+//! - A report about an attempt that is unknown, on another node, or already over changes
+//!   nothing here; if the agent still runs it, the caller answers with a `Stop`.
+//! - Only a job's current attempt decides the job's fate.
+
+use crate::db::jobs::{add_event, set_state};
+use crate::db::models::{Attempt, AttemptStatus, Gpu, Job, JobState};
+use crate::db::{self, now, DbConn};
+use crate::error::AppError;
+use chrono::NaiveDateTime;
+use commons_proto::{AttemptReport, AttemptState, JobSpec, PortalMsg};
+use std::collections::BTreeSet;
+
+/// Grace of a `Stop` for an attempt the portal does not expect to run at all.
+const UNEXPECTED_GRACE_S: u64 = 10;
+
+/// A message to send to a node once the plan is committed.
+pub struct Order {
+    pub node: i64,
+    pub msg: PortalMsg,
+}
+
+/// Commits a plan (second transaction), re-checking each change against the database as
+/// it is now:
+/// 1. Preemptions first: the job must still run its attempt; the attempt goes to
+///    `stopping`, the job to `preempting`, and the node gets a `Stop` with the grace.
+/// 2. Starts: the job must still be queued, its node online and its GPUs free.
+/// 3. Waiting jobs get their reason and place in the queue.
+pub fn apply_plan(
+    c: &mut DbConn,
+    plan: &commons_sched::Plan,
+    lease_ttl: chrono::Duration,
+) -> Result<Vec<Order>, AppError> {
+    db::transaction(c, |c| {
+        let active = db::attempts::active_attempts(c)?;
+        let mut held: BTreeSet<i64> = active.iter().flat_map(|a| a.gpu_id_list()).collect();
+        let mut orders = Vec::new();
+        for p in &plan.preempt {
+            let attempt = active.iter().find(|a| {
+                a.job_id == p.job
+                    && matches!(a.state, AttemptStatus::Starting | AttemptStatus::Running)
+            });
+            let job = db::jobs::get(c, p.job)?;
+            let (Some(a), JobState::Starting | JobState::Running) = (attempt, job.state) else {
+                tracing::info!(job = p.job, "plan preemption no longer valid; skipped");
+                continue;
+            };
+            db::attempts::set_status(c, a.id, AttemptStatus::Stopping)?;
+            set_state(
+                c,
+                job.id,
+                JobState::Preempting,
+                &format!("preempting: {} (grace {} s)", p.reason, p.grace_s),
+            )?;
+            orders.push(Order {
+                node: a.node_id,
+                msg: PortalMsg::Stop {
+                    job: a.job_id,
+                    attempt: a.attempt,
+                    grace_s: u64::from(p.grace_s),
+                    reason: format!("preempted: {}", p.reason),
+                },
+            });
+        }
+        for s in &plan.start {
+            let job = db::jobs::get(c, s.job)?;
+            let node = db::nodes::online_node(c, s.node)?;
+            let gpus = db::nodes::gpus_by_ids(c, &s.gpus)?;
+            let gpus_ok = gpus.len() == s.gpus.len()
+                && gpus
+                    .iter()
+                    .all(|g| g.node_id == s.node && g.present && !held.contains(&g.id));
+            let (Some(node), true, JobState::Queued) = (node, gpus_ok, job.state) else {
+                tracing::info!(job = s.job, "plan start no longer valid; skipped");
+                continue;
+            };
+            held.extend(s.gpus.iter().copied());
+            let attempt = job.attempts + 1;
+            let t = now();
+            let lease_until = t + lease_ttl;
+            db::attempts::insert(c, job.id, attempt, node.id, &s.gpus, lease_until, t)?;
+            db::jobs::set_placed(c, job.id, attempt, node.id)?;
+            let names: Vec<String> = gpus
+                .iter()
+                .map(|g| format!("#{} {}", g.idx, g.model))
+                .collect();
+            set_state(
+                c,
+                job.id,
+                JobState::Starting,
+                &format!(
+                    "attempt {attempt} starting on {} (GPU {})",
+                    node.name,
+                    names.join(", ")
+                ),
+            )?;
+            orders.push(Order {
+                node: node.id,
+                msg: start_msg(c, &job, attempt, &gpus, lease_until)?,
+            });
+        }
+        for p in &plan.pending {
+            db::jobs::set_waiting(c, p.job, &p.reason.to_string(), p.position as i32)?;
+        }
+        Ok(orders)
+    })
+}
+
+/// The `Start` for an attempt of `job` on `gpus`.
+fn start_msg(
+    c: &mut DbConn,
+    job: &Job,
+    attempt: i32,
+    gpus: &[Gpu],
+    lease_until: NaiveDateTime,
+) -> Result<PortalMsg, AppError> {
+    Ok(PortalMsg::Start {
+        job: job.id,
+        attempt,
+        spec: JobSpec {
+            image: job.image.clone(),
+            command: job.command.0.clone(),
+            env: job.env.0.clone(),
+            cpus: job.cpus,
+            memory_mb: job.memory_mb.max(0) as u64,
+            time_limit_s: job.time_limit_s.max(0) as u64,
+            user: db::jobs::owner_name(c, job)?,
+        },
+        gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
+        lease_until: lease_until.and_utc().timestamp(),
+    })
+}
+
+/// `Start`s for this node's attempts that should be starting but that the agent does not
+/// report. The database is the truth of what should run: whichever portal replica holds
+/// the agent's connection delivers them, also when the first send was lost. The agent
+/// ignores a `Start` it already has.
+pub fn undelivered_starts(
+    c: &mut DbConn,
+    node: i64,
+    reported: &[AttemptReport],
+) -> Result<Vec<PortalMsg>, AppError> {
+    let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
+    let starting = db::attempts::on_node(c, node, &[AttemptStatus::Starting])?;
+    let mut out = Vec::new();
+    for a in starting
+        .iter()
+        .filter(|a| !known.contains(&(a.job_id, a.attempt)))
+    {
+        let job = db::jobs::get(c, a.job_id)?;
+        let gpus = db::nodes::gpus_by_ids(c, &a.gpu_id_list())?;
+        out.push(start_msg(c, &job, a.attempt, &gpus, a.lease_until)?);
+    }
+    Ok(out)
+}
+
+fn requeue(c: &mut DbConn, job: i64, why: &str) -> Result<(), AppError> {
+    db::jobs::set_unplaced(c, job, why)?;
+    set_state(c, job, JobState::Queued, &format!("requeued: {why}"))
+}
+
+/// Ends an attempt and moves its job along.
+fn end_attempt(
+    c: &mut DbConn,
+    a: &Attempt,
+    status: AttemptStatus,
+    exit_code: Option<i64>,
+    reason: Option<&str>,
+) -> Result<(), AppError> {
+    db::attempts::end(c, a.id, status, exit_code, reason, now())?;
+    let job = db::jobs::get(c, a.job_id)?;
+    // Only the job's current attempt may decide its fate.
+    if job.attempts != a.attempt {
+        return Ok(());
+    }
+    match job.state {
+        JobState::Starting | JobState::Running => {}
+        // A job that ended by itself during its grace period has simply ended.
+        JobState::Preempting if status == AttemptStatus::Exited => {}
+        JobState::Preempting => return requeue(c, job.id, reason.unwrap_or("preempted")),
+        JobState::Cancelled => {
+            return add_event(c, job.id, JobState::Cancelled, "container stopped");
+        }
+        _ => return Ok(()),
+    }
+    db::jobs::set_result(c, job.id, exit_code, reason)?;
+    match status {
+        AttemptStatus::Exited if exit_code == Some(0) => {
+            set_state(c, job.id, JobState::Succeeded, "exited with code 0")
+        }
+        AttemptStatus::Exited => set_state(
+            c,
+            job.id,
+            JobState::Failed,
+            &format!("exited with code {}", exit_code.unwrap_or(-1)),
+        ),
+        AttemptStatus::Lost => requeue(c, job.id, reason.unwrap_or("lost")),
+        AttemptStatus::Stopped if reason.is_some_and(|r| r.starts_with("lease expired")) => {
+            requeue(c, job.id, reason.unwrap_or("lease expired"))
+        }
+        _ => set_state(c, job.id, JobState::Failed, reason.unwrap_or("stopped")),
+    }
+}
+
+/// What the caller must do after a report.
+#[derive(Debug, Default)]
+pub struct ReportOutcome {
+    /// Send this `Stop` back to the agent.
+    pub stop: Option<PortalMsg>,
+    /// GPUs were freed: run the scheduler soon.
+    pub freed: bool,
+}
+
+/// Applies one attempt report or event from `node`.
+pub fn apply_report(
+    c: &mut DbConn,
+    node: i64,
+    r: &AttemptReport,
+) -> Result<ReportOutcome, AppError> {
+    db::transaction(c, |c| {
+        let stop = |why: &str| PortalMsg::Stop {
+            job: r.job,
+            attempt: r.attempt,
+            grace_s: UNEXPECTED_GRACE_S,
+            reason: why.into(),
+        };
+        let a = match db::attempts::find(c, r.job, r.attempt)? {
+            Some(a) if a.node_id == node && a.state.is_active() => a,
+            _ => {
+                let mut out = ReportOutcome::default();
+                if !r.state.is_final() {
+                    out.stop = Some(stop("this attempt is not expected to run"));
+                }
+                return Ok(out);
+            }
+        };
+        let mut out = ReportOutcome::default();
+        let ended = match r.state {
+            AttemptState::Starting => None,
+            AttemptState::Running => {
+                if a.state == AttemptStatus::Starting {
+                    let t = now();
+                    db::attempts::mark_running(c, a.id, t)?;
+                    let job = db::jobs::get(c, a.job_id)?;
+                    if job.state == JobState::Starting && job.attempts == a.attempt {
+                        db::jobs::set_first_start(c, job.id, t)?;
+                        set_state(
+                            c,
+                            job.id,
+                            JobState::Running,
+                            &format!("attempt {} running", a.attempt),
+                        )?;
+                    }
+                } else if a.state == AttemptStatus::Stopping {
+                    // Still running although told to stop (the first `Stop` was lost).
+                    let job = db::jobs::get(c, a.job_id)?;
+                    out.stop = Some(stop(stop_reason(job.state)));
+                }
+                None
+            }
+            AttemptState::Exited => Some(AttemptStatus::Exited),
+            AttemptState::Stopped => Some(AttemptStatus::Stopped),
+            AttemptState::Failed => Some(AttemptStatus::Failed),
+        };
+        if let Some(status) = ended {
+            end_attempt(c, &a, status, r.exit_code, r.reason.as_deref())?;
+            out.freed = true;
+        }
+        Ok(out)
+    })
+}
+
+/// After a `Hello`: attempts this node should run but does not report are lost (their
+/// jobs go back to the queue). Returns whether any were.
+pub fn reconcile_missing(
+    c: &mut DbConn,
+    node: i64,
+    reported: &[AttemptReport],
+) -> Result<bool, AppError> {
+    db::transaction(c, |c| {
+        let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
+        let ours = db::attempts::on_node(c, node, &AttemptStatus::ACTIVE)?;
+        let mut any = false;
+        for a in ours
+            .iter()
+            .filter(|a| !known.contains(&(a.job_id, a.attempt)))
+        {
+            end_attempt(
+                c,
+                a,
+                AttemptStatus::Lost,
+                None,
+                Some("the server no longer had its container"),
+            )?;
+            any = true;
+        }
+        Ok(any)
+    })
+}
+
+/// Renews the leases of this node's active attempts; returns the `Renew` to send.
+pub fn renew(c: &mut DbConn, node: i64, ttl: chrono::Duration) -> Result<PortalMsg, AppError> {
+    let until = now() + ttl;
+    let attempts = db::transaction(c, |c| db::attempts::renew_on(c, node, until))?;
+    Ok(PortalMsg::Renew {
+        lease_until: until.and_utc().timestamp(),
+        attempts,
+    })
+}
+
+/// Why an attempt in `stopping` is being stopped, from its job's state.
+fn stop_reason(job: JobState) -> &'static str {
+    match job {
+        JobState::Preempting => "preempted",
+        _ => "cancelled",
+    }
+}
+
+/// `Stop`s for this node's attempts that are being stopped (sent again after a reconnect).
+pub fn pending_stops(c: &mut DbConn, node: i64) -> Result<Vec<PortalMsg>, AppError> {
+    Ok(db::attempts::stopping_on(c, node)?
+        .into_iter()
+        .map(|(a, job)| PortalMsg::Stop {
+            job: a.job_id,
+            attempt: a.attempt,
+            grace_s: UNEXPECTED_GRACE_S,
+            reason: stop_reason(job).into(),
+        })
+        .collect())
+}
+
+/// Attempts whose lease ran out before `cutoff` (lease TTL plus a margin ago): their agent
+/// has stopped them by now, so they are lost and their jobs requeued.
+pub fn expire_leases(c: &mut DbConn, cutoff: NaiveDateTime) -> Result<usize, AppError> {
+    db::transaction(c, |c| {
+        let expired = db::attempts::expired(c, cutoff)?;
+        for a in &expired {
+            end_attempt(
+                c,
+                a,
+                AttemptStatus::Lost,
+                None,
+                Some("lost contact with its server"),
+            )?;
+        }
+        Ok(expired.len())
+    })
+}

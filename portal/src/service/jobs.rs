@@ -1,0 +1,135 @@
+//! A user's jobs: submit, list, read, output, history, cancel.
+
+use super::views::{job_view, job_views, JobView};
+use super::Actor;
+use crate::db::models::{Job, JobEvent};
+use crate::db::{self, DbConn};
+use crate::error::AppError;
+use crate::state::AppState;
+use crate::validate::{self, JobRequest};
+use commons_proto::PortalMsg;
+
+/// Grace a cancelled job's container gets before it is killed.
+const CANCEL_GRACE_S: u64 = 10;
+
+/// A job the actor may see, else "not found".
+pub fn visible(c: &mut DbConn, actor: &Actor, id: i64) -> Result<Job, AppError> {
+    let job = db::jobs::get(c, id)?;
+    if actor.may_see(&job) {
+        Ok(job)
+    } else {
+        Err(AppError::NotFound("job"))
+    }
+}
+
+/// Validates and stores a job, then wakes the scheduler. Nothing is written when any
+/// rule fails.
+pub async fn submit(state: &AppState, actor: &Actor, req: JobRequest) -> Result<JobView, AppError> {
+    let valid = validate::job(req, &actor.lab_ids())?;
+    let user = actor.user.id;
+    let view = state
+        .db
+        .run(move |c| {
+            let job = db::jobs::insert(c, user, &valid)?;
+            job_view(c, &job)
+        })
+        .await?;
+    tracing::info!(job = view.id, "job submitted");
+    state.wake.notify_one();
+    Ok(view)
+}
+
+/// The actor's latest jobs, newest first.
+pub async fn list(state: &AppState, actor: &Actor, limit: i64) -> Result<Vec<JobView>, AppError> {
+    let user = actor.user.id;
+    state
+        .db
+        .run(move |c| {
+            let jobs = db::jobs::list_for_user(c, user, limit)?;
+            job_views(c, &jobs)
+        })
+        .await
+}
+
+/// One job the actor may see.
+pub async fn get(state: &AppState, actor: &Actor, id: i64) -> Result<JobView, AppError> {
+    let actor = actor.clone();
+    state
+        .db
+        .run(move |c| {
+            let job = visible(c, &actor, id)?;
+            job_view(c, &job)
+        })
+        .await
+}
+
+/// A job's view, history and the last `tail` bytes of its output (the job page).
+pub async fn detail(
+    state: &AppState,
+    actor: &Actor,
+    id: i64,
+    tail: usize,
+) -> Result<(JobView, Vec<JobEvent>, String), AppError> {
+    let actor = actor.clone();
+    state
+        .db
+        .run(move |c| {
+            let job = visible(c, &actor, id)?;
+            Ok((
+                job_view(c, &job)?,
+                db::jobs::events(c, id)?,
+                db::jobs::logs(c, id, tail)?,
+            ))
+        })
+        .await
+}
+
+/// All of a job's output.
+pub async fn logs(state: &AppState, actor: &Actor, id: i64) -> Result<String, AppError> {
+    let actor = actor.clone();
+    state
+        .db
+        .run(move |c| {
+            visible(c, &actor, id)?;
+            db::jobs::logs(c, id, db::jobs::MAX_LOG_BYTES as usize)
+        })
+        .await
+}
+
+/// A job's state history.
+pub async fn events(state: &AppState, actor: &Actor, id: i64) -> Result<Vec<JobEvent>, AppError> {
+    let actor = actor.clone();
+    state
+        .db
+        .run(move |c| {
+            visible(c, &actor, id)?;
+            db::jobs::events(c, id)
+        })
+        .await
+}
+
+/// Cancels a job the actor may see, and tells its node to stop the container.
+pub async fn cancel(state: &AppState, actor: &Actor, id: i64) -> Result<JobView, AppError> {
+    let actor = actor.clone();
+    let (view, attempt) = state
+        .db
+        .run(move |c| {
+            let job = visible(c, &actor, id)?;
+            let attempt = db::jobs::cancel(c, &job, &actor.user.username)?;
+            let job = db::jobs::get(c, id)?;
+            Ok::<_, AppError>((job_view(c, &job)?, attempt))
+        })
+        .await?;
+    if let Some(a) = attempt {
+        state.agents.send(
+            a.node_id,
+            PortalMsg::Stop {
+                job: a.job_id,
+                attempt: a.attempt,
+                grace_s: CANCEL_GRACE_S,
+                reason: "cancelled".into(),
+            },
+        );
+    }
+    Ok(view)
+}

@@ -1,0 +1,127 @@
+//! A lab's console as its admins see it: servers with their lending rules, members with
+//! their roles and quotas, usage by week, the lab's audit log. A read model, built in a
+//! fixed number of queries.
+
+use super::{lab_admin, Actor};
+use crate::db::audit::AuditEntry;
+use crate::db::models::{Lab, Node, Role};
+use crate::db::usage::LabUsage;
+use crate::db::{self, DbConn};
+use crate::domain::MembershipSource;
+use crate::error::AppError;
+use commons_sched::{LendMode, Lending, Quota};
+
+/// One server as the console shows it.
+pub struct NodeRow {
+    pub node: Node,
+    /// The web form's choice that describes the stored rule: never, always, nights,
+    /// weekends, nights_weekends, or custom (windows no preset describes).
+    pub preset: &'static str,
+    pub lending: Lending,
+    /// Slugs of the labs that may borrow, comma-separated.
+    pub borrowers: String,
+}
+
+pub struct MemberRow {
+    pub username: String,
+    pub role: Role,
+    pub source: MembershipSource,
+    pub quota: Quota,
+}
+
+pub struct LabConsole {
+    pub lab: Lab,
+    pub nodes: Vec<NodeRow>,
+    pub members: Vec<MemberRow>,
+    pub audit: Vec<AuditEntry>,
+    pub usage: LabUsage,
+}
+
+/// Weeks of usage the console shows.
+const USAGE_WEEKS: usize = 6;
+/// Audit entries the console shows.
+const AUDIT_ROWS: i64 = 100;
+
+/// The console of lab `slug`, for its admins and operators.
+pub fn console(c: &mut DbConn, actor: &Actor, slug: &str) -> Result<LabConsole, AppError> {
+    let admin = lab_admin(c, actor, slug)?;
+    let lab = admin.lab().clone();
+    let all_labs = db::users::all_lab_slugs(c)?;
+    let nodes = db::nodes::of_lab(c, lab.id)?
+        .into_iter()
+        .map(|node| {
+            let lending = node.lending.0.clone();
+            let borrowers = lending
+                .borrowers
+                .iter()
+                .filter_map(|id| all_labs.iter().find(|(l, _)| l == id).map(|(_, s)| s.clone()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            NodeRow {
+                preset: preset(&lending),
+                lending,
+                borrowers,
+                node,
+            }
+        })
+        .collect();
+    let members = db::users::members_of(c, lab.id)?
+        .into_iter()
+        .map(|(username, m)| MemberRow {
+            username,
+            role: m.role,
+            source: m.source,
+            quota: m.quota.0,
+        })
+        .collect();
+    Ok(LabConsole {
+        audit: db::audit::list(c, Some(lab.id), AUDIT_ROWS)?,
+        usage: db::usage::lab_usage(c, lab.id, db::now(), USAGE_WEEKS)?,
+        lab,
+        nodes,
+        members,
+    })
+}
+
+/// Nights: 19:00 to 07:00 every day.
+pub const NIGHTS: (u32, u32) = (19 * 60, 7 * 60);
+const EVERY_DAY: [u32; 7] = [0, 1, 2, 3, 4, 5, 6];
+const WEEKEND: [u32; 2] = [5, 6];
+
+/// The weekly windows of a form preset (days, from, to in minutes of the day).
+pub fn preset_windows(name: &str) -> Option<Vec<(&'static [u32], u32, u32)>> {
+    let nights: (&'static [u32], u32, u32) = (&EVERY_DAY, NIGHTS.0, NIGHTS.1);
+    let weekends: (&'static [u32], u32, u32) = (&WEEKEND, 0, 0);
+    match name {
+        "nights" => Some(vec![nights]),
+        "weekends" => Some(vec![weekends]),
+        "nights_weekends" => Some(vec![nights, weekends]),
+        _ => None,
+    }
+}
+
+fn windows_of(preset: &[(&[u32], u32, u32)]) -> Vec<commons_sched::WeeklyWindow> {
+    let mut w: Vec<_> = preset
+        .iter()
+        .flat_map(|(days, from, to)| commons_sched::WeeklyWindow::daily(days, *from, *to))
+        .collect();
+    w.sort_by_key(|w| (w.start_minute, w.end_minute));
+    w
+}
+
+/// Which form choice the stored rule is; `custom` when its windows are none of the
+/// presets (set through the API), so saving the form does not replace them.
+pub fn preset(l: &Lending) -> &'static str {
+    match l.mode {
+        LendMode::Never => "never",
+        LendMode::Always => "always",
+        LendMode::Windows => {
+            let mut stored = l.windows.clone();
+            stored.sort_by_key(|w| (w.start_minute, w.end_minute));
+            ["nights", "weekends", "nights_weekends"]
+                .into_iter()
+                .find(|p| preset_windows(p).is_some_and(|w| windows_of(&w) == stored))
+                .unwrap_or("custom")
+        }
+    }
+}

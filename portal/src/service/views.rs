@@ -1,0 +1,124 @@
+//! What the API and the job pages show of a job: one read model for both.
+//!
+//! [`job_views`] builds the views of any number of jobs in a fixed number of queries
+//! (jobs' last attempts, their nodes, their GPUs, their labs), never a few per job.
+
+use crate::db::models::{Attempt, Job};
+use crate::db::{self, DbConn};
+use crate::domain::{JobKind, JobState};
+use crate::error::AppError;
+use chrono::NaiveDateTime;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuView {
+    pub uuid: String,
+    pub index: i32,
+    pub model: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct JobView {
+    pub id: i64,
+    pub state: JobState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<Vec<GpuView>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    pub attempts: i32,
+    pub image: String,
+    pub command: Vec<String>,
+    pub gpus_requested: i32,
+    pub gpu_models: Vec<String>,
+    pub time_limit_minutes: i64,
+    pub kind: JobKind,
+    pub lab: String,
+    pub created_at: NaiveDateTime,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<NaiveDateTime>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<NaiveDateTime>,
+}
+
+/// The view of one job.
+pub fn job_view(c: &mut DbConn, job: &Job) -> Result<JobView, AppError> {
+    job_views(c, std::slice::from_ref(job))?
+        .pop()
+        .ok_or(AppError::NotFound("job"))
+}
+
+/// The views of `jobs`, in their order, in four queries whatever their number.
+pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError> {
+    let ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
+    let last: BTreeMap<i64, Attempt> = db::jobs::last_attempts(c, &ids)?
+        .into_iter()
+        .map(|a| (a.job_id, a))
+        .collect();
+    let node_ids: Vec<i64> = jobs
+        .iter()
+        .filter_map(|j| j.node_id.or(last.get(&j.id).map(|a| a.node_id)))
+        .collect();
+    let node_names = db::nodes::names(c, &node_ids)?;
+    let gpu_ids: Vec<i64> = last.values().flat_map(|a| a.gpu_ids.0.clone()).collect();
+    let gpus: BTreeMap<i64, GpuView> = db::nodes::gpus_by_ids(c, &gpu_ids)?
+        .into_iter()
+        .map(|g| {
+            (
+                g.id,
+                GpuView {
+                    uuid: g.uuid,
+                    index: g.idx,
+                    model: g.model,
+                },
+            )
+        })
+        .collect();
+    let lab_ids: Vec<i64> = jobs.iter().map(|j| j.lab_id).collect();
+    let lab_slugs = db::users::lab_slugs(c, &lab_ids)?;
+    Ok(jobs
+        .iter()
+        .map(|job| {
+            let attempt = last.get(&job.id);
+            let node = job
+                .node_id
+                .or(attempt.map(|a| a.node_id))
+                .and_then(|id| node_names.get(&id).cloned());
+            let gpus = attempt.map(|a| {
+                let mut v: Vec<GpuView> = a
+                    .gpu_ids
+                    .iter()
+                    .filter_map(|id| gpus.get(id).cloned())
+                    .collect();
+                v.sort_by_key(|g| g.index);
+                v
+            });
+            JobView {
+                id: job.id,
+                state: job.state,
+                reason: job.reason.clone(),
+                queue_position: job.queue_position,
+                node,
+                gpus,
+                exit_code: job.exit_code,
+                attempts: job.attempts,
+                image: job.image.clone(),
+                command: job.command.0.clone(),
+                gpus_requested: job.gpus,
+                gpu_models: job.gpu_models.0.clone(),
+                time_limit_minutes: job.time_limit_s / 60,
+                kind: job.kind,
+                lab: lab_slugs.get(&job.lab_id).cloned().unwrap_or_default(),
+                created_at: job.created_at,
+                started_at: job.started_at,
+                finished_at: job.finished_at,
+            }
+        })
+        .collect())
+}
