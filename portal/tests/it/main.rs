@@ -3,6 +3,7 @@
 
 mod browser;
 mod console;
+mod foundations;
 mod harness;
 mod jobs;
 mod migrations;

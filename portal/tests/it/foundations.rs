@@ -1,0 +1,327 @@
+//! Defects found by reading the first wave's code, each with the test that would have
+//! caught it: the lending form's grace and custom windows, a role change and the
+//! member's quota, the error page's navigation, sessions at login and at their absolute
+//! expiry, and damaged rows read as errors instead of permissive defaults.
+
+use crate::harness::{TestPortal, BACKENDS};
+use crate::web::{hidden_csrf, logged_in};
+use diesel::connection::SimpleConnection;
+use serde_json::json;
+
+async fn page(b: &reqwest::Client, url: &str) -> String {
+    b.get(url).send().await.unwrap().text().await.unwrap()
+}
+
+/// Runs raw SQL against the portal's own database (to damage a row on purpose).
+async fn raw_sql(p: &TestPortal, sql: String) {
+    let db = p.portal.state.db.clone();
+    db.run(move |c| {
+        c.batch_execute(&sql)
+            .map_err(commons_portal::error::AppError::from)
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lending_form_keeps_custom_windows_and_a_blank_grace_means_the_campus_default() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+        let node = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
+            .as_i64()
+            .unwrap();
+        // Windows no preset describes: Wednesdays 09:00-11:00, set through the API.
+        let custom = json!({"mode": "windows", "windows": [{"days": [2], "from": "09:00", "to": "11:00"}]});
+        let (status, _) = p
+            .put_json(&p.carol, &format!("/api/v1/nodes/{node}/lending"), &custom)
+            .await;
+        assert_eq!(status, 200);
+        let before = p.get_json(&p.alice, "/api/v1/nodes").await[0]["lending"]["windows"].clone();
+        assert_eq!(before.as_array().unwrap().len(), 1);
+        assert_eq!(
+            p.get_json(&p.alice, "/api/v1/nodes").await[0]["grace_s"],
+            0,
+            "[{backend:?}] no grace given: the campus default"
+        );
+
+        let carol = logged_in(&p, "carol").await;
+        let admin = format!("{}/labs/vision/admin", p.url);
+        let html = page(&carol, &admin).await;
+        assert!(
+            html.contains(r#"value="custom" selected"#),
+            "[{backend:?}] the form says the windows are custom, not a preset"
+        );
+        assert!(
+            !html.contains(r#"value="weekends" selected"#)
+                && !html.contains(r#"value="nights" selected"#)
+        );
+        let r = carol
+            .post(format!("{}/labs/vision/nodes/{node}/lending", p.url))
+            .form(&[
+                ("csrf", hidden_csrf(&html).as_str()),
+                ("mode", "custom"),
+                ("max_lent_gpus", "1"),
+                ("grace_seconds", ""),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}] {}", r.text().await.unwrap());
+        let n = &p.get_json(&p.alice, "/api/v1/nodes").await[0];
+        assert_eq!(
+            n["lending"]["windows"], before,
+            "[{backend:?}] saving the form kept the API's windows"
+        );
+        assert_eq!(n["lending"]["mode"], "windows");
+        assert_eq!(n["lending"]["max_lent_gpus"], 1);
+        assert_eq!(
+            n["grace_s"], 0,
+            "[{backend:?}] a blank grace field stores no grace of its own"
+        );
+        let html = page(&carol, &admin).await;
+        assert!(
+            html.contains(r#"name="grace_seconds" value="" placeholder="300""#),
+            "[{backend:?}] the form shows the campus default"
+        );
+        p.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_change_keeps_the_members_quota() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let (status, _) = p
+            .put_json(
+                &p.carol,
+                "/api/v1/labs/vision/members/alice/quota",
+                &json!({"max_gpus": 2, "max_gpu_hours": 100}),
+            )
+            .await;
+        assert_eq!(status, 200);
+        let carol = logged_in(&p, "carol").await;
+        let admin = format!("{}/labs/vision/admin", p.url);
+        let html = page(&carol, &admin).await;
+        let r = carol
+            .post(format!("{}/labs/vision/members", p.url))
+            .form(&[
+                ("csrf", hidden_csrf(&html).as_str()),
+                ("member", "alice"),
+                ("role", "admin"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        let html = page(&carol, &admin).await;
+        let row = &html[html.find("/labs/vision/members/alice/quota").unwrap()..];
+        let row = &row[..row.find("</form>").unwrap()];
+        assert!(
+            row.contains(r#"name="max_gpu_hours" value="100""#)
+                && row.contains(r#"name="max_gpus" value="2""#),
+            "[{backend:?}] alice's own quota survived her promotion: {row}"
+        );
+        let r = carol
+            .post(format!("{}/labs/vision/members", p.url))
+            .form(&[
+                ("csrf", hidden_csrf(&html).as_str()),
+                ("member", "alice"),
+                ("role", "owner"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 422, "an unknown role is refused, not read as member");
+        p.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_page_keeps_the_navigation() {
+    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let carol = logged_in(&p, "carol").await;
+    for (path, status) in [("/jobs/987654", 404), ("/labs/physics/admin", 403)] {
+        let r = carol.get(format!("{}{path}", p.url)).send().await.unwrap();
+        assert_eq!(r.status(), status);
+        let html = r.text().await.unwrap();
+        assert!(
+            html.contains(r#"href="/jobs/new""#)
+                && html.contains(r#"href="/labs/vision/admin""#)
+                && html.contains("carol"),
+            "{path}: the error page has the signed-in header: {html}"
+        );
+    }
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_starts_a_fresh_session() {
+    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let url = |path: &str| format!("{}{path}", p.url);
+    // A client without a cookie jar: cookies are carried by hand.
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = plain.get(url("/login")).send().await.unwrap();
+    let before = login.headers()["set-cookie"].to_str().unwrap();
+    let before = before.split(';').next().unwrap().to_string();
+    let csrf_before = hidden_csrf(&login.text().await.unwrap());
+    let r = plain
+        .post(url("/login"))
+        .header("cookie", &before)
+        .form(&[("username", "alice"), ("csrf", csrf_before.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let after = r.headers()["set-cookie"].to_str().unwrap();
+    let after = after.split(';').next().unwrap().to_string();
+    let jobs = plain
+        .get(url("/jobs"))
+        .header("cookie", &after)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(jobs.status(), 200, "the new cookie is signed in");
+    let csrf_after = hidden_csrf(&jobs.text().await.unwrap());
+    assert_ne!(
+        csrf_before, csrf_after,
+        "a CSRF token from before the login is worth nothing after it"
+    );
+    let old = plain
+        .get(url("/jobs"))
+        .header("cookie", &before)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(old.status(), 303, "the pre-login cookie is not signed in");
+    p.stop().await;
+}
+
+/// A session cookie made with the portal's own key, holding `uid` and `login_at`.
+fn session_cookie(key: &[u8], uid: i64, login_at: i64) -> String {
+    use actix_web::cookie::{Cookie, CookieJar, Key};
+    let state = json!({"uid": uid.to_string(), "login_at": login_at.to_string()}).to_string();
+    let mut jar = CookieJar::new();
+    jar.private_mut(&Key::from(key))
+        .add(Cookie::new("commons_session", state));
+    let c = jar.get("commons_session").unwrap();
+    format!("commons_session={}", c.value())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_past_its_absolute_expiry_is_refused_by_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let key: Vec<u8> = (0..64u8).collect();
+    let key_file = dir.path().join("session.key");
+    std::fs::write(&key_file, &key).unwrap();
+    let p = TestPortal::start_with(crate::harness::Backend::Sqlite, |c| {
+        c.session_key_file = Some(key_file.clone());
+        c.session_absolute_hours = 24;
+    })
+    .await;
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let alice = p.get_json(&p.alice, "/api/v1/jobs").await; // alice exists; her id is 1
+    assert!(alice.is_array());
+    let now = chrono::Utc::now().timestamp();
+    for (login_at, signed_in) in [(now - 3600, true), (now - 25 * 3600, false)] {
+        let r = plain
+            .get(format!("{}/jobs", p.url))
+            .header("cookie", session_cookie(&key, 1, login_at))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        assert_eq!(
+            status == 200,
+            signed_in,
+            "login {} h ago: status {status}",
+            (now - login_at) / 3600
+        );
+    }
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_rows_are_errors_not_permissive_defaults() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+        let job = p
+            .submit(
+                &p.alice,
+                json!({"image": "commons-demo:latest", "command": ["true"], "gpus": 0, "time_limit_minutes": 5}),
+            )
+            .await;
+        // A lending rule that no longer parses must not read as "lend always, no limits".
+        raw_sql(&p, r#"UPDATE nodes SET lending = '{"mode":"sometimes"}'"#.into()).await;
+        let r = p
+            .http
+            .get(format!("{}/api/v1/nodes", p.url))
+            .bearer_auth(&p.alice)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500, "[{backend:?}]");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "internal", "causes stay in the log: {body}");
+        let carol = logged_in(&p, "carol").await;
+        let r = carol
+            .get(format!("{}/labs/vision/admin", p.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500, "[{backend:?}] the console shows an error");
+        // A job state nobody knows is not read as "failed".
+        raw_sql(&p, format!("UPDATE jobs SET state = 'finished' WHERE id = {job}")).await;
+        let r = p
+            .http
+            .get(format!("{}/api/v1/jobs/{job}", p.url))
+            .bearer_auth(&p.alice)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500, "[{backend:?}]");
+        p.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forms_without_their_csrf_token_change_nothing() {
+    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let carol = logged_in(&p, "carol").await;
+    for (path, form) in [
+        ("/jobs", vec![("image", "commons-demo:latest"), ("gpus", "0"), ("time_limit_minutes", "5")]),
+        ("/tokens", vec![("name", "laptop")]),
+        ("/labs/vision/members", vec![("member", "bob"), ("role", "admin")]),
+        ("/labs/vision/member-default-quota", vec![("max_gpus", "1")]),
+    ] {
+        let r = carol
+            .post(format!("{}{path}", p.url))
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{path}");
+        let mut with_wrong = form.clone();
+        with_wrong.push(("csrf", "0123456789abcdef"));
+        let r = carol
+            .post(format!("{}{path}", p.url))
+            .form(&with_wrong)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{path} with a wrong token");
+    }
+    assert_eq!(
+        p.get_json(&p.carol, "/api/v1/jobs").await.as_array().unwrap().len(),
+        0,
+        "no job was made"
+    );
+    p.stop().await;
+}
