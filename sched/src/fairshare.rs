@@ -91,29 +91,27 @@ impl FairQueue {
     /// equal keys break by lab id and user id.
     pub fn new(world: &World, jobs: Vec<usize>) -> Self {
         let charge = world.policy.running_charge_gpu_hours;
+        let meta = &world.meta;
         let mut labs: Vec<LabQ> = Vec::new();
-        let mut last: Option<(usize, usize)> = None;
-        for (i, &j) in jobs.iter().enumerate() {
-            let m = &world.meta[j];
-            if last.map(|(l, _)| l) != Some(m.lab) {
-                let lab = &world.labs[m.lab];
-                labs.push(LabQ {
-                    usage: lab.usage + charge * f64::from(world.lab_use[m.lab].gpus),
-                    share: lab.share,
-                    users: Vec::new(),
-                    heap: BinaryHeap::new(),
+        let mut next = 0;
+        // `chunk_by` yields non-empty runs, so `[0]` is always there.
+        for lab_jobs in jobs.chunk_by(|&a, &b| meta[a].lab == meta[b].lab) {
+            let l = meta[lab_jobs[0]].lab;
+            let mut users = Vec::new();
+            for user_jobs in lab_jobs.chunk_by(|&a, &b| meta[a].member == meta[b].member) {
+                users.push(UserQ {
+                    usage: member_key(world, meta[user_jobs[0]].member),
+                    next,
+                    end: next + user_jobs.len(),
                 });
+                next += user_jobs.len();
             }
-            let lab = labs.last_mut().expect("pushed above");
-            if last != Some((m.lab, m.member)) {
-                lab.users.push(UserQ {
-                    usage: member_key(world, m.member),
-                    next: i,
-                    end: i,
-                });
-            }
-            lab.users.last_mut().expect("pushed above").end = i + 1;
-            last = Some((m.lab, m.member));
+            labs.push(LabQ {
+                usage: world.labs[l].usage + charge * f64::from(world.lab_use[l].gpus),
+                share: world.labs[l].share,
+                users,
+                heap: BinaryHeap::new(),
+            });
         }
         for lab in &mut labs {
             lab.heap = lab

@@ -163,7 +163,7 @@ pub(crate) fn place_owner_jobs(
     round: &mut Round,
 ) -> Vec<usize> {
     let mut elsewhere = Vec::new();
-    let mut hopeless: Vec<Option<u32>> = vec![None; world.shapes];
+    let mut hopeless: Vec<Option<usize>> = vec![None; world.shapes];
     for &j in jobs {
         let job = world.queue[j];
         if let Some(reason) = member_block(world, j) {

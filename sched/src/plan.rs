@@ -27,15 +27,20 @@ pub(crate) struct Round {
     pub preempts: Vec<Preempt>,
     /// (queue index, index into `reasons`), in position order. Identical requests
     /// share one reason, so a round clones no strings per waiting job.
-    pub pending: Vec<(usize, u32)>,
+    pub pending: Vec<(usize, usize)>,
     pub reasons: Vec<Reason>,
 }
 
 impl Round {
-    /// Queue job `j` waits for `reason`; returns the reason's index for sharing.
-    pub fn wait(&mut self, j: usize, reason: Reason) -> u32 {
-        let r = u32::try_from(self.reasons.len()).expect("fewer than 2^32 reasons");
+    /// Keep `reason` for sharing without a job waiting for it yet; returns its index.
+    pub fn reason(&mut self, reason: Reason) -> usize {
         self.reasons.push(reason);
+        self.reasons.len() - 1
+    }
+
+    /// Queue job `j` waits for `reason`; returns the reason's index for sharing.
+    pub fn wait(&mut self, j: usize, reason: Reason) -> usize {
+        let r = self.reason(reason);
         self.pending.push((j, r));
         r
     }
@@ -97,7 +102,7 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Time) -> Plan {
                 .zip(1..)
                 .map(|(&(j, reason), position)| Pending {
                     job: world.queue[j].id,
-                    reason: r.reasons[reason as usize].clone(),
+                    reason: r.reasons[reason].clone(),
                     position,
                 })
                 .collect();
@@ -146,7 +151,7 @@ fn round(
         .collect();
 
     let mut fair = FairQueue::new(world, guests);
-    let mut failed: Vec<Option<u32>> = vec![None; world.shapes];
+    let mut failed: Vec<Option<usize>> = vec![None; world.shapes];
     let mut depth = world.policy.backfill_depth;
     let mut moved = false;
     while let Some((j, ticket)) = fair.pop() {
@@ -175,7 +180,7 @@ fn place_guest(
     world: &mut World,
     j: usize,
     owner: bool,
-    failed: &mut [Option<u32>],
+    failed: &mut [Option<usize>],
     depth: &mut u32,
     out: &mut Round,
 ) -> Option<Start> {
@@ -206,9 +211,7 @@ fn place_guest(
     }
     let reason = explain(world, job, best);
     let r = if owner {
-        let r = out.reasons.len() as u32;
-        out.reasons.push(reason);
-        r
+        out.reason(reason)
     } else {
         out.wait(j, reason)
     };

@@ -1,5 +1,7 @@
 //! Integration tests of `commons-sched`: one binary (linking is the slow part), with a
 //! module per rule family and the property tests.
+// Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod fairshare;
 mod lending;

@@ -1,4 +1,6 @@
 //! Integration tests of `commons-sim` (one binary, see STYLE.md "Tests").
+// Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cli;
 mod invariants;

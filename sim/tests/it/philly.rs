@@ -1,17 +1,26 @@
 //! A small slice of the shipped Philly trace on the shipped campus (the full replay is
-//! a benchmark, not a test). CI has `shared/` beside the clone, at `../shared/` from
-//! the repository root.
+//! a benchmark, not a test). Both files are in the repository: `sim/traces/` and
+//! `sim/campus/`.
 
 use commons_sim::{read_trace, replay, CampusFile, PolicyKind, ReplaySettings, Workload};
 use std::path::PathBuf;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+/// A file shipped with the simulator, by its path under `sim/`; a missing one fails
+/// the test with what is missing and where it should be.
+fn shipped(path: &str) -> PathBuf {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path);
+    assert!(
+        file.is_file(),
+        "{} is missing: it ships with the repository (sim/{path}); restore it with \
+         `git checkout -- sim/{path}`",
+        file.display()
+    );
+    file
 }
 
 #[test]
 fn shipped_campus_has_about_600_gpus_and_15_labs() {
-    let c = CampusFile::read(&repo().join("sim/campus/philly15.toml"))
+    let c = CampusFile::read(&shipped("campus/philly15.toml"))
         .unwrap()
         .build()
         .unwrap();
@@ -30,11 +39,8 @@ fn shipped_campus_has_about_600_gpus_and_15_labs() {
 
 #[test]
 fn philly_slice_replays_under_every_policy() {
-    let trace_path = repo().join("../shared/traces/philly_sep_oct_2017.csv");
-    let trace = read_trace(&trace_path, Some(3000)).unwrap_or_else(|e| {
-        panic!("{e}: the Philly trace is expected at ../shared/traces/ beside the repository")
-    });
-    let c = CampusFile::read(&repo().join("sim/campus/philly15.toml"))
+    let trace = read_trace(&shipped("traces/philly_sep_oct_2017.csv"), Some(3000)).unwrap();
+    let c = CampusFile::read(&shipped("campus/philly15.toml"))
         .unwrap()
         .build()
         .unwrap();
@@ -53,4 +59,45 @@ fn philly_slice_replays_under_every_policy() {
     }
     assert_eq!(r.summary.policies["isolated"].labs_worse_off, Some(0));
     assert_eq!(r.summary.targets.len(), 6);
+}
+
+#[test]
+fn shipped_trace_is_the_whole_sep_oct_file() {
+    let trace = read_trace(&shipped("traces/philly_sep_oct_2017.csv"), None).unwrap();
+    assert_eq!(trace.len(), 52_849);
+    // Submitted before 2017-11-01 00:00, counted from 2017-09-04 10:30:41.
+    let first_of_november = 58 * 86_400 - (10 * 3600 + 30 * 60 + 41);
+    assert!(trace.iter().all(|j| j.submit_time_s < first_of_november));
+    let c = CampusFile::read(&shipped("campus/philly15.toml"))
+        .unwrap()
+        .build()
+        .unwrap();
+    // Every VC of the trace is some lab's tenant.
+    assert_eq!(Workload::new(&trace, &c).unwrap().jobs.len(), 52_849);
+}
+
+/// The campus's node counts are the Helios per-VC quotas scaled by 75/352, rounded half
+/// up (what the comment at the top of `philly15.toml` says).
+#[test]
+fn shipped_campus_scales_the_helios_quotas() {
+    let text = std::fs::read_to_string(shipped("traces/philly_vc_nodes_helios.csv")).unwrap();
+    let quotas: std::collections::BTreeMap<&str, u32> = text
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (vc, nodes) = l.split_once(',').unwrap();
+            (vc, nodes.trim().parse().unwrap())
+        })
+        .collect();
+    assert_eq!(quotas.values().sum::<u32>(), 352);
+    let campus = CampusFile::read(&shipped("campus/philly15.toml")).unwrap();
+    for lab in &campus.lab {
+        let helios: u32 = lab
+            .tenants
+            .iter()
+            .filter_map(|t| quotas.get(t.as_str()))
+            .sum();
+        assert_eq!(lab.nodes, (helios * 150 + 352) / 704, "lab {}", lab.name);
+    }
 }
