@@ -230,10 +230,10 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     println!("Data in {}. Stop with Ctrl-C.", data_dir.display());
     println!();
     let handle = portal.handle.clone();
-    let outcome = tokio::select! {
+    tokio::select! {
         r = portal.server => {
             stop_agent(&mut agent).await;
-            r.map_err(anyhow::Error::from).and_then(|r| r.map_err(anyhow::Error::from))
+            Ok(r??)
         }
         s = agent.wait() => {
             handle.stop(true).await;
@@ -244,6 +244,5 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
             handle.stop(true).await;
             Ok(())
         }
-    };
-    outcome
+    }
 }

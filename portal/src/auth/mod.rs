@@ -54,23 +54,25 @@ impl FromRequest for CurrentUser {
                 Ok(s) => s,
                 Err(e) => return Err(as_response(api, e)),
             };
-            let uid = if token.is_none() {
+            let uid = match token {
+                Some(_) => None,
+                None => session.get::<i64>(SESSION_USER).ok().flatten(),
+            };
+            let uid = uid.filter(|_| {
                 let login_at = session
                     .get::<i64>(SESSION_LOGIN_AT)
                     .ok()
                     .flatten()
                     .unwrap_or(0);
                 let max_age = state.config.session_absolute_hours as i64 * 3600;
-                if past_absolute_expiry(login_at, chrono::Utc::now().timestamp(), max_age) {
+                let expired =
+                    past_absolute_expiry(login_at, chrono::Utc::now().timestamp(), max_age);
+                if expired {
                     // Absolute expiry: however active, a session ends this long after login.
                     session.purge();
-                    None
-                } else {
-                    session.get::<i64>(SESSION_USER).ok().flatten()
                 }
-            } else {
-                None
-            };
+                !expired
+            });
             state
                 .db
                 .run(move |c| {

@@ -115,9 +115,14 @@ async fn serve(
 }
 
 async fn send(session: &mut actix_ws::Session, msg: &PortalMsg) -> Result<(), actix_ws::Closed> {
-    session
-        .text(serde_json::to_string(msg).expect("serialisable"))
-        .await
+    match serde_json::to_string(msg) {
+        Ok(text) => session.text(text).await,
+        Err(e) => {
+            // Plain data always serialises; should it not, drop the message, keep the link.
+            tracing::error!("cannot encode a message for the agent: {e}");
+            Ok(())
+        }
+    }
 }
 
 /// Applies one agent message; returns the replies to send.

@@ -22,17 +22,23 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// The map; a panic elsewhere while holding the lock left it consistent (every
+    /// operation is one map call), so a poisoned lock is used as it is.
+    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Conn>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Registers a new connection of `node`; returns its id and the messages to send it.
     pub fn register(&self, node: i64) -> (u64, mpsc::UnboundedReceiver<PortalMsg>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        self.conns.lock().unwrap().insert(node, (id, tx));
+        self.conns().insert(node, (id, tx));
         (id, rx)
     }
 
     /// Forgets a connection; returns false if a newer one of the node replaced it already.
     pub fn unregister(&self, node: i64, id: u64) -> bool {
-        let mut conns = self.conns.lock().unwrap();
+        let mut conns = self.conns();
         match conns.get(&node) {
             Some((current, _)) if *current == id => {
                 conns.remove(&node);
@@ -44,14 +50,14 @@ impl Registry {
 
     /// Queues a message for a node; false if it is not connected.
     pub fn send(&self, node: i64, msg: PortalMsg) -> bool {
-        match self.conns.lock().unwrap().get(&node) {
+        match self.conns().get(&node) {
             Some((_, tx)) => tx.send(msg).is_ok(),
             None => false,
         }
     }
 
     pub fn is_connected(&self, node: i64) -> bool {
-        self.conns.lock().unwrap().contains_key(&node)
+        self.conns().contains_key(&node)
     }
 }
 

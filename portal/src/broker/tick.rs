@@ -83,7 +83,9 @@ pub async fn run(state: AppState) {
         let lead = if postgres {
             let l = std::sync::Arc::clone(&leader);
             let url = state.config.database_url.clone();
-            tokio::task::spawn_blocking(move || l.lock().unwrap().check(&url))
+            tokio::task::spawn_blocking(move || {
+                l.lock().unwrap_or_else(|p| p.into_inner()).check(&url)
+            })
                 .await
                 .unwrap_or(false)
         } else {

@@ -30,9 +30,7 @@ pub struct LabUsage {
 fn monday(t: NaiveDateTime) -> NaiveDateTime {
     let d = t.date();
     let back = d.weekday().num_days_from_monday() as i64;
-    (d - Duration::days(back))
-        .and_hms_opt(0, 0, 0)
-        .expect("midnight exists")
+    (d - Duration::days(back)).and_time(chrono::NaiveTime::MIN)
 }
 
 /// GPU-hours of `gpus` GPUs busy from `start` to `end` that fall in each week.
@@ -65,7 +63,7 @@ pub fn lab_usage(
     let weeks: Vec<NaiveDateTime> = (0..n_weeks as i64)
         .map(|i| this - Duration::days(7 * i))
         .collect();
-    let since = *weeks.last().expect("at least one week");
+    let since = weeks.last().copied().unwrap_or(this);
     // Attempts of this lab's jobs (used) or on this lab's nodes (possibly lent).
     let rows: Vec<(Attempt, i64, String, i64)> = job_attempts::table
         .inner_join(jobs::table.inner_join(users::table))
@@ -93,7 +91,9 @@ pub fn lab_usage(
         .collect();
     let mut members: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for (a, job_lab, user, node_lab) in rows {
-        let start = a.started_at.expect("filtered");
+        let Some(start) = a.started_at else {
+            continue; // the query keeps started attempts only
+        };
         let end = a.ended_at.unwrap_or(now).min(now);
         let hours = split(start, end, a.gpu_id_list().len(), &weeks);
         for (i, h) in hours.iter().enumerate() {

@@ -255,7 +255,7 @@ async fn damaged_rows_are_errors_not_permissive_defaults() {
         let job = p
             .submit(
                 &p.alice,
-                json!({"image": "commons-demo:latest", "command": ["true"], "gpus": 0, "time_limit_minutes": 5}),
+                json!({"image": "commons-demo:latest", "command": ["true"], "gpus": 1, "time_limit_minutes": 5}),
             )
             .await;
         // A lending rule that no longer parses must not read as "lend always, no limits".
@@ -296,7 +296,7 @@ async fn forms_without_their_csrf_token_change_nothing() {
     let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
     let carol = logged_in(&p, "carol").await;
     for (path, form) in [
-        ("/jobs", vec![("image", "commons-demo:latest"), ("gpus", "0"), ("time_limit_minutes", "5")]),
+        ("/jobs", vec![("image", "commons-demo:latest"), ("gpus", "1"), ("time_limit_minutes", "5")]),
         ("/tokens", vec![("name", "laptop")]),
         ("/labs/vision/members", vec![("member", "bob"), ("role", "admin")]),
         ("/labs/vision/member-default-quota", vec![("max_gpus", "1")]),
