@@ -115,7 +115,8 @@ fn main() -> anyhow::Result<()> {
                     &username,
                     &email,
                     lab.as_deref(),
-                    role.parse::<Role>().map_err(|e| anyhow::anyhow!("--role: {e} (member or admin)"))?,
+                    role.parse::<Role>()
+                        .map_err(|e| anyhow::anyhow!("--role: {e} (member or admin)"))?,
                     operator,
                 )?,
                 AdminCmd::ApiToken { username } => admin::api_token(&db, &username)?,

@@ -37,7 +37,14 @@ async fn put_lab_quota(
     slug: web::Path<String>,
     body: ApiJson<QuotaRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let q = policy::set_lab_quota(&state, &user, slug.into_inner(), body.0, LabQuota::Borrowing).await?;
+    let q = policy::set_lab_quota(
+        &state,
+        &user,
+        slug.into_inner(),
+        body.0,
+        LabQuota::Borrowing,
+    )
+    .await?;
     Ok(HttpResponse::Ok().json(q))
 }
 
@@ -58,6 +65,13 @@ async fn put_member_default_quota(
     slug: web::Path<String>,
     body: ApiJson<QuotaRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let q = policy::set_lab_quota(&state, &user, slug.into_inner(), body.0, LabQuota::MemberDefault).await?;
+    let q = policy::set_lab_quota(
+        &state,
+        &user,
+        slug.into_inner(),
+        body.0,
+        LabQuota::MemberDefault,
+    )
+    .await?;
     Ok(HttpResponse::Ok().json(q))
 }

@@ -179,7 +179,9 @@ impl<T: DeserializeOwned + 'static> FromRequest for CsrfForm<T> {
             let provided = body.as_ref().map(|b| b.csrf.as_str()).unwrap_or_default();
             check_csrf(&session, provided).map_err(WebError)?;
             let body = body.map_err(|e| {
-                WebError(AppError::BadRequest(format!("the form could not be read: {e}")))
+                WebError(AppError::BadRequest(format!(
+                    "the form could not be read: {e}"
+                )))
             })?;
             Ok(CsrfForm(body.into_inner().form))
         })

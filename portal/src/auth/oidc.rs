@@ -10,7 +10,7 @@
 //!    checked by the crate. Claims come from the verified ID token, and from userinfo when
 //!    the token lacks email or groups.
 //!
-//! Users are keyed by (issuer, subject); see `db::identity`.
+//! Users are keyed by (issuer, subject); see `service::identity`.
 
 use crate::config::Config;
 use crate::error::AppError;

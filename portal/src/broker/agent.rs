@@ -5,8 +5,8 @@
 
 use crate::db::models::Node;
 use crate::db::{jobs, nodes};
-use crate::service::attempts;
 use crate::error::{ApiError, AppError};
+use crate::service::attempts;
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
 use commons_proto::{AgentMsg, EnrolRequest, EnrolResponse, PortalMsg, CONNECT_PATH, ENROL_PATH};

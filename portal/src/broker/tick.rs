@@ -15,8 +15,8 @@
 //! deployments run one portal.
 
 use crate::db::{nodes, now, snapshot};
-use crate::service::attempts;
 use crate::error::AppError;
+use crate::service::attempts;
 use crate::state::AppState;
 use std::time::Duration;
 
@@ -86,8 +86,8 @@ pub async fn run(state: AppState) {
             tokio::task::spawn_blocking(move || {
                 l.lock().unwrap_or_else(|p| p.into_inner()).check(&url)
             })
-                .await
-                .unwrap_or(false)
+            .await
+            .unwrap_or(false)
         } else {
             true
         };

@@ -228,7 +228,11 @@ pub fn set_result(
 }
 
 /// Records the job's first start time (later attempts keep it).
-pub fn set_first_start(c: &mut DbConn, job: i64, at: chrono::NaiveDateTime) -> Result<(), AppError> {
+pub fn set_first_start(
+    c: &mut DbConn,
+    job: i64,
+    at: chrono::NaiveDateTime,
+) -> Result<(), AppError> {
     diesel::update(jobs::table.find(job).filter(jobs::started_at.is_null()))
         .set(jobs::started_at.eq(at))
         .execute(c)?;
@@ -238,12 +242,16 @@ pub fn set_first_start(c: &mut DbConn, job: i64, at: chrono::NaiveDateTime) -> R
 /// Why a queued job waits, and its place in the queue (a job no longer queued keeps
 /// what it has).
 pub fn set_waiting(c: &mut DbConn, job: i64, reason: &str, position: i32) -> Result<(), AppError> {
-    diesel::update(jobs::table.find(job).filter(jobs::state.eq(JobState::Queued)))
-        .set((
-            jobs::reason.eq(Some(reason)),
-            jobs::queue_position.eq(Some(position)),
-        ))
-        .execute(c)?;
+    diesel::update(
+        jobs::table
+            .find(job)
+            .filter(jobs::state.eq(JobState::Queued)),
+    )
+    .set((
+        jobs::reason.eq(Some(reason)),
+        jobs::queue_position.eq(Some(position)),
+    ))
+    .execute(c)?;
     Ok(())
 }
 

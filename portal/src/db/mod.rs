@@ -11,7 +11,6 @@
 
 pub mod attempts;
 pub mod audit;
-pub mod identity;
 pub mod jobs;
 pub mod models;
 pub mod nodes;

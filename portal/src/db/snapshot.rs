@@ -88,12 +88,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             .collect();
         let member_default: BTreeMap<i64, Quota> = labs
             .iter()
-            .map(|l| {
-                (
-                    l.id,
-                    l.member_quota.0.clone(),
-                )
-            })
+            .map(|l| (l.id, l.member_quota.0.clone()))
             .collect();
         let mut member_info: BTreeMap<(i64, i64), MemberInfo> = members
             .iter()

@@ -2,16 +2,16 @@
 //! tokens and agent enrolment tokens. Secrets are random, shown once, stored as SHA-256.
 
 use super::models::{Lab, Role, User};
-use super::types::Json;
-use crate::domain::MembershipSource;
-use commons_sched::Quota;
-use std::collections::BTreeMap;
 use super::schema::*;
+use super::types::Json;
 use super::{now, DbConn};
+use crate::domain::MembershipSource;
 use crate::error::AppError;
 use crate::insert_returning_id;
+use commons_sched::Quota;
 use diesel::prelude::*;
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 
 /// A fresh secret with a recognisable prefix (so leaked ones are easy to grep for).
 pub fn new_secret(prefix: &str) -> String {
@@ -93,7 +93,12 @@ pub fn all_lab_slugs(c: &mut DbConn) -> Result<Vec<(i64, String)>, AppError> {
 }
 
 /// Replaces the lab's borrowing quota (`borrowing`) or its members' default quota.
-pub fn set_lab_quota(c: &mut DbConn, lab: i64, borrowing: bool, json: &str) -> Result<(), AppError> {
+pub fn set_lab_quota(
+    c: &mut DbConn,
+    lab: i64,
+    borrowing: bool,
+    json: &str,
+) -> Result<(), AppError> {
     let row = diesel::update(labs::table.find(lab));
     if borrowing {
         row.set(labs::quota.eq(json)).execute(c)?;
@@ -240,6 +245,59 @@ pub fn user_by_name(c: &mut DbConn, username: &str) -> Result<Option<User>, AppE
         .select(User::as_select())
         .first(c)
         .optional()?)
+}
+
+/// The user an SSO identity (issuer, subject) belongs to.
+pub fn user_by_identity(
+    c: &mut DbConn,
+    issuer: &str,
+    subject: &str,
+) -> Result<Option<User>, AppError> {
+    Ok(users::table
+        .filter(users::oidc_issuer.eq(issuer))
+        .filter(users::oidc_subject.eq(subject))
+        .select(User::as_select())
+        .first(c)
+        .optional()?)
+}
+
+/// A user first seen through SSO; returns the id.
+pub fn insert_sso_user(
+    c: &mut DbConn,
+    username: &str,
+    email: &str,
+    name: &str,
+) -> Result<i64, AppError> {
+    Ok(insert_returning_id!(
+        c,
+        diesel::insert_into(users::table).values((
+            users::username.eq(username),
+            users::email.eq(email),
+            users::display_name.eq(name),
+            users::is_operator.eq(false),
+            users::created_at.eq(now()),
+        )),
+        users::id
+    )?)
+}
+
+/// Binds a user to an SSO identity and refreshes the profile and operator flag.
+pub fn set_identity(
+    c: &mut DbConn,
+    user: i64,
+    id: &crate::identity::Identity,
+    operator: bool,
+) -> Result<(), AppError> {
+    diesel::update(users::table.find(user))
+        .set((
+            users::oidc_issuer.eq(&id.issuer),
+            users::oidc_subject.eq(&id.subject),
+            users::email.eq(&id.email),
+            users::display_name.eq(&id.name),
+            users::is_operator.eq(operator),
+        ))
+        .execute(c)?;
+    Ok(())
 }
 
 pub fn user_by_email(c: &mut DbConn, email: &str) -> Result<Option<User>, AppError> {

@@ -54,7 +54,12 @@ pub fn console(c: &mut DbConn, actor: &Actor, slug: &str) -> Result<LabConsole, 
             let borrowers = lending
                 .borrowers
                 .iter()
-                .filter_map(|id| all_labs.iter().find(|(l, _)| l == id).map(|(_, s)| s.clone()))
+                .filter_map(|id| {
+                    all_labs
+                        .iter()
+                        .find(|(l, _)| l == id)
+                        .map(|(_, s)| s.clone())
+                })
                 .collect::<Vec<_>>()
                 .join(", ");
             NodeRow {

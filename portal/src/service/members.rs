@@ -46,8 +46,8 @@ pub async fn set_member(
             let lab = admin.lab().id;
             let person = find_person(c, &who)?;
             db::transaction(c, |c| {
-                let before = users::membership(c, lab, person.id)?
-                    .map_or("none", |m| m.role.as_str());
+                let before =
+                    users::membership(c, lab, person.id)?.map_or("none", |m| m.role.as_str());
                 users::upsert_membership(c, person.id, lab, role, MembershipSource::Manual)?;
                 db::audit::record(
                     c,
@@ -77,7 +77,8 @@ pub async fn remove_member(
             let admin = lab_admin(c, &actor, &slug)?;
             let lab = admin.lab().id;
             let person = users::user_by_name(c, &username)?.ok_or(AppError::NotFound("member"))?;
-            let before = users::membership(c, lab, person.id)?.ok_or(AppError::NotFound("member"))?;
+            let before =
+                users::membership(c, lab, person.id)?.ok_or(AppError::NotFound("member"))?;
             db::transaction(c, |c| {
                 users::remove_membership(c, person.id, lab)?;
                 db::audit::record(

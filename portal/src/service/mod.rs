@@ -10,6 +10,7 @@
 //!   that the id exists).
 
 pub mod attempts;
+pub mod identity;
 pub mod jobs;
 pub mod labs;
 pub mod members;

@@ -263,7 +263,15 @@ pub async fn set_lab_quota(
             let before = to_json(before).map_err(|e| AppError::Internal(e.into()))?;
             db::transaction(c, |c| {
                 db::users::set_lab_quota(c, lab.id, which == LabQuota::Borrowing, &json)?;
-                db::audit::record(c, admin.user(), Some(lab.id), action, &format!("lab {slug}"), &before, &json)
+                db::audit::record(
+                    c,
+                    admin.user(),
+                    Some(lab.id),
+                    action,
+                    &format!("lab {slug}"),
+                    &before,
+                    &json,
+                )
             })?;
             tracing::info!(lab = %slug, by = %admin.user().username, action, "lab quota changed");
             Ok::<_, AppError>(())

@@ -154,7 +154,8 @@ mod tests {
                     {"image": "commons-demo:latest", "gpus": 1, "time_limit_minutes": 5}
                 ))
                 .unwrap();
-                let job = db::jobs::insert(c, user.id, &validate::job(req, &labs).unwrap()).unwrap();
+                let job =
+                    db::jobs::insert(c, user.id, &validate::job(req, &labs).unwrap()).unwrap();
                 let t = db::now();
                 db::attempts::insert(c, job.id, 1, node.id, &[gpu_id], t, t).unwrap();
                 db::jobs::set_placed(c, job.id, 1, node.id).unwrap();
@@ -186,7 +187,9 @@ mod tests {
         assert_eq!(v1.len(), 1);
         assert_eq!(v50.len(), 50);
         assert!(v50.iter().all(|v| v.node.as_deref() == Some("n1")
-            && v.gpus.as_ref().is_some_and(|g| g.len() == 1 && g[0].uuid == "GPU-1")
+            && v.gpus
+                .as_ref()
+                .is_some_and(|g| g.len() == 1 && g[0].uuid == "GPU-1")
             && v.lab == "vision"));
         assert_eq!(one, fifty, "queries do not grow with the number of jobs");
         assert!(one <= 4, "{one} queries");

@@ -8,8 +8,10 @@ use crate::db::models::{Lab, Role};
 use crate::domain::MembershipSource;
 use crate::error::{AppError, WebError};
 use crate::service::labs::{self, MemberRow, NodeRow};
-use crate::service::policy::{self, LabQuota, LendingRequest, QuotaRequest, WindowRequest, Windows};
 use crate::service::members;
+use crate::service::policy::{
+    self, LabQuota, LendingRequest, QuotaRequest, WindowRequest, Windows,
+};
 use crate::state::AppState;
 use actix_session::Session;
 use actix_web::{web, HttpResponse};

@@ -8,8 +8,9 @@ use super::Banner;
 use crate::auth::oidc::PendingLogin;
 use crate::auth::{log_in, log_out, CsrfForm, NoFields};
 use crate::db::models::User;
-use crate::db::{identity, users};
+use crate::db::users;
 use crate::error::{AppError, WebError};
+use crate::service::identity::sign_in;
 use crate::state::AppState;
 use actix_session::Session;
 use actix_web::{web, HttpResponse};
@@ -130,10 +131,7 @@ async fn sso_callback(
     };
     let rules = state.config.oidc.groups.clone();
     let id = identity.clone();
-    let user = state
-        .db
-        .run(move |c| identity::sign_in(c, &id, &rules))
-        .await?;
+    let user = state.db.run(move |c| sign_in(c, &id, &rules)).await?;
     log_in(&session, user.id)?;
     // Kept for RP-initiated logout, if it fits the cookie.
     if identity.id_token.len() < 2048 {

@@ -3,8 +3,8 @@
 use super::Banner;
 use crate::auth::CurrentUser;
 use crate::db::models::{Gpu, Lab, Node};
-use crate::service::nodes;
 use crate::error::WebError;
+use crate::service::nodes;
 use crate::state::AppState;
 use actix_session::Session;
 use actix_web::web;

@@ -32,7 +32,8 @@ async fn the_lending_form_keeps_custom_windows_and_a_blank_grace_means_the_campu
             .as_i64()
             .unwrap();
         // Windows no preset describes: Wednesdays 09:00-11:00, set through the API.
-        let custom = json!({"mode": "windows", "windows": [{"days": [2], "from": "09:00", "to": "11:00"}]});
+        let custom =
+            json!({"mode": "windows", "windows": [{"days": [2], "from": "09:00", "to": "11:00"}]});
         let (status, _) = p
             .put_json(&p.carol, &format!("/api/v1/nodes/{node}/lending"), &custom)
             .await;
@@ -132,7 +133,11 @@ async fn a_role_change_keeps_the_members_quota() {
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 422, "an unknown role is refused, not read as member");
+        assert_eq!(
+            r.status(),
+            422,
+            "an unknown role is refused, not read as member"
+        );
         p.stop().await;
     }
 }
@@ -259,7 +264,11 @@ async fn damaged_rows_are_errors_not_permissive_defaults() {
             )
             .await;
         // A lending rule that no longer parses must not read as "lend always, no limits".
-        raw_sql(&p, r#"UPDATE nodes SET lending = '{"mode":"sometimes"}'"#.into()).await;
+        raw_sql(
+            &p,
+            r#"UPDATE nodes SET lending = '{"mode":"sometimes"}'"#.into(),
+        )
+        .await;
         let r = p
             .http
             .get(format!("{}/api/v1/nodes", p.url))
@@ -278,7 +287,11 @@ async fn damaged_rows_are_errors_not_permissive_defaults() {
             .unwrap();
         assert_eq!(r.status(), 500, "[{backend:?}] the console shows an error");
         // A job state nobody knows is not read as "failed".
-        raw_sql(&p, format!("UPDATE jobs SET state = 'finished' WHERE id = {job}")).await;
+        raw_sql(
+            &p,
+            format!("UPDATE jobs SET state = 'finished' WHERE id = {job}"),
+        )
+        .await;
         let r = p
             .http
             .get(format!("{}/api/v1/jobs/{job}", p.url))
@@ -296,9 +309,19 @@ async fn forms_without_their_csrf_token_change_nothing() {
     let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
     let carol = logged_in(&p, "carol").await;
     for (path, form) in [
-        ("/jobs", vec![("image", "commons-demo:latest"), ("gpus", "1"), ("time_limit_minutes", "5")]),
+        (
+            "/jobs",
+            vec![
+                ("image", "commons-demo:latest"),
+                ("gpus", "1"),
+                ("time_limit_minutes", "5"),
+            ],
+        ),
         ("/tokens", vec![("name", "laptop")]),
-        ("/labs/vision/members", vec![("member", "bob"), ("role", "admin")]),
+        (
+            "/labs/vision/members",
+            vec![("member", "bob"), ("role", "admin")],
+        ),
         ("/labs/vision/member-default-quota", vec![("max_gpus", "1")]),
     ] {
         let r = carol
@@ -319,7 +342,11 @@ async fn forms_without_their_csrf_token_change_nothing() {
         assert_eq!(r.status(), 403, "{path} with a wrong token");
     }
     assert_eq!(
-        p.get_json(&p.carol, "/api/v1/jobs").await.as_array().unwrap().len(),
+        p.get_json(&p.carol, "/api/v1/jobs")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
         0,
         "no job was made"
     );

@@ -1,5 +1,7 @@
 //! Integration tests of the portal with real agents, the real Docker Engine, and both
 //! database backends. One binary for all (each file under tests/ would link separately).
+// Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod browser;
 mod console;

@@ -4,9 +4,9 @@
 use crate::browser::Browser;
 use crate::harness::{Backend, TestPortal, BACKENDS};
 use crate::oidc_provider::{free_port, OidcProvider, TestUser};
-use commons_portal::identity::GroupRules;
 use commons_portal::config::Secret;
 use commons_portal::db::models::Role;
+use commons_portal::identity::GroupRules;
 use fantoccini::Locator;
 use std::time::Duration;
 

@@ -5,14 +5,11 @@
 //! added, changed, or removed when the group is gone. Memberships a lab admin granted
 //! by hand (`source = 'manual'`) are never touched by a login.
 
-use super::models::User;
+use crate::db::models::User;
+use crate::db::{self, users as accounts, DbConn};
 use crate::domain::MembershipSource;
-use super::schema::*;
-use super::{now, users as accounts, DbConn};
-use crate::identity::{grants, GroupRules, Identity};
 use crate::error::AppError;
-use crate::insert_returning_id;
-use diesel::prelude::*;
+use crate::identity::{grants, GroupRules, Identity};
 
 /// A username for a new SSO user: the provider's, made safe, made unique.
 fn free_username(c: &mut DbConn, wanted: &str) -> Result<String, AppError> {
@@ -43,13 +40,8 @@ fn free_username(c: &mut DbConn, wanted: &str) -> Result<String, AppError> {
 /// Finds or creates the user for `id`, refreshes profile, operator flag and group
 /// memberships; returns the user.
 pub fn sign_in(c: &mut DbConn, id: &Identity, rules: &GroupRules) -> Result<User, AppError> {
-    c.transaction(|c| {
-        let existing: Option<User> = users::table
-            .filter(users::oidc_issuer.eq(&id.issuer))
-            .filter(users::oidc_subject.eq(&id.subject))
-            .select(User::as_select())
-            .first(c)
-            .optional()?;
+    db::transaction(c, |c| {
+        let existing = accounts::user_by_identity(c, &id.issuer, &id.subject)?;
         let user_id = match existing {
             Some(u) => u.id,
             None => {
@@ -64,32 +56,14 @@ pub fn sign_in(c: &mut DbConn, id: &Identity, rules: &GroupRules) -> Result<User
                     Some(u) => u.id,
                     None => {
                         let name = free_username(c, &id.username)?;
-                        insert_returning_id!(
-                            c,
-                            diesel::insert_into(users::table).values((
-                                users::username.eq(&name),
-                                users::email.eq(&id.email),
-                                users::display_name.eq(&id.name),
-                                users::is_operator.eq(false),
-                                users::created_at.eq(now()),
-                            )),
-                            users::id
-                        )?
+                        accounts::insert_sso_user(c, &name, &id.email, &id.name)?
                     }
                 }
             }
         };
         let user = accounts::user_by_id(c, user_id)?;
         let granted = grants(rules, &id.groups);
-        diesel::update(users::table.find(user_id))
-            .set((
-                users::oidc_issuer.eq(&id.issuer),
-                users::oidc_subject.eq(&id.subject),
-                users::email.eq(&id.email),
-                users::display_name.eq(&id.name),
-                users::is_operator.eq(user.operator_manual || granted.operator),
-            ))
-            .execute(c)?;
+        accounts::set_identity(c, user_id, id, user.operator_manual || granted.operator)?;
 
         let current = accounts::memberships_of(c, user_id)?;
         let mut wanted_labs = Vec::new();
