@@ -63,10 +63,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     }
     let idle = actix_web::cookie::time::Duration::minutes(config.session_idle_minutes as i64);
     let state = AppState {
-        db,
+        ctx: crate::service::Ctx {
+            db,
+            agents: Default::default(),
+            wake: Default::default(),
+        },
         config: Arc::new(config.clone()),
-        agents: Default::default(),
-        wake: Default::default(),
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
     };
     let data = web::Data::new(state.clone());

@@ -167,7 +167,13 @@ impl Config {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        crate::db::backend_of(&self.database_url)?;
+        let url = &self.database_url;
+        anyhow::ensure!(
+            ["sqlite://", "postgres://", "postgresql://"]
+                .iter()
+                .any(|p| url.starts_with(p)),
+            "database_url must start with sqlite:// or postgres://, got {url:?}"
+        );
         let s = &self.scheduler;
         anyhow::ensure!(s.tick_ms >= 50, "scheduler.tick_ms must be at least 50");
         anyhow::ensure!(

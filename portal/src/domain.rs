@@ -3,8 +3,9 @@
 //!
 //! Invariant: text that is not one of the listed values is an error wherever it is read
 //! (a database row, a form, a request), never a silent default. In the database they are
-//! `Text` columns read and written through diesel's `FromSql`/`ToSql` (see `db::types`),
-//! so a damaged row fails its query instead of turning into `Failed` or `Member`.
+//! `Text` columns read and written through diesel's `FromSql`/`ToSql` (implemented in
+//! `db::types`), so a damaged row fails its query instead of turning into `Failed` or
+//! `Member`.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -48,8 +49,6 @@ macro_rules! text_enum {
                 f.write_str(self.as_str())
             }
         }
-
-        $crate::db::types::text_column!($name);
     };
 }
 

@@ -78,12 +78,6 @@ impl AppError {
     }
 }
 
-impl From<crate::db::DbError> for AppError {
-    fn from(e: crate::db::DbError) -> Self {
-        AppError::Internal(e.into())
-    }
-}
-
 impl From<diesel::result::Error> for AppError {
     fn from(e: diesel::result::Error) -> Self {
         AppError::Internal(e.into())
@@ -102,12 +96,6 @@ pub struct ErrorBody<'a> {
 #[derive(Debug, Error)]
 #[error(transparent)]
 pub struct ApiError(#[from] pub AppError);
-
-impl From<crate::db::DbError> for ApiError {
-    fn from(e: crate::db::DbError) -> Self {
-        ApiError(e.into())
-    }
-}
 
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
@@ -128,12 +116,6 @@ impl ResponseError for ApiError {
 #[error(transparent)]
 pub struct WebError(#[from] pub AppError);
 
-impl From<crate::db::DbError> for WebError {
-    fn from(e: crate::db::DbError) -> Self {
-        WebError(e.into())
-    }
-}
-
 impl ResponseError for WebError {
     fn status_code(&self) -> StatusCode {
         self.0.status()
@@ -145,16 +127,23 @@ impl ResponseError for WebError {
                 .insert_header(("location", "/login"))
                 .finish();
         }
-        let page = crate::web::ErrorPage {
-            banner: crate::web::Banner::default(),
+        let page = ErrorPageInfo {
             status: self.0.status().as_u16(),
             message: self.0.to_string(),
         };
+        // The body is rendered as a full page, with the user's navigation, by
+        // `web::error_pages`; this plain text is what is left should that not run.
         let mut res = HttpResponse::build(self.0.status())
-            .content_type("text/html; charset=utf-8")
-            .body(askama::Template::render(&page).unwrap_or_else(|_| self.0.to_string()));
-        // `web::error_pages` renders it again with the user's navigation.
+            .content_type("text/plain; charset=utf-8")
+            .body(page.message.clone());
         res.extensions_mut().insert(page);
         res
     }
+}
+
+/// What an HTML error page says; carried in the response's extensions.
+#[derive(Debug, Clone)]
+pub struct ErrorPageInfo {
+    pub status: u16,
+    pub message: String,
 }

@@ -1,19 +1,21 @@
-//! What every handler and background loop shares.
+//! What every handler and background loop shares: the use cases' context plus the
+//! configuration and the SSO client.
 
-use crate::broker::Registry;
 use crate::config::Config;
-use crate::db::Db;
+use crate::service::Ctx;
 use std::sync::Arc;
-use tokio::sync::Notify;
 
 #[derive(Clone)]
 pub struct AppState {
-    pub db: Db,
+    pub ctx: Ctx,
     pub config: Arc<Config>,
-    /// Connected agents, by node id.
-    pub agents: Registry,
-    /// Wakes the scheduler early (a job was submitted, GPUs were freed).
-    pub wake: Arc<Notify>,
     /// Campus SSO, when configured.
     pub oidc: Option<Arc<crate::auth::oidc::Oidc>>,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Ctx;
+    fn deref(&self) -> &Ctx {
+        &self.ctx
+    }
 }

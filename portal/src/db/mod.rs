@@ -51,6 +51,12 @@ pub enum DbError {
     Join,
 }
 
+impl From<DbError> for crate::error::AppError {
+    fn from(e: DbError) -> Self {
+        crate::error::AppError::Internal(e.into())
+    }
+}
+
 /// Which backend a URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

@@ -24,9 +24,9 @@ macro_rules! text_column {
         {
             fn from_sql(bytes: DB::RawValue<'_>) -> diesel::deserialize::Result<Self> {
                 let text = <String as diesel::deserialize::FromSql<
-                            diesel::sql_types::Text,
-                            DB,
-                        >>::from_sql(bytes)?;
+                                    diesel::sql_types::Text,
+                                    DB,
+                                >>::from_sql(bytes)?;
                 Ok(text.parse::<$name>()?)
             }
         }
@@ -48,7 +48,11 @@ macro_rules! text_column {
         }
     };
 }
-pub(crate) use text_column;
+text_column!(crate::domain::JobState);
+text_column!(crate::domain::AttemptStatus);
+text_column!(crate::domain::Role);
+text_column!(crate::domain::MembershipSource);
+text_column!(crate::domain::JobKind);
 
 /// A `Text` column holding the JSON form of `T`. Reading text that is not valid JSON for
 /// `T` fails the query. Writes go through [`to_json`] (the multi-backend binds text by

@@ -2,10 +2,10 @@
 
 use super::views::{job_view, job_views, JobView};
 use super::Actor;
+use super::Ctx;
 use crate::db::models::{Job, JobEvent};
 use crate::db::{self, DbConn};
 use crate::error::AppError;
-use crate::state::AppState;
 use crate::validate::{self, JobRequest};
 use commons_proto::PortalMsg;
 
@@ -24,7 +24,7 @@ pub fn visible(c: &mut DbConn, actor: &Actor, id: i64) -> Result<Job, AppError> 
 
 /// Validates and stores a job, then wakes the scheduler. Nothing is written when any
 /// rule fails.
-pub async fn submit(state: &AppState, actor: &Actor, req: JobRequest) -> Result<JobView, AppError> {
+pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobView, AppError> {
     let valid = validate::job(req, &actor.lab_ids())?;
     let user = actor.user.id;
     let view = state
@@ -40,7 +40,7 @@ pub async fn submit(state: &AppState, actor: &Actor, req: JobRequest) -> Result<
 }
 
 /// The actor's latest jobs, newest first.
-pub async fn list(state: &AppState, actor: &Actor, limit: i64) -> Result<Vec<JobView>, AppError> {
+pub async fn list(state: &Ctx, actor: &Actor, limit: i64) -> Result<Vec<JobView>, AppError> {
     let user = actor.user.id;
     state
         .db
@@ -52,7 +52,7 @@ pub async fn list(state: &AppState, actor: &Actor, limit: i64) -> Result<Vec<Job
 }
 
 /// One job the actor may see.
-pub async fn get(state: &AppState, actor: &Actor, id: i64) -> Result<JobView, AppError> {
+pub async fn get(state: &Ctx, actor: &Actor, id: i64) -> Result<JobView, AppError> {
     let actor = actor.clone();
     state
         .db
@@ -65,7 +65,7 @@ pub async fn get(state: &AppState, actor: &Actor, id: i64) -> Result<JobView, Ap
 
 /// A job's view, history and the last `tail` bytes of its output (the job page).
 pub async fn detail(
-    state: &AppState,
+    state: &Ctx,
     actor: &Actor,
     id: i64,
     tail: usize,
@@ -85,7 +85,7 @@ pub async fn detail(
 }
 
 /// All of a job's output.
-pub async fn logs(state: &AppState, actor: &Actor, id: i64) -> Result<String, AppError> {
+pub async fn logs(state: &Ctx, actor: &Actor, id: i64) -> Result<String, AppError> {
     let actor = actor.clone();
     state
         .db
@@ -97,7 +97,7 @@ pub async fn logs(state: &AppState, actor: &Actor, id: i64) -> Result<String, Ap
 }
 
 /// A job's state history.
-pub async fn events(state: &AppState, actor: &Actor, id: i64) -> Result<Vec<JobEvent>, AppError> {
+pub async fn events(state: &Ctx, actor: &Actor, id: i64) -> Result<Vec<JobEvent>, AppError> {
     let actor = actor.clone();
     state
         .db
@@ -109,7 +109,7 @@ pub async fn events(state: &AppState, actor: &Actor, id: i64) -> Result<Vec<JobE
 }
 
 /// Cancels a job the actor may see, and tells its node to stop the container.
-pub async fn cancel(state: &AppState, actor: &Actor, id: i64) -> Result<JobView, AppError> {
+pub async fn cancel(state: &Ctx, actor: &Actor, id: i64) -> Result<JobView, AppError> {
     let actor = actor.clone();
     let (view, attempt) = state
         .db

@@ -3,12 +3,12 @@
 //! them. A role change keeps the member's own quota. Every change is written to the
 //! audit log in the same transaction.
 
+use super::Ctx;
 use super::{lab_admin, Actor};
 use crate::db::models::{Role, User};
 use crate::db::{self, users, DbConn};
 use crate::domain::MembershipSource;
 use crate::error::AppError;
-use crate::state::AppState;
 
 fn find_person(c: &mut DbConn, who: &str) -> Result<User, AppError> {
     let who = who.trim();
@@ -32,7 +32,7 @@ fn find_person(c: &mut DbConn, who: &str) -> Result<User, AppError> {
 /// Adds a person to a lab, or changes their role; the membership becomes manual and
 /// keeps its quota.
 pub async fn set_member(
-    state: &AppState,
+    state: &Ctx,
     actor: &Actor,
     slug: String,
     who: String,
@@ -65,7 +65,7 @@ pub async fn set_member(
 
 /// Removes a person from a lab.
 pub async fn remove_member(
-    state: &AppState,
+    state: &Ctx,
     actor: &Actor,
     slug: String,
     username: String,

@@ -9,6 +9,7 @@
 //! - Jobs a caller may not see answer "not found", never "forbidden" (which would tell
 //!   that the id exists).
 
+pub mod agents;
 pub mod attempts;
 pub mod identity;
 pub mod jobs;
@@ -19,8 +20,21 @@ pub mod policy;
 pub mod views;
 
 use crate::db::models::{Job, Lab, Node, Role, User};
-use crate::db::{self, DbConn};
+use crate::db::{self, Db, DbConn};
 use crate::error::AppError;
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// What use cases work with: the database, the scheduler's wake-up, the agents this
+/// replica holds. (`AppState`, the HTTP layer's state, derefs to it.)
+#[derive(Clone)]
+pub struct Ctx {
+    pub db: Db,
+    /// Wakes the scheduler early (a job was submitted, GPUs were freed).
+    pub wake: Arc<Notify>,
+    /// Connected agents, by node id.
+    pub agents: agents::Registry,
+}
 
 /// Who is asking: a signed-in user and their labs. `auth::CurrentUser` is the HTTP
 /// extractor that produces one.

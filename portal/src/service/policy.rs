@@ -3,11 +3,11 @@
 //! Each call replaces the whole setting; a rule that breaks is refused with its field
 //! named and nothing changes. Every change is audited in the same transaction.
 
+use super::Ctx;
 use super::{lab_admin, node_admin, Actor};
 use crate::db::types::to_json;
 use crate::db::{self, users, DbConn};
 use crate::error::AppError;
-use crate::state::AppState;
 use commons_sched::{LendMode, Lending, Quota, WeeklyWindow};
 use serde::Deserialize;
 
@@ -176,7 +176,7 @@ pub fn quota(req: &QuotaRequest) -> Result<Quota, AppError> {
 
 /// Replaces a node's lending rules (its lab's admins or operators).
 pub async fn set_lending(
-    state: &AppState,
+    state: &Ctx,
     actor: &Actor,
     node: i64,
     mut req: LendingRequest,
@@ -239,7 +239,7 @@ pub enum LabQuota {
 /// Replaces one of a lab's quotas: the borrowing quota (operators) or the members'
 /// default (the lab's admins or operators).
 pub async fn set_lab_quota(
-    state: &AppState,
+    state: &Ctx,
     actor: &Actor,
     slug: String,
     req: QuotaRequest,
@@ -283,7 +283,7 @@ pub async fn set_lab_quota(
 
 /// Replaces a member's quota in a lab (the lab's admins or operators).
 pub async fn set_member_quota(
-    state: &AppState,
+    state: &Ctx,
     actor: &Actor,
     slug: String,
     username: String,
@@ -317,7 +317,7 @@ pub async fn set_member_quota(
 /// Makes a one-time enrolment token for one of the lab's servers (the lab's admins or
 /// operators); returns the secret, shown once.
 pub async fn create_enrol_token(
-    state: &AppState,
+    state: &Ctx,
     actor: &Actor,
     slug: String,
 ) -> Result<String, AppError> {

@@ -7,7 +7,7 @@ mod nodes;
 mod tokens;
 
 use crate::auth::{csrf_token, CurrentUser};
-use crate::error::AppError;
+use crate::error::{AppError, ErrorPageInfo};
 use crate::state::AppState;
 use actix_session::{Session, SessionExt};
 use actix_web::body::{BoxBody, MessageBody};
@@ -57,7 +57,7 @@ impl Banner {
     }
 }
 
-#[derive(Template, Clone)]
+#[derive(Template)]
 #[template(path = "error.html")]
 pub struct ErrorPage {
     pub banner: Banner,
@@ -73,7 +73,7 @@ pub async fn error_pages(
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let res = next.call(req).await?.map_into_boxed_body();
-    let Some(mut page) = res.response().extensions().get::<ErrorPage>().cloned() else {
+    let Some(info) = res.response().extensions().get::<ErrorPageInfo>().cloned() else {
         return Ok(res);
     };
     let http = res.request().clone();
@@ -81,11 +81,20 @@ pub async fn error_pages(
         return Ok(res);
     };
     let user = CurrentUser::extract(&http).await.ok();
-    page.banner = Banner::new(&state, &http.get_session(), user.as_ref());
+    let page = ErrorPage {
+        banner: Banner::new(&state, &http.get_session(), user.as_ref()),
+        status: info.status,
+        message: info.message,
+    };
     let Ok(body) = page.render() else {
         return Ok(res);
     };
-    Ok(res.map_body(|_, _| BoxBody::new(body)))
+    let mut res = res.map_body(|_, _| BoxBody::new(body));
+    res.headers_mut().insert(
+        actix_web::http::header::CONTENT_TYPE,
+        actix_web::http::header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    Ok(res)
 }
 
 /// A form field as a number, or an error naming the field.
