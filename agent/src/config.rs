@@ -1,9 +1,12 @@
 //! Agent configuration from the command line, and the `--gpus` grammar.
+//!
+//! Invariants: a parsed `GpuMode::Fake` list is never empty and every GPU in it has
+//! 1..=4096 GB; the enrolment token never appears in `Debug` output.
 
 use std::path::PathBuf;
 use thiserror::Error;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AgentConfig {
     /// Base URL of the portal, e.g. `https://gpu.campus.edu`.
     pub portal: String,
@@ -11,9 +14,25 @@ pub struct AgentConfig {
     pub enrol_token: Option<String>,
     /// Where the node credential and fake-GPU overrides live.
     pub state_dir: PathBuf,
+    /// Where the GPU inventory comes from (`--gpus`).
     pub gpus: GpuMode,
     /// Display name of the node; defaults to the host name.
     pub hostname: String,
+}
+
+impl std::fmt::Debug for AgentConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentConfig")
+            .field("portal", &self.portal)
+            .field(
+                "enrol_token",
+                &self.enrol_token.as_ref().map(|_| "<hidden>"),
+            )
+            .field("state_dir", &self.state_dir)
+            .field("gpus", &self.gpus)
+            .field("hostname", &self.hostname)
+            .finish()
+    }
 }
 
 /// Where the GPU inventory comes from.
@@ -94,6 +113,22 @@ mod tests {
         assert_eq!(g[0].model, "A100-80GB");
         assert_eq!(g[0].memory_mb, 80 * 1024);
         assert_eq!(g[2].model, "RTX4090-24GB");
+    }
+
+    #[test]
+    fn debug_hides_the_enrolment_token() {
+        let c = AgentConfig {
+            portal: "http://p".into(),
+            enrol_token: Some("secret-token".into()),
+            state_dir: "/tmp/x".into(),
+            gpus: GpuMode::Auto,
+            hostname: "h".into(),
+        };
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("secret-token") && shown.contains("<hidden>"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! The GPU Commons agent: runs on a lab server and lends its idle GPUs to the portal.
 //!
 //! The agent dials out to the portal (labs sit behind firewalls) and keeps one WebSocket
-//! open ([`session`]). The portal decides what should run; the agent reports what does run
-//! and runs it through the Docker Engine ([`runtime`], [`executor`]). GPUs come from a
-//! [`gpu::GpuSource`]: NVML on real servers, a fake list for tests and demos.
+//! open ([`session`]). The portal decides what should run; the agent reports what does run.
+//! What to do about the difference is one pure function, [`reconcile::reconcile`]; the
+//! [`executor`] applies its actions through a [`runtime::ContainerRuntime`] (the Docker
+//! Engine in production). GPUs come from a [`gpu::GpuSource`]: NVML on real servers, a fake
+//! list for tests and demos.
 //!
 //! Invariants:
 //! - The agent never kills containers when it restarts: it re-adopts them by their labels.
@@ -13,6 +15,7 @@
 pub mod config;
 pub mod executor;
 pub mod gpu;
+pub mod reconcile;
 pub mod runtime;
 pub mod session;
 pub mod state;

@@ -1,4 +1,6 @@
 //! `commons-agent`: the daemon on each lab server, and the small commands around it.
+//!
+//! Errors end the process with a message (anyhow, with context), never a panic.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -26,6 +28,7 @@ enum Cmd {
         /// One-time enrolment token from the lab admin; only needed on the first start.
         #[arg(long, env = "COMMONS_ENROL_TOKEN")]
         enrol_token: Option<String>,
+        /// Where the node credential and fake-GPU overrides live.
         #[arg(long, default_value = "/var/lib/commons-agent")]
         state_dir: PathBuf,
         /// auto | nvml | fake:2xA100-80GB,1xRTX4090-24GB

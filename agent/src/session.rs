@@ -6,7 +6,7 @@
 //! A `Stop` for an attempt the agent does not know is answered with a report that it is
 //! stopped, per the protocol's one rule.
 
-use crate::executor::{unix_now, Executor};
+use crate::executor::Executor;
 use crate::gpu::{self, GpuSource};
 use crate::runtime::{AssignedGpu, DockerRuntime};
 use crate::state::{self, NodeCredential};
@@ -129,18 +129,21 @@ async fn connect_once(
     );
     let (ws, _) = tokio_tungstenite::connect_async(req).await?;
     let (mut sink, mut stream) = ws.split();
-    let send = |m: &AgentMsg| Message::text(serde_json::to_string(m).expect("serialisable"));
+    let send = |m: &AgentMsg| -> Result<Message, serde_json::Error> {
+        Ok(Message::text(serde_json::to_string(m)?))
+    };
     sink.send(send(&AgentMsg::Hello {
         agent_version: AGENT_VERSION.into(),
         protocol: PROTOCOL_VERSION,
         gpus: inventory.to_vec(),
         attempts: exec.reports(),
-    }))
+    })?)
     .await?;
     tracing::info!("connected to {}", config.portal);
 
+    // Leases and time limits need no tick here: the executor checks them every second,
+    // connected or not.
     let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
-    let mut leases = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             msg = stream.next() => {
@@ -162,19 +165,17 @@ async fn connect_once(
                     _ => {}
                 }
             }
-            Some(ev) = rx.recv() => sink.send(send(&ev)).await?,
+            Some(ev) = rx.recv() => sink.send(send(&ev)?).await?,
             _ = heartbeat.tick() => {
-                let pids = exec.our_pids().await;
-                let gpu_stats = match gpus.stats(&pids) {
+                let gpu_stats = match exec.gpu_stats(gpus).await {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!("GPU stats: {e}");
                         Vec::new()
                     }
                 };
-                sink.send(send(&AgentMsg::Heartbeat { gpu_stats, attempts: exec.reports() })).await?;
+                sink.send(send(&AgentMsg::Heartbeat { gpu_stats, attempts: exec.reports() })?).await?;
             }
-            _ = leases.tick() => exec.expire_leases(unix_now()),
         }
     }
 }

@@ -5,10 +5,35 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
 
 const NODE_FILE: &str = "node.json";
 const FAKE_FILE: &str = "fake-gpus.json";
+
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error("{} is damaged ({source}); remove it and enrol again", path.display())]
+    Damaged {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot encode {}: {source}", path.display())]
+    Encode {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
 
 /// What enrolment gave this node.
 #[derive(Clone, Serialize, Deserialize)]
@@ -33,34 +58,44 @@ impl std::fmt::Debug for NodeCredential {
     }
 }
 
-pub fn load_credential(dir: &Path) -> anyhow::Result<Option<NodeCredential>> {
+/// The node credential, or `None` when this state dir was never enrolled.
+pub fn load_credential(dir: &Path) -> Result<Option<NodeCredential>, StateError> {
     let path = dir.join(NODE_FILE);
     match std::fs::read(&path) {
-        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(|e| {
-            anyhow::anyhow!(
-                "{} is damaged ({e}); remove it and enrol again",
-                path.display()
-            )
-        })?)),
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(c) => Ok(Some(c)),
+            Err(source) => Err(StateError::Damaged { path, source }),
+        },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        Err(source) => Err(StateError::Read { path, source }),
     }
 }
 
-pub fn save_credential(dir: &Path, cred: &NodeCredential) -> anyhow::Result<()> {
+/// Writes the credential with mode 0600, atomically (a temporary file, then a rename).
+pub fn save_credential(dir: &Path, cred: &NodeCredential) -> Result<(), StateError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::create_dir_all(dir)?;
+    let path = dir.join(NODE_FILE);
+    let write = |source| StateError::Write {
+        path: path.clone(),
+        source,
+    };
+    let bytes = serde_json::to_vec_pretty(cred).map_err(|source| StateError::Encode {
+        path: path.clone(),
+        source,
+    })?;
+    std::fs::create_dir_all(dir).map_err(write)?;
     let tmp = dir.join(format!("{NODE_FILE}.tmp"));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(&serde_json::to_vec_pretty(cred)?)?;
-    f.sync_all()?;
-    std::fs::rename(tmp, dir.join(NODE_FILE))?;
+        .open(&tmp)
+        .map_err(write)?;
+    f.write_all(&bytes).map_err(write)?;
+    f.sync_all().map_err(write)?;
+    std::fs::rename(tmp, &path).map_err(write)?;
     Ok(())
 }
 
@@ -83,11 +118,20 @@ pub fn load_fake_overrides(dir: &Path) -> BTreeMap<u32, FakeOverride> {
 pub fn save_fake_overrides(
     dir: &Path,
     overrides: &BTreeMap<u32, FakeOverride>,
-) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)?;
+) -> Result<(), StateError> {
+    let path = dir.join(FAKE_FILE);
+    let write = |source| StateError::Write {
+        path: path.clone(),
+        source,
+    };
+    let bytes = serde_json::to_vec_pretty(overrides).map_err(|source| StateError::Encode {
+        path: path.clone(),
+        source,
+    })?;
+    std::fs::create_dir_all(dir).map_err(write)?;
     let tmp = dir.join(format!("{FAKE_FILE}.tmp"));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(overrides)?)?;
-    std::fs::rename(tmp, dir.join(FAKE_FILE))?;
+    std::fs::write(&tmp, bytes).map_err(write)?;
+    std::fs::rename(tmp, &path).map_err(write)?;
     Ok(())
 }
 
@@ -110,6 +154,15 @@ mod tests {
         let back = load_credential(dir.path()).unwrap().unwrap();
         assert_eq!(back.credential, "secret-value");
         assert!(!format!("{back:?}").contains("secret-value"));
+    }
+
+    #[test]
+    fn a_damaged_credential_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(NODE_FILE), "{not json").unwrap();
+        let err = load_credential(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("node.json is damaged"), "{err}");
+        assert!(err.contains("enrol again"), "{err}");
     }
 
     #[test]

@@ -1,7 +1,13 @@
-//! The agent's executor against the real Docker Engine: time limits, stops, reports.
+//! The agent's one integration-test binary. Here: the executor against the real Docker
+//! Engine (time limits, stops, reports); [`reconcile`] has the pure decision's table tests
+//! and [`fake_runtime`] drives the executor through an in-memory runtime.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod fake_runtime;
+mod reconcile;
 
 use commons_agent::executor::Executor;
-use commons_agent::runtime::{AssignedGpu, DockerRuntime};
+use commons_agent::runtime::{AssignedGpu, ContainerRuntime, DockerRuntime};
 use commons_proto::{AgentMsg, AttemptState, JobSpec};
 use std::time::Duration;
 use tokio::sync::mpsc;

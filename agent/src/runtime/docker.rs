@@ -1,4 +1,4 @@
-//! The container runtime: the Docker Engine through bollard.
+//! The production [`ContainerRuntime`]: the Docker Engine through bollard.
 //!
 //! [`container_body`] is the one place that decides how a job's container looks (pure,
 //! unit-tested): labelled with its job and attempt, non-root, no privileges, every
@@ -6,6 +6,10 @@
 //! as an NVIDIA device request plus `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES`.
 //! Images are never pulled: a missing image is an error the job's owner sees.
 
+use super::{
+    container_name, AssignedGpu, ContainerRuntime, FoundContainer, RuntimeError, LABEL_AGENT,
+    LABEL_DEADLINE,
+};
 use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
 use bollard::query_parameters::{
     CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions,
@@ -15,45 +19,11 @@ use bollard::Docker;
 use commons_proto::{Attempt, JobId, JobSpec, LABEL_ATTEMPT, LABEL_JOB};
 use futures_util::{Stream, StreamExt};
 use std::collections::{BTreeSet, HashMap};
-use thiserror::Error;
+use std::time::Duration;
 
-/// Label that marks a container as this agent's (see `state::NodeCredential::agent_id`).
-pub const LABEL_AGENT: &str = "commons.agent";
-/// Unix second after which the attempt's time limit is reached (survives agent restarts).
-pub const LABEL_DEADLINE: &str = "commons.deadline";
 /// The uid:gid jobs run as: `nobody`, never root.
 pub const JOB_USER: &str = "65534:65534";
 const PIDS_LIMIT: i64 = 4096;
-
-#[derive(Debug, Error)]
-pub enum RuntimeError {
-    #[error("image {0:?} is not on this server (GPU Commons never pulls images; the lab admin loads allowed images)")]
-    ImageMissing(String),
-    #[error("Docker Engine: {0}")]
-    Docker(#[from] bollard::errors::Error),
-}
-
-/// A GPU given to an attempt.
-#[derive(Debug, Clone)]
-pub struct AssignedGpu {
-    pub uuid: String,
-    /// Fake GPUs get no device request: no NVIDIA runtime could honour it.
-    pub fake: bool,
-}
-
-/// A container of ours found on the engine.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FoundContainer {
-    pub id: String,
-    pub job: JobId,
-    pub attempt: Attempt,
-    pub running: bool,
-    pub deadline: Option<i64>,
-}
-
-pub fn container_name(agent_id: &str, job: JobId, attempt: Attempt) -> String {
-    format!("commons-{agent_id}-job{job}-a{attempt}")
-}
 
 /// The container for one attempt. Pure: everything it decides is visible in the result.
 pub fn container_body(
@@ -146,14 +116,25 @@ impl DockerRuntime {
         docker.ping().await?;
         Ok(Self { docker, agent_id })
     }
+}
 
-    pub async fn create_and_start(
+/// Whole seconds for the engine's APIs, saturating instead of wrapping.
+fn whole_secs_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
+fn whole_secs_i32(d: Duration) -> i32 {
+    i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
+}
+
+impl ContainerRuntime for DockerRuntime {
+    async fn create_and_start(
         &self,
         job: JobId,
         attempt: Attempt,
         spec: &JobSpec,
         gpus: &[AssignedGpu],
-        deadline: i64,
+        deadline: Duration,
     ) -> Result<String, RuntimeError> {
         match self.docker.inspect_image(&spec.image).await {
             Ok(_) => {}
@@ -174,7 +155,14 @@ impl DockerRuntime {
                 }),
             )
             .await;
-        let body = container_body(&self.agent_id, job, attempt, spec, gpus, deadline);
+        let body = container_body(
+            &self.agent_id,
+            job,
+            attempt,
+            spec,
+            gpus,
+            whole_secs_i64(deadline),
+        );
         let created = self
             .docker
             .create_container(
@@ -192,8 +180,7 @@ impl DockerRuntime {
         Ok(created.id)
     }
 
-    /// Waits until the container stops; returns its exit code.
-    pub async fn wait(&self, id: &str) -> Result<i64, RuntimeError> {
+    async fn wait(&self, id: &str) -> Result<i64, RuntimeError> {
         let mut s = self.docker.wait_container(
             id,
             Some(WaitContainerOptions {
@@ -214,8 +201,11 @@ impl DockerRuntime {
         Ok(info.state.and_then(|s| s.exit_code).unwrap_or(-1))
     }
 
-    /// stdout and stderr, interleaved, from `since` (Unix seconds; 0 = the beginning).
-    pub fn logs(&self, id: &str, since: i32) -> impl Stream<Item = String> + use<> {
+    fn logs(
+        &self,
+        id: &str,
+        since: Option<Duration>,
+    ) -> impl Stream<Item = String> + Send + 'static {
         self.docker
             .logs(
                 id,
@@ -223,20 +213,20 @@ impl DockerRuntime {
                     follow: true,
                     stdout: true,
                     stderr: true,
-                    since,
+                    since: since.map_or(0, whole_secs_i32),
                     ..Default::default()
                 }),
             )
             .filter_map(|r| async move { r.ok().map(|l| l.to_string()) })
     }
 
-    pub async fn stop(&self, id: &str, grace_s: u64) -> Result<(), RuntimeError> {
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
         match self
             .docker
             .stop_container(
                 id,
                 Some(StopContainerOptions {
-                    t: Some(grace_s.min(i32::MAX as u64) as i32),
+                    t: Some(whole_secs_i32(grace)),
                     ..Default::default()
                 }),
             )
@@ -252,7 +242,7 @@ impl DockerRuntime {
         }
     }
 
-    pub async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
+    async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         match self
             .docker
             .remove_container(
@@ -272,8 +262,7 @@ impl DockerRuntime {
         }
     }
 
-    /// Every container of this agent, running or not, found by label.
-    pub async fn list(&self) -> Result<Vec<FoundContainer>, RuntimeError> {
+    async fn list(&self) -> Result<Vec<FoundContainer>, RuntimeError> {
         let filters = HashMap::from([(
             "label".to_string(),
             vec![format!("{LABEL_AGENT}={}", self.agent_id)],
@@ -294,7 +283,10 @@ impl DockerRuntime {
                     id: c.id?,
                     job: labels.get(LABEL_JOB)?.parse().ok()?,
                     attempt: labels.get(LABEL_ATTEMPT)?.parse().ok()?,
-                    deadline: labels.get(LABEL_DEADLINE).and_then(|d| d.parse().ok()),
+                    deadline: labels
+                        .get(LABEL_DEADLINE)
+                        .and_then(|d| d.parse::<u64>().ok())
+                        .map(Duration::from_secs),
                     running: matches!(
                         c.state,
                         Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
@@ -306,8 +298,7 @@ impl DockerRuntime {
         Ok(out)
     }
 
-    /// Host pids of the processes inside a container (to tell our GPU use from the owner's).
-    pub async fn pids(&self, id: &str) -> BTreeSet<u32> {
+    async fn pids(&self, id: &str) -> BTreeSet<u32> {
         let Ok(top) = self
             .docker
             .top_processes(

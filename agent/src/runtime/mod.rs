@@ -1,0 +1,109 @@
+//! The container runtime as the executor sees it: the [`ContainerRuntime`] trait, with the
+//! Docker Engine ([`docker::DockerRuntime`], through bollard) as the production one.
+//!
+//! The trait is the whole of what the executor asks of a runtime, so the executor can be
+//! tested with an in-memory double while the Docker tests keep the real engine honest.
+//!
+//! Invariants every implementation keeps:
+//! - A container is labelled with its job, attempt and agent ([`LABEL_AGENT`]), and
+//!   [`ContainerRuntime::list`] finds exactly this agent's containers by those labels, so
+//!   agents that share one engine never touch each other's containers.
+//! - The time limit's deadline is stored with the container ([`LABEL_DEADLINE`]), so it
+//!   survives agent restarts.
+//! - [`ContainerRuntime::stop`] and [`ContainerRuntime::remove`] succeed on a container
+//!   that is already stopped or gone: they are retried after restarts and races.
+//! - Images are never pulled: a missing image is [`RuntimeError::ImageMissing`].
+
+pub mod docker;
+
+pub use docker::{container_body, DockerRuntime, JOB_USER};
+
+use commons_proto::{Attempt, JobId, JobSpec};
+use futures_util::Stream;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Label that marks a container as this agent's (see `state::NodeCredential::agent_id`).
+pub const LABEL_AGENT: &str = "commons.agent";
+/// Unix second after which the attempt's time limit is reached (survives agent restarts).
+pub const LABEL_DEADLINE: &str = "commons.deadline";
+
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error("image {0:?} is not on this server (GPU Commons never pulls images; the lab admin loads allowed images)")]
+    ImageMissing(String),
+    #[error("no such container {0}")]
+    NoSuchContainer(String),
+    #[error("Docker Engine: {0}")]
+    Docker(#[from] bollard::errors::Error),
+}
+
+/// A GPU given to an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssignedGpu {
+    pub uuid: String,
+    /// Fake GPUs get no device request: no NVIDIA runtime could honour it.
+    pub fake: bool,
+}
+
+/// A container of ours found on the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundContainer {
+    pub id: String,
+    pub job: JobId,
+    pub attempt: Attempt,
+    pub running: bool,
+    /// When the attempt's time limit is reached, as time since the Unix epoch.
+    pub deadline: Option<Duration>,
+}
+
+/// The container's name: unique per agent and attempt, so a retried create finds the
+/// leftover of an earlier try instead of making a second container.
+pub fn container_name(agent_id: &str, job: JobId, attempt: Attempt) -> String {
+    format!("commons-{agent_id}-job{job}-a{attempt}")
+}
+
+/// What the executor needs from a container engine. Times are durations since the Unix
+/// epoch (the engine's labels and log filters are wall-clock).
+pub trait ContainerRuntime: Send + Sync + 'static {
+    /// Creates and starts the container of one attempt; returns its id. A leftover of the
+    /// same attempt is replaced; a container that cannot start is removed again.
+    fn create_and_start(
+        &self,
+        job: JobId,
+        attempt: Attempt,
+        spec: &JobSpec,
+        gpus: &[AssignedGpu],
+        deadline: Duration,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// Every container of this agent, running or not, in (job, attempt) order.
+    fn list(&self) -> impl Future<Output = Result<Vec<FoundContainer>, RuntimeError>> + Send;
+
+    /// Waits until the container stops; returns its exit code.
+    fn wait(&self, id: &str) -> impl Future<Output = Result<i64, RuntimeError>> + Send;
+
+    /// Sends SIGTERM, then SIGKILL after `grace`. Already stopped or gone is success.
+    fn stop(
+        &self,
+        id: &str,
+        grace: Duration,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Removes the container, running or not. Already gone is success.
+    fn remove(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// stdout and stderr, interleaved, followed until the container ends; from `since`
+    /// (`None`: from the beginning).
+    fn logs(
+        &self,
+        id: &str,
+        since: Option<Duration>,
+    ) -> impl Stream<Item = String> + Send + 'static;
+
+    /// Host pids of the processes inside a container (to tell our GPU use from the
+    /// owner's); empty when they cannot be read.
+    fn pids(&self, id: &str) -> impl Future<Output = BTreeSet<u32>> + Send;
+}

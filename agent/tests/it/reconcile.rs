@@ -1,0 +1,506 @@
+//! Table tests for `reconcile`: one row per situation an attempt can be in, with the one
+//! step expected next; then the properties that hold across rows (order, one step each).
+
+use commons_agent::reconcile::{
+    reconcile, Action, Assignment, AttemptResult, ContainerObs, Launch, Phase, StopOrder,
+    ENFORCE_GRACE, REASON_LEASE, REASON_TIME_LIMIT,
+};
+use commons_proto::{AttemptState, JobSpec};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// "Now" in every row.
+const NOW: Duration = Duration::from_secs(1_700_000_000);
+const LIMIT_S: u64 = 60;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn launch() -> Arc<Launch> {
+    Arc::new(Launch {
+        spec: JobSpec {
+            image: "commons-demo:latest".into(),
+            command: vec!["true".into()],
+            env: Default::default(),
+            cpus: 1.0,
+            memory_mb: 128,
+            time_limit_s: LIMIT_S,
+            user: "alice".into(),
+        },
+        gpus: vec![],
+    })
+}
+
+/// Wanted by the portal, lease well ahead.
+fn want(job: i64) -> Assignment {
+    Assignment {
+        job,
+        attempt: 1,
+        launch: Some(launch()),
+        lease_until: NOW + secs(100),
+        stop: None,
+        acknowledged: false,
+    }
+}
+
+fn ordered(mut w: Assignment, grace_s: u64, reason: &str) -> Assignment {
+    w.stop = Some(StopOrder {
+        grace: secs(grace_s),
+        reason: reason.into(),
+    });
+    w
+}
+
+fn lease(mut w: Assignment, until: Duration) -> Assignment {
+    w.lease_until = until;
+    w
+}
+
+fn acked(mut w: Assignment) -> Assignment {
+    w.acknowledged = true;
+    w
+}
+
+fn adopted(mut w: Assignment) -> Assignment {
+    w.launch = None;
+    w
+}
+
+fn c(id: &str) -> String {
+    id.to_string()
+}
+
+/// Observed in `phase`, time limit well ahead.
+fn have(job: i64, phase: Phase) -> ContainerObs {
+    ContainerObs::new(job, 1, phase, Some(NOW + secs(50)))
+}
+
+fn running(job: i64) -> ContainerObs {
+    have(job, Phase::Running { container: c("c1") })
+}
+
+fn ended(job: i64, code: i64) -> ContainerObs {
+    have(
+        job,
+        Phase::Ended {
+            container: c("c1"),
+            exit_code: code,
+        },
+    )
+}
+
+fn stopping(mut h: ContainerObs, reason: &str) -> ContainerObs {
+    h.stopping = Some(reason.into());
+    h
+}
+
+fn deadline(mut h: ContainerObs, at: Option<Duration>) -> ContainerObs {
+    h.deadline = at;
+    h
+}
+
+fn recorded(mut h: ContainerObs, r: AttemptResult) -> ContainerObs {
+    h.result = Some(r);
+    h
+}
+
+fn reported(mut h: ContainerObs) -> ContainerObs {
+    h.reported = true;
+    h
+}
+
+fn result(state: AttemptState, exit_code: Option<i64>, reason: Option<&str>) -> AttemptResult {
+    AttemptResult {
+        state,
+        exit_code,
+        reason: reason.map(String::from),
+    }
+}
+
+fn exited(code: i64) -> AttemptResult {
+    result(AttemptState::Exited, Some(code), None)
+}
+
+fn stop(job: i64, grace: Duration, reason: &str) -> Action {
+    Action::Stop {
+        job,
+        attempt: 1,
+        container: c("c1"),
+        grace,
+        reason: reason.into(),
+    }
+}
+
+fn record(job: i64, r: AttemptResult) -> Action {
+    Action::Record {
+        job,
+        attempt: 1,
+        result: r,
+    }
+}
+
+struct Row {
+    name: &'static str,
+    want: Vec<Assignment>,
+    have: Vec<ContainerObs>,
+    expect: Vec<Action>,
+}
+
+fn row(
+    name: &'static str,
+    want: Vec<Assignment>,
+    have: Vec<ContainerObs>,
+    expect: Vec<Action>,
+) -> Row {
+    Row {
+        name,
+        want,
+        have,
+        expect,
+    }
+}
+
+fn rows() -> Vec<Row> {
+    use AttemptState::*;
+    vec![
+        row("nothing wanted, nothing here", vec![], vec![], vec![]),
+        row(
+            "a wanted attempt with no container starts, its deadline its time limit from now",
+            vec![want(1)],
+            vec![],
+            vec![Action::Start {
+                job: 1,
+                attempt: 1,
+                launch: launch(),
+                deadline: NOW + secs(LIMIT_S),
+            }],
+        ),
+        row(
+            "an attempt stopped before it started never starts",
+            vec![ordered(want(1), 30, "cancelled")],
+            vec![],
+            vec![record(1, result(Stopped, None, Some("cancelled")))],
+        ),
+        row(
+            "an attempt whose lease ran out before it started never starts",
+            vec![lease(want(1), NOW - secs(1))],
+            vec![],
+            vec![record(1, result(Stopped, None, Some(REASON_LEASE)))],
+        ),
+        row(
+            "an adopted attempt whose container is unknown is lost",
+            vec![adopted(want(1))],
+            vec![],
+            vec![record(1, result(Failed, None, Some("lost the container")))],
+        ),
+        row(
+            "a container being created is left alone, even when asked to stop",
+            vec![ordered(want(1), 30, "cancelled")],
+            vec![have(1, Phase::Creating)],
+            vec![],
+        ),
+        row(
+            "a running container within lease and limit is left alone",
+            vec![want(1)],
+            vec![running(1)],
+            vec![],
+        ),
+        row(
+            "the portal's stop uses the portal's grace and reason",
+            vec![ordered(want(1), 30, "preempted: owner needs the GPU")],
+            vec![running(1)],
+            vec![stop(1, secs(30), "preempted: owner needs the GPU")],
+        ),
+        row(
+            "a container is stopped once: a second reason changes nothing",
+            vec![ordered(want(1), 30, "cancelled")],
+            vec![stopping(running(1), REASON_TIME_LIMIT)],
+            vec![],
+        ),
+        row(
+            "a lease that ran out stops the container with the enforcement grace",
+            vec![lease(want(1), NOW - secs(1))],
+            vec![running(1)],
+            vec![stop(1, ENFORCE_GRACE, REASON_LEASE)],
+        ),
+        row(
+            "a lease that ends right now has not run out",
+            vec![lease(want(1), NOW)],
+            vec![running(1)],
+            vec![],
+        ),
+        row(
+            "a passed time limit stops the container",
+            vec![want(1)],
+            vec![deadline(running(1), Some(NOW - secs(1)))],
+            vec![stop(1, ENFORCE_GRACE, REASON_TIME_LIMIT)],
+        ),
+        row(
+            "the time limit is reached at the deadline itself",
+            vec![want(1)],
+            vec![deadline(running(1), Some(NOW))],
+            vec![stop(1, ENFORCE_GRACE, REASON_TIME_LIMIT)],
+        ),
+        row(
+            "no known deadline, no time limit",
+            vec![want(1)],
+            vec![deadline(running(1), None)],
+            vec![],
+        ),
+        row(
+            "the portal's order wins over an expired lease and a passed limit",
+            vec![lease(ordered(want(1), 5, "cancelled"), NOW - secs(1))],
+            vec![deadline(running(1), Some(NOW - secs(1)))],
+            vec![stop(1, secs(5), "cancelled")],
+        ),
+        row(
+            "an expired lease wins over a passed limit",
+            vec![lease(want(1), NOW - secs(1))],
+            vec![deadline(running(1), Some(NOW - secs(1)))],
+            vec![stop(1, ENFORCE_GRACE, REASON_LEASE)],
+        ),
+        row(
+            "a container found after a restart is adopted",
+            vec![],
+            vec![have(1, Phase::Found { container: c("c1") })],
+            vec![Action::Adopt {
+                job: 1,
+                attempt: 1,
+                container: c("c1"),
+            }],
+        ),
+        row(
+            "a found container is adopted even when its limit passed (stopped next)",
+            vec![],
+            vec![deadline(
+                have(1, Phase::Found { container: c("c1") }),
+                Some(NOW - secs(5)),
+            )],
+            vec![Action::Adopt {
+                job: 1,
+                attempt: 1,
+                container: c("c1"),
+            }],
+        ),
+        row(
+            "a container that ended by itself records its exit code",
+            vec![want(1)],
+            vec![ended(1, 7)],
+            vec![record(1, exited(7))],
+        ),
+        row(
+            "a container that ended after our stop records the stop's reason",
+            vec![want(1)],
+            vec![stopping(ended(1, 143), "cancelled")],
+            vec![record(1, result(Stopped, Some(143), Some("cancelled")))],
+        ),
+        row(
+            "a container the runtime lost is a failure",
+            vec![want(1)],
+            vec![have(
+                1,
+                Phase::Lost {
+                    container: c("c1"),
+                    error: "gone".into(),
+                },
+            )],
+            vec![record(
+                1,
+                result(Failed, None, Some("lost the container: gone")),
+            )],
+        ),
+        row(
+            "a container lost while stopping counts as stopped",
+            vec![want(1)],
+            vec![stopping(
+                have(
+                    1,
+                    Phase::Lost {
+                        container: c("c1"),
+                        error: "gone".into(),
+                    },
+                ),
+                "cancelled",
+            )],
+            vec![record(1, result(Stopped, None, Some("cancelled")))],
+        ),
+        row(
+            "a container that could not be created is a failure with the runtime's words",
+            vec![want(1)],
+            vec![have(
+                1,
+                Phase::NotCreated {
+                    error: "image missing".into(),
+                },
+            )],
+            vec![record(1, result(Failed, None, Some("image missing")))],
+        ),
+        row(
+            "only a recorded result lets the container go",
+            vec![want(1)],
+            vec![recorded(ended(1, 0), exited(0))],
+            vec![Action::Remove {
+                job: 1,
+                attempt: 1,
+                container: c("c1"),
+            }],
+        ),
+        row(
+            "a removal under way is left alone",
+            vec![want(1)],
+            vec![recorded(
+                have(1, Phase::Removing { container: c("c1") }),
+                exited(0),
+            )],
+            vec![],
+        ),
+        row(
+            "once removed, the result is reported",
+            vec![want(1)],
+            vec![recorded(have(1, Phase::Removed), exited(0))],
+            vec![Action::Report {
+                job: 1,
+                attempt: 1,
+                result: exited(0),
+            }],
+        ),
+        row(
+            "a failure to create is reported without a removal",
+            vec![want(1)],
+            vec![recorded(
+                have(1, Phase::NotCreated { error: "x".into() }),
+                result(Failed, None, Some("x")),
+            )],
+            vec![Action::Report {
+                job: 1,
+                attempt: 1,
+                result: result(Failed, None, Some("x")),
+            }],
+        ),
+        row(
+            "a reported result stays until the portal acknowledges it",
+            vec![want(1)],
+            vec![reported(recorded(have(1, Phase::Removed), exited(0)))],
+            vec![],
+        ),
+        row(
+            "an acknowledged, reported attempt is forgotten",
+            vec![acked(want(1))],
+            vec![reported(recorded(have(1, Phase::Removed), exited(0)))],
+            vec![Action::Forget { job: 1, attempt: 1 }],
+        ),
+        row(
+            "an acknowledged attempt is not forgotten before it is reported",
+            vec![acked(want(1))],
+            vec![recorded(have(1, Phase::Removed), exited(0))],
+            vec![Action::Report {
+                job: 1,
+                attempt: 1,
+                result: exited(0),
+            }],
+        ),
+        row(
+            "an acknowledgement does not stop a running container",
+            vec![acked(want(1))],
+            vec![running(1)],
+            vec![],
+        ),
+        row(
+            "several attempts: one step each, in (job, attempt) order",
+            vec![want(3), ordered(want(2), 1, "cancelled")],
+            vec![running(2), ended(1, 0)],
+            vec![
+                record(1, exited(0)),
+                stop(2, secs(1), "cancelled"),
+                Action::Start {
+                    job: 3,
+                    attempt: 1,
+                    launch: launch(),
+                    deadline: NOW + secs(LIMIT_S),
+                },
+            ],
+        ),
+    ]
+}
+
+#[test]
+fn each_situation_gives_its_one_next_step() {
+    let mut failures = Vec::new();
+    let rows = rows();
+    for r in &rows {
+        let got = reconcile(&r.want, &r.have, NOW);
+        if got != r.expect {
+            failures.push(format!(
+                "{}:\n  expected {:?}\n  got      {:?}",
+                r.name, r.expect, got
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} rows failed:\n{}",
+        failures.len(),
+        rows.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn the_same_inputs_in_any_order_give_the_same_actions() {
+    let want = vec![
+        want(5),
+        ordered(want(2), 1, "x"),
+        lease(want(9), NOW - secs(1)),
+    ];
+    let have = vec![running(9), running(2), ended(4, 1)];
+    let a = reconcile(&want, &have, NOW);
+    let mut rwant = want.clone();
+    rwant.reverse();
+    let mut rhave = have.clone();
+    rhave.reverse();
+    assert_eq!(reconcile(&rwant, &rhave, NOW), a);
+    let keys: Vec<_> = a.iter().map(Action::key).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(keys, sorted, "ordered, at most one action per attempt");
+}
+
+/// Applying each step as the executor would must bring a finished attempt from its end to
+/// being forgotten, and never remove a container before its result is recorded.
+#[test]
+fn a_finished_attempt_walks_record_remove_report_forget() {
+    let mut w = want(1);
+    let mut h = ended(1, 0);
+    let mut steps = Vec::new();
+    for _ in 0..10 {
+        let actions = reconcile(std::slice::from_ref(&w), std::slice::from_ref(&h), NOW);
+        let Some(a) = actions.into_iter().next() else {
+            // Waits for the acknowledgement, then goes.
+            if w.acknowledged {
+                break;
+            }
+            w.acknowledged = true;
+            continue;
+        };
+        steps.push(
+            format!("{a:?}")
+                .split([' ', '{'])
+                .next()
+                .unwrap()
+                .to_string(),
+        );
+        match a {
+            Action::Record { result, .. } => h.result = Some(result),
+            Action::Remove { .. } => {
+                assert!(h.result.is_some(), "removed before recorded");
+                h.phase = Phase::Removed;
+            }
+            Action::Report { .. } => h.reported = true,
+            Action::Forget { .. } => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(steps, ["Record", "Remove", "Report", "Forget"]);
+}
