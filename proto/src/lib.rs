@@ -8,13 +8,20 @@
 //! about a job names its attempt, and a receiver that no longer owns that attempt ignores
 //! the message and answers with a `Stop` (portal) or a report (agent).
 //!
-//! The version is in the path: an incompatible change gets `/api/agent/v2/...`.
+//! The version is in the path: an incompatible change gets `/api/agent/v2/...`; within a
+//! path, `Hello.protocol` must equal [`PROTOCOL_VERSION`] or the portal refuses the agent.
+//!
+//! Leases are durations, never wall-clock instants: a [`Lease`] is valid for `valid_for_s`
+//! seconds after the agent *sent* its message `seq` (the `Hello` or `Heartbeat` the portal
+//! answers). The agent measures that on its own monotonic clock (boot time), the portal
+//! counts from when it *received* that message, which is later: so the agent's deadline
+//! always comes first, whatever the two machines' wall clocks say.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Protocol version spoken by this build; sent in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// One-time enrolment: `POST` an [`EnrolRequest`], get an [`EnrolResponse`].
 pub const ENROL_PATH: &str = "/api/agent/v1/enrol";
 /// The agent's WebSocket, authenticated with `Authorization: Bearer <node credential>`.
@@ -90,6 +97,67 @@ impl AttemptState {
     }
 }
 
+/// Why an attempt is stopped: the portal's orders and the agent's own decisions alike.
+/// The portal decides from this (not from words) whether a job is requeued or ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// Its owner (or an admin) cancelled the job. The job ends.
+    Cancelled,
+    /// The owner lab needs the GPUs, or a lending rule or a drain moved the guest: the
+    /// job goes back to the queue.
+    Preempted,
+    /// The agent could not renew the attempt's lease in time (lost the portal): the
+    /// portal has requeued it or will.
+    LeaseExpired,
+    /// The job ran past its time limit. The job ends.
+    TimeLimit,
+    /// The portal does not expect this attempt to run (a late or duplicate one).
+    NotExpected,
+    /// The container vanished or the engine lost it: the job goes back to the queue.
+    Lost,
+}
+
+impl StopReason {
+    /// Whether the job goes back to the queue (true) or ends (false).
+    pub fn requeues(self) -> bool {
+        matches!(
+            self,
+            Self::Preempted | Self::LeaseExpired | Self::NotExpected | Self::Lost
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cancelled => "cancelled",
+            Self::Preempted => "preempted",
+            Self::LeaseExpired => "lease expired",
+            Self::TimeLimit => "time limit reached",
+            Self::NotExpected => "not expected to run",
+            Self::Lost => "lost by the container engine",
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A lease: valid for `valid_for_s` seconds after the agent sent its message `seq`
+/// (see the crate docs). A lease naming a `seq` the agent does not know (another agent
+/// process, or too old) is worth nothing: the agent treats it as expired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    /// The agent process's `Hello.session`.
+    pub session: u64,
+    /// The agent's message (`Hello` or `Heartbeat`) the lease counts from.
+    pub seq: u64,
+    pub valid_for_s: u64,
+}
+
 /// What the agent knows about one attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptReport {
@@ -99,6 +167,9 @@ pub struct AttemptReport {
     /// Set once the container ended by itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i64>,
+    /// Why it was stopped (state `stopped`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopReason>,
     /// Why it stopped or failed, in words for the job's owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -130,10 +201,17 @@ pub enum AgentMsg {
     Hello {
         agent_version: String,
         protocol: u32,
+        /// Random per agent process: leases name it, so a lease granted to an earlier
+        /// process of the same node means nothing to a later one.
+        session: u64,
+        /// This message's sequence number; leases count from messages by their `seq`.
+        seq: u64,
         gpus: Vec<GpuInfo>,
         attempts: Vec<AttemptReport>,
     },
     Heartbeat {
+        /// Increases with every `Hello` and `Heartbeat` of the agent process.
+        seq: u64,
         gpu_stats: Vec<GpuStat>,
         attempts: Vec<AttemptReport>,
     },
@@ -144,6 +222,8 @@ pub enum AgentMsg {
         state: AttemptState,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         exit_code: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stop: Option<StopReason>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
@@ -171,18 +251,22 @@ pub enum PortalMsg {
         spec: JobSpec,
         /// UUIDs of the GPUs this attempt gets.
         gpus: Vec<String>,
-        /// Unix seconds; the agent stops the attempt if no `Renew` extends it.
-        lease_until: i64,
+        /// The agent stops the attempt when it runs out and no `Renew` extended it.
+        lease: Lease,
     },
     Stop {
         job: JobId,
         attempt: Attempt,
+        /// SIGTERM, then this long to save `/checkpoint` and exit, then SIGKILL.
         grace_s: u64,
-        reason: String,
+        reason: StopReason,
+        /// Words for the job's owner ("the owner lab needs its GPUs").
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
     },
-    /// Extends the leases of the listed attempts to `lease_until` (Unix seconds).
+    /// Extends the leases of the listed attempts.
     Renew {
-        lease_until: i64,
+        lease: Lease,
         attempts: Vec<(JobId, Attempt)>,
     },
 }
@@ -198,6 +282,7 @@ mod tests {
             attempt: 2,
             state: AttemptState::Exited,
             exit_code: Some(3),
+            stop: None,
             reason: None,
         };
         let text = serde_json::to_string(&m).unwrap();
@@ -214,10 +299,27 @@ mod tests {
             job: 1,
             attempt: 1,
             grace_s: 30,
-            reason: "cancelled".into(),
+            reason: StopReason::Preempted,
+            detail: Some("the owner lab needs its GPUs".into()),
         };
-        let back: PortalMsg = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(text.contains(r#""reason":"preempted""#), "{text}");
+        let back: PortalMsg = serde_json::from_str(&text).unwrap();
         assert_eq!(back, m);
+        assert!(
+            serde_json::from_str::<PortalMsg>(&text.replace("preempted", "lease expired: x"))
+                .is_err(),
+            "reasons are a closed set"
+        );
+    }
+
+    #[test]
+    fn stop_reasons_say_whether_the_job_returns_to_the_queue() {
+        assert!(StopReason::Preempted.requeues());
+        assert!(StopReason::LeaseExpired.requeues());
+        assert!(StopReason::Lost.requeues());
+        assert!(!StopReason::Cancelled.requeues());
+        assert!(!StopReason::TimeLimit.requeues());
     }
 
     #[test]
