@@ -27,6 +27,21 @@ impl RunningPortal {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+
+    /// A clean stop: the servers connected here get their attempts' leases extended by
+    /// `shutdown_lease_s` (so no running job is stopped while the portal is away), then
+    /// the scheduler and the server stop.
+    pub async fn shutdown(self) {
+        let state = self.state.clone();
+        let extended = crate::broker::agent::extend_leases_for_shutdown(&state).await;
+        tracing::info!(
+            nodes = extended,
+            lease_s = state.config.scheduler.shutdown_lease_s,
+            "leases extended for the shutdown"
+        );
+        self.scheduler.abort();
+        self.handle.stop(true).await;
+    }
 }
 
 fn session_key(config: &Config) -> anyhow::Result<Key> {

@@ -98,6 +98,11 @@ pub struct SchedulerConfig {
     pub lease_ttl_s: u64,
     /// Extra wait after a lease ran out before the job is requeued, in seconds.
     pub lease_margin_s: u64,
+    /// A portal stopped cleanly (SIGTERM, Ctrl-C) first extends the leases of the
+    /// attempts on its connected servers by this long, so a restart or an upgrade that
+    /// takes longer than a lease stops no running job. A server that does not come back
+    /// within it has its jobs requeued this much later.
+    pub shutdown_lease_s: u64,
 }
 
 impl Default for Config {
@@ -124,6 +129,7 @@ impl Default for SchedulerConfig {
             heartbeat_s: 5,
             lease_ttl_s: 120,
             lease_margin_s: 30,
+            shutdown_lease_s: 1800,
         }
     }
 }

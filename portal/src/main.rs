@@ -139,11 +139,20 @@ fn main() -> anyhow::Result<()> {
                 if config.insecure_dev_login {
                     tracing::warn!("INSECURE development login is on: anyone can log in as anyone");
                 }
-                let portal = commons_portal::start(config).await?;
+                let mut portal = commons_portal::start(config).await?;
                 println!("GPU Commons portal listening on {}", portal.url());
-                tokio::select! {
-                    r = portal.server => r??,
-                    _ = tokio::signal::ctrl_c() => portal.handle.stop(true).await,
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+                // A clean stop (Ctrl-C, SIGTERM from systemd) extends the running jobs'
+                // leases first, so a restart or an upgrade stops none of them.
+                let ended = tokio::select! {
+                    r = &mut portal.server => Some(r),
+                    _ = tokio::signal::ctrl_c() => None,
+                    _ = term.recv() => None,
+                };
+                match ended {
+                    Some(r) => r??,
+                    None => portal.shutdown().await,
                 }
                 Ok(())
             })

@@ -3,13 +3,15 @@
 //! Per connection, messages are handled one at a time in arrival order, so an agent's
 //! `AttemptEvent`s are applied in the order they happened.
 
-use crate::db::models::Node;
-use crate::db::{jobs, nodes};
+use crate::db::models::{AgentClock, Node};
+use crate::db::{jobs, nodes, now};
 use crate::error::{ApiError, AppError};
-use crate::service::attempts;
+use crate::service::attempts::{self, Timing};
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
-use commons_proto::{AgentMsg, EnrolRequest, EnrolResponse, PortalMsg, CONNECT_PATH, ENROL_PATH};
+use commons_proto::{
+    AgentMsg, EnrolRequest, EnrolResponse, PortalMsg, CONNECT_PATH, ENROL_PATH, PROTOCOL_VERSION,
+};
 use futures_util::StreamExt;
 use std::time::Duration;
 
@@ -73,6 +75,8 @@ async fn serve(
     let (conn, mut outbox) = state.agents.register(node.id);
     tracing::info!(node = node.id, name = %node.name, "agent connected");
     let silence = Duration::from_secs(state.config.scheduler.heartbeat_s * 3 + 5);
+    // The agent process's session, from its `Hello`: leases name it.
+    let mut agent_session: Option<u64> = None;
     loop {
         tokio::select! {
             msg = tokio::time::timeout(silence, stream.next()) => {
@@ -88,7 +92,26 @@ async fn serve(
                     Ok(Some(Ok(_))) => continue,
                 };
                 match serde_json::from_str::<AgentMsg>(&text) {
-                    Ok(m) => match handle(&state, node.id, m).await {
+                    Ok(AgentMsg::Hello { protocol, .. }) if protocol != PROTOCOL_VERSION => {
+                        let why = format!(
+                            "this portal speaks agent protocol {PROTOCOL_VERSION}, the agent {protocol}: \
+                             install the agent that matches the portal"
+                        );
+                        tracing::warn!(node = node.id, "agent refused: {why}");
+                        let close = actix_ws::CloseReason {
+                            code: actix_ws::CloseCode::Policy,
+                            description: Some(why),
+                        };
+                        let _ = session.close(Some(close)).await;
+                        state.agents.unregister(node.id, conn);
+                        return;
+                    }
+                    Ok(m) => match {
+                        if let AgentMsg::Hello { session, .. } = &m {
+                            agent_session = Some(*session);
+                        }
+                        handle(&state, node.id, agent_session, m).await
+                    } {
                         Ok(replies) => {
                             for r in replies {
                                 if send(&mut session, &r).await.is_err() { break }
@@ -125,11 +148,52 @@ async fn send(session: &mut actix_ws::Session, msg: &PortalMsg) -> Result<(), ac
     }
 }
 
+/// Extends, by `shutdown_lease_s`, the leases of every attempt on the servers connected
+/// to this replica, and tells them; returns how many servers were told. Messages are
+/// queued to each connection and given a moment to leave before the server stops.
+pub async fn extend_leases_for_shutdown(state: &AppState) -> usize {
+    let long = state.config.scheduler.shutdown_lease_s;
+    let mut told = 0;
+    for node in state.agents.connected() {
+        let renew = state
+            .db
+            .run(move |c| {
+                let Some(clock) = nodes::node_by_id(c, node)?.agent_clock() else {
+                    return Ok::<_, AppError>(None);
+                };
+                attempts::renew(c, node, &clock, long).map(Some)
+            })
+            .await;
+        match renew {
+            Ok(Some(msg)) => told += usize::from(state.agents.send(node, msg)),
+            Ok(None) => {}
+            Err(e) => tracing::error!(node, "cannot extend leases for the shutdown: {e:#}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    told
+}
+
+/// The lease and grace settings of this portal.
+pub fn timing(state: &AppState) -> Timing {
+    Timing {
+        lease_ttl_s: state.config.scheduler.lease_ttl_s,
+        default_grace_s: state.config.policy.default_grace_s,
+    }
+}
+
 /// Applies one agent message; returns the replies to send.
-async fn handle(state: &AppState, node: i64, msg: AgentMsg) -> Result<Vec<PortalMsg>, AppError> {
-    let ttl = chrono::Duration::seconds(state.config.scheduler.lease_ttl_s as i64);
+async fn handle(
+    state: &AppState,
+    node: i64,
+    session: Option<u64>,
+    msg: AgentMsg,
+) -> Result<Vec<PortalMsg>, AppError> {
+    let timing = timing(state);
     let heartbeat_s = state.config.scheduler.heartbeat_s;
     let lease_ttl_s = state.config.scheduler.lease_ttl_s;
+    // Leases count from when this message arrived (the agent counts from when it left).
+    let received_at = now();
     let (replies, wake) = state
         .db
         .run(move |c| -> Result<(Vec<PortalMsg>, bool), AppError> {
@@ -138,43 +202,66 @@ async fn handle(state: &AppState, node: i64, msg: AgentMsg) -> Result<Vec<Portal
             match msg {
                 AgentMsg::Hello {
                     agent_version,
+                    session,
+                    seq,
                     gpus,
                     attempts: reports,
                     ..
                 } => {
+                    let clock = AgentClock {
+                        session,
+                        seq,
+                        received_at,
+                    };
                     nodes::upsert_gpus(c, node, &agent_version, &gpus)?;
+                    nodes::set_agent_clock(c, node, &clock)?;
                     replies.push(PortalMsg::Welcome {
                         node_id: node,
                         heartbeat_s,
                         lease_ttl_s,
                     });
                     for r in &reports {
-                        let out = attempts::apply_report(c, node, r)?;
+                        let out = attempts::apply_report(c, node, r, timing)?;
                         replies.extend(out.stop);
                     }
                     attempts::reconcile_missing(c, node, &reports)?;
-                    replies.extend(attempts::pending_stops(c, node)?);
-                    replies.push(attempts::renew(c, node, ttl)?);
+                    replies.extend(attempts::pending_stops(c, node, timing)?);
+                    replies.push(attempts::renew(c, node, &clock, lease_ttl_s)?);
+                    replies.extend(attempts::undelivered_starts(
+                        c, node, &reports, &clock, timing,
+                    )?);
                     wake = true;
                 }
                 AgentMsg::Heartbeat {
+                    seq,
                     gpu_stats,
                     attempts: reports,
                 } => {
+                    let session = session
+                        .ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
+                    let clock = AgentClock {
+                        session,
+                        seq,
+                        received_at,
+                    };
+                    nodes::set_agent_clock(c, node, &clock)?;
                     wake |= nodes::update_gpu_stats(c, node, &gpu_stats)?;
                     for r in &reports {
-                        let out = attempts::apply_report(c, node, r)?;
+                        let out = attempts::apply_report(c, node, r, timing)?;
                         wake |= out.freed;
                         replies.extend(out.stop);
                     }
-                    replies.push(attempts::renew(c, node, ttl)?);
-                    replies.extend(attempts::undelivered_starts(c, node, &reports)?);
+                    replies.push(attempts::renew(c, node, &clock, lease_ttl_s)?);
+                    replies.extend(attempts::undelivered_starts(
+                        c, node, &reports, &clock, timing,
+                    )?);
                 }
                 AgentMsg::AttemptEvent {
                     job,
                     attempt,
                     state: st,
                     exit_code,
+                    stop,
                     reason,
                 } => {
                     let r = commons_proto::AttemptReport {
@@ -182,9 +269,10 @@ async fn handle(state: &AppState, node: i64, msg: AgentMsg) -> Result<Vec<Portal
                         attempt,
                         state: st,
                         exit_code,
+                        stop,
                         reason,
                     };
-                    let out = attempts::apply_report(c, node, &r)?;
+                    let out = attempts::apply_report(c, node, &r, timing)?;
                     wake |= out.freed;
                     replies.extend(out.stop);
                 }

@@ -10,6 +10,11 @@
 //! 5. Send the `Start`s to the agents.
 //!
 //! The loop runs every `tick_ms`, and sooner when woken (submission, freed GPUs).
+//!
+//! Leases are judged only by a scheduler that has watched for a whole lease plus the
+//! margin: after a portal start (or a replica taking over), agents first get the time
+//! to reconnect and renew. A portal that was down longer than a lease so does not
+//! requeue every running job on campus at its first tick.
 //! With PostgreSQL, several portal replicas may run; only the one holding the advisory
 //! lock [`LEADER_LOCK`] ticks (the lock lives as long as its connection). SQLite
 //! deployments run one portal.
@@ -79,6 +84,11 @@ pub async fn run(state: AppState) {
     let period = Duration::from_millis(state.config.scheduler.tick_ms);
     let postgres = state.db.backend == crate::db::Backend::Postgres;
     let leader = std::sync::Arc::new(std::sync::Mutex::new(Leader::default()));
+    let watch = Duration::from_secs(
+        state.config.scheduler.lease_ttl_s + state.config.scheduler.lease_margin_s,
+    );
+    // Since when this portal runs the scheduler without a break.
+    let mut leading_since: Option<std::time::Instant> = None;
     loop {
         let lead = if postgres {
             let l = std::sync::Arc::clone(&leader);
@@ -91,8 +101,13 @@ pub async fn run(state: AppState) {
         } else {
             true
         };
+        if !lead {
+            leading_since = None;
+        }
         if lead {
-            if let Err(e) = tick(&state).await {
+            let since = *leading_since.get_or_insert_with(std::time::Instant::now);
+            let judge_leases = since.elapsed() >= watch;
+            if let Err(e) = tick(&state, judge_leases).await {
                 tracing::error!("scheduler tick failed: {e:#}");
             }
         }
@@ -103,7 +118,8 @@ pub async fn run(state: AppState) {
     }
 }
 
-pub async fn tick(state: &AppState) -> Result<(), AppError> {
+/// One round; leases are judged only when `judge_leases` (see the module docs).
+pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> {
     let cfg = state.config.scheduler.clone();
     let policy = state.config.policy.clone();
     let snapshot = state
@@ -111,10 +127,14 @@ pub async fn tick(state: &AppState) -> Result<(), AppError> {
         .run(move |c| {
             let silent = now() - chrono::Duration::seconds(3 * cfg.heartbeat_s as i64 + 5);
             nodes::mark_silent_offline(c, silent)?;
-            let lost = attempts::expire_leases(
-                c,
-                now() - chrono::Duration::seconds(cfg.lease_margin_s as i64),
-            )?;
+            let lost = if judge_leases {
+                attempts::expire_leases(
+                    c,
+                    now() - chrono::Duration::seconds(cfg.lease_margin_s as i64),
+                )?
+            } else {
+                0
+            };
             if lost > 0 {
                 tracing::warn!(lost, "attempts lost with their servers; jobs requeued");
             }
@@ -134,10 +154,10 @@ pub async fn tick(state: &AppState) -> Result<(), AppError> {
         &state.config.policy,
         chrono::Utc::now().timestamp(),
     );
-    let ttl = chrono::Duration::seconds(state.config.scheduler.lease_ttl_s as i64);
+    let timing = crate::broker::agent::timing(state);
     let orders = state
         .db
-        .run(move |c| attempts::apply_plan(c, &plan, ttl))
+        .run(move |c| attempts::apply_plan(c, &plan, timing))
         .await?;
     for o in orders {
         if !state.agents.send(o.node, o.msg) {

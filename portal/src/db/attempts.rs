@@ -121,7 +121,8 @@ pub fn end(
     Ok(())
 }
 
-/// Moves every active attempt of `node` to `until`; returns their (job, attempt).
+/// Extends every active attempt of `node` to at least `until` (a lease never shrinks
+/// here: the agent may hold a longer one granted earlier); returns their (job, attempt).
 pub fn renew_on(
     c: &mut DbConn,
     node: i64,
@@ -130,12 +131,14 @@ pub fn renew_on(
     let ours: Vec<(i64, i32)> = job_attempts::table
         .filter(job_attempts::node_id.eq(node))
         .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
+        .order(job_attempts::id)
         .select((job_attempts::job_id, job_attempts::attempt))
         .load(c)?;
     diesel::update(
         job_attempts::table
             .filter(job_attempts::node_id.eq(node))
-            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE)),
+            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
+            .filter(job_attempts::lease_until.lt(until)),
     )
     .set(job_attempts::lease_until.eq(until))
     .execute(c)?;

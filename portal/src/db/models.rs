@@ -60,6 +60,49 @@ pub struct Node {
     pub grace_s: i32,
     /// The owner takes every GPU back now.
     pub reclaim: bool,
+    /// The agent process's `Hello.session` (its bits; the wire has a u64).
+    #[serde(skip)]
+    pub agent_session: i64,
+    /// The agent's last message number the portal received, and when: leases count
+    /// from it.
+    #[serde(skip)]
+    pub agent_seq: i64,
+    #[serde(skip)]
+    pub agent_seq_at: Option<NaiveDateTime>,
+}
+
+impl Node {
+    /// The last agent message a lease can count from: (session, seq, received at).
+    pub fn agent_clock(&self) -> Option<AgentClock> {
+        self.agent_seq_at.map(|at| AgentClock {
+            session: self.agent_session as u64,
+            seq: self.agent_seq as u64,
+            received_at: at,
+        })
+    }
+}
+
+/// An agent message a lease counts from: the agent's (session, seq), and when the portal
+/// received it. A lease of `ttl` ends at `received_at + ttl` for the portal, and earlier
+/// for the agent (which counts from when it sent the message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentClock {
+    pub session: u64,
+    pub seq: u64,
+    pub received_at: NaiveDateTime,
+}
+
+impl AgentClock {
+    pub fn lease(&self, ttl_s: u64) -> commons_proto::Lease {
+        commons_proto::Lease {
+            session: self.session,
+            seq: self.seq,
+            valid_for_s: ttl_s,
+        }
+    }
+    pub fn lease_until(&self, ttl_s: u64) -> NaiveDateTime {
+        self.received_at + chrono::Duration::seconds(ttl_s.min(i64::MAX as u64) as i64)
+    }
 }
 
 impl Node {

@@ -104,6 +104,24 @@ pub fn node_by_credential(c: &mut DbConn, credential: &str) -> Result<Option<Nod
         .optional()?)
 }
 
+/// Records the agent message a lease can count from (every `Hello` and `Heartbeat`).
+pub fn set_agent_clock(
+    c: &mut DbConn,
+    node: i64,
+    clock: &super::models::AgentClock,
+) -> Result<(), AppError> {
+    diesel::update(nodes::table.find(node))
+        .set((
+            nodes::agent_session.eq(clock.session as i64),
+            nodes::agent_seq.eq(clock.seq as i64),
+            nodes::agent_seq_at.eq(Some(clock.received_at)),
+            nodes::online.eq(true),
+            nodes::last_seen_at.eq(clock.received_at),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
 pub fn set_online(c: &mut DbConn, node: i64, online: bool) -> Result<(), AppError> {
     diesel::update(nodes::table.find(node))
         .set((nodes::online.eq(online), nodes::last_seen_at.eq(now())))

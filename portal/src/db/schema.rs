@@ -77,6 +77,9 @@ diesel::table! {
         lending -> Text,
         grace_s -> Integer,
         reclaim -> Bool,
+        agent_session -> BigInt,
+        agent_seq -> BigInt,
+        agent_seq_at -> Nullable<Timestamp>,
     }
 }
 

@@ -52,6 +52,13 @@ impl Registry {
         }
     }
 
+    /// The nodes connected to this replica.
+    pub fn connected(&self) -> Vec<i64> {
+        let mut v: Vec<i64> = self.conns().keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
     pub fn is_connected(&self, node: i64) -> bool {
         self.conns().contains_key(&node)
     }

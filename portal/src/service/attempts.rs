@@ -9,15 +9,35 @@
 //! - Only a job's current attempt decides the job's fate.
 
 use crate::db::jobs::{add_event, set_state};
-use crate::db::models::{Attempt, AttemptStatus, Gpu, Job, JobState};
+use crate::db::models::{AgentClock, Attempt, AttemptStatus, Gpu, Job, JobState};
 use crate::db::{self, now, DbConn};
 use crate::error::AppError;
 use chrono::NaiveDateTime;
-use commons_proto::{AttemptReport, AttemptState, JobSpec, PortalMsg};
+use commons_proto::{AttemptReport, AttemptState, JobSpec, Lease, PortalMsg, StopReason};
 use std::collections::BTreeSet;
 
-/// Grace of a `Stop` for an attempt the portal does not expect to run at all.
-const UNEXPECTED_GRACE_S: u64 = 10;
+/// Grace of a `Stop` for an attempt the portal does not expect to run at all, and for a
+/// cancelled one.
+pub const SHORT_GRACE_S: u64 = 10;
+
+/// The lease and grace settings the lifecycle works with.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// How long a lease lasts without renewal.
+    pub lease_ttl_s: u64,
+    /// The campus default grace of a preempted guest (a node may set its own).
+    pub default_grace_s: u32,
+}
+
+impl Timing {
+    fn grace_on(&self, node_grace_s: i32) -> u64 {
+        if node_grace_s > 0 {
+            node_grace_s as u64
+        } else {
+            u64::from(self.default_grace_s)
+        }
+    }
+}
 
 /// A message to send to a node once the plan is committed.
 pub struct Order {
@@ -34,7 +54,7 @@ pub struct Order {
 pub fn apply_plan(
     c: &mut DbConn,
     plan: &commons_sched::Plan,
-    lease_ttl: chrono::Duration,
+    timing: Timing,
 ) -> Result<Vec<Order>, AppError> {
     db::transaction(c, |c| {
         let active = db::attempts::active_attempts(c)?;
@@ -63,7 +83,8 @@ pub fn apply_plan(
                     job: a.job_id,
                     attempt: a.attempt,
                     grace_s: u64::from(p.grace_s),
-                    reason: format!("preempted: {}", p.reason),
+                    reason: StopReason::Preempted,
+                    detail: Some(p.reason.to_string()),
                 },
             });
         }
@@ -75,14 +96,17 @@ pub fn apply_plan(
                 && gpus
                     .iter()
                     .all(|g| g.node_id == s.node && g.present && !held.contains(&g.id));
-            let (Some(node), true, JobState::Queued) = (node, gpus_ok, job.state) else {
+            let clock = node.as_ref().and_then(|n| n.agent_clock());
+            let (Some(node), Some(clock), true, JobState::Queued) =
+                (node, clock, gpus_ok, job.state)
+            else {
                 tracing::info!(job = s.job, "plan start no longer valid; skipped");
                 continue;
             };
             held.extend(s.gpus.iter().copied());
             let attempt = job.attempts + 1;
             let t = now();
-            let lease_until = t + lease_ttl;
+            let lease_until = clock.lease_until(timing.lease_ttl_s);
             db::attempts::insert(c, job.id, attempt, node.id, &s.gpus, lease_until, t)?;
             db::jobs::set_placed(c, job.id, attempt, node.id)?;
             let names: Vec<String> = gpus
@@ -101,7 +125,7 @@ pub fn apply_plan(
             )?;
             orders.push(Order {
                 node: node.id,
-                msg: start_msg(c, &job, attempt, &gpus, lease_until)?,
+                msg: start_msg(c, &job, attempt, &gpus, clock.lease(timing.lease_ttl_s))?,
             });
         }
         for p in &plan.pending {
@@ -117,7 +141,7 @@ fn start_msg(
     job: &Job,
     attempt: i32,
     gpus: &[Gpu],
-    lease_until: NaiveDateTime,
+    lease: Lease,
 ) -> Result<PortalMsg, AppError> {
     Ok(PortalMsg::Start {
         job: job.id,
@@ -132,7 +156,7 @@ fn start_msg(
             user: db::jobs::owner_name(c, job)?,
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
-        lease_until: lease_until.and_utc().timestamp(),
+        lease,
     })
 }
 
@@ -144,6 +168,8 @@ pub fn undelivered_starts(
     c: &mut DbConn,
     node: i64,
     reported: &[AttemptReport],
+    clock: &AgentClock,
+    timing: Timing,
 ) -> Result<Vec<PortalMsg>, AppError> {
     let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
     let starting = db::attempts::on_node(c, node, &[AttemptStatus::Starting])?;
@@ -154,7 +180,13 @@ pub fn undelivered_starts(
     {
         let job = db::jobs::get(c, a.job_id)?;
         let gpus = db::nodes::gpus_by_ids(c, &a.gpu_id_list())?;
-        out.push(start_msg(c, &job, a.attempt, &gpus, a.lease_until)?);
+        out.push(start_msg(
+            c,
+            &job,
+            a.attempt,
+            &gpus,
+            clock.lease(timing.lease_ttl_s),
+        )?);
     }
     Ok(out)
 }
@@ -170,6 +202,7 @@ fn end_attempt(
     a: &Attempt,
     status: AttemptStatus,
     exit_code: Option<i64>,
+    stop: Option<StopReason>,
     reason: Option<&str>,
 ) -> Result<(), AppError> {
     db::attempts::end(c, a.id, status, exit_code, reason, now())?;
@@ -200,10 +233,12 @@ fn end_attempt(
             &format!("exited with code {}", exit_code.unwrap_or(-1)),
         ),
         AttemptStatus::Lost => requeue(c, job.id, reason.unwrap_or("lost")),
-        AttemptStatus::Stopped if reason.is_some_and(|r| r.starts_with("lease expired")) => {
-            requeue(c, job.id, reason.unwrap_or("lease expired"))
-        }
-        _ => set_state(c, job.id, JobState::Failed, reason.unwrap_or("stopped")),
+        AttemptStatus::Stopped => match stop {
+            Some(why) if why.requeues() => requeue(c, job.id, reason.unwrap_or(why.as_str())),
+            Some(why) => set_state(c, job.id, JobState::Failed, reason.unwrap_or(why.as_str())),
+            None => set_state(c, job.id, JobState::Failed, reason.unwrap_or("stopped")),
+        },
+        _ => set_state(c, job.id, JobState::Failed, reason.unwrap_or("failed")),
     }
 }
 
@@ -221,20 +256,22 @@ pub fn apply_report(
     c: &mut DbConn,
     node: i64,
     r: &AttemptReport,
+    timing: Timing,
 ) -> Result<ReportOutcome, AppError> {
     db::transaction(c, |c| {
-        let stop = |why: &str| PortalMsg::Stop {
+        let unexpected = PortalMsg::Stop {
             job: r.job,
             attempt: r.attempt,
-            grace_s: UNEXPECTED_GRACE_S,
-            reason: why.into(),
+            grace_s: SHORT_GRACE_S,
+            reason: StopReason::NotExpected,
+            detail: None,
         };
         let a = match db::attempts::find(c, r.job, r.attempt)? {
             Some(a) if a.node_id == node && a.state.is_active() => a,
             _ => {
                 let mut out = ReportOutcome::default();
                 if !r.state.is_final() {
-                    out.stop = Some(stop("this attempt is not expected to run"));
+                    out.stop = Some(unexpected);
                 }
                 return Ok(out);
             }
@@ -257,9 +294,11 @@ pub fn apply_report(
                         )?;
                     }
                 } else if a.state == AttemptStatus::Stopping {
-                    // Still running although told to stop (the first `Stop` was lost).
+                    // Still running although told to stop (the first `Stop` was lost):
+                    // the same order again, with the same grace.
                     let job = db::jobs::get(c, a.job_id)?;
-                    out.stop = Some(stop(stop_reason(job.state)));
+                    let node = db::nodes::node_by_id(c, a.node_id)?;
+                    out.stop = Some(stop_order(&a, job.state, timing.grace_on(node.grace_s)));
                 }
                 None
             }
@@ -268,15 +307,19 @@ pub fn apply_report(
             AttemptState::Failed => Some(AttemptStatus::Failed),
         };
         if let Some(status) = ended {
-            end_attempt(c, &a, status, r.exit_code, r.reason.as_deref())?;
+            end_attempt(c, &a, status, r.exit_code, r.stop, r.reason.as_deref())?;
             out.freed = true;
         }
         Ok(out)
     })
 }
 
-/// After a `Hello`: attempts this node should run but does not report are lost (their
-/// jobs go back to the queue). Returns whether any were.
+/// After a `Hello`: attempts this node runs (or stops) but does not report are lost
+/// (their jobs go back to the queue). Returns whether any were.
+///
+/// An attempt still `starting` is not lost: its `Start` may have crossed the `Hello` on
+/// the wire (or gone to the connection that just died); it is delivered again
+/// ([`undelivered_starts`]), and the agent ignores a `Start` it already has.
 pub fn reconcile_missing(
     c: &mut DbConn,
     node: i64,
@@ -284,7 +327,8 @@ pub fn reconcile_missing(
 ) -> Result<bool, AppError> {
     db::transaction(c, |c| {
         let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
-        let ours = db::attempts::on_node(c, node, &AttemptStatus::ACTIVE)?;
+        let ours =
+            db::attempts::on_node(c, node, &[AttemptStatus::Running, AttemptStatus::Stopping])?;
         let mut any = false;
         for a in ours
             .iter()
@@ -295,6 +339,7 @@ pub fn reconcile_missing(
                 a,
                 AttemptStatus::Lost,
                 None,
+                Some(StopReason::Lost),
                 Some("the server no longer had its container"),
             )?;
             any = true;
@@ -303,34 +348,49 @@ pub fn reconcile_missing(
     })
 }
 
-/// Renews the leases of this node's active attempts; returns the `Renew` to send.
-pub fn renew(c: &mut DbConn, node: i64, ttl: chrono::Duration) -> Result<PortalMsg, AppError> {
-    let until = now() + ttl;
+/// Renews the leases of this node's active attempts for `ttl_s`, counted from the
+/// agent message `clock`; returns the `Renew` to send.
+pub fn renew(
+    c: &mut DbConn,
+    node: i64,
+    clock: &AgentClock,
+    ttl_s: u64,
+) -> Result<PortalMsg, AppError> {
+    let until = clock.lease_until(ttl_s);
     let attempts = db::transaction(c, |c| db::attempts::renew_on(c, node, until))?;
     Ok(PortalMsg::Renew {
-        lease_until: until.and_utc().timestamp(),
+        lease: clock.lease(ttl_s),
         attempts,
     })
 }
 
-/// Why an attempt in `stopping` is being stopped, from its job's state.
-fn stop_reason(job: JobState) -> &'static str {
-    match job {
-        JobState::Preempting => "preempted",
-        _ => "cancelled",
+/// The `Stop` for an attempt in `stopping`, from its job's state: a preempted guest
+/// gets its node's grace on every path, a cancelled job the short one.
+fn stop_order(a: &Attempt, job: JobState, preempt_grace_s: u64) -> PortalMsg {
+    let (reason, grace_s) = match job {
+        JobState::Preempting => (StopReason::Preempted, preempt_grace_s),
+        JobState::Cancelled => (StopReason::Cancelled, SHORT_GRACE_S),
+        _ => (StopReason::NotExpected, SHORT_GRACE_S),
+    };
+    PortalMsg::Stop {
+        job: a.job_id,
+        attempt: a.attempt,
+        grace_s,
+        reason,
+        detail: None,
     }
 }
 
 /// `Stop`s for this node's attempts that are being stopped (sent again after a reconnect).
-pub fn pending_stops(c: &mut DbConn, node: i64) -> Result<Vec<PortalMsg>, AppError> {
+pub fn pending_stops(
+    c: &mut DbConn,
+    node: i64,
+    timing: Timing,
+) -> Result<Vec<PortalMsg>, AppError> {
+    let grace = timing.grace_on(db::nodes::node_by_id(c, node)?.grace_s);
     Ok(db::attempts::stopping_on(c, node)?
         .into_iter()
-        .map(|(a, job)| PortalMsg::Stop {
-            job: a.job_id,
-            attempt: a.attempt,
-            grace_s: UNEXPECTED_GRACE_S,
-            reason: stop_reason(job).into(),
-        })
+        .map(|(a, job)| stop_order(&a, job, grace))
         .collect())
 }
 
@@ -345,6 +405,7 @@ pub fn expire_leases(c: &mut DbConn, cutoff: NaiveDateTime) -> Result<usize, App
                 a,
                 AttemptStatus::Lost,
                 None,
+                Some(StopReason::LeaseExpired),
                 Some("lost contact with its server"),
             )?;
         }

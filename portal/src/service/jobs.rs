@@ -9,9 +9,6 @@ use crate::error::AppError;
 use crate::validate::{self, JobRequest};
 use commons_proto::PortalMsg;
 
-/// Grace a cancelled job's container gets before it is killed.
-const CANCEL_GRACE_S: u64 = 10;
-
 /// A job the actor may see, else "not found".
 pub fn visible(c: &mut DbConn, actor: &Actor, id: i64) -> Result<Job, AppError> {
     let job = db::jobs::get(c, id)?;
@@ -111,6 +108,7 @@ pub async fn events(state: &Ctx, actor: &Actor, id: i64) -> Result<Vec<JobEvent>
 /// Cancels a job the actor may see, and tells its node to stop the container.
 pub async fn cancel(state: &Ctx, actor: &Actor, id: i64) -> Result<JobView, AppError> {
     let actor = actor.clone();
+    let actor_name = actor.user.username.clone();
     let (view, attempt) = state
         .db
         .run(move |c| {
@@ -126,8 +124,9 @@ pub async fn cancel(state: &Ctx, actor: &Actor, id: i64) -> Result<JobView, AppE
             PortalMsg::Stop {
                 job: a.job_id,
                 attempt: a.attempt,
-                grace_s: CANCEL_GRACE_S,
-                reason: "cancelled".into(),
+                grace_s: super::attempts::SHORT_GRACE_S,
+                reason: commons_proto::StopReason::Cancelled,
+                detail: Some(format!("cancelled by {}", actor_name)),
             },
         );
     }

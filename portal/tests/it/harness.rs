@@ -126,6 +126,7 @@ impl TestPortal {
                 heartbeat_s: 1,
                 lease_ttl_s: 10,
                 lease_margin_s: 2,
+                ..Default::default()
             },
             ..Config::default()
         };
