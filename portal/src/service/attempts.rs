@@ -412,3 +412,174 @@ pub fn expire_leases(c: &mut DbConn, cutoff: NaiveDateTime) -> Result<usize, App
         Ok(expired.len())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::testkit::{campus, sqlite};
+
+    const TIMING: Timing = Timing {
+        lease_ttl_s: 60,
+        default_grace_s: 300,
+    };
+
+    fn report(job: &Job, state: AttemptState, stop: Option<StopReason>) -> AttemptReport {
+        AttemptReport {
+            job: job.id,
+            attempt: 1,
+            state,
+            exit_code: None,
+            stop,
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn a_start_that_crosses_the_hello_is_delivered_again_not_lost() {
+        let (_d, mut c) = sqlite();
+        let k = campus(&mut c, 1);
+        let job = &k.jobs[0];
+        // The agent's Hello does not list the attempt: its Start is still on the wire.
+        assert!(!reconcile_missing(&mut c, k.node.id, &[]).unwrap());
+        assert_eq!(
+            db::jobs::get(&mut c, job.id).unwrap().state,
+            JobState::Starting
+        );
+        let clock = k.node.agent_clock().unwrap();
+        let again = undelivered_starts(&mut c, k.node.id, &[], &clock, TIMING).unwrap();
+        assert!(
+            matches!(&again[..], [PortalMsg::Start { job: j, attempt: 1, lease, .. }]
+                if *j == job.id && lease.session == 7 && lease.valid_for_s == 60),
+            "{again:?}"
+        );
+        // Once running, an attempt the agent no longer has is lost and requeued.
+        apply_report(
+            &mut c,
+            k.node.id,
+            &report(job, AttemptState::Running, None),
+            TIMING,
+        )
+        .unwrap();
+        assert!(reconcile_missing(&mut c, k.node.id, &[]).unwrap());
+        assert_eq!(
+            db::jobs::get(&mut c, job.id).unwrap().state,
+            JobState::Queued
+        );
+    }
+
+    #[test]
+    fn stop_reasons_decide_requeue_or_end() {
+        for (why, end) in [
+            (StopReason::LeaseExpired, JobState::Queued),
+            (StopReason::Lost, JobState::Queued),
+            (StopReason::TimeLimit, JobState::Failed),
+        ] {
+            let (_d, mut c) = sqlite();
+            let k = campus(&mut c, 1);
+            let job = &k.jobs[0];
+            let t = TIMING;
+            apply_report(
+                &mut c,
+                k.node.id,
+                &report(job, AttemptState::Running, None),
+                t,
+            )
+            .unwrap();
+            let out = apply_report(
+                &mut c,
+                k.node.id,
+                &report(job, AttemptState::Stopped, Some(why)),
+                t,
+            )
+            .unwrap();
+            assert!(out.freed);
+            assert_eq!(db::jobs::get(&mut c, job.id).unwrap().state, end, "{why}");
+        }
+    }
+
+    #[test]
+    fn a_preempted_guest_gets_its_grace_on_every_path() {
+        let (_d, mut c) = sqlite();
+        let k = campus(&mut c, 2);
+        let t = TIMING;
+        for j in &k.jobs {
+            apply_report(
+                &mut c,
+                k.node.id,
+                &report(j, AttemptState::Running, None),
+                t,
+            )
+            .unwrap();
+        }
+        // Job 0 is being preempted, job 1 cancelled.
+        let a0 = db::attempts::find(&mut c, k.jobs[0].id, 1)
+            .unwrap()
+            .unwrap();
+        db::attempts::set_status(&mut c, a0.id, AttemptStatus::Stopping).unwrap();
+        set_state(&mut c, k.jobs[0].id, JobState::Preempting, "preempting").unwrap();
+        db::jobs::cancel(&mut c, &k.jobs[1], "alice").unwrap();
+        let grace = |msgs: &[PortalMsg], job: i64| {
+            msgs.iter()
+                .find_map(|m| match m {
+                    PortalMsg::Stop {
+                        job: j,
+                        grace_s,
+                        reason,
+                        ..
+                    } if *j == job => Some((*grace_s, *reason)),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        // After a reconnect: the campus default, then the node's own grace.
+        let stops = pending_stops(&mut c, k.node.id, t).unwrap();
+        assert_eq!(grace(&stops, k.jobs[0].id), (300, StopReason::Preempted));
+        assert_eq!(
+            grace(&stops, k.jobs[1].id),
+            (SHORT_GRACE_S, StopReason::Cancelled)
+        );
+        db::nodes::set_lending(&mut c, k.node.id, "{}", 77, false).unwrap();
+        let stops = pending_stops(&mut c, k.node.id, t).unwrap();
+        assert_eq!(grace(&stops, k.jobs[0].id), (77, StopReason::Preempted));
+        // In a heartbeat that still reports it running.
+        let out = apply_report(
+            &mut c,
+            k.node.id,
+            &report(&k.jobs[0], AttemptState::Running, None),
+            t,
+        )
+        .unwrap();
+        assert_eq!(
+            grace(out.stop.as_slice(), k.jobs[0].id),
+            (77, StopReason::Preempted)
+        );
+    }
+
+    #[test]
+    fn leases_count_from_when_the_portal_received_the_agents_message_and_never_shrink() {
+        let (_d, mut c) = sqlite();
+        let k = campus(&mut c, 1);
+        let base = db::now();
+        let clock = |seq, secs| AgentClock {
+            session: 7,
+            seq,
+            received_at: base + chrono::Duration::seconds(secs),
+        };
+        let lease_of = |c: &mut DbConn| {
+            db::attempts::find(c, k.jobs[0].id, 1)
+                .unwrap()
+                .unwrap()
+                .lease_until
+        };
+        renew(&mut c, k.node.id, &clock(2, 0), 1800).unwrap();
+        assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(1800));
+        // A later, shorter renewal does not shrink what the agent may already hold.
+        let msg = renew(&mut c, k.node.id, &clock(3, 10), 60).unwrap();
+        assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(1800));
+        assert!(
+            matches!(msg, PortalMsg::Renew { lease, .. } if lease.seq == 3 && lease.valid_for_s == 60)
+        );
+        renew(&mut c, k.node.id, &clock(4, 2000), 60).unwrap();
+        assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(2060));
+    }
+}

@@ -17,6 +17,8 @@ pub mod labs;
 pub mod members;
 pub mod nodes;
 pub mod policy;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub mod views;
 
 use crate::db::models::{Job, Lab, Node, Role, User};

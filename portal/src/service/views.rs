@@ -126,49 +126,14 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::{establish, run_migrations};
-    use crate::validate::{self, JobRequest};
+    use crate::service::testkit::{campus, sqlite};
     use diesel::connection::{Connection, InstrumentationEvent};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    /// A campus of one lab, one node with a GPU, and `n` jobs that each ran once.
-    fn campus(c: &mut DbConn, n: usize) -> Vec<Job> {
-        let lab = db::users::create_lab(c, "vision", "Vision").unwrap();
-        let user = db::users::create_user(c, "alice", "alice@x.test", false).unwrap();
-        let token = db::users::create_enrol_token(c, lab.id).unwrap();
-        let (node, _, _) = db::nodes::enrol(c, &token, "n1", "0").unwrap();
-        let gpu = commons_proto::GpuInfo {
-            uuid: "GPU-1".into(),
-            index: 0,
-            model: "A100".into(),
-            memory_mb: 80_000,
-            fake: true,
-        };
-        db::nodes::upsert_gpus(c, node.id, "0", &[gpu]).unwrap();
-        let gpu_id = db::nodes::list_with_gpus(c).unwrap()[0].2[0].id;
-        let labs = [("vision".to_string(), lab.id)];
-        (0..n)
-            .map(|_| {
-                let req: JobRequest = serde_json::from_value(serde_json::json!(
-                    {"image": "commons-demo:latest", "gpus": 1, "time_limit_minutes": 5}
-                ))
-                .unwrap();
-                let job =
-                    db::jobs::insert(c, user.id, &validate::job(req, &labs).unwrap()).unwrap();
-                let t = db::now();
-                db::attempts::insert(c, job.id, 1, node.id, &[gpu_id], t, t).unwrap();
-                db::jobs::set_placed(c, job.id, 1, node.id).unwrap();
-                db::jobs::get(c, job.id).unwrap()
-            })
-            .collect()
-    }
-
     fn queries_for(n: usize) -> (usize, Vec<JobView>) {
-        let dir = tempfile::tempdir().unwrap();
-        let mut c = establish(&format!("sqlite://{}/t.db", dir.path().display())).unwrap();
-        run_migrations(&mut c).unwrap();
-        let jobs = campus(&mut c, n);
+        let (_dir, mut c) = sqlite();
+        let jobs = campus(&mut c, n).jobs;
         let count = Arc::new(AtomicUsize::new(0));
         let counter = count.clone();
         c.set_instrumentation(move |e: InstrumentationEvent<'_>| {

@@ -316,6 +316,22 @@ impl TestPortal {
         commons_portal::start(config).await.expect("replica starts")
     }
 
+    /// Stops the portal cleanly (as SIGTERM would: running leases are extended), keeps
+    /// it down for `down`, and starts it again on the same address and database.
+    pub async fn restart_after(self, down: Duration) -> TestPortal {
+        let config = (*self.portal.state.config).clone();
+        let mut config = config;
+        config.listen = self.portal.addr.to_string();
+        self.portal.shutdown().await;
+        tokio::time::sleep(down).await;
+        let portal = commons_portal::start(config).await.expect("portal restarts");
+        TestPortal {
+            url: portal.url(),
+            portal,
+            ..self
+        }
+    }
+
     pub async fn stop(self) {
         self.portal.scheduler.abort();
         self.portal.handle.stop(false).await;

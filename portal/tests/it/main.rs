@@ -4,10 +4,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod browser;
+mod cluster;
 mod console;
+mod failures;
 mod foundations;
 mod harness;
 mod jobs;
+mod leases;
 mod migrations;
 mod oidc_provider;
 mod policy;

@@ -1,0 +1,63 @@
+//! A small campus in a fresh SQLite file, for the service layer's unit tests.
+
+use crate::db::models::{AgentClock, Job, Node};
+use crate::db::{self, establish, run_migrations, DbConn};
+use crate::validate::{self, JobRequest};
+
+pub struct Campus {
+    pub node: Node,
+    pub gpu: i64,
+    /// Jobs that each run attempt 1 on `node` (state `starting`).
+    pub jobs: Vec<Job>,
+}
+
+pub fn sqlite() -> (tempfile::TempDir, DbConn) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = establish(&format!("sqlite://{}/t.db", dir.path().display())).unwrap();
+    run_migrations(&mut c).unwrap();
+    (dir, c)
+}
+
+/// One lab, one node with one GPU that has said hello, and `n` jobs placed on it.
+pub fn campus(c: &mut DbConn, n: usize) -> Campus {
+    let lab = db::users::create_lab(c, "vision", "Vision").unwrap();
+    let user = db::users::create_user(c, "alice", "alice@x.test", false).unwrap();
+    let token = db::users::create_enrol_token(c, lab.id).unwrap();
+    let (node, _, _) = db::nodes::enrol(c, &token, "n1", "0").unwrap();
+    let gpu = commons_proto::GpuInfo {
+        uuid: "GPU-1".into(),
+        index: 0,
+        model: "A100".into(),
+        memory_mb: 80_000,
+        fake: true,
+    };
+    db::nodes::upsert_gpus(c, node.id, "0", &[gpu]).unwrap();
+    let clock = AgentClock {
+        session: 7,
+        seq: 1,
+        received_at: db::now(),
+    };
+    db::nodes::set_agent_clock(c, node.id, &clock).unwrap();
+    let gpu_id = db::nodes::list_with_gpus(c).unwrap()[0].2[0].id;
+    let labs = [("vision".to_string(), lab.id)];
+    let jobs = (0..n)
+        .map(|_| {
+            let req: JobRequest = serde_json::from_value(serde_json::json!(
+                {"image": "commons-demo:latest", "gpus": 1, "time_limit_minutes": 5}
+            ))
+            .unwrap();
+            let job = db::jobs::insert(c, user.id, &validate::job(req, &labs).unwrap()).unwrap();
+            let t = db::now();
+            db::attempts::insert(c, job.id, 1, node.id, &[gpu_id], t, t).unwrap();
+            db::jobs::set_placed(c, job.id, 1, node.id).unwrap();
+            db::jobs::set_state(c, job.id, crate::domain::JobState::Starting, "starting").unwrap();
+            db::jobs::get(c, job.id).unwrap()
+        })
+        .collect();
+    let node = db::nodes::node_by_id(c, node.id).unwrap();
+    Campus {
+        node,
+        gpu: gpu_id,
+        jobs,
+    }
+}

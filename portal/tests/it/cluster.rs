@@ -1,0 +1,461 @@
+//! A campus of separate processes on separate (virtual) hosts: the portal as its own
+//! process on this machine, each agent as its own process inside a network namespace of
+//! its own, joined to this machine by a veth pair, so a test can kill a process or cut a
+//! host's network. Every address is one the test made (10.251.N.0/30, inside this
+//! machine); nothing else is ever contacted. All hosts share this machine's Docker
+//! Engine (through its Unix socket, which a cut does not touch).
+//!
+//! Needs root (network namespaces), iproute2 and the Docker Engine; a missing piece fails
+//! the test with what to install.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn run(cmd: &[&str]) {
+    let out = Command::new(cmd[0])
+        .args(&cmd[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} ({e}): apt-get install iproute2"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed (the cluster tests need root for network namespaces): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The `commons-agent` binary, built if missing (the portal's tests do not build it).
+pub fn agent_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().unwrap();
+            // target/<profile>/deps/it-<hash> -> target/<profile>/commons-agent
+            let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+            let bin = dir.join("commons-agent");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = Command::new(cargo)
+                .args(["build", "-p", "commons-agent", "--bin", "commons-agent"])
+                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+                .status()
+                .expect("cargo builds the agent");
+            assert!(
+                status.success() && bin.exists(),
+                "cannot build {}",
+                bin.display()
+            );
+            bin
+        })
+        .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A virtual host: a network namespace with a veth pair to this machine.
+pub struct Host {
+    pub ns: String,
+    link: String,
+    /// This machine's address as the host sees it (where the portal listens).
+    pub gateway: String,
+}
+
+impl Host {
+    pub fn new(n: u8) -> Host {
+        let tag = format!("{:x}{n}", std::process::id() % 0xffff);
+        let ns = format!("gc{tag}");
+        let link = format!("gch{tag}");
+        let peer = format!("gcp{tag}");
+        let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+        let _ = Command::new("ip").args(["link", "del", &link]).output();
+        run(&["ip", "netns", "add", &ns]);
+        run(&[
+            "ip", "link", "add", &link, "type", "veth", "peer", "name", &peer,
+        ]);
+        run(&["ip", "link", "set", &peer, "netns", &ns]);
+        let gateway = format!("10.251.{n}.1");
+        run(&["ip", "addr", "add", &format!("{gateway}/30"), "dev", &link]);
+        run(&["ip", "link", "set", &link, "up"]);
+        let inside = format!("10.251.{n}.2/30");
+        run(&[
+            "ip", "netns", "exec", &ns, "ip", "addr", "add", &inside, "dev", &peer,
+        ]);
+        run(&["ip", "netns", "exec", &ns, "ip", "link", "set", &peer, "up"]);
+        run(&["ip", "netns", "exec", &ns, "ip", "link", "set", "lo", "up"]);
+        Host { ns, link, gateway }
+    }
+
+    /// Cuts the host off the network (its processes keep running).
+    pub fn cut(&self) {
+        run(&["ip", "link", "set", &self.link, "down"]);
+    }
+
+    pub fn restore(&self) {
+        run(&["ip", "link", "set", &self.link, "up"]);
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.link])
+            .output();
+    }
+}
+
+/// The portal as a separate process (`commons-portal serve`) on a SQLite file.
+pub struct PortalProcess {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+    config: PathBuf,
+    db_url: String,
+}
+
+impl PortalProcess {
+    /// Seeds lab `vision` with user alice and starts the portal with short leases.
+    pub fn start(lease_ttl_s: u64, margin_s: u64) -> (PortalProcess, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let db_url = format!("sqlite://{}", dir.path().join("commons.db").display());
+        let port = free_port();
+        let config = dir.path().join("portal.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "database_url = \"{db_url}\"\nlisten = \"0.0.0.0:{port}\"\n\
+                 insecure_dev_login = true\n\
+                 [scheduler]\ntick_ms = 200\nheartbeat_s = 1\nlease_ttl_s = {lease_ttl_s}\n\
+                 lease_margin_s = {margin_s}\n[policy]\ndefault_grace_s = 5\n"
+            ),
+        )
+        .unwrap();
+        let mut p = PortalProcess {
+            dir,
+            port,
+            child: None,
+            config,
+            db_url,
+        };
+        p.admin(&["create-lab", "vision", "--name", "Vision"]);
+        p.admin(&[
+            "create-user",
+            "alice",
+            "--email",
+            "alice@x.test",
+            "--lab",
+            "vision",
+        ]);
+        let token = p.admin(&["api-token", "alice"]);
+        p.spawn();
+        (p, token)
+    }
+
+    pub fn admin(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_commons-portal"))
+            .args(["admin", "--database-url", &self.db_url])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "admin {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("portal.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_commons-portal"))
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "the portal did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A clean stop (SIGTERM), as systemd does it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            run(&["kill", "-TERM", &c.id().to_string()]);
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for PortalProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// An agent process on a virtual host.
+pub struct AgentProcess {
+    pub state: tempfile::TempDir,
+    portal: String,
+    ns: String,
+    name: String,
+    child: Option<Child>,
+}
+
+impl AgentProcess {
+    pub fn start(host: &Host, portal: &PortalProcess, name: &str, gpus: &str) -> AgentProcess {
+        crate::harness::demo_image();
+        let mut a = AgentProcess {
+            state: tempfile::tempdir().unwrap(),
+            portal: format!("http://{}:{}", host.gateway, portal.port),
+            ns: host.ns.clone(),
+            name: name.to_string(),
+            child: None,
+        };
+        let token = portal.admin(&["enrol-token", "vision"]);
+        a.spawn(Some(&token), gpus);
+        a
+    }
+
+    fn spawn(&mut self, token: Option<&str>, gpus: &str) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.state.path().join("agent.log"))
+            .unwrap();
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns])
+            .arg(agent_binary())
+            .args(["run", "--portal", &self.portal, "--state-dir"])
+            .arg(self.state.path())
+            .args(["--gpus", gpus, "--name", &self.name])
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(t) = token {
+            cmd.env("COMMONS_ENROL_TOKEN", t);
+        }
+        self.child = Some(cmd.spawn().unwrap());
+    }
+
+    /// kill -9: the process dies, its containers (and their guards) stay.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn start_again(&mut self, gpus: &str) {
+        self.kill9();
+        self.spawn(None, gpus);
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.state.path().join("agent.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Removes every container of the given jobs (the tests' cleanup).
+pub fn remove_containers(jobs: &[i64]) {
+    for job in jobs {
+        let out = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("label=commons.job={job}")])
+            .output()
+            .unwrap();
+        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new("docker").args(["rm", "-f", id]).output();
+        }
+    }
+}
+
+/// The Docker Engine's own record of when each container ran: `docker events` for the
+/// containers of one job, from the moment this was made.
+pub struct Timeline {
+    child: Child,
+    out: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Timeline {
+    pub fn watch(job: i64) -> Timeline {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("events");
+        let file = std::fs::File::create(&out).unwrap();
+        let child = Command::new("docker")
+            .args([
+                "events",
+                "--filter",
+                &format!("label=commons.job={job}"),
+                "--filter",
+                "type=container",
+                "--format",
+                "{{.TimeNano}} {{.Action}} {{index .Actor.Attributes \"commons.attempt\"}} {{.Actor.ID}}",
+            ])
+            .stdout(file)
+            .spawn()
+            .unwrap();
+        Timeline {
+            child,
+            out,
+            _dir: dir,
+        }
+    }
+
+    /// Each container's (attempt, start ns, end ns); a container still running ends at
+    /// `u128::MAX`.
+    pub fn intervals(&self) -> Vec<(String, u128, u128)> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let mut by_id: BTreeMap<String, (String, u128, u128)> = BTreeMap::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [t, action, attempt, id] = f[..] else {
+                continue;
+            };
+            let t: u128 = t.parse().unwrap_or(0);
+            let e =
+                by_id
+                    .entry(id.to_string())
+                    .or_insert((attempt.to_string(), u128::MAX, u128::MAX));
+            match action {
+                "start" => e.1 = e.1.min(t),
+                "die" => e.2 = t,
+                _ => {}
+            }
+        }
+        by_id
+            .into_values()
+            .filter(|(_, s, _)| *s != u128::MAX)
+            .collect()
+    }
+
+    /// Asserts no two containers of the job ever ran at the same time.
+    pub fn assert_no_overlap(&self) {
+        let mut iv = self.intervals();
+        iv.sort_by_key(|(_, s, _)| *s);
+        for w in iv.windows(2) {
+            assert!(
+                w[0].2 <= w[1].1,
+                "attempts {} and {} of the job ran at the same time: {iv:?}",
+                w[0].0,
+                w[1].0
+            );
+        }
+    }
+}
+
+impl Drop for Timeline {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A small API client for the portal process.
+pub struct Api {
+    pub url: String,
+    pub token: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(url: String, token: String) -> Api {
+        Api {
+            url,
+            token,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Option<Value> {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .ok()?;
+        r.json().await.ok()
+    }
+
+    pub async fn submit(&self, body: Value) -> i64 {
+        let r: Value = self
+            .http
+            .post(format!("{}/api/v1/jobs", self.url))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["id"].as_i64().unwrap_or_else(|| panic!("submit: {r}"))
+    }
+
+    /// Waits until `check` holds for the job's JSON.
+    pub async fn wait_job(
+        &self,
+        job: i64,
+        within: Duration,
+        what: &str,
+        check: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(j) = self.get(&format!("/api/v1/jobs/{job}")).await {
+                if check(&j) {
+                    return j;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "timed out waiting for {what}: {j}"
+                );
+            } else {
+                assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub async fn nodes_online(&self) -> usize {
+        self.get("/api/v1/nodes")
+            .await
+            .and_then(|n| {
+                n.as_array()
+                    .map(|a| a.iter().filter(|n| n["online"] == true).count())
+            })
+            .unwrap_or(0)
+    }
+}
