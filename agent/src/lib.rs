@@ -5,20 +5,28 @@
 //! What to do about the difference is one pure function, [`reconcile::reconcile`]; the
 //! [`executor`] applies its actions through a [`runtime::ContainerRuntime`] (the Docker
 //! Engine in production). GPUs come from a [`gpu::GpuSource`]: NVML on real servers, a fake
-//! list for tests and demos.
+//! list for tests and demos. Each attempt's state is also on disk ([`store`]), where a
+//! per-attempt [`guard`] process enforces its lease and time limit while the agent is down.
 //!
 //! Invariants:
-//! - The agent never kills containers when it restarts: it re-adopts them by their labels.
-//! - Every attempt has a lease; one the portal stops renewing is stopped here, so a job
-//!   never runs twice at once after a network split.
+//! - The agent never kills containers when it restarts: it re-adopts them by their labels,
+//!   with the deadlines they had (never a fresh lease).
+//! - Every attempt has a lease, counted on the boot clock ([`clock`]) from the agent's own
+//!   message; one the portal stops renewing is stopped here, by the agent or, while the
+//!   agent is down, by the attempt's guard, so a job never runs twice at once.
+//! - A result is on disk before its container goes, and reported until acknowledged, so a
+//!   job is never lost by an agent restart.
 
+pub mod clock;
 pub mod config;
 pub mod executor;
 pub mod gpu;
+pub mod guard;
 pub mod reconcile;
 pub mod runtime;
 pub mod session;
 pub mod state;
+pub mod store;
 
 pub use config::{AgentConfig, GpuMode};
 

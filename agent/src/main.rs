@@ -4,7 +4,8 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use commons_agent::{state, AgentConfig, GpuMode};
+use commons_agent::{guard, state, AgentConfig, GpuMode};
+use commons_proto::{Attempt, JobId};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -54,6 +55,16 @@ enum Cmd {
         #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100))]
         util: Option<u32>,
     },
+    /// Guards one attempt while the agent may be down (started by the agent, detached).
+    #[command(hide = true)]
+    Guard {
+        #[arg(long)]
+        state_dir: PathBuf,
+        #[arg(long, allow_negative_numbers = true)]
+        job: JobId,
+        #[arg(long, allow_negative_numbers = true)]
+        attempt: Attempt,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -62,14 +73,26 @@ enum OnOff {
     Off,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
+        // Colour only on a terminal: guards log to guard.log, the service to the journal.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     match Cli::parse().cmd {
+        // One thread is plenty for polling a file; a server may run many guards.
+        Cmd::Guard {
+            state_dir,
+            job,
+            attempt,
+        } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the guard's runtime")?
+            .block_on(guard::run(&state_dir, job, attempt)),
         Cmd::Run {
             portal,
             enrol_token,
@@ -82,14 +105,15 @@ async fn main() -> anyhow::Result<()> {
                     .map(|h| h.trim().to_string())
                     .unwrap_or_else(|_| "server".into())
             });
-            commons_agent::run(AgentConfig {
-                portal,
-                enrol_token,
-                state_dir,
-                gpus,
-                hostname,
-            })
-            .await
+            tokio::runtime::Runtime::new()
+                .context("starting the agent's runtime")?
+                .block_on(commons_agent::run(AgentConfig {
+                    portal,
+                    enrol_token,
+                    state_dir,
+                    gpus,
+                    hostname,
+                }))
         }
         Cmd::Status { state_dir } => {
             match state::load_credential(&state_dir)? {

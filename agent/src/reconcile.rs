@@ -6,28 +6,33 @@
 //! actions. The executor applies the actions through a `ContainerRuntime` and asks again
 //! until nothing is left to do; every effect it observes comes back as a changed input.
 //!
-//! Times are [`Duration`]s since the Unix epoch on this server's clock: wall-clock, because
-//! a time limit's deadline outlives the agent in the container's labels.
+//! Times are [`Duration`]s on `CLOCK_BOOTTIME` (see `clock`): monotonic, never wall-clock.
+//! A lease's end is counted from when the agent sent the message the lease names; a time
+//! limit from the container's start. Both are kept on disk (`lease.json`), so a restarted
+//! agent restores them instead of granting itself a fresh lease.
 //!
 //! One attempt's life, one step per call:
 //! 1. Wanted, nothing here yet: `Start` it (unless the portal already asked for a stop or
 //!    its lease already ran out; then it never starts and that is its result).
-//! 2. Found on the engine after a restart: `Adopt` it, whether it still runs or not.
+//! 2. Found on the engine after a restart: `Adopt` it, running (followed again) or not
+//!    (its exit code is read; it is never stopped, since it already ended).
 //! 3. Running: `Stop` it, once, when the portal asked (with the portal's grace), when its
-//!    lease ran out, or when its time limit passed (with [`ENFORCE_GRACE`]).
-//! 4. Ended (or never created, or lost): `Record` its result. From then on it is in every
-//!    heartbeat, so a report sent into a dying connection is not lost.
-//! 5. Recorded: `Remove` its container; only a recorded result lets a container go.
+//!    lease ran out, or when its time limit passed (with [`ENFORCE_GRACE`]). A stop begun
+//!    before a restart is issued again with what is left of its grace.
+//! 4. Ended (or never created, or lost): `Record` its result, which the executor writes to
+//!    `result.json`. From then on it is in every heartbeat, so a report sent into a dying
+//!    connection is not lost; a result not yet on disk is recorded again.
+//! 5. Recorded and on disk: `Remove` its container; only a saved result lets it go.
 //! 6. Removed: `Report` the result as an event.
 //! 7. Reported and acknowledged by the portal (a `Renew` left it out): `Forget` it.
 //!
 //! Invariants: at most one action per attempt per call (the next step; the executor marks
-//! work in flight, so a step is never issued twice); a container is stopped at most once;
-//! nothing is removed before its result is recorded; nothing is forgotten before it is
-//! reported and acknowledged.
+//! work in flight, so a step is never issued twice); a container is stopped at most once per
+//! agent process, and never with more grace than the first stop gave it; nothing is removed
+//! before its result is saved; nothing is forgotten before it is reported and acknowledged.
 
 use crate::runtime::AssignedGpu;
-use commons_proto::{Attempt, AttemptReport, AttemptState, JobId, JobSpec};
+use commons_proto::{Attempt, AttemptReport, AttemptState, JobId, JobSpec, StopReason};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,10 +42,43 @@ pub type Key = (JobId, Attempt);
 
 /// Grace given to a container whose time limit or lease ran out.
 pub const ENFORCE_GRACE: Duration = Duration::from_secs(10);
-/// The reason a container stopped by its time limit reports.
-pub const REASON_TIME_LIMIT: &str = "time limit reached";
-/// The reason an attempt stopped by its lease reports.
-pub const REASON_LEASE: &str = "lease expired: the server lost contact with the portal";
+/// The words of a stop because the lease ran out.
+pub const TEXT_LEASE: &str = "lease expired: the server lost contact with the portal";
+
+/// Why an attempt is stopped: the reason the portal acts on, and words for the job's owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Why {
+    pub reason: StopReason,
+    pub text: String,
+}
+
+impl Why {
+    /// The agent's words for a reason of its own (or one restored from disk).
+    pub fn of(reason: StopReason) -> Self {
+        let text = match reason {
+            StopReason::LeaseExpired => TEXT_LEASE.to_string(),
+            other => other.as_str().to_string(),
+        };
+        Self { reason, text }
+    }
+
+    /// The portal's order: its reason, followed by its detail when it gave one.
+    pub fn ordered(reason: StopReason, detail: Option<&str>) -> Self {
+        let text = match detail.map(str::trim).filter(|d| !d.is_empty()) {
+            Some(d) => format!("{reason}: {d}"),
+            None => reason.as_str().to_string(),
+        };
+        Self { reason, text }
+    }
+
+    /// The container engine lost the container.
+    pub fn lost(detail: &str) -> Self {
+        Self {
+            reason: StopReason::Lost,
+            text: format!("{}: {detail}", StopReason::Lost),
+        }
+    }
+}
 
 /// What to run for an attempt the portal started here.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,8 +92,7 @@ pub struct Launch {
 pub struct StopOrder {
     /// Time between SIGTERM and SIGKILL, for the job to write its checkpoint.
     pub grace: Duration,
-    /// Why, in words for the job's owner.
-    pub reason: String,
+    pub why: Why,
 }
 
 /// What the portal wants of one attempt on this server.
@@ -63,9 +100,9 @@ pub struct StopOrder {
 pub struct Assignment {
     pub job: JobId,
     pub attempt: Attempt,
-    /// What to run; `None` for an attempt adopted from a container found after a restart.
+    /// What to run; `None` for an attempt restored from disk or found on the engine.
     pub launch: Option<Arc<Launch>>,
-    /// It may run until then; the portal extends this with `Renew`.
+    /// It may run until then (boot clock); `Renew` extends it.
     pub lease_until: Duration,
     /// The portal asked it to stop; the first order wins.
     pub stop: Option<StopOrder>,
@@ -78,16 +115,18 @@ pub struct Assignment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Phase {
     /// Found on the engine (after a restart), not followed yet.
-    Found { container: String },
+    Found { container: String, running: bool },
     /// Create and start are under way.
     Creating,
     /// It could not be created or started: no container exists.
     NotCreated { error: String },
     /// It runs (as far as we know) and a watcher waits for its end.
     Running { container: String },
+    /// Found already ended; a watcher reads its exit code.
+    Draining { container: String },
     /// Its main process ended with this code.
     Ended { container: String, exit_code: i64 },
-    /// The runtime lost track of it (waiting for it failed).
+    /// The engine no longer has it, and its exit is unknown.
     Lost { container: String, error: String },
     /// Removal is under way.
     Removing { container: String },
@@ -95,11 +134,32 @@ pub enum Phase {
     Removed,
 }
 
+/// A stop under way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stopping {
+    pub why: Why,
+    /// The grace the stop began with.
+    pub grace: Duration,
+    /// When it began (boot clock).
+    pub since: Duration,
+    /// This agent process asked the engine; false for a stop restored from disk, which is
+    /// issued again with what is left of its grace.
+    pub issued: bool,
+}
+
+impl Stopping {
+    /// What is left of the grace at `now`.
+    pub fn grace_left(&self, now: Duration) -> Duration {
+        self.grace.saturating_sub(now.saturating_sub(self.since))
+    }
+}
+
 /// How an attempt ended, as the portal is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptResult {
     pub state: AttemptState,
     pub exit_code: Option<i64>,
+    pub stop: Option<StopReason>,
     pub reason: Option<String>,
 }
 
@@ -109,13 +169,14 @@ pub struct ContainerObs {
     pub job: JobId,
     pub attempt: Attempt,
     pub phase: Phase,
-    /// When its time limit is reached; `None` when none is known (an adopted container
-    /// without the label).
+    /// When its time limit is reached (boot clock); `None` when none is known.
     pub deadline: Option<Duration>,
-    /// Why we asked the container to stop, once we did.
-    pub stopping: Option<String>,
+    /// The stop under way, once there is one.
+    pub stopping: Option<Stopping>,
     /// How it ended, once recorded; from then on it is in every heartbeat.
     pub result: Option<AttemptResult>,
+    /// The result is in `result.json`.
+    pub saved: bool,
     /// The result was sent as an `AttemptEvent`.
     pub reported: bool,
 }
@@ -130,24 +191,26 @@ impl ContainerObs {
             deadline,
             stopping: None,
             result: None,
+            saved: false,
             reported: false,
         }
     }
 
     /// What the portal is told about this attempt in `Hello` and heartbeats.
     pub fn report(&self) -> AttemptReport {
-        let (state, exit_code, reason) = match (&self.result, &self.phase) {
-            (Some(r), _) => (r.state, r.exit_code, r.reason.clone()),
+        let (state, exit_code, stop, reason) = match (&self.result, &self.phase) {
+            (Some(r), _) => (r.state, r.exit_code, r.stop, r.reason.clone()),
             (None, Phase::Creating | Phase::NotCreated { .. }) => {
-                (AttemptState::Starting, None, None)
+                (AttemptState::Starting, None, None, None)
             }
-            (None, _) => (AttemptState::Running, None, None),
+            (None, _) => (AttemptState::Running, None, None, None),
         };
         AttemptReport {
             job: self.job,
             attempt: self.attempt,
             state,
             exit_code,
+            stop,
             reason,
         }
     }
@@ -163,22 +226,23 @@ pub enum Action {
         launch: Arc<Launch>,
         deadline: Duration,
     },
-    /// Follow a container found after a restart (and take on its attempt if the portal
-    /// has not named it yet).
+    /// Follow a container found after a restart.
     Adopt {
         job: JobId,
         attempt: Attempt,
         container: String,
+        running: bool,
     },
-    /// SIGTERM now, SIGKILL after `grace`.
+    /// SIGTERM now, SIGKILL after `grace`; keep `stopping` as the stop under way.
     Stop {
         job: JobId,
         attempt: Attempt,
         container: String,
         grace: Duration,
-        reason: String,
+        stopping: Stopping,
     },
-    /// Keep how the attempt ended, for heartbeats until the portal acknowledges it.
+    /// Keep how the attempt ended (in `result.json`, and in heartbeats until the portal
+    /// acknowledges it).
     Record {
         job: JobId,
         attempt: Attempt,
@@ -196,7 +260,7 @@ pub enum Action {
         attempt: Attempt,
         result: AttemptResult,
     },
-    /// Drop every trace of an acknowledged attempt.
+    /// Drop every trace of an acknowledged attempt, its directory on disk included.
     Forget { job: JobId, attempt: Attempt },
 }
 
@@ -236,20 +300,16 @@ pub fn reconcile(desired: &[Assignment], actual: &[ContainerObs], now: Duration)
 /// An attempt the portal wants that has nothing on this server yet.
 fn not_here(w: &Assignment, now: Duration) -> Option<Action> {
     let (job, attempt) = (w.job, w.attempt);
-    let never = |reason: &str| Action::Record {
+    let never = |why: &Why| Action::Record {
         job,
         attempt,
-        result: AttemptResult {
-            state: AttemptState::Stopped,
-            exit_code: None,
-            reason: Some(reason.to_string()),
-        },
+        result: stopped(None, why),
     };
     if let Some(order) = &w.stop {
-        return Some(never(&order.reason));
+        return Some(never(&order.why));
     }
     if now > w.lease_until {
-        return Some(never(REASON_LEASE));
+        return Some(never(&Why::of(StopReason::LeaseExpired)));
     }
     match &w.launch {
         Some(launch) => Some(Action::Start {
@@ -258,16 +318,9 @@ fn not_here(w: &Assignment, now: Duration) -> Option<Action> {
             launch: launch.clone(),
             deadline: now.saturating_add(Duration::from_secs(launch.spec.time_limit_s)),
         }),
-        // Adopted, but its container is not known here: nothing can bring it back.
-        None => Some(Action::Record {
-            job,
-            attempt,
-            result: AttemptResult {
-                state: AttemptState::Failed,
-                exit_code: None,
-                reason: Some("lost the container".into()),
-            },
-        }),
+        // Restored, but neither its container nor its result is here: nothing can bring
+        // it back; the portal requeues it.
+        None => Some(never(&Why::lost("the container is not on this server"))),
     }
 }
 
@@ -286,48 +339,80 @@ fn here(
             result,
         })
     };
+    let why_ended = |exit_code| match &h.stopping {
+        Some(s) => stopped(exit_code, &s.why),
+        None => match exit_code {
+            Some(code) => AttemptResult {
+                state: AttemptState::Exited,
+                exit_code: Some(code),
+                stop: None,
+                reason: None,
+            },
+            None => stopped(None, &Why::lost("the container vanished")),
+        },
+    };
     let Some(result) = &h.result else {
         return match &h.phase {
-            Phase::Found { container } => Some(Action::Adopt {
+            Phase::Found { container, running } => Some(Action::Adopt {
                 job,
                 attempt,
                 container: container.clone(),
+                running: *running,
             }),
-            Phase::Creating | Phase::Removing { .. } => None,
+            Phase::Creating | Phase::Draining { .. } | Phase::Removing { .. } => None,
             Phase::Running { container } => {
-                if h.stopping.is_some() {
-                    return None;
-                }
-                let (grace, reason) = why_stop(want, h.deadline, now)?;
+                let (grace, stopping) = match &h.stopping {
+                    Some(s) if s.issued => return None,
+                    Some(s) => (
+                        s.grace_left(now),
+                        Stopping {
+                            issued: true,
+                            ..s.clone()
+                        },
+                    ),
+                    None => {
+                        let (grace, why) = why_stop(want, h.deadline, now)?;
+                        let stopping = Stopping {
+                            why,
+                            grace,
+                            since: now,
+                            issued: true,
+                        };
+                        (grace, stopping)
+                    }
+                };
                 Some(Action::Stop {
                     job,
                     attempt,
                     container: container.clone(),
                     grace,
-                    reason,
+                    stopping,
                 })
             }
-            Phase::Ended { exit_code, .. } => record(match &h.stopping {
-                Some(reason) => stopped(Some(*exit_code), reason),
-                None => AttemptResult {
-                    state: AttemptState::Exited,
-                    exit_code: Some(*exit_code),
-                    reason: None,
-                },
-            }),
+            Phase::Ended { exit_code, .. } => record(why_ended(Some(*exit_code))),
             Phase::Lost { error, .. } => record(match &h.stopping {
-                Some(reason) => stopped(None, reason),
-                None => failed(format!("lost the container: {error}")),
+                Some(s) => stopped(None, &s.why),
+                None => stopped(None, &Why::lost(error)),
             }),
-            Phase::NotCreated { error } => record(failed(error.clone())),
-            Phase::Removed => record(failed("lost the container".into())),
+            Phase::NotCreated { error } => record(AttemptResult {
+                state: AttemptState::Failed,
+                exit_code: None,
+                stop: None,
+                reason: Some(error.clone()),
+            }),
+            Phase::Removed => record(why_ended(None)),
         };
     };
+    if !h.saved {
+        // Not on disk yet (the last write failed): nothing moves on until it is.
+        return record(result.clone());
+    }
     match &h.phase {
         Phase::Ended { container, .. }
         | Phase::Lost { container, .. }
         | Phase::Running { container }
-        | Phase::Found { container } => Some(Action::Remove {
+        | Phase::Draining { container }
+        | Phase::Found { container, .. } => Some(Action::Remove {
             job,
             attempt,
             container: container.clone(),
@@ -350,33 +435,26 @@ fn why_stop(
     want: Option<&Assignment>,
     deadline: Option<Duration>,
     now: Duration,
-) -> Option<(Duration, String)> {
+) -> Option<(Duration, Why)> {
     if let Some(w) = want {
         if let Some(order) = &w.stop {
-            return Some((order.grace, order.reason.clone()));
+            return Some((order.grace, order.why.clone()));
         }
         if now > w.lease_until {
-            return Some((ENFORCE_GRACE, REASON_LEASE.into()));
+            return Some((ENFORCE_GRACE, Why::of(StopReason::LeaseExpired)));
         }
     }
     match deadline {
-        Some(d) if now >= d => Some((ENFORCE_GRACE, REASON_TIME_LIMIT.into())),
+        Some(d) if now >= d => Some((ENFORCE_GRACE, Why::of(StopReason::TimeLimit))),
         _ => None,
     }
 }
 
-fn stopped(exit_code: Option<i64>, reason: &str) -> AttemptResult {
+fn stopped(exit_code: Option<i64>, why: &Why) -> AttemptResult {
     AttemptResult {
         state: AttemptState::Stopped,
         exit_code,
-        reason: Some(reason.to_string()),
-    }
-}
-
-fn failed(reason: String) -> AttemptResult {
-    AttemptResult {
-        state: AttemptState::Failed,
-        exit_code: None,
-        reason: Some(reason),
+        stop: Some(why.reason),
+        reason: Some(why.text.clone()),
     }
 }

@@ -1,26 +1,31 @@
 //! The agent's side of the protocol: enrolment, then one outbound WebSocket to the portal,
 //! re-dialled with capped exponential back-off for as long as the agent runs.
 //!
-//! Each connection starts with `Hello` (inventory and every attempt the agent knows); then
-//! the agent sends heartbeats and attempt events and obeys `Start`, `Stop` and `Renew`.
-//! A `Stop` for an attempt the agent does not know is answered with a report that it is
-//! stopped, per the protocol's one rule.
+//! Each connection starts with `Hello` (protocol version, this process's session, inventory
+//! and every attempt the agent knows); then the agent sends heartbeats and attempt events
+//! and obeys `Start`, `Stop` and `Renew`. `Hello` and heartbeats are numbered (`seq`) by the
+//! executor, which remembers when it sent each: the leases in `Start` and `Renew` count from
+//! there. A `Stop` for an attempt the agent does not know is answered with a report that it
+//! is stopped, per the protocol's one rule. A portal that refuses this agent's protocol
+//! version says so in its close frame, which is logged as an error.
 
-use crate::executor::Executor;
+use crate::executor::{Admission, Executor};
 use crate::gpu::{self, GpuSource};
+use crate::guard;
 use crate::runtime::{AssignedGpu, DockerRuntime};
 use crate::state::{self, NodeCredential};
+use crate::store::Store;
 use crate::AgentConfig;
 use anyhow::{bail, Context};
 use commons_proto::*;
 use futures_util::{SinkExt, StreamExt};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest, Message};
 
 const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
-/// Lease assumed for re-adopted attempts until the portal renews them.
-const ADOPT_LEASE_S: i64 = 120;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
@@ -34,19 +39,31 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let runtime = DockerRuntime::connect(cred.agent_id.clone())
         .await
         .context("cannot reach the Docker Engine (is it running, and may this user use it?)")?;
+    let program = guard::default_program();
+    if program.is_none() {
+        tracing::warn!(
+            "no commons-agent executable found to run attempt guards (set {}): leases and \
+             time limits are not enforced while the agent is down",
+            guard::GUARD_EXE_ENV
+        );
+    }
+    let store = Store::new(&config.state_dir).with_guard(program);
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let exec = Executor::new(runtime, tx);
-    exec.adopt(ADOPT_LEASE_S).await?;
+    let exec = Executor::new(runtime, tx, store);
+    exec.adopt().await?;
 
     let mut backoff = Duration::from_secs(1);
     loop {
         let started = std::time::Instant::now();
         match connect_once(&config, &cred, &*gpus, &inventory, &exec, &mut rx).await {
-            Ok(()) => tracing::warn!("portal closed the connection"),
+            Ok(()) => {}
             Err(e) if is_unauthorized(&e) => {
                 bail!("the portal refused this node's credential (revoked?); enrol again with a new token")
             }
-            Err(e) => tracing::warn!("connection to the portal failed: {e:#}"),
+            Err(e) => match refusal(&e) {
+                Some(why) => tracing::error!("the portal refused the connection: {why}"),
+                None => tracing::warn!("connection to the portal failed: {e:#}"),
+            },
         }
         if started.elapsed() > MAX_BACKOFF {
             backoff = Duration::from_secs(1);
@@ -63,6 +80,53 @@ fn is_unauthorized(e: &anyhow::Error) -> bool {
         e.downcast_ref::<tungstenite::Error>(),
         Some(tungstenite::Error::Http(r)) if r.status() == 401 || r.status() == 403
     )
+}
+
+/// The portal's words when it refused the WebSocket upgrade with a client error (e.g. a
+/// protocol it does not speak).
+fn refusal(e: &anyhow::Error) -> Option<String> {
+    let Some(tungstenite::Error::Http(r)) = e.downcast_ref::<tungstenite::Error>() else {
+        return None;
+    };
+    if !r.status().is_client_error() {
+        return None;
+    }
+    let body = r
+        .body()
+        .as_deref()
+        .map(String::from_utf8_lossy)
+        .unwrap_or_default();
+    Some(format!("{} {}", r.status(), body.trim()))
+}
+
+/// Whether a close code means the portal refused this agent (its protocol version, or a
+/// message it could not accept), rather than going away.
+fn is_protocol_refusal(code: CloseCode) -> bool {
+    matches!(
+        code,
+        CloseCode::Policy | CloseCode::Protocol | CloseCode::Unsupported | CloseCode::Invalid
+    )
+}
+
+/// Logs why the portal closed the connection; a protocol refusal is an error that needs an
+/// operator (the agent keeps retrying, in case the portal is upgraded).
+fn log_close(frame: Option<&CloseFrame>) {
+    match frame {
+        Some(f) if is_protocol_refusal(f.code) => {
+            tracing::error!(
+                code = u16::from(f.code),
+                "the portal refused this agent (protocol v{PROTOCOL_VERSION}): {}; install the \
+                 agent that matches the portal",
+                f.reason
+            );
+        }
+        Some(f) => tracing::warn!(
+            code = u16::from(f.code),
+            "the portal closed the connection: {}",
+            f.reason
+        ),
+        None => tracing::warn!("the portal closed the connection"),
+    }
 }
 
 async fn enrol(config: &AgentConfig) -> anyhow::Result<NodeCredential> {
@@ -132,13 +196,9 @@ async fn connect_once(
     let send = |m: &AgentMsg| -> Result<Message, serde_json::Error> {
         Ok(Message::text(serde_json::to_string(m)?))
     };
-    sink.send(send(&AgentMsg::Hello {
-        agent_version: AGENT_VERSION.into(),
-        protocol: PROTOCOL_VERSION,
-        gpus: inventory.to_vec(),
-        attempts: exec.reports(),
-    })?)
-    .await?;
+    // Numbered and timed as late as possible: leases count from this moment.
+    sink.send(send(&exec.hello(AGENT_VERSION, inventory.to_vec()))?)
+        .await?;
     tracing::info!("connected to {}", config.portal);
 
     // Leases and time limits need no tick here: the executor checks them every second,
@@ -147,7 +207,10 @@ async fn connect_once(
     loop {
         tokio::select! {
             msg = stream.next() => {
-                let Some(msg) = msg else { return Ok(()) };
+                let Some(msg) = msg else {
+                    log_close(None);
+                    return Ok(());
+                };
                 match msg? {
                     Message::Text(text) => {
                         let msg: PortalMsg = match serde_json::from_str(&text) {
@@ -161,7 +224,10 @@ async fn connect_once(
                             heartbeat = tokio::time::interval(period);
                         }
                     }
-                    Message::Close(_) => return Ok(()),
+                    Message::Close(frame) => {
+                        log_close(frame.as_ref());
+                        return Ok(());
+                    }
                     _ => {}
                 }
             }
@@ -174,7 +240,7 @@ async fn connect_once(
                         Vec::new()
                     }
                 };
-                sink.send(send(&AgentMsg::Heartbeat { gpu_stats, attempts: exec.reports() })?).await?;
+                sink.send(send(&exec.heartbeat(gpu_stats))?).await?;
             }
         }
     }
@@ -196,7 +262,7 @@ fn handle(msg: PortalMsg, exec: &Executor, inventory: &[GpuInfo]) -> Option<Dura
             attempt,
             spec,
             gpus,
-            lease_until,
+            lease,
         } => {
             let assigned = gpus
                 .iter()
@@ -209,24 +275,32 @@ fn handle(msg: PortalMsg, exec: &Executor, inventory: &[GpuInfo]) -> Option<Dura
                 })
                 .collect();
             tracing::info!(job, attempt, image = %spec.image, "start");
-            exec.start(job, attempt, spec, assigned, lease_until);
+            match exec.start(job, attempt, spec, assigned, lease) {
+                Admission::Accepted | Admission::Duplicate => {}
+                Admission::LeaseUnknown => tracing::warn!(
+                    job,
+                    attempt,
+                    session = lease.session,
+                    seq = lease.seq,
+                    "not starting: the lease names a session or message this agent does not \
+                     know, so it grants nothing (the portal sends the attempt again)"
+                ),
+            }
         }
         PortalMsg::Stop {
             job,
             attempt,
             grace_s,
             reason,
+            detail,
         } => {
-            tracing::info!(job, attempt, %reason, "stop");
-            if !exec.stop(job, attempt, grace_s, reason) {
+            tracing::info!(job, attempt, %reason, grace_s, detail = detail.as_deref().unwrap_or(""), "stop");
+            if !exec.stop(job, attempt, grace_s, reason, detail.as_deref()) {
                 // Not ours (any more): say so, so the portal can settle it.
-                exec.report_unknown(job, attempt);
+                exec.report_unknown(job, attempt, reason);
             }
         }
-        PortalMsg::Renew {
-            lease_until,
-            attempts,
-        } => exec.renew(lease_until, &attempts),
+        PortalMsg::Renew { lease, attempts } => exec.renew(lease, &attempts),
     }
     None
 }
@@ -234,6 +308,17 @@ fn handle(msg: PortalMsg, exec: &Executor, inventory: &[GpuInfo]) -> Option<Dura
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_or_protocol_close_is_a_refusal_a_restart_is_not() {
+        assert!(
+            is_protocol_refusal(CloseCode::Policy),
+            "the portal's version check"
+        );
+        assert!(is_protocol_refusal(CloseCode::Protocol));
+        assert!(!is_protocol_refusal(CloseCode::Away), "a portal restart");
+        assert!(!is_protocol_refusal(CloseCode::Normal));
+    }
 
     #[test]
     fn websocket_url_follows_the_scheme() {

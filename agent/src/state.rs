@@ -1,4 +1,5 @@
-//! The agent's state dir: its node credential and the fake-GPU overrides.
+//! The agent's state dir: its node credential and the fake-GPU overrides (the attempts'
+//! files are `store`'s).
 //!
 //! The credential file is written once, at enrolment, with mode 0600; started again with
 //! the same state dir, the agent needs no enrolment token.
@@ -15,6 +16,11 @@ const FAKE_FILE: &str = "fake-gpus.json";
 pub enum StateError {
     #[error("{} is damaged ({source}); remove it and enrol again", path.display())]
     Damaged {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{} is damaged ({source})", path.display())]
+    Unreadable {
         path: PathBuf,
         source: serde_json::Error,
     },

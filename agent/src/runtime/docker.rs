@@ -7,8 +7,8 @@
 //! Images are never pulled: a missing image is an error the job's owner sees.
 
 use super::{
-    container_name, AssignedGpu, ContainerRuntime, FoundContainer, RuntimeError, LABEL_AGENT,
-    LABEL_DEADLINE,
+    container_name, AssignedGpu, ContainerRuntime, ContainerStatus, FoundContainer, RuntimeError,
+    LABEL_AGENT,
 };
 use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
 use bollard::query_parameters::{
@@ -32,7 +32,6 @@ pub fn container_body(
     attempt: Attempt,
     spec: &JobSpec,
     gpus: &[AssignedGpu],
-    deadline: i64,
 ) -> ContainerCreateBody {
     let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
     let visible = if uuids.is_empty() {
@@ -68,7 +67,6 @@ pub fn container_body(
         (LABEL_ATTEMPT.to_string(), attempt.to_string()),
         (LABEL_AGENT.to_string(), agent_id.to_string()),
         ("commons.user".to_string(), spec.user.clone()),
-        (LABEL_DEADLINE.to_string(), deadline.to_string()),
     ]);
     let memory = (spec.memory_mb as i64).saturating_mul(1024 * 1024);
     // The engine refuses a CPU limit above the host's CPUs; such a job gets all of them.
@@ -119,12 +117,14 @@ impl DockerRuntime {
 }
 
 /// Whole seconds for the engine's APIs, saturating instead of wrapping.
-fn whole_secs_i64(d: Duration) -> i64 {
-    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
-}
-
 fn whole_secs_i32(d: Duration) -> i32 {
     i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
+}
+
+/// A grace in the engine's whole seconds, rounded up: never less than promised.
+fn grace_secs_i32(d: Duration) -> i32 {
+    let up = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(up).unwrap_or(i32::MAX)
 }
 
 impl ContainerRuntime for DockerRuntime {
@@ -134,7 +134,6 @@ impl ContainerRuntime for DockerRuntime {
         attempt: Attempt,
         spec: &JobSpec,
         gpus: &[AssignedGpu],
-        deadline: Duration,
     ) -> Result<String, RuntimeError> {
         match self.docker.inspect_image(&spec.image).await {
             Ok(_) => {}
@@ -155,14 +154,7 @@ impl ContainerRuntime for DockerRuntime {
                 }),
             )
             .await;
-        let body = container_body(
-            &self.agent_id,
-            job,
-            attempt,
-            spec,
-            gpus,
-            whole_secs_i64(deadline),
-        );
+        let body = container_body(&self.agent_id, job, attempt, spec, gpus);
         let created = self
             .docker
             .create_container(
@@ -201,6 +193,26 @@ impl ContainerRuntime for DockerRuntime {
         Ok(info.state.and_then(|s| s.exit_code).unwrap_or(-1))
     }
 
+    async fn inspect(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
+        match self.docker.inspect_container(id, None).await {
+            Ok(info) => {
+                let state = info.state.unwrap_or_default();
+                let live = [state.running, state.paused, state.restarting]
+                    .into_iter()
+                    .any(|b| b == Some(true));
+                Ok(if live {
+                    ContainerStatus::Running
+                } else {
+                    ContainerStatus::Exited(state.exit_code.unwrap_or(-1))
+                })
+            }
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(ContainerStatus::Gone),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn logs(
         &self,
         id: &str,
@@ -226,7 +238,7 @@ impl ContainerRuntime for DockerRuntime {
             .stop_container(
                 id,
                 Some(StopContainerOptions {
-                    t: Some(whole_secs_i32(grace)),
+                    t: Some(grace_secs_i32(grace)),
                     ..Default::default()
                 }),
             )
@@ -283,10 +295,6 @@ impl ContainerRuntime for DockerRuntime {
                     id: c.id?,
                     job: labels.get(LABEL_JOB)?.parse().ok()?,
                     attempt: labels.get(LABEL_ATTEMPT)?.parse().ok()?,
-                    deadline: labels
-                        .get(LABEL_DEADLINE)
-                        .and_then(|d| d.parse::<u64>().ok())
-                        .map(Duration::from_secs),
                     running: matches!(
                         c.state,
                         Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
@@ -351,13 +359,12 @@ mod tests {
                 fake: false,
             },
         ];
-        let body = container_body("ag", 42, 2, &spec(), &gpus, 1000);
+        let body = container_body("ag", 42, 2, &spec(), &gpus);
         assert_eq!(body.user.as_deref(), Some(JOB_USER));
         let labels = body.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_JOB], "42");
         assert_eq!(labels[LABEL_ATTEMPT], "2");
         assert_eq!(labels[LABEL_AGENT], "ag");
-        assert_eq!(labels[LABEL_DEADLINE], "1000");
         let hc = body.host_config.as_ref().unwrap();
         assert_eq!(hc.cap_drop.as_deref(), Some(&["ALL".to_string()][..]));
         assert_eq!(hc.privileged, Some(false));
@@ -379,12 +386,19 @@ mod tests {
     }
 
     #[test]
+    fn a_grace_is_rounded_up_to_whole_seconds() {
+        assert_eq!(grace_secs_i32(Duration::from_secs(30)), 30);
+        assert_eq!(grace_secs_i32(Duration::from_millis(9_001)), 10);
+        assert_eq!(grace_secs_i32(Duration::ZERO), 0);
+    }
+
+    #[test]
     fn fake_gpus_get_no_device_request() {
         let gpus = [AssignedGpu {
             uuid: "GPU-fake-00-A100-80GB".into(),
             fake: true,
         }];
-        let body = container_body("ag", 1, 1, &spec(), &gpus, 1000);
+        let body = container_body("ag", 1, 1, &spec(), &gpus);
         assert!(body.host_config.unwrap().device_requests.is_none());
         assert!(body
             .env

@@ -8,11 +8,13 @@
 //! - A container is labelled with its job, attempt and agent ([`LABEL_AGENT`]), and
 //!   [`ContainerRuntime::list`] finds exactly this agent's containers by those labels, so
 //!   agents that share one engine never touch each other's containers.
-//! - The time limit's deadline is stored with the container ([`LABEL_DEADLINE`]), so it
-//!   survives agent restarts.
+//! - Deadlines are not the runtime's business: they live on the boot clock in the attempt's
+//!   `lease.json` (see `store`), which outlives the agent as well as any label would.
 //! - [`ContainerRuntime::stop`] and [`ContainerRuntime::remove`] succeed on a container
 //!   that is already stopped or gone: they are retried after restarts and races.
 //! - Images are never pulled: a missing image is [`RuntimeError::ImageMissing`].
+//! - [`ContainerRuntime::wait`] may fail while the container still runs (the engine
+//!   restarted, the connection broke): [`ContainerRuntime::inspect`] tells the two apart.
 
 pub mod docker;
 
@@ -27,8 +29,6 @@ use thiserror::Error;
 
 /// Label that marks a container as this agent's (see `state::NodeCredential::agent_id`).
 pub const LABEL_AGENT: &str = "commons.agent";
-/// Unix second after which the attempt's time limit is reached (survives agent restarts).
-pub const LABEL_DEADLINE: &str = "commons.deadline";
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {
@@ -36,6 +36,8 @@ pub enum RuntimeError {
     ImageMissing(String),
     #[error("no such container {0}")]
     NoSuchContainer(String),
+    #[error("container engine: {0}")]
+    Engine(String),
     #[error("Docker Engine: {0}")]
     Docker(#[from] bollard::errors::Error),
 }
@@ -55,8 +57,17 @@ pub struct FoundContainer {
     pub job: JobId,
     pub attempt: Attempt,
     pub running: bool,
-    /// When the attempt's time limit is reached, as time since the Unix epoch.
-    pub deadline: Option<Duration>,
+}
+
+/// What the engine says of a container now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerStatus {
+    /// Running (or paused, or restarting): not ended.
+    Running,
+    /// Ended with this exit code.
+    Exited(i64),
+    /// The engine has no such container.
+    Gone,
 }
 
 /// The container's name: unique per agent and attempt, so a retried create finds the
@@ -65,8 +76,7 @@ pub fn container_name(agent_id: &str, job: JobId, attempt: Attempt) -> String {
     format!("commons-{agent_id}-job{job}-a{attempt}")
 }
 
-/// What the executor needs from a container engine. Times are durations since the Unix
-/// epoch (the engine's labels and log filters are wall-clock).
+/// What the executor needs from a container engine.
 pub trait ContainerRuntime: Send + Sync + 'static {
     /// Creates and starts the container of one attempt; returns its id. A leftover of the
     /// same attempt is replaced; a container that cannot start is removed again.
@@ -76,14 +86,20 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         attempt: Attempt,
         spec: &JobSpec,
         gpus: &[AssignedGpu],
-        deadline: Duration,
     ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
 
     /// Every container of this agent, running or not, in (job, attempt) order.
     fn list(&self) -> impl Future<Output = Result<Vec<FoundContainer>, RuntimeError>> + Send;
 
-    /// Waits until the container stops; returns its exit code.
+    /// Waits until the container stops; returns its exit code. An error says nothing about
+    /// the container: ask [`ContainerRuntime::inspect`].
     fn wait(&self, id: &str) -> impl Future<Output = Result<i64, RuntimeError>> + Send;
+
+    /// Whether the container runs, ended (with its code) or is gone.
+    fn inspect(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<ContainerStatus, RuntimeError>> + Send;
 
     /// Sends SIGTERM, then SIGKILL after `grace`. Already stopped or gone is success.
     fn stop(
@@ -95,8 +111,9 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Removes the container, running or not. Already gone is success.
     fn remove(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
-    /// stdout and stderr, interleaved, followed until the container ends; from `since`
-    /// (`None`: from the beginning).
+    /// stdout and stderr, interleaved, followed until the container ends; from `since`, a
+    /// wall-clock time since the Unix epoch as the engine's filter wants (`None`: from the
+    /// beginning).
     fn logs(
         &self,
         id: &str,

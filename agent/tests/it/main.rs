@@ -1,14 +1,21 @@
-//! The agent's one integration-test binary. Here: the executor against the real Docker
-//! Engine (time limits, stops, reports); [`reconcile`] has the pure decision's table tests
-//! and [`fake_runtime`] drives the executor through an in-memory runtime.
+//! The agent's one integration-test binary. [`reconcile`] has the pure decision's table
+//! tests; [`fake_runtime`] is an in-memory runtime that [`executor`] and [`restart`] drive
+//! the executor through; [`docker`] runs the executor against the real Docker Engine, and
+//! [`guard`] checks the per-attempt guard process there while the agent is down.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod docker;
+mod executor;
 mod fake_runtime;
+mod guard;
 mod reconcile;
+mod restart;
 
 use commons_agent::executor::Executor;
-use commons_agent::runtime::{AssignedGpu, ContainerRuntime, DockerRuntime};
-use commons_proto::{AgentMsg, AttemptState, JobSpec};
+use commons_agent::runtime::DockerRuntime;
+use commons_agent::store::Store;
+use commons_proto::{AgentMsg, AttemptState, JobSpec, Lease, StopReason};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -45,28 +52,54 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
     }
 }
 
-async fn executor() -> (Executor, mpsc::UnboundedReceiver<AgentMsg>, DockerRuntime) {
+/// This crate's `commons-agent` executable, run as the attempts' guard.
+fn guard_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_commons-agent"))
+}
+
+/// A fresh agent id: agents sharing the engine never touch each other's containers.
+fn new_agent_id() -> String {
+    format!("test{:016x}", rand::random::<u64>())
+}
+
+/// One agent process over the real engine: agent id `id`, state dir `dir`, with guards.
+async fn docker_agent(
+    id: &str,
+    dir: &Path,
+) -> (Executor, mpsc::UnboundedReceiver<AgentMsg>, DockerRuntime) {
     demo_image();
-    let id = format!("test{:012x}", rand_id());
-    let rt = DockerRuntime::connect(id)
+    let rt = DockerRuntime::connect(id.to_string())
         .await
         .expect("the Docker Engine must run");
     let (tx, rx) = mpsc::unbounded_channel();
-    (Executor::new(rt.clone(), tx), rx, rt)
+    let store = Store::new(dir).with_guard(Some(guard_exe()));
+    (Executor::new(rt.clone(), tx, store), rx, rt)
 }
 
-fn rand_id() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        ^ (std::process::id() as u64) << 32
+/// The agent says `Hello`; the portal answers with a lease counted from it.
+fn lease_from_hello(exec: &Executor, valid_for_s: u64) -> Lease {
+    let AgentMsg::Hello { session, seq, .. } = exec.hello("test", vec![]) else {
+        unreachable!()
+    };
+    Lease {
+        session,
+        seq,
+        valid_for_s,
+    }
+}
+
+/// The final event of an attempt, with the output collected on the way.
+#[derive(Debug)]
+struct Final {
+    state: AttemptState,
+    exit_code: Option<i64>,
+    stop: Option<StopReason>,
+    reason: Option<String>,
+    logs: String,
 }
 
 /// Waits for the final event of an attempt, collecting its output.
-async fn final_event(
-    rx: &mut mpsc::UnboundedReceiver<AgentMsg>,
-) -> (AttemptState, Option<i64>, Option<String>, String) {
+async fn final_event(rx: &mut mpsc::UnboundedReceiver<AgentMsg>) -> Final {
     let mut logs = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -79,105 +112,19 @@ async fn final_event(
             AgentMsg::AttemptEvent {
                 state,
                 exit_code,
+                stop,
                 reason,
                 ..
-            } if state.is_final() => return (state, exit_code, reason, logs),
+            } if state.is_final() => {
+                return Final {
+                    state,
+                    exit_code,
+                    stop,
+                    reason,
+                    logs,
+                }
+            }
             _ => {}
         }
     }
-}
-
-fn far_lease() -> i64 {
-    chrono::Utc::now().timestamp() + 3600
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exit_code_and_output_come_back_and_the_container_goes() {
-    let (exec, mut rx, rt) = executor().await;
-    exec.start(
-        1,
-        1,
-        spec("echo out; echo err >&2; exit 7", 60),
-        vec![],
-        far_lease(),
-    );
-    let (state, code, _, logs) = final_event(&mut rx).await;
-    assert_eq!((state, code), (AttemptState::Exited, Some(7)));
-    assert!(logs.contains("out") && logs.contains("err"), "{logs:?}");
-    assert!(
-        rt.list().await.unwrap().is_empty(),
-        "the container is removed"
-    );
-    let reports = exec.reports();
-    assert_eq!(
-        reports[0].exit_code,
-        Some(7),
-        "the final state is repeated in heartbeats"
-    );
-    exec.renew(far_lease(), &[]);
-    assert!(
-        exec.reports().is_empty(),
-        "forgotten once the portal stops renewing it"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_time_limit_is_enforced() {
-    let (exec, mut rx, _rt) = executor().await;
-    let started = std::time::Instant::now();
-    exec.start(2, 1, spec("sleep 120", 2), vec![], far_lease());
-    let (state, _, reason, _) = final_event(&mut rx).await;
-    assert_eq!(state, AttemptState::Stopped);
-    assert_eq!(reason.as_deref(), Some("time limit reached"));
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "{:?}",
-        started.elapsed()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stop_uses_the_grace_period_and_an_expired_lease_stops_the_job() {
-    let (exec, mut rx, _rt) = executor().await;
-    // The job traps SIGTERM and writes a last word: the grace period lets it.
-    exec.start(
-        3,
-        1,
-        spec(
-            "trap 'echo checkpointing; exit 0' TERM; while true; do sleep 0.2; done",
-            600,
-        ),
-        vec![],
-        far_lease(),
-    );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(exec.stop(3, 1, 5, "preempted: owner needs the GPU".into()));
-    let (state, _, reason, logs) = final_event(&mut rx).await;
-    assert_eq!(state, AttemptState::Stopped);
-    assert_eq!(reason.as_deref(), Some("preempted: owner needs the GPU"));
-    assert!(
-        logs.contains("checkpointing"),
-        "SIGTERM first, within the grace: {logs:?}"
-    );
-    assert!(
-        !exec.stop(99, 1, 5, "x".into()),
-        "an unknown attempt is not ours"
-    );
-
-    let lease = chrono::Utc::now().timestamp() + 1;
-    exec.start(
-        4,
-        1,
-        spec("sleep 120", 600),
-        vec![AssignedGpu {
-            uuid: "GPU-fake-00".into(),
-            fake: true,
-        }],
-        lease,
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    exec.expire_leases(chrono::Utc::now().timestamp());
-    let (state, _, reason, _) = final_event(&mut rx).await;
-    assert_eq!(state, AttemptState::Stopped);
-    assert!(reason.unwrap().starts_with("lease expired"));
 }

@@ -2,15 +2,15 @@
 //! step expected next; then the properties that hold across rows (order, one step each).
 
 use commons_agent::reconcile::{
-    reconcile, Action, Assignment, AttemptResult, ContainerObs, Launch, Phase, StopOrder,
-    ENFORCE_GRACE, REASON_LEASE, REASON_TIME_LIMIT,
+    reconcile, Action, Assignment, AttemptResult, ContainerObs, Launch, Phase, StopOrder, Stopping,
+    Why, ENFORCE_GRACE,
 };
-use commons_proto::{AttemptState, JobSpec};
+use commons_proto::{AttemptState, JobSpec, StopReason};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// "Now" in every row.
-const NOW: Duration = Duration::from_secs(1_700_000_000);
+/// "Now" in every row: boot-clock time (a day after boot).
+const NOW: Duration = Duration::from_secs(86_400);
 const LIMIT_S: u64 = 60;
 
 fn secs(s: u64) -> Duration {
@@ -44,12 +44,28 @@ fn want(job: i64) -> Assignment {
     }
 }
 
-fn ordered(mut w: Assignment, grace_s: u64, reason: &str) -> Assignment {
+fn ordered(mut w: Assignment, grace_s: u64, why: Why) -> Assignment {
     w.stop = Some(StopOrder {
         grace: secs(grace_s),
-        reason: reason.into(),
+        why,
     });
     w
+}
+
+fn cancelled() -> Why {
+    Why::ordered(StopReason::Cancelled, None)
+}
+
+fn preempted() -> Why {
+    Why::ordered(StopReason::Preempted, Some("the owner lab needs its GPUs"))
+}
+
+fn lease_why() -> Why {
+    Why::of(StopReason::LeaseExpired)
+}
+
+fn limit_why() -> Why {
+    Why::of(StopReason::TimeLimit)
 }
 
 fn lease(mut w: Assignment, until: Duration) -> Assignment {
@@ -90,8 +106,25 @@ fn ended(job: i64, code: i64) -> ContainerObs {
     )
 }
 
-fn stopping(mut h: ContainerObs, reason: &str) -> ContainerObs {
-    h.stopping = Some(reason.into());
+/// Being stopped by this agent since `NOW - 1 s`, with `grace_s`.
+fn stopping(mut h: ContainerObs, why: Why, grace_s: u64) -> ContainerObs {
+    h.stopping = Some(Stopping {
+        why,
+        grace: secs(grace_s),
+        since: NOW - secs(1),
+        issued: true,
+    });
+    h
+}
+
+/// A stop an earlier agent began `ago_s` seconds ago (restored from disk, not issued).
+fn restored_stop(mut h: ContainerObs, why: Why, grace_s: u64, ago_s: u64) -> ContainerObs {
+    h.stopping = Some(Stopping {
+        why,
+        grace: secs(grace_s),
+        since: NOW - secs(ago_s),
+        issued: false,
+    });
     h
 }
 
@@ -100,8 +133,15 @@ fn deadline(mut h: ContainerObs, at: Option<Duration>) -> ContainerObs {
     h
 }
 
+/// Recorded and saved in `result.json`.
 fn recorded(mut h: ContainerObs, r: AttemptResult) -> ContainerObs {
     h.result = Some(r);
+    h.saved = true;
+    h
+}
+
+fn unsaved(mut h: ContainerObs) -> ContainerObs {
+    h.saved = false;
     h
 }
 
@@ -110,25 +150,81 @@ fn reported(mut h: ContainerObs) -> ContainerObs {
     h
 }
 
-fn result(state: AttemptState, exit_code: Option<i64>, reason: Option<&str>) -> AttemptResult {
+fn exited(code: i64) -> AttemptResult {
     AttemptResult {
-        state,
-        exit_code,
-        reason: reason.map(String::from),
+        state: AttemptState::Exited,
+        exit_code: Some(code),
+        stop: None,
+        reason: None,
     }
 }
 
-fn exited(code: i64) -> AttemptResult {
-    result(AttemptState::Exited, Some(code), None)
+fn stopped(exit_code: Option<i64>, why: Why) -> AttemptResult {
+    AttemptResult {
+        state: AttemptState::Stopped,
+        exit_code,
+        stop: Some(why.reason),
+        reason: Some(why.text),
+    }
 }
 
-fn stop(job: i64, grace: Duration, reason: &str) -> Action {
+fn failed(reason: &str) -> AttemptResult {
+    AttemptResult {
+        state: AttemptState::Failed,
+        exit_code: None,
+        stop: None,
+        reason: Some(reason.into()),
+    }
+}
+
+/// A fresh stop, now, with `grace`.
+fn stop(job: i64, grace: Duration, why: Why) -> Action {
     Action::Stop {
         job,
         attempt: 1,
         container: c("c1"),
         grace,
-        reason: reason.into(),
+        stopping: Stopping {
+            why,
+            grace,
+            since: NOW,
+            issued: true,
+        },
+    }
+}
+
+/// A stop re-issued with `left` of the `grace` an earlier agent began `ago_s` seconds ago.
+fn restop(job: i64, left: Duration, why: Why, grace_s: u64, ago_s: u64) -> Action {
+    Action::Stop {
+        job,
+        attempt: 1,
+        container: c("c1"),
+        grace: left,
+        stopping: Stopping {
+            why,
+            grace: secs(grace_s),
+            since: NOW - secs(ago_s),
+            issued: true,
+        },
+    }
+}
+
+fn found(job: i64, running: bool) -> ContainerObs {
+    have(
+        job,
+        Phase::Found {
+            container: c("c1"),
+            running,
+        },
+    )
+}
+
+fn adopt(job: i64, running: bool) -> Action {
+    Action::Adopt {
+        job,
+        attempt: 1,
+        container: c("c1"),
+        running,
     }
 }
 
@@ -162,7 +258,6 @@ fn row(
 }
 
 fn rows() -> Vec<Row> {
-    use AttemptState::*;
     vec![
         row("nothing wanted, nothing here", vec![], vec![], vec![]),
         row(
@@ -177,26 +272,29 @@ fn rows() -> Vec<Row> {
             }],
         ),
         row(
-            "an attempt stopped before it started never starts",
-            vec![ordered(want(1), 30, "cancelled")],
+            "an attempt stopped before it started never starts, and says why as the portal did",
+            vec![ordered(want(1), 30, cancelled())],
             vec![],
-            vec![record(1, result(Stopped, None, Some("cancelled")))],
+            vec![record(1, stopped(None, cancelled()))],
         ),
         row(
             "an attempt whose lease ran out before it started never starts",
             vec![lease(want(1), NOW - secs(1))],
             vec![],
-            vec![record(1, result(Stopped, None, Some(REASON_LEASE)))],
+            vec![record(1, stopped(None, lease_why()))],
         ),
         row(
-            "an adopted attempt whose container is unknown is lost",
+            "a restored attempt with neither container nor result is lost (requeued), not failed",
             vec![adopted(want(1))],
             vec![],
-            vec![record(1, result(Failed, None, Some("lost the container")))],
+            vec![record(
+                1,
+                stopped(None, Why::lost("the container is not on this server")),
+            )],
         ),
         row(
             "a container being created is left alone, even when asked to stop",
-            vec![ordered(want(1), 30, "cancelled")],
+            vec![ordered(want(1), 30, cancelled())],
             vec![have(1, Phase::Creating)],
             vec![],
         ),
@@ -207,22 +305,22 @@ fn rows() -> Vec<Row> {
             vec![],
         ),
         row(
-            "the portal's stop uses the portal's grace and reason",
-            vec![ordered(want(1), 30, "preempted: owner needs the GPU")],
+            "the portal's stop uses the portal's grace, reason and detail",
+            vec![ordered(want(1), 30, preempted())],
             vec![running(1)],
-            vec![stop(1, secs(30), "preempted: owner needs the GPU")],
+            vec![stop(1, secs(30), preempted())],
         ),
         row(
             "a container is stopped once: a second reason changes nothing",
-            vec![ordered(want(1), 30, "cancelled")],
-            vec![stopping(running(1), REASON_TIME_LIMIT)],
+            vec![ordered(want(1), 30, cancelled())],
+            vec![stopping(running(1), limit_why(), 10)],
             vec![],
         ),
         row(
             "a lease that ran out stops the container with the enforcement grace",
             vec![lease(want(1), NOW - secs(1))],
             vec![running(1)],
-            vec![stop(1, ENFORCE_GRACE, REASON_LEASE)],
+            vec![stop(1, ENFORCE_GRACE, lease_why())],
         ),
         row(
             "a lease that ends right now has not run out",
@@ -231,16 +329,22 @@ fn rows() -> Vec<Row> {
             vec![],
         ),
         row(
+            "a restored attempt without a lease on disk (lease zero) is stopped as lease-expired",
+            vec![lease(adopted(want(1)), Duration::ZERO)],
+            vec![deadline(running(1), None)],
+            vec![stop(1, ENFORCE_GRACE, lease_why())],
+        ),
+        row(
             "a passed time limit stops the container",
             vec![want(1)],
             vec![deadline(running(1), Some(NOW - secs(1)))],
-            vec![stop(1, ENFORCE_GRACE, REASON_TIME_LIMIT)],
+            vec![stop(1, ENFORCE_GRACE, limit_why())],
         ),
         row(
             "the time limit is reached at the deadline itself",
             vec![want(1)],
             vec![deadline(running(1), Some(NOW))],
-            vec![stop(1, ENFORCE_GRACE, REASON_TIME_LIMIT)],
+            vec![stop(1, ENFORCE_GRACE, limit_why())],
         ),
         row(
             "no known deadline, no time limit",
@@ -250,38 +354,54 @@ fn rows() -> Vec<Row> {
         ),
         row(
             "the portal's order wins over an expired lease and a passed limit",
-            vec![lease(ordered(want(1), 5, "cancelled"), NOW - secs(1))],
+            vec![lease(ordered(want(1), 5, cancelled()), NOW - secs(1))],
             vec![deadline(running(1), Some(NOW - secs(1)))],
-            vec![stop(1, secs(5), "cancelled")],
+            vec![stop(1, secs(5), cancelled())],
         ),
         row(
             "an expired lease wins over a passed limit",
             vec![lease(want(1), NOW - secs(1))],
             vec![deadline(running(1), Some(NOW - secs(1)))],
-            vec![stop(1, ENFORCE_GRACE, REASON_LEASE)],
+            vec![stop(1, ENFORCE_GRACE, lease_why())],
         ),
         row(
-            "a container found after a restart is adopted",
-            vec![],
-            vec![have(1, Phase::Found { container: c("c1") })],
-            vec![Action::Adopt {
-                job: 1,
-                attempt: 1,
-                container: c("c1"),
-            }],
+            "a stop an earlier agent began is issued again with what is left of its grace",
+            vec![adopted(want(1))],
+            vec![restored_stop(running(1), preempted(), 30, 20)],
+            vec![restop(1, secs(10), preempted(), 30, 20)],
+        ),
+        row(
+            "a re-stop whose grace has passed kills at once, and keeps its first reason",
+            vec![ordered(adopted(want(1)), 60, cancelled())],
+            vec![restored_stop(running(1), preempted(), 30, 45)],
+            vec![restop(1, Duration::ZERO, preempted(), 30, 45)],
+        ),
+        row(
+            "a running container found after a restart is adopted",
+            vec![adopted(want(1))],
+            vec![found(1, true)],
+            vec![adopt(1, true)],
         ),
         row(
             "a found container is adopted even when its limit passed (stopped next)",
-            vec![],
+            vec![adopted(want(1))],
+            vec![deadline(found(1, true), Some(NOW - secs(5)))],
+            vec![adopt(1, true)],
+        ),
+        row(
+            "a container found ended is adopted to read its exit code",
+            vec![lease(adopted(want(1)), Duration::ZERO)],
+            vec![found(1, false)],
+            vec![adopt(1, false)],
+        ),
+        row(
+            "an ended container being drained is never stopped, even with its lease gone",
+            vec![lease(adopted(want(1)), Duration::ZERO)],
             vec![deadline(
-                have(1, Phase::Found { container: c("c1") }),
-                Some(NOW - secs(5)),
+                have(1, Phase::Draining { container: c("c1") }),
+                Some(NOW - secs(1)),
             )],
-            vec![Action::Adopt {
-                job: 1,
-                attempt: 1,
-                container: c("c1"),
-            }],
+            vec![],
         ),
         row(
             "a container that ended by itself records its exit code",
@@ -292,11 +412,17 @@ fn rows() -> Vec<Row> {
         row(
             "a container that ended after our stop records the stop's reason",
             vec![want(1)],
-            vec![stopping(ended(1, 143), "cancelled")],
-            vec![record(1, result(Stopped, Some(143), Some("cancelled")))],
+            vec![stopping(ended(1, 143), cancelled(), 30)],
+            vec![record(1, stopped(Some(143), cancelled()))],
         ),
         row(
-            "a container the runtime lost is a failure",
+            "a container the guard stopped while the agent was down records the guard's reason",
+            vec![adopted(want(1))],
+            vec![restored_stop(ended(1, 143), limit_why(), 10, 60)],
+            vec![record(1, stopped(Some(143), limit_why()))],
+        ),
+        row(
+            "a container the engine lost is stopped as Lost (requeued), not failed",
             vec![want(1)],
             vec![have(
                 1,
@@ -305,13 +431,10 @@ fn rows() -> Vec<Row> {
                     error: "gone".into(),
                 },
             )],
-            vec![record(
-                1,
-                result(Failed, None, Some("lost the container: gone")),
-            )],
+            vec![record(1, stopped(None, Why::lost("gone")))],
         ),
         row(
-            "a container lost while stopping counts as stopped",
+            "a container lost while stopping counts as stopped for the stop's reason",
             vec![want(1)],
             vec![stopping(
                 have(
@@ -321,9 +444,19 @@ fn rows() -> Vec<Row> {
                         error: "gone".into(),
                     },
                 ),
-                "cancelled",
+                cancelled(),
+                30,
             )],
-            vec![record(1, result(Stopped, None, Some("cancelled")))],
+            vec![record(1, stopped(None, cancelled()))],
+        ),
+        row(
+            "a container that vanished with no result is lost",
+            vec![adopted(want(1))],
+            vec![have(1, Phase::Removed)],
+            vec![record(
+                1,
+                stopped(None, Why::lost("the container vanished")),
+            )],
         ),
         row(
             "a container that could not be created is a failure with the runtime's words",
@@ -334,12 +467,28 @@ fn rows() -> Vec<Row> {
                     error: "image missing".into(),
                 },
             )],
-            vec![record(1, result(Failed, None, Some("image missing")))],
+            vec![record(1, failed("image missing"))],
         ),
         row(
-            "only a recorded result lets the container go",
+            "only a saved result lets the container go",
             vec![want(1)],
             vec![recorded(ended(1, 0), exited(0))],
+            vec![Action::Remove {
+                job: 1,
+                attempt: 1,
+                container: c("c1"),
+            }],
+        ),
+        row(
+            "a result not yet on disk is recorded again, and the container stays",
+            vec![want(1)],
+            vec![unsaved(recorded(ended(1, 0), exited(0)))],
+            vec![record(1, exited(0))],
+        ),
+        row(
+            "a result restored from disk whose container is still there removes it",
+            vec![adopted(want(1))],
+            vec![recorded(found(1, false), exited(3))],
             vec![Action::Remove {
                 job: 1,
                 attempt: 1,
@@ -370,17 +519,23 @@ fn rows() -> Vec<Row> {
             vec![want(1)],
             vec![recorded(
                 have(1, Phase::NotCreated { error: "x".into() }),
-                result(Failed, None, Some("x")),
+                failed("x"),
             )],
             vec![Action::Report {
                 job: 1,
                 attempt: 1,
-                result: result(Failed, None, Some("x")),
+                result: failed("x"),
             }],
         ),
         row(
             "a reported result stays until the portal acknowledges it",
             vec![want(1)],
+            vec![reported(recorded(have(1, Phase::Removed), exited(0)))],
+            vec![],
+        ),
+        row(
+            "a restored, reported result stays until the portal acknowledges it",
+            vec![adopted(want(1))],
             vec![reported(recorded(have(1, Phase::Removed), exited(0)))],
             vec![],
         ),
@@ -408,11 +563,11 @@ fn rows() -> Vec<Row> {
         ),
         row(
             "several attempts: one step each, in (job, attempt) order",
-            vec![want(3), ordered(want(2), 1, "cancelled")],
+            vec![want(3), ordered(want(2), 1, cancelled())],
             vec![running(2), ended(1, 0)],
             vec![
                 record(1, exited(0)),
-                stop(2, secs(1), "cancelled"),
+                stop(2, secs(1), cancelled()),
                 Action::Start {
                     job: 3,
                     attempt: 1,
@@ -447,10 +602,23 @@ fn each_situation_gives_its_one_next_step() {
 }
 
 #[test]
+fn a_portal_stop_says_its_reason_and_detail_in_words() {
+    assert_eq!(preempted().text, "preempted: the owner lab needs its GPUs");
+    assert_eq!(cancelled().text, "cancelled");
+    assert_eq!(
+        Why::ordered(StopReason::Cancelled, Some("  ")).text,
+        "cancelled",
+        "a blank detail adds nothing"
+    );
+    assert_eq!(lease_why().reason, StopReason::LeaseExpired);
+    assert!(lease_why().text.starts_with("lease expired"));
+}
+
+#[test]
 fn the_same_inputs_in_any_order_give_the_same_actions() {
     let want = vec![
         want(5),
-        ordered(want(2), 1, "x"),
+        ordered(want(2), 1, cancelled()),
         lease(want(9), NOW - secs(1)),
     ];
     let have = vec![running(9), running(2), ended(4, 1)];
@@ -492,9 +660,12 @@ fn a_finished_attempt_walks_record_remove_report_forget() {
                 .to_string(),
         );
         match a {
-            Action::Record { result, .. } => h.result = Some(result),
+            Action::Record { result, .. } => {
+                h.result = Some(result);
+                h.saved = true;
+            }
             Action::Remove { .. } => {
-                assert!(h.result.is_some(), "removed before recorded");
+                assert!(h.result.is_some() && h.saved, "removed before saved");
                 h.phase = Phase::Removed;
             }
             Action::Report { .. } => h.reported = true,

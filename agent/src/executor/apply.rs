@@ -1,0 +1,285 @@
+//! Applying one reconcile [`Action`]: bookkeeping under the table's lock, runtime calls
+//! spawned (each reports back by changing the table and running another pass), and the
+//! attempt's files kept in step (`lease.json`, `result.json`, the guard).
+//!
+//! Invariants: `result.json` is written (and synced) in `Record`, before the pass that may
+//! `Remove` the container; `lease.json` is written before the container is created and
+//! again once its id is known, whether or not the executor still exists by then, and the
+//! guard is started right after, so no started container is ever without its fence.
+
+use super::{lock, upgrade, Executor, Inner, Table};
+use crate::clock::{self, to_ms};
+use crate::guard;
+use crate::reconcile::{Action, ContainerObs, Key, Launch, Phase, ENFORCE_GRACE};
+use crate::runtime::ContainerRuntime;
+use crate::store::{self, LeaseFile, ResultFile, StopMark, Store, LOG_TAIL_MAX};
+use commons_proto::{AgentMsg, AttemptState, StopReason};
+use std::sync::{Arc, Weak};
+
+impl<R: ContainerRuntime> Executor<R> {
+    pub(super) fn apply(&self, t: &mut Table, action: Action) {
+        let key = action.key();
+        let (job, attempt) = key;
+        match action {
+            Action::Start {
+                launch, deadline, ..
+            } => {
+                tracing::info!(job, attempt, image = %launch.spec.image, "starting");
+                t.have.insert(
+                    key,
+                    ContainerObs::new(job, attempt, Phase::Creating, Some(deadline)),
+                );
+                let lease = self.lease_file(t, key);
+                if let Some(l) = &lease {
+                    self.write_lease(key, l);
+                }
+                tokio::spawn(start_task(
+                    self.weak(),
+                    self.inner.runtime.clone(),
+                    self.inner.store.clone(),
+                    key,
+                    launch,
+                    lease,
+                ));
+            }
+            Action::Adopt {
+                container, running, ..
+            } => {
+                tracing::info!(job, attempt, running, "re-adopting container {container}");
+                let Some(h) = t.have.get_mut(&key) else {
+                    return;
+                };
+                let c = container.clone();
+                h.phase = if running {
+                    Phase::Running { container: c }
+                } else {
+                    Phase::Draining { container: c }
+                };
+                if running {
+                    self.save_lease(t, key);
+                    guard::ensure(&self.inner.store, key);
+                }
+                // Logs from now on: what it printed before was already sent by the last run.
+                self.follow(t, key, container, Some(clock::wall_now()));
+            }
+            Action::Stop {
+                container,
+                grace,
+                stopping,
+                ..
+            } => {
+                let why = &stopping.why;
+                if why.reason == StopReason::LeaseExpired {
+                    tracing::warn!(job, attempt, "lease expired, stopping (grace {grace:?})");
+                } else {
+                    tracing::info!(job, attempt, reason = %why.text, "stopping (grace {grace:?})");
+                }
+                if let Some(h) = t.have.get_mut(&key) {
+                    h.stopping = Some(stopping);
+                }
+                // The guard now only makes sure this stop finishes; a restarted agent
+                // gives it what is left of this grace.
+                self.save_lease(t, key);
+                let runtime = self.inner.runtime.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = runtime.stop(&container, grace).await {
+                        tracing::warn!(job, attempt, "stop {container}: {e}");
+                    }
+                });
+            }
+            Action::Record { result, .. } => {
+                let tail = t
+                    .tails
+                    .get(&key)
+                    .map(|b| store::tail(&lock(b), LOG_TAIL_MAX).to_string())
+                    .unwrap_or_default();
+                let file = ResultFile {
+                    state: result.state,
+                    exit_code: result.exit_code,
+                    stop: result.stop,
+                    reason: result.reason.clone(),
+                    ended_unix_ms: to_ms(clock::wall_now()),
+                    log_tail: tail,
+                };
+                let saved = match self.inner.store.write_result(key, &file) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(
+                            job,
+                            attempt,
+                            "{e}; the container is kept until it is saved"
+                        );
+                        false
+                    }
+                };
+                let h = t
+                    .have
+                    .entry(key)
+                    .or_insert_with(|| ContainerObs::new(job, attempt, Phase::Removed, None));
+                h.result = Some(result);
+                h.saved = saved;
+            }
+            Action::Remove { container, .. } => {
+                if let Some(h) = t.have.get_mut(&key) {
+                    h.phase = Phase::Removing {
+                        container: container.clone(),
+                    };
+                }
+                tokio::spawn(remove_task(
+                    self.weak(),
+                    self.inner.runtime.clone(),
+                    key,
+                    container,
+                ));
+            }
+            Action::Report { result, .. } => {
+                let _ = self.inner.events.send(AgentMsg::AttemptEvent {
+                    job,
+                    attempt,
+                    state: result.state,
+                    exit_code: result.exit_code,
+                    stop: result.stop,
+                    reason: result.reason,
+                });
+                if let Some(h) = t.have.get_mut(&key) {
+                    h.reported = true;
+                }
+            }
+            Action::Forget { .. } => {
+                t.want.remove(&key);
+                t.have.remove(&key);
+                t.tails.remove(&key);
+                if let Err(e) = self.inner.store.remove(key) {
+                    tracing::warn!(job, attempt, "cannot remove the attempt's directory: {e}");
+                }
+            }
+        }
+    }
+
+    /// The attempt's `lease.json` as the table has it, while it has a container to guard.
+    pub(super) fn lease_file(&self, t: &Table, key: Key) -> Option<LeaseFile> {
+        let w = t.want.get(&key)?;
+        let h = t.have.get(&key)?;
+        if h.result.is_some() {
+            return None;
+        }
+        let container = match &h.phase {
+            Phase::Creating => None,
+            Phase::NotCreated { .. } | Phase::Removed => return None,
+            other => super::container_of(other).map(str::to_string),
+        };
+        Some(LeaseFile {
+            container,
+            boot_id: self.inner.boot_id.clone(),
+            lease_deadline_ms: to_ms(w.lease_until),
+            time_limit_deadline_ms: h.deadline.map(to_ms),
+            grace_s: ENFORCE_GRACE.as_secs(),
+            stop: h.stopping.as_ref().map(|s| StopMark {
+                reason: s.why.reason,
+                text: s.why.text.clone(),
+                grace_ms: to_ms(s.grace),
+                since_ms: to_ms(s.since),
+            }),
+        })
+    }
+
+    /// Rewrites the attempt's `lease.json` from the table.
+    pub(super) fn save_lease(&self, t: &Table, key: Key) {
+        if let Some(l) = self.lease_file(t, key) {
+            self.write_lease(key, &l);
+        }
+    }
+
+    fn write_lease(&self, key: Key, lease: &LeaseFile) {
+        write_lease(&self.inner.store, key, lease);
+    }
+}
+
+fn write_lease(store: &Store, (job, attempt): Key, lease: &LeaseFile) {
+    if let Err(e) = store.write_lease((job, attempt), lease) {
+        tracing::error!(
+            job,
+            attempt,
+            "{e}; while the agent is down its guard enforces the deadlines it last read"
+        );
+    }
+}
+
+/// Creates and starts a container, records its id in `lease.json`, starts its guard, then
+/// records it running (and follows it) or failed.
+async fn start_task<R: ContainerRuntime>(
+    weak: Weak<Inner<R>>,
+    runtime: Arc<R>,
+    store: Store,
+    key: Key,
+    launch: Arc<Launch>,
+    lease: Option<LeaseFile>,
+) {
+    let (job, attempt) = key;
+    let created = runtime
+        .create_and_start(job, attempt, &launch.spec, &launch.gpus)
+        .await;
+    let Some(exec) = upgrade(&weak) else {
+        // The agent is gone: fence the container anyway, with the deadlines it had.
+        if let (Ok(id), Some(mut l)) = (created, lease) {
+            l.container = Some(id);
+            write_lease(&store, key, &l);
+            guard::ensure(&store, key);
+        }
+        return;
+    };
+    let mut started = false;
+    {
+        let mut t = exec.table();
+        let Some(h) = t.have.get_mut(&key) else {
+            return;
+        };
+        match created {
+            Err(e) => {
+                tracing::warn!(job, attempt, "cannot start: {e}");
+                h.phase = Phase::NotCreated {
+                    error: e.to_string(),
+                };
+            }
+            Ok(id) => {
+                h.phase = Phase::Running {
+                    container: id.clone(),
+                };
+                exec.save_lease(&t, key);
+                let _ = exec.inner.events.send(AgentMsg::AttemptEvent {
+                    job,
+                    attempt,
+                    state: AttemptState::Running,
+                    exit_code: None,
+                    stop: None,
+                    reason: None,
+                });
+                exec.follow(&mut t, key, id, None);
+                started = true;
+            }
+        }
+    }
+    if started {
+        guard::ensure(&store, key);
+    }
+    exec.step(clock::now());
+}
+
+/// Removes a recorded attempt's container; a failure is logged, and the attempt moves on
+/// (its result, saved on disk, is what matters to the portal).
+async fn remove_task<R: ContainerRuntime>(
+    weak: Weak<Inner<R>>,
+    runtime: Arc<R>,
+    key: Key,
+    container: String,
+) {
+    let (job, attempt) = key;
+    if let Err(e) = runtime.remove(&container).await {
+        tracing::warn!(job, attempt, "cannot remove container {container}: {e}");
+    }
+    let Some(exec) = upgrade(&weak) else { return };
+    if let Some(h) = exec.table().have.get_mut(&key) {
+        h.phase = Phase::Removed;
+    }
+    exec.step(clock::now());
+}

@@ -1,0 +1,406 @@
+//! Runs attempts: keeps the portal's wishes and what the runtime showed side by side, asks
+//! [`reconcile`] what to do, and does it through a [`ContainerRuntime`].
+//!
+//! The executor's table is the agent's truth about what runs. It holds, per attempt, the
+//! [`Assignment`] (from `Start`, `Stop` and `Renew`, or restored from disk) and the
+//! [`ContainerObs`] (from the runtime). Every change to either, and a one-second tick for
+//! time limits and leases, runs a reconcile pass ([`Executor::step`]):
+//! 1. Snapshot the table and call [`reconcile`] with the boot-clock time.
+//! 2. Apply each action (`apply.rs`): bookkeeping (`Record`, `Report`, `Forget`, `Adopt`)
+//!    at once, under the table's lock; runtime calls (`Start`, `Stop`, `Remove`) are marked
+//!    in flight in the table, then spawned, and each reports back by changing the table and
+//!    running another pass.
+//! 3. Repeat until a pass returns nothing, or the same actions as the last one (a write
+//!    that keeps failing is retried on the next tick, not in a busy loop).
+//!
+//! The executor also numbers the agent's `Hello`s and heartbeats ([`Executor::hello`],
+//! [`Executor::heartbeat`]) and remembers when it sent each, because a lease counts from
+//! there (`clock::SentLog`).
+//!
+//! Invariants:
+//! - A `Start` or `Renew` whose lease this process did not grant (another session, an
+//!   unknown `seq`) extends nothing; such a `Start` is not started.
+//! - Leases and time limits are enforced by the tick whether or not the portal is
+//!   connected, and by each attempt's guard process (`guard`) while the agent is down:
+//!   `lease.json` is rewritten at start, at every renewal and when a stop begins.
+//! - A result is in `result.json` before its container is removed, stays in every
+//!   heartbeat (and in the `Hello` of a restarted agent) until the portal acknowledges it
+//!   by leaving it out of a `Renew`; then the attempt's directory is deleted.
+//! - One container per attempt, followed by exactly one watcher (`watch.rs`) that forwards
+//!   its logs and waits for its end; a failed wait is not an end (the container is
+//!   inspected again); the logs are drained before the end is recorded.
+//! - Background tasks hold the table weakly: once the last `Executor` handle is dropped
+//!   (the agent stopped), they touch nothing, and the containers are left to their guards
+//!   and to the next agent, which re-adopts them with the deadlines on disk.
+
+mod apply;
+mod restore;
+mod watch;
+
+use crate::clock::{self, SentLog};
+use crate::gpu::{GpuError, GpuSource};
+use crate::reconcile::{reconcile, Assignment, ContainerObs, Key, Launch, Phase, StopOrder, Why};
+use crate::runtime::{AssignedGpu, ContainerRuntime, DockerRuntime, RuntimeError};
+use crate::store::Store;
+use commons_proto::{
+    AgentMsg, Attempt, AttemptReport, AttemptState, GpuInfo, GpuStat, JobId, JobSpec, Lease,
+    StopReason, PROTOCOL_VERSION,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How often time limits and leases are checked without any other reason to look.
+const TICK: Duration = Duration::from_secs(1);
+/// Passes per step at most; each pass moves every attempt one step along.
+const MAX_PASSES: usize = 32;
+
+struct Table {
+    want: BTreeMap<Key, Assignment>,
+    have: BTreeMap<Key, ContainerObs>,
+    /// The end of each followed attempt's output, for `result.json`.
+    tails: BTreeMap<Key, Arc<Mutex<String>>>,
+    sent: SentLog,
+}
+
+struct Inner<R> {
+    runtime: Arc<R>,
+    events: mpsc::UnboundedSender<AgentMsg>,
+    store: Store,
+    boot_id: String,
+    table: Mutex<Table>,
+}
+
+/// A handle on the attempt table; clones share it.
+pub struct Executor<R = DockerRuntime> {
+    inner: Arc<Inner<R>>,
+}
+
+impl<R> Clone for Executor<R> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// What became of a `Start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Taken on (it starts, or records why it never will).
+    Accepted,
+    /// Already known here: a duplicate `Start` is harmless.
+    Duplicate,
+    /// Its lease names another agent process or a message this one does not know: it
+    /// grants nothing, so the attempt is not started (the portal sends it again).
+    LeaseUnknown,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere while holding the lock leaves the data as it was between two
+    // actions, which is consistent; keep serving rather than cascade the panic.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn upgrade<R>(weak: &Weak<Inner<R>>) -> Option<Executor<R>> {
+    weak.upgrade().map(|inner| Executor { inner })
+}
+
+impl<R: ContainerRuntime> Executor<R> {
+    /// Starts the executor's tick; call it inside a Tokio runtime. Attempts' files live in
+    /// `store`; the agent process gets a fresh random session.
+    pub fn new(runtime: R, events: mpsc::UnboundedSender<AgentMsg>, store: Store) -> Self {
+        let inner = Arc::new(Inner {
+            runtime: Arc::new(runtime),
+            events,
+            store,
+            boot_id: clock::boot_id(),
+            table: Mutex::new(Table {
+                want: BTreeMap::new(),
+                have: BTreeMap::new(),
+                tails: BTreeMap::new(),
+                sent: SentLog::new(rand::random()),
+            }),
+        });
+        let weak = Arc::downgrade(&inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(exec) = upgrade(&weak) else { break };
+                exec.step(clock::now());
+            }
+        });
+        Self { inner }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        lock(&self.inner.table)
+    }
+
+    fn weak(&self) -> Weak<Inner<R>> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// This agent process's session, which its leases name.
+    pub fn session(&self) -> u64 {
+        self.table().sent.session()
+    }
+
+    /// The `Hello` that opens a connection, numbered and timed (leases may count from it
+    /// for as long as the connection lasts), with every attempt known here.
+    pub fn hello(&self, agent_version: &str, gpus: Vec<GpuInfo>) -> AgentMsg {
+        let mut t = self.table();
+        let seq = t.sent.stamp(clock::now(), true);
+        AgentMsg::Hello {
+            agent_version: agent_version.to_string(),
+            protocol: PROTOCOL_VERSION,
+            session: t.sent.session(),
+            seq,
+            gpus,
+            attempts: reports_of(&t),
+        }
+    }
+
+    /// A heartbeat, numbered and timed, with every attempt known here.
+    pub fn heartbeat(&self, gpu_stats: Vec<GpuStat>) -> AgentMsg {
+        let mut t = self.table();
+        let seq = t.sent.stamp(clock::now(), false);
+        AgentMsg::Heartbeat {
+            seq,
+            gpu_stats,
+            attempts: reports_of(&t),
+        }
+    }
+
+    /// Takes back what an earlier run of the agent left: containers found by label and
+    /// attempts' directories. Deadlines come from `lease.json` (a container without one,
+    /// or with one from another boot, has an expired lease and is stopped); stops under way
+    /// and the guard's stops are restored; results not yet acknowledged are reported again.
+    pub async fn adopt(&self) -> Result<(), RuntimeError> {
+        let found = self.inner.runtime.list().await?;
+        let disk = self.inner.store.load_all();
+        let restored = restore::restore(found, disk, &self.inner.boot_id);
+        for key in &restored.strays {
+            if let Err(e) = self.inner.store.remove(*key) {
+                tracing::warn!("cannot remove the empty attempt dir of {key:?}: {e}");
+            }
+        }
+        {
+            let mut t = self.table();
+            for (want, have) in restored.attempts {
+                let key = (want.job, want.attempt);
+                if t.want.contains_key(&key) || t.have.contains_key(&key) {
+                    continue;
+                }
+                t.want.insert(key, want);
+                t.have.insert(key, have);
+            }
+        }
+        self.step(clock::now());
+        Ok(())
+    }
+
+    /// Starts an attempt unless it is already known (a duplicate `Start` is harmless) or
+    /// its lease grants nothing.
+    pub fn start(
+        &self,
+        job: JobId,
+        attempt: Attempt,
+        spec: JobSpec,
+        gpus: Vec<AssignedGpu>,
+        lease: Lease,
+    ) -> Admission {
+        {
+            let mut t = self.table();
+            let key = (job, attempt);
+            if t.want.contains_key(&key) || t.have.contains_key(&key) {
+                return Admission::Duplicate;
+            }
+            let Some(lease_until) = t.sent.deadline(&lease) else {
+                return Admission::LeaseUnknown;
+            };
+            t.want.insert(
+                key,
+                Assignment {
+                    job,
+                    attempt,
+                    launch: Some(Arc::new(Launch { spec, gpus })),
+                    lease_until,
+                    stop: None,
+                    acknowledged: false,
+                },
+            );
+        }
+        self.step(clock::now());
+        Admission::Accepted
+    }
+
+    /// Asks an attempt to stop with the portal's grace and reason (the first order wins).
+    /// Returns false when the attempt is not known here.
+    pub fn stop(
+        &self,
+        job: JobId,
+        attempt: Attempt,
+        grace_s: u64,
+        reason: StopReason,
+        detail: Option<&str>,
+    ) -> bool {
+        {
+            let mut t = self.table();
+            let Some(w) = t.want.get_mut(&(job, attempt)) else {
+                return false;
+            };
+            if w.stop.is_none() {
+                w.stop = Some(StopOrder {
+                    grace: Duration::from_secs(grace_s),
+                    why: Why::ordered(reason, detail),
+                });
+            }
+        }
+        self.step(clock::now());
+        true
+    }
+
+    /// Tells the portal that an attempt it asked to stop is not running here.
+    pub fn report_unknown(&self, job: JobId, attempt: Attempt, reason: StopReason) {
+        let _ = self.inner.events.send(AgentMsg::AttemptEvent {
+            job,
+            attempt,
+            state: AttemptState::Stopped,
+            exit_code: None,
+            stop: Some(reason),
+            reason: Some("not running on this server".into()),
+        });
+    }
+
+    /// Extends the listed attempts' leases (when this process granted `lease`), rewriting
+    /// their `lease.json`; an attempt left out whose result is already recorded is
+    /// acknowledged (the portal has recorded how it ended), and is forgotten.
+    pub fn renew(&self, lease: Lease, attempts: &[(JobId, Attempt)]) {
+        let listed: BTreeSet<Key> = attempts.iter().copied().collect();
+        {
+            let mut t = self.table();
+            let until = t.sent.deadline(&lease);
+            if until.is_none() {
+                tracing::warn!(
+                    session = lease.session,
+                    seq = lease.seq,
+                    "a Renew whose lease this agent did not grant (another session or an \
+                     unknown message): it extends nothing"
+                );
+            }
+            let mut extended = Vec::new();
+            let Table { want, have, .. } = &mut *t;
+            for (key, w) in want.iter_mut() {
+                if listed.contains(key) {
+                    if let Some(u) = until.filter(|u| *u > w.lease_until) {
+                        w.lease_until = u;
+                        extended.push(*key);
+                    }
+                } else if have.get(key).is_some_and(|h| h.result.is_some()) {
+                    w.acknowledged = true;
+                }
+            }
+            for key in extended {
+                self.save_lease(&t, key);
+            }
+        }
+        self.step(clock::now());
+    }
+
+    /// The boot-clock time an attempt's lease runs out, if the attempt is known.
+    pub fn lease_deadline(&self, job: JobId, attempt: Attempt) -> Option<Duration> {
+        self.table()
+            .want
+            .get(&(job, attempt))
+            .map(|w| w.lease_until)
+    }
+
+    /// The boot-clock time an attempt's time limit is reached, if known.
+    pub fn time_limit_deadline(&self, job: JobId, attempt: Attempt) -> Option<Duration> {
+        self.table()
+            .have
+            .get(&(job, attempt))
+            .and_then(|h| h.deadline)
+    }
+
+    /// What the portal is told in `Hello` and every heartbeat, in (job, attempt) order.
+    pub fn reports(&self) -> Vec<AttemptReport> {
+        reports_of(&self.table())
+    }
+
+    /// Host pids inside our containers.
+    pub async fn our_pids(&self) -> BTreeSet<u32> {
+        let ids: Vec<String> = self
+            .table()
+            .have
+            .values()
+            .filter_map(|h| container_of(&h.phase).map(str::to_string))
+            .collect();
+        let mut pids = BTreeSet::new();
+        for id in ids {
+            pids.extend(self.inner.runtime.pids(&id).await);
+        }
+        pids
+    }
+
+    /// The GPUs' live numbers, with a GPU process outside our containers counted as the
+    /// owner's local use.
+    pub async fn gpu_stats(&self, gpus: &dyn GpuSource) -> Result<Vec<GpuStat>, GpuError> {
+        let pids = self.our_pids().await;
+        gpus.stats(&pids)
+    }
+
+    /// Reconciles as of `now` (boot clock) until nothing is left to do; see the module's
+    /// numbered list. The tick calls it every second; tests call it with a later `now`.
+    pub fn step(&self, now: Duration) {
+        let mut t = self.table();
+        let mut last = Vec::new();
+        for _ in 0..MAX_PASSES {
+            let want: Vec<Assignment> = t.want.values().cloned().collect();
+            let have: Vec<ContainerObs> = t.have.values().cloned().collect();
+            let actions = reconcile(&want, &have, now);
+            if actions.is_empty() || actions == last {
+                return;
+            }
+            for action in actions.iter().cloned() {
+                self.apply(&mut t, action);
+            }
+            last = actions;
+        }
+        tracing::error!("reconcile did not settle in {MAX_PASSES} passes; continuing next tick");
+    }
+}
+
+/// The container an observation names, while there is one.
+fn container_of(phase: &Phase) -> Option<&str> {
+    match phase {
+        Phase::Found { container, .. }
+        | Phase::Running { container }
+        | Phase::Draining { container }
+        | Phase::Ended { container, .. }
+        | Phase::Lost { container, .. }
+        | Phase::Removing { container } => Some(container),
+        Phase::Creating | Phase::NotCreated { .. } | Phase::Removed => None,
+    }
+}
+
+fn reports_of(t: &Table) -> Vec<AttemptReport> {
+    let keys: BTreeSet<Key> = t.want.keys().chain(t.have.keys()).copied().collect();
+    keys.into_iter()
+        .map(|key| match t.have.get(&key) {
+            Some(h) => h.report(),
+            None => AttemptReport {
+                job: key.0,
+                attempt: key.1,
+                state: AttemptState::Starting,
+                exit_code: None,
+                stop: None,
+                reason: None,
+            },
+        })
+        .collect()
+}

@@ -1,0 +1,185 @@
+//! The one watcher of a container: forwards its logs, waits for its end, drains the logs,
+//! and records the end in the table.
+//!
+//! Invariants: a failed wait is not an end. The container is inspected again: still
+//! running, it is watched again (its log stream restarted if that ended too); ended, its
+//! exit code counts; gone, it is lost (reported as stopped with `StopReason::Lost`, which
+//! the portal requeues). An end the guard caused (`stopped.json`) is recorded with the
+//! guard's reason, never as the job's own exit.
+
+use super::{lock, upgrade, Executor, Inner, Table};
+use crate::clock;
+use crate::reconcile::{Key, Phase, Stopping, Why};
+use crate::runtime::{ContainerRuntime, ContainerStatus};
+use crate::store::{self, LOG_TAIL_MAX};
+use commons_proto::{AgentMsg, Attempt, JobId};
+use futures_util::StreamExt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Logs are sent in chunks of at most this many bytes, or every flush interval.
+const LOG_CHUNK: usize = 16 * 1024;
+const LOG_FLUSH: Duration = Duration::from_millis(300);
+/// How long the end of a container's log stream may take after the container ended.
+const LOG_DRAIN: Duration = Duration::from_secs(5);
+/// Pause before watching a container again after a failed wait.
+const WAIT_RETRY: Duration = Duration::from_secs(1);
+
+impl<R: ContainerRuntime> Executor<R> {
+    /// Spawns the one watcher of a container; `logs_since` is wall-clock (Docker's filter).
+    pub(super) fn follow(
+        &self,
+        t: &mut Table,
+        key: Key,
+        container: String,
+        logs_since: Option<Duration>,
+    ) {
+        let tail = Arc::new(Mutex::new(String::new()));
+        t.tails.insert(key, tail.clone());
+        tokio::spawn(watch(
+            self.weak(),
+            self.inner.runtime.clone(),
+            self.inner.events.clone(),
+            key,
+            container,
+            logs_since,
+            tail,
+        ));
+    }
+}
+
+async fn watch<R: ContainerRuntime>(
+    weak: Weak<Inner<R>>,
+    runtime: Arc<R>,
+    events: mpsc::UnboundedSender<AgentMsg>,
+    key: Key,
+    container: String,
+    logs_since: Option<Duration>,
+    tail: Arc<Mutex<String>>,
+) {
+    let (job, attempt) = key;
+    let spawn_logs = |since| {
+        tokio::spawn(forward_logs(
+            runtime.logs(&container, since),
+            events.clone(),
+            job,
+            attempt,
+            tail.clone(),
+        ))
+    };
+    let mut logs = spawn_logs(logs_since);
+    let end: Result<i64, String> = loop {
+        let err = match runtime.wait(&container).await {
+            Ok(code) => break Ok(code),
+            Err(e) => e,
+        };
+        if weak.strong_count() == 0 {
+            return;
+        }
+        match runtime.inspect(&container).await {
+            Ok(ContainerStatus::Exited(code)) => break Ok(code),
+            Ok(ContainerStatus::Gone) => break Err(err.to_string()),
+            Ok(ContainerStatus::Running) => {
+                tracing::warn!(
+                    job,
+                    attempt,
+                    "waiting for container {container} failed ({err}); it still runs, watching it again"
+                );
+                if logs.is_finished() {
+                    logs = spawn_logs(Some(clock::wall_now()));
+                }
+            }
+            Err(e) => tracing::warn!(
+                job,
+                attempt,
+                "waiting for container {container} failed ({err}), and so did inspecting it ({e}); trying again"
+            ),
+        }
+        tokio::time::sleep(WAIT_RETRY).await;
+    };
+    // The log stream ends with the container; give it a moment to drain.
+    let _ = tokio::time::timeout(LOG_DRAIN, logs).await;
+    let Some(exec) = upgrade(&weak) else { return };
+    {
+        let by_guard = exec.inner.store.read_stopped(key);
+        let mut t = exec.table();
+        let Some(h) = t.have.get_mut(&key) else {
+            return;
+        };
+        let ours = matches!(&h.phase,
+            Phase::Running { container: c } | Phase::Draining { container: c } if *c == container);
+        if !ours {
+            return;
+        }
+        if h.stopping.is_none() {
+            match by_guard {
+                Ok(Some(s)) => {
+                    tracing::warn!(job, attempt, reason = %s.reason, "the attempt's guard stopped it");
+                    h.stopping = Some(Stopping {
+                        why: Why::of(s.reason),
+                        grace: Duration::from_secs(s.grace_s),
+                        since: clock::from_ms(s.at_ms),
+                        issued: true,
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!(job, attempt, "{e}"),
+            }
+        }
+        h.phase = match end {
+            Ok(exit_code) => Phase::Ended {
+                container,
+                exit_code,
+            },
+            Err(error) => Phase::Lost { container, error },
+        };
+    }
+    exec.step(clock::now());
+}
+
+/// Sends a container's output as `Logs` messages, batched by size and time, and keeps its
+/// end in `tail` (for `result.json`).
+async fn forward_logs(
+    stream: impl futures_util::Stream<Item = String>,
+    events: mpsc::UnboundedSender<AgentMsg>,
+    job: JobId,
+    attempt: Attempt,
+    tail: Arc<Mutex<String>>,
+) {
+    let mut stream = std::pin::pin!(stream);
+    let mut buf = String::new();
+    let flush = |buf: &mut String| {
+        if !buf.is_empty() {
+            let _ = events.send(AgentMsg::Logs {
+                job,
+                attempt,
+                chunk: std::mem::take(buf),
+            });
+        }
+    };
+    loop {
+        match tokio::time::timeout(LOG_FLUSH, stream.next()).await {
+            Ok(Some(s)) => {
+                keep_tail(&tail, &s);
+                buf.push_str(&s);
+                if buf.len() >= LOG_CHUNK {
+                    flush(&mut buf);
+                }
+            }
+            Ok(None) => break,
+            Err(_) => flush(&mut buf),
+        }
+    }
+    flush(&mut buf);
+}
+
+/// Appends to the kept end of the output, trimming it now and then (at twice the size kept,
+/// so trimming costs little).
+fn keep_tail(tail: &Mutex<String>, s: &str) {
+    let mut t = lock(tail);
+    t.push_str(s);
+    if t.len() > 2 * LOG_TAIL_MAX {
+        *t = store::tail(&t, LOG_TAIL_MAX).to_string();
+    }
+}
