@@ -40,4 +40,7 @@ if [ -z "${TEST_DATABASE_URL:-}" ]; then
 fi
 
 bash deploy/images/build-demo.sh
+# The agents that tests run in-process start their attempt guards from this binary, and
+# the cluster tests run it as a process: build it first, so it is never a stale one.
+cargo build -p commons-agent --bin commons-agent
 cargo test --workspace --all-targets "$@"
