@@ -82,6 +82,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             db,
             agents: Default::default(),
             wake: Default::default(),
+            checkpoints: crate::service::checkpoints::Store::from_config(&config)?,
         },
         config: Arc::new(config.clone()),
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
@@ -116,6 +117,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
                 web::get().to(|| async { HttpResponse::Ok().body("ok") }),
             )
             .configure(crate::broker::agent::configure)
+            .configure(crate::broker::checkpoints::configure)
             .configure(crate::api::configure)
             .configure(crate::web::configure)
     })

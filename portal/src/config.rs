@@ -28,6 +28,147 @@ pub struct Config {
     pub session_idle_minutes: u64,
     /// ... and this many hours after login, whatever happens.
     pub session_absolute_hours: u64,
+    /// Where jobs' `/checkpoint` archives are kept, and how many.
+    pub checkpoints: CheckpointsConfig,
+}
+
+/// The checkpoint store: a local directory by default, S3-compatible by configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointsConfig {
+    /// `file:///ABSOLUTE/PATH` or `s3://BUCKET[/PREFIX]`. Unset: a `checkpoints` directory
+    /// beside the SQLite file (`./checkpoints` with PostgreSQL).
+    pub store: Option<String>,
+    /// S3: the endpoint URL of an S3-compatible server (MinIO, Ceph, ...); unset for AWS.
+    pub endpoint: Option<String>,
+    /// S3: the region (`us-east-1` unless set).
+    pub region: Option<String>,
+    /// S3: the access key id; unset, the server's instance or web-identity credentials.
+    pub access_key_id: Option<String>,
+    /// S3: the secret access key; prefer `secret_access_key_file`.
+    pub secret_access_key: Option<Secret>,
+    /// S3: a file holding the secret access key.
+    pub secret_access_key_file: Option<PathBuf>,
+    /// S3: allow a plain `http://` endpoint (a server on the same host or network).
+    pub allow_http: bool,
+    /// Committed checkpoints kept per job, newest first (at least 1).
+    pub keep_per_job: u32,
+    /// The campus default cap on the checkpoints a lab keeps, in GB (10^9 bytes); an
+    /// operator can set a lab's own (`labs.checkpoint_cap_gb`).
+    pub lab_cap_gb: f64,
+    /// The largest part an agent uploads in one request, in MiB.
+    pub part_mb: u64,
+}
+
+impl Default for CheckpointsConfig {
+    fn default() -> Self {
+        Self {
+            store: None,
+            endpoint: None,
+            region: None,
+            access_key_id: None,
+            secret_access_key: None,
+            secret_access_key_file: None,
+            allow_http: false,
+            keep_per_job: 2,
+            lab_cap_gb: 50.0,
+            part_mb: 8,
+        }
+    }
+}
+
+/// Where checkpoints are kept, as [`CheckpointsConfig::location`] resolves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointLocation {
+    /// An absolute directory (created on first use).
+    Dir(PathBuf),
+    /// A bucket and a key prefix without slashes at either end (maybe empty).
+    S3 { bucket: String, prefix: String },
+}
+
+impl CheckpointsConfig {
+    /// The store named by `store`, or the default beside the SQLite file of `database_url`.
+    pub fn location(&self, database_url: &str) -> anyhow::Result<CheckpointLocation> {
+        let Some(store) = self.store.as_deref() else {
+            let dir = database_url
+                .strip_prefix("sqlite://")
+                .and_then(|path| Path::new(path).parent())
+                .map(|dir| dir.join("checkpoints"))
+                .unwrap_or_else(|| PathBuf::from("checkpoints"));
+            let dir = std::path::absolute(&dir)
+                .with_context(|| format!("checkpoints: cannot resolve {}", dir.display()))?;
+            return Ok(CheckpointLocation::Dir(dir));
+        };
+        if let Some(path) = store.strip_prefix("file://") {
+            anyhow::ensure!(
+                path.starts_with('/'),
+                "checkpoints.store {store:?} must name an absolute path: file:///PATH"
+            );
+            return Ok(CheckpointLocation::Dir(PathBuf::from(path)));
+        }
+        if let Some(rest) = store.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            anyhow::ensure!(
+                !bucket.is_empty(),
+                "checkpoints.store {store:?} names no bucket: s3://BUCKET/PREFIX"
+            );
+            return Ok(CheckpointLocation::S3 {
+                bucket: bucket.to_string(),
+                prefix: prefix.trim_matches('/').to_string(),
+            });
+        }
+        anyhow::bail!("checkpoints.store must be file:///PATH or s3://BUCKET/PREFIX, got {store:?}")
+    }
+
+    /// The S3 secret access key, from the file if one is named.
+    pub fn secret(&self) -> anyhow::Result<Option<Secret>> {
+        if let Some(path) = &self.secret_access_key_file {
+            let s = std::fs::read_to_string(path).with_context(|| {
+                format!(
+                    "cannot read checkpoints.secret_access_key_file {}",
+                    path.display()
+                )
+            })?;
+            return Ok(Some(Secret(s.trim().to_string())));
+        }
+        Ok(self.secret_access_key.clone())
+    }
+
+    /// The largest part, in bytes.
+    pub fn part_bytes(&self) -> u64 {
+        self.part_mb.saturating_mul(1 << 20)
+    }
+
+    fn validate(&self, database_url: &str) -> anyhow::Result<()> {
+        let location = self.location(database_url)?;
+        anyhow::ensure!(
+            self.keep_per_job >= 1,
+            "checkpoints.keep_per_job must be at least 1"
+        );
+        anyhow::ensure!(
+            self.lab_cap_gb.is_finite() && self.lab_cap_gb >= 0.0,
+            "checkpoints.lab_cap_gb must be a number of GB, 0 or more"
+        );
+        anyhow::ensure!(
+            (1..=1024).contains(&self.part_mb),
+            "checkpoints.part_mb must be between 1 and 1024"
+        );
+        if let Some(endpoint) = &self.endpoint {
+            let url = url::Url::parse(endpoint)
+                .with_context(|| format!("checkpoints.endpoint {endpoint:?} is not a URL"))?;
+            anyhow::ensure!(
+                url.scheme() == "https" || (url.scheme() == "http" && self.allow_http),
+                "checkpoints.endpoint {endpoint:?} is plain http: set checkpoints.allow_http = true to allow it"
+            );
+        }
+        if matches!(location, CheckpointLocation::S3 { .. }) {
+            anyhow::ensure!(
+                self.access_key_id.is_some() == self.secret()?.is_some(),
+                "checkpoints.access_key_id and checkpoints.secret_access_key (or _file) go together"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// A secret that never shows in logs or `Debug` output.
@@ -118,6 +259,7 @@ impl Default for Config {
             oidc: OidcConfig::default(),
             session_idle_minutes: 8 * 60,
             session_absolute_hours: 7 * 24,
+            checkpoints: CheckpointsConfig::default(),
         }
     }
 }
@@ -216,6 +358,7 @@ impl Config {
             url::Url::parse(public)
                 .with_context(|| format!("public_url {public:?} is not a URL"))?;
         }
+        self.checkpoints.validate(&self.database_url)?;
         Ok(())
     }
 }
@@ -233,9 +376,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let secret = dir.path().join("secret");
         std::fs::write(&secret, "s3cret\n").unwrap();
-        c.oidc.client_secret_file = Some(secret);
+        c.oidc.client_secret_file = Some(secret.clone());
+        assert_eq!(
+            c.checkpoints.location(&c.database_url).unwrap(),
+            CheckpointLocation::S3 {
+                bucket: "gpu-commons-checkpoints".into(),
+                prefix: "portal".into()
+            }
+        );
+        assert_eq!((c.checkpoints.keep_per_job, c.checkpoints.part_mb), (2, 8));
+        c.checkpoints.secret_access_key_file = Some(secret);
         c.validate().unwrap();
         assert_eq!(c.oidc.secret().unwrap().as_deref(), Some("s3cret"));
+        assert_eq!(c.checkpoints.secret().unwrap().unwrap().0, "s3cret");
         assert!(!format!("{c:?}").contains("s3cret"));
     }
 
@@ -257,6 +410,49 @@ mod tests {
         );
         c.public_url = None;
         assert!(c.validate().unwrap_err().to_string().contains("public_url"));
+    }
+
+    #[test]
+    fn checkpoint_stores() {
+        let c = CheckpointsConfig::default();
+        assert_eq!(
+            c.location("sqlite:///var/lib/commons/commons.db").unwrap(),
+            CheckpointLocation::Dir("/var/lib/commons/checkpoints".into())
+        );
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            c.location("postgres://db/commons").unwrap(),
+            CheckpointLocation::Dir(cwd.join("checkpoints"))
+        );
+        let s3 = |store: &str| CheckpointsConfig {
+            store: Some(store.into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            s3("s3://ckpt/campus/").location("").unwrap(),
+            CheckpointLocation::S3 {
+                bucket: "ckpt".into(),
+                prefix: "campus".into()
+            }
+        );
+        assert!(s3("s3://").location("").is_err());
+        assert!(s3("file://relative").location("").is_err());
+        assert!(s3("/tmp/x").location("").is_err());
+        let mut c = Config::default();
+        c.checkpoints = s3("s3://ckpt");
+        c.checkpoints.endpoint = Some("http://127.0.0.1:9000".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("allow_http"), "{e}");
+        c.checkpoints.allow_http = true;
+        c.checkpoints.access_key_id = Some("key".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("go together"), "{e}");
+        c.checkpoints.secret_access_key = Some(Secret("very-secret".into()));
+        c.validate().unwrap();
+        assert!(!format!("{c:?}").contains("very-secret"));
+        c.checkpoints.keep_per_job = 0;
+        assert!(c.validate().is_err());
+        assert!(toml::from_str::<Config>("[checkpoints]\nkeep = 3").is_err());
     }
 
     #[test]

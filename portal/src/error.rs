@@ -21,6 +21,9 @@ pub enum AppError {
     NotFound(&'static str),
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// A request body over its limit (413); the message says the limit.
+    #[error("{0}")]
+    TooLarge(String),
     /// A service we depend on is down; the message says which, in user words.
     #[error("{0}")]
     Unavailable(String),
@@ -49,6 +52,7 @@ impl AppError {
             AppError::Forbidden(_) => StatusCode::FORBIDDEN,
             AppError::NotFound(_) => StatusCode::NOT_FOUND,
             AppError::Conflict { .. } => StatusCode::CONFLICT,
+            AppError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -61,6 +65,7 @@ impl AppError {
             AppError::Forbidden(_) => "forbidden",
             AppError::NotFound(_) => "not_found",
             AppError::Conflict { code, .. } => code,
+            AppError::TooLarge(_) => "too_large",
             AppError::Unavailable(_) => "unavailable",
             AppError::Internal(_) => "internal",
         }

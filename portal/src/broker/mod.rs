@@ -5,6 +5,7 @@
 //! a newer one replaces the older, whose loop then ends.
 
 pub mod agent;
+pub mod checkpoints;
 pub mod tick;
 
 pub use crate::service::agents::Registry;

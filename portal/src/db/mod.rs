@@ -11,6 +11,7 @@
 
 pub mod attempts;
 pub mod audit;
+pub mod checkpoints;
 pub mod jobs;
 pub mod models;
 pub mod nodes;

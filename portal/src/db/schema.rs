@@ -9,6 +9,7 @@ diesel::table! {
         created_at -> Timestamp,
         quota -> Text,
         member_quota -> Text,
+        checkpoint_cap_gb -> Nullable<Double>,
     }
 }
 
@@ -176,6 +177,22 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    checkpoints (id) {
+        id -> BigInt,
+        job_id -> BigInt,
+        attempt -> Integer,
+        seq -> Integer,
+        node_id -> BigInt,
+        lab_id -> BigInt,
+        prefix -> Text,
+        bytes -> BigInt,
+        sha256 -> Text,
+        parts -> Integer,
+        created_at -> Timestamp,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
 diesel::joinable!(api_tokens -> users (user_id));
@@ -187,6 +204,7 @@ diesel::joinable!(job_attempts -> jobs (job_id));
 diesel::joinable!(job_attempts -> nodes (node_id));
 diesel::joinable!(job_events -> jobs (job_id));
 diesel::joinable!(job_logs -> jobs (job_id));
+diesel::joinable!(checkpoints -> jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     labs,
@@ -201,4 +219,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     job_events,
     job_logs,
     audit_log,
+    checkpoints,
 );

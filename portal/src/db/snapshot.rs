@@ -1,6 +1,6 @@
 //! The scheduler's view of the campus, read in one transaction: nodes with their lending
-//! rules, GPUs, running attempts, the queue, and each lab's and member's quota and
-//! usage ledgers.
+//! rules, GPUs, running attempts (with their latest checkpoint's time), the queue, and
+//! each lab's and member's quota and usage ledgers.
 //!
 //! Usage is derived from the attempts themselves (no separate counters to drift):
 //! GPU-seconds of each attempt, weighted by GPU class and decayed with the policy's
@@ -152,6 +152,9 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             .into_iter()
             .map(|(id, lab, user, limit)| (id, (lab, user, limit)))
             .collect();
+        // When each running attempt last stored a checkpoint, in one query.
+        let pairs: Vec<(i64, i32)> = active.iter().map(|a| (a.job_id, a.attempt)).collect();
+        let checkpointed = super::checkpoints::latest_at_for_attempts(c, &pairs)?;
 
         Ok(commons_sched::Snapshot {
             nodes: nodes
@@ -192,7 +195,10 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                         started_at: secs(a.started_at.unwrap_or(a.created_at)),
                         time_limit_s: limit,
                         preempting: a.status() == super::models::AttemptStatus::Stopping,
-                        last_checkpoint_at: None,
+                        last_checkpoint_at: checkpointed
+                            .get(&(a.job_id, a.attempt))
+                            .copied()
+                            .map(secs),
                     }
                 })
                 .collect(),

@@ -11,6 +11,7 @@
 
 pub mod agents;
 pub mod attempts;
+pub mod checkpoints;
 pub mod identity;
 pub mod jobs;
 pub mod labs;
@@ -36,6 +37,8 @@ pub struct Ctx {
     pub wake: Arc<Notify>,
     /// Connected agents, by node id.
     pub agents: agents::Registry,
+    /// Where checkpoint archives are kept.
+    pub checkpoints: checkpoints::Store,
 }
 
 /// Who is asking: a signed-in user and their labs. `auth::CurrentUser` is the HTTP

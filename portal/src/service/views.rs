@@ -1,7 +1,8 @@
 //! What the API and the job pages show of a job: one read model for both.
 //!
 //! [`job_views`] builds the views of any number of jobs in a fixed number of queries
-//! (jobs' last attempts, their nodes, their GPUs, their labs), never a few per job.
+//! (jobs' last attempts, their nodes, their GPUs, their labs, their checkpoints), never a
+//! few per job.
 
 use crate::db::models::{Attempt, Job};
 use crate::db::{self, DbConn};
@@ -45,6 +46,9 @@ pub struct JobView {
     pub started_at: Option<NaiveDateTime>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<NaiveDateTime>,
+    /// When the checkpoint the job would resume from was stored (UTC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint_at: Option<NaiveDateTime>,
 }
 
 /// The view of one job.
@@ -54,7 +58,7 @@ pub fn job_view(c: &mut DbConn, job: &Job) -> Result<JobView, AppError> {
         .ok_or(AppError::NotFound("job"))
 }
 
-/// The views of `jobs`, in their order, in four queries whatever their number.
+/// The views of `jobs`, in their order, in five queries whatever their number.
 pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError> {
     let ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
     let last: BTreeMap<i64, Attempt> = db::jobs::last_attempts(c, &ids)?
@@ -82,6 +86,7 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
         .collect();
     let lab_ids: Vec<i64> = jobs.iter().map(|j| j.lab_id).collect();
     let lab_slugs = db::users::lab_slugs(c, &lab_ids)?;
+    let checkpointed = db::checkpoints::latest_at_for_jobs(c, &ids)?;
     Ok(jobs
         .iter()
         .map(|job| {
@@ -118,6 +123,7 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
                 created_at: job.created_at,
                 started_at: job.started_at,
                 finished_at: job.finished_at,
+                last_checkpoint_at: checkpointed.get(&job.id).copied(),
             }
         })
         .collect())
@@ -157,6 +163,6 @@ mod tests {
                 .is_some_and(|g| g.len() == 1 && g[0].uuid == "GPU-1")
             && v.lab == "vision"));
         assert_eq!(one, fifty, "queries do not grow with the number of jobs");
-        assert!(one <= 4, "{one} queries");
+        assert!(one <= 5, "{one} queries");
     }
 }
