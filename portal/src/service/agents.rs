@@ -80,7 +80,11 @@ mod tests {
         assert!(r.send(
             1,
             PortalMsg::Renew {
-                lease_until: 0,
+                lease: commons_proto::Lease {
+                    session: 0,
+                    seq: 0,
+                    valid_for_s: 0
+                },
                 attempts: vec![]
             }
         ));
