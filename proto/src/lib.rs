@@ -280,6 +280,10 @@ pub struct JobSpec {
     pub time_limit_s: u64,
     /// The submitting user's name, for labels and logs.
     pub user: String,
+    /// Snapshot `/checkpoint` to the portal every this many seconds while the attempt
+    /// runs (besides the upload after it stops); none: only after it stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval_s: Option<u64>,
 }
 
 /// Agent -> portal.
@@ -346,6 +350,10 @@ pub enum PortalMsg {
         gpus: Vec<String>,
         /// The agent stops the attempt when it runs out and no `Renew` extended it.
         lease: Lease,
+        /// The job has a checkpoint: restore the latest into `/checkpoint` before the
+        /// container starts, and set `COMMONS_RESUME=1`.
+        #[serde(default)]
+        resume: bool,
     },
     Stop {
         job: JobId,

@@ -154,9 +154,11 @@ fn start_msg(
             memory_mb: job.memory_mb.max(0) as u64,
             time_limit_s: job.time_limit_s.max(0) as u64,
             user: db::jobs::owner_name(c, job)?,
+            checkpoint_interval_s: None,
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,
+        resume: false,
     })
 }
 
