@@ -438,8 +438,10 @@ mod tests {
         assert!(s3("s3://").location("").is_err());
         assert!(s3("file://relative").location("").is_err());
         assert!(s3("/tmp/x").location("").is_err());
-        let mut c = Config::default();
-        c.checkpoints = s3("s3://ckpt");
+        let mut c = Config {
+            checkpoints: s3("s3://ckpt"),
+            ..Config::default()
+        };
         c.checkpoints.endpoint = Some("http://127.0.0.1:9000".into());
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("allow_http"), "{e}");

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod browser;
+mod checkpoints;
 mod cluster;
 mod console;
 mod failures;
