@@ -50,6 +50,13 @@ pub const CONNECT_PATH: &str = "/api/agent/v1/connect";
 ///   `content-length`, [`SHA256_HEADER`]); 404 when the job has none. Only for a node that
 ///   holds a starting or running attempt of the job. A later attempt's checkpoints
 ///   supersede an earlier attempt's.
+///
+/// Answers an agent acts on: 401 (credential), 404 (the node does not hold that attempt,
+/// or no checkpoint), 409 `job_ended` (the job is over: drop the checkpoint), 409
+/// `checkpoint_superseded` (a later attempt has `keep_per_job` newer ones: drop it), 409
+/// `checkpoint_cap` (the lab's space is full: keep it, try again later), 413 (a part over
+/// the size), 422 with `field` (a checksum, a missing part, a size), 503 (the store is
+/// unreachable: retry with back-off). Errors are JSON `{error, message, field?}`.
 pub const CHECKPOINTS_PATH: &str = "/api/agent/v1/checkpoints";
 /// Header with a SHA-256 in lowercase hex: of a part (upload) or of the archive (download).
 pub const SHA256_HEADER: &str = "x-commons-sha256";
