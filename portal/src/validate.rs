@@ -145,7 +145,14 @@ pub struct JobRequest {
     /// Slug of the lab to charge; may be left out when the user is in one lab.
     #[serde(default)]
     pub lab: Option<String>,
+    /// Snapshot `/checkpoint` every this many minutes while the job runs (besides the
+    /// upload when it is stopped).
+    #[serde(default)]
+    pub checkpoint_minutes: Option<i64>,
 }
+
+/// The most often a job may ask for periodic checkpoints, and the least.
+pub const CHECKPOINT_MINUTES: std::ops::RangeInclusive<i64> = 5..=1440;
 
 fn batch() -> JobKind {
     JobKind::Batch
@@ -165,6 +172,7 @@ pub struct ValidJob {
     pub time_limit_s: i64,
     pub kind: JobKind,
     pub lab_id: i64,
+    pub checkpoint_interval_s: Option<i64>,
 }
 
 /// Checks a request against the rules and the labs the user belongs to (slug -> id).
@@ -257,6 +265,18 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
             format!("must be 1 to {MAX_TIME_LIMIT_MIN} minutes (30 days)"),
         ));
     }
+    if let Some(m) = req.checkpoint_minutes {
+        if !CHECKPOINT_MINUTES.contains(&m) {
+            return Err(AppError::invalid(
+                "checkpoint_minutes",
+                format!(
+                    "must be {} to {} minutes between checkpoints",
+                    CHECKPOINT_MINUTES.start(),
+                    CHECKPOINT_MINUTES.end()
+                ),
+            ));
+        }
+    }
     let lab_id = match (&req.lab, user_labs) {
         (Some(slug), labs) => labs
             .iter()
@@ -295,6 +315,7 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         time_limit_s: req.time_limit_minutes * 60,
         kind: req.kind,
         lab_id,
+        checkpoint_interval_s: req.checkpoint_minutes.map(|m| m * 60),
     })
 }
 
@@ -359,6 +380,9 @@ mod tests {
         let mut r = req();
         r.time_limit_minutes = 0;
         assert_eq!(field_of(r), "time_limit_minutes");
+        let mut r = req();
+        r.checkpoint_minutes = Some(1);
+        assert_eq!(field_of(r), "checkpoint_minutes");
         let mut r = req();
         r.command = vec!["x".repeat(MAX_COMMAND_BYTES + 1)];
         assert_eq!(field_of(r), "command");

@@ -106,19 +106,19 @@ async fn serve(
                         state.agents.unregister(node.id, conn);
                         return;
                     }
-                    Ok(m) => match {
+                    Ok(m) => {
                         if let AgentMsg::Hello { session, .. } = &m {
                             agent_session = Some(*session);
                         }
-                        handle(&state, node.id, agent_session, m).await
-                    } {
-                        Ok(replies) => {
-                            for r in replies {
-                                if send(&mut session, &r).await.is_err() { break }
+                        match handle(&state, node.id, agent_session, m).await {
+                            Ok(replies) => {
+                                for r in replies {
+                                    if send(&mut session, &r).await.is_err() { break }
+                                }
                             }
+                            Err(e) => tracing::error!(node = node.id, "agent message failed: {e:#}"),
                         }
-                        Err(e) => tracing::error!(node = node.id, "agent message failed: {e:#}"),
-                    },
+                    }
                     Err(e) => tracing::warn!(node = node.id, "unreadable agent message: {e}"),
                 }
             }

@@ -25,6 +25,9 @@ use crate::service::attempts;
 use crate::state::AppState;
 use std::time::Duration;
 
+/// How often the leader prunes the checkpoints of jobs that ended (it lists the store).
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
 /// Advisory lock key of the scheduler leader ("GPUC" in ASCII).
 pub const LEADER_LOCK: i64 = 0x4750_5543;
 
@@ -89,6 +92,7 @@ pub async fn run(state: AppState) {
     );
     // Since when this portal runs the scheduler without a break.
     let mut leading_since: Option<std::time::Instant> = None;
+    let mut last_prune = std::time::Instant::now();
     loop {
         let lead = if postgres {
             let l = std::sync::Arc::clone(&leader);
@@ -109,6 +113,14 @@ pub async fn run(state: AppState) {
             let judge_leases = since.elapsed() >= watch;
             if let Err(e) = tick(&state, judge_leases).await {
                 tracing::error!("scheduler tick failed: {e:#}");
+            }
+            if last_prune.elapsed() >= PRUNE_EVERY {
+                last_prune = std::time::Instant::now();
+                match crate::service::checkpoints::prune_finished(&state).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(jobs = n, "checkpoints of ended jobs pruned"),
+                    Err(e) => tracing::error!("pruning checkpoints failed: {e:#}"),
+                }
             }
         }
         tokio::select! {

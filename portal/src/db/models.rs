@@ -154,6 +154,8 @@ pub struct Job {
     pub created_at: NaiveDateTime,
     pub started_at: Option<NaiveDateTime>,
     pub finished_at: Option<NaiveDateTime>,
+    /// Periodic checkpoints while it runs; none: only when it is stopped.
+    pub checkpoint_interval_s: Option<i64>,
 }
 
 impl Job {

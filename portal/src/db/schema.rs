@@ -137,6 +137,7 @@ diesel::table! {
         created_at -> Timestamp,
         started_at -> Nullable<Timestamp>,
         finished_at -> Nullable<Timestamp>,
+        checkpoint_interval_s -> Nullable<BigInt>,
     }
 }
 

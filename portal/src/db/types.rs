@@ -24,9 +24,9 @@ macro_rules! text_column {
         {
             fn from_sql(bytes: DB::RawValue<'_>) -> diesel::deserialize::Result<Self> {
                 let text = <String as diesel::deserialize::FromSql<
-                                                            diesel::sql_types::Text,
-                                                            DB,
-                                                        >>::from_sql(bytes)?;
+                                                                            diesel::sql_types::Text,
+                                                                            DB,
+                                                                        >>::from_sql(bytes)?;
                 Ok(text.parse::<$name>()?)
             }
         }

@@ -154,11 +154,12 @@ fn start_msg(
             memory_mb: job.memory_mb.max(0) as u64,
             time_limit_s: job.time_limit_s.max(0) as u64,
             user: db::jobs::owner_name(c, job)?,
-            checkpoint_interval_s: None,
+            checkpoint_interval_s: job.checkpoint_interval_s.map(|s| s.max(60) as u64),
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,
-        resume: false,
+        // Any attempt of the job committed a checkpoint: the next one resumes from it.
+        resume: db::checkpoints::latest(c, job.id)?.is_some(),
     })
 }
 

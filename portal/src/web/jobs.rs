@@ -66,6 +66,8 @@ pub struct JobForm {
     kind: String,
     #[serde(default)]
     lab: String,
+    #[serde(default)]
+    checkpoint_minutes: String,
 }
 
 impl Default for JobForm {
@@ -82,6 +84,7 @@ impl Default for JobForm {
             time_limit_minutes: "60".into(),
             kind: "batch".into(),
             lab: String::new(),
+            checkpoint_minutes: String::new(),
         }
     }
 }
@@ -123,6 +126,7 @@ impl JobForm {
                 JobKind::Batch
             },
             lab: (!self.lab.is_empty()).then(|| self.lab.clone()),
+            checkpoint_minutes: optional("checkpoint_minutes", &self.checkpoint_minutes)?,
         })
     }
 }

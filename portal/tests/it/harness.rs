@@ -324,7 +324,9 @@ impl TestPortal {
         config.listen = self.portal.addr.to_string();
         self.portal.shutdown().await;
         tokio::time::sleep(down).await;
-        let portal = commons_portal::start(config).await.expect("portal restarts");
+        let portal = commons_portal::start(config)
+            .await
+            .expect("portal restarts");
         TestPortal {
             url: portal.url(),
             portal,

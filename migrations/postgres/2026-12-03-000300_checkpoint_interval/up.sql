@@ -1,0 +1,2 @@
+-- A job may ask the agent to snapshot /checkpoint every N seconds while it runs.
+ALTER TABLE jobs ADD COLUMN checkpoint_interval_s BIGINT;
