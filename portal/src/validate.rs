@@ -152,7 +152,7 @@ pub struct JobRequest {
 }
 
 /// The most often a job may ask for periodic checkpoints, and the least.
-pub const CHECKPOINT_MINUTES: std::ops::RangeInclusive<i64> = 5..=1440;
+pub const CHECKPOINT_MINUTES: std::ops::RangeInclusive<i64> = 1..=1440;
 
 fn batch() -> JobKind {
     JobKind::Batch
@@ -381,7 +381,7 @@ mod tests {
         r.time_limit_minutes = 0;
         assert_eq!(field_of(r), "time_limit_minutes");
         let mut r = req();
-        r.checkpoint_minutes = Some(1);
+        r.checkpoint_minutes = Some(0);
         assert_eq!(field_of(r), "checkpoint_minutes");
         let mut r = req();
         r.command = vec!["x".repeat(MAX_COMMAND_BYTES + 1)];

@@ -153,6 +153,15 @@ impl PortalProcess {
             "--lab",
             "vision",
         ]);
+        p.admin(&["create-lab", "physics", "--name", "Physics"]);
+        p.admin(&[
+            "create-user",
+            "bob",
+            "--email",
+            "bob@x.test",
+            "--lab",
+            "physics",
+        ]);
         let token = p.admin(&["api-token", "alice"]);
         p.spawn();
         (p, token)
@@ -227,6 +236,17 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     pub fn start(host: &Host, portal: &PortalProcess, name: &str, gpus: &str) -> AgentProcess {
+        Self::start_for(host, portal, "vision", name, gpus)
+    }
+
+    /// An agent of another lab's server.
+    pub fn start_for(
+        host: &Host,
+        portal: &PortalProcess,
+        lab: &str,
+        name: &str,
+        gpus: &str,
+    ) -> AgentProcess {
         crate::harness::demo_image();
         let mut a = AgentProcess {
             state: tempfile::tempdir().unwrap(),
@@ -235,7 +255,7 @@ impl AgentProcess {
             name: name.to_string(),
             child: None,
         };
-        let token = portal.admin(&["enrol-token", "vision"]);
+        let token = portal.admin(&["enrol-token", lab]);
         a.spawn(Some(&token), gpus);
         a
     }
@@ -271,6 +291,25 @@ impl AgentProcess {
     pub fn start_again(&mut self, gpus: &str) {
         self.kill9();
         self.spawn(None, gpus);
+    }
+
+    /// The server vanishes: the agent and every container it ran are gone at once.
+    pub fn vanish(&mut self) {
+        self.kill9();
+        if let Ok(Some(c)) = commons_agent::state::load_credential(self.state.path()) {
+            let out = Command::new("docker")
+                .args([
+                    "ps",
+                    "-aq",
+                    "--filter",
+                    &format!("label=commons.agent={}", c.agent_id),
+                ])
+                .output()
+                .unwrap();
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("docker").args(["rm", "-f", id]).output();
+            }
+        }
     }
 
     pub fn log(&self) -> String {
@@ -446,6 +485,30 @@ impl Api {
                 assert!(Instant::now() < deadline, "timed out waiting for {what}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> u16 {
+        self.http
+            .put(format!("{}{path}", self.url))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
+    }
+
+    pub async fn logs(&self, job: i64) -> String {
+        match self
+            .http
+            .get(format!("{}/api/v1/jobs/{job}/logs", self.url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+        {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
         }
     }
 

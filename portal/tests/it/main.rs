@@ -12,6 +12,7 @@ mod foundations;
 mod harness;
 mod jobs;
 mod leases;
+mod migration;
 mod migrations;
 mod oidc_provider;
 mod policy;

@@ -1,0 +1,129 @@
+//! Checkpoints and migration on a campus of separate processes (see `cluster`): a guest
+//! whose owner takes the server back resumes elsewhere from what it saved in its grace
+//! period, and a job on a server that vanishes resumes from its last periodic
+//! checkpoint. The job is a counter that saves its count to `/checkpoint` every second
+//! (atomically: write, then rename) and on SIGTERM, and prints where each start begins.
+
+use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess, Timeline};
+use serde_json::json;
+use std::time::Duration;
+
+const GPUS: &str = "fake:1xA100-80GB";
+
+/// The counting job; `checkpoint_minutes` asks for periodic uploads as well.
+fn counter(checkpoint_minutes: Option<i64>) -> serde_json::Value {
+    let script = "n=0; [ -f /checkpoint/n ] && n=$(cat /checkpoint/n); \
+                  echo \"start $n resume=${COMMONS_RESUME:-0}\"; \
+                  trap 'echo $n > /checkpoint/t; mv /checkpoint/t /checkpoint/n; exit 143' TERM; \
+                  while true; do n=$((n+1)); echo $n > /checkpoint/t; mv /checkpoint/t /checkpoint/n; sleep 1; done";
+    let mut j = json!({"image": "commons-demo:latest", "command": ["sh", "-c", script],
+                       "gpus": 1, "time_limit_minutes": 30});
+    if let Some(m) = checkpoint_minutes {
+        j["checkpoint_minutes"] = json!(m);
+    }
+    j
+}
+
+/// The values the counter started from, attempt by attempt.
+fn starts(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter_map(|l| l.strip_prefix("start "))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimed_guest_resumes_elsewhere_from_what_it_saved() {
+    let (portal, alice) = PortalProcess::start(8, 3);
+    let bob = portal.admin(&["api-token", "bob"]);
+    let owner = Api::new(portal.url(), alice);
+    let guest = Api::new(portal.url(), bob);
+    let hosts = [Host::new(8), Host::new(9)];
+    // Only vision's server at first: bob's job (physics) runs there as a guest.
+    let _vision = AgentProcess::start_for(&hosts[0], &portal, "vision", "vision-1", GPUS);
+    let job = guest.submit(counter(None)).await;
+    let timeline = Timeline::watch(job);
+    let first = guest
+        .wait_job(job, Duration::from_secs(60), "running", |j| {
+            j["state"] == "running"
+        })
+        .await;
+    assert_eq!(first["node"], "vision-1");
+    let _physics = AgentProcess::start_for(&hosts[1], &portal, "physics", "physics-1", GPUS);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The owner takes every GPU back: SIGTERM, the grace, the final upload, requeue.
+    let nodes = owner.get("/api/v1/nodes").await.unwrap();
+    let vision = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "vision-1")
+        .unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    let status = owner
+        .put(
+            &format!("/api/v1/nodes/{vision}/lending"),
+            json!({"mode": "always", "reclaim": true, "grace_seconds": 5}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let second = guest
+        .wait_job(job, Duration::from_secs(90), "attempt 2 running", |j| {
+            j["state"] == "running" && j["attempts"] == 2
+        })
+        .await;
+    assert_eq!(second["node"], "physics-1");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = guest.logs(job).await;
+    let s = starts(&log);
+    assert_eq!(s.len(), 2, "{log}");
+    assert_eq!(s[0], 0);
+    assert!(
+        s[1] >= 6,
+        "attempt 2 resumed from the count saved at SIGTERM: {log}"
+    );
+    assert!(log.contains("resume=1"), "COMMONS_RESUME was set: {log}");
+    timeline.assert_no_overlap();
+    remove_containers(&[job]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_server_costs_at_most_one_checkpoint_interval() {
+    let (portal, alice) = PortalProcess::start(8, 3);
+    let api = Api::new(portal.url(), alice);
+    let hosts = [Host::new(10), Host::new(11)];
+    let mut first_agent = AgentProcess::start(&hosts[0], &portal, "host-x", GPUS);
+    let job = api.submit(counter(Some(1))).await;
+    let timeline = Timeline::watch(job);
+    api.wait_job(job, Duration::from_secs(60), "running", |j| {
+        j["state"] == "running"
+    })
+    .await;
+    let _second_agent = AgentProcess::start(&hosts[1], &portal, "host-y", GPUS);
+    // One periodic checkpoint (after a minute), then the server vanishes.
+    api.wait_job(
+        job,
+        Duration::from_secs(120),
+        "a periodic checkpoint",
+        |j| j["last_checkpoint_at"].is_string(),
+    )
+    .await;
+    first_agent.vanish();
+    let second = api
+        .wait_job(job, Duration::from_secs(90), "attempt 2 running", |j| {
+            j["state"] == "running" && j["attempts"] == 2
+        })
+        .await;
+    assert_eq!(second["node"], "host-y");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = api.logs(job).await;
+    let s = starts(&log);
+    assert_eq!(s.len(), 2, "{log}");
+    assert!(
+        s[1] >= 50,
+        "attempt 2 resumed from the periodic checkpoint (about a minute in): {log}"
+    );
+    timeline.assert_no_overlap();
+    remove_containers(&[job]);
+}
