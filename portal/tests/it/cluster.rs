@@ -26,29 +26,54 @@ fn run(cmd: &[&str]) {
     );
 }
 
+/// A workspace binary of the same profile as this test, built (once) if needed.
+fn workspace_binary(package: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/it-<hash> or target/<profile>/examples/soak -> target/<profile>
+    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let bin = dir.join(package);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-p", package, "--bin", package])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    if dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("cargo builds the workspace binary");
+    assert!(
+        status.success() && bin.exists(),
+        "cannot build {}",
+        bin.display()
+    );
+    bin
+}
+
 /// The `commons-agent` binary, built if missing (the portal's tests do not build it).
 pub fn agent_binary() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().unwrap();
-            // target/<profile>/deps/it-<hash> -> target/<profile>/commons-agent
-            let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-            let bin = dir.join("commons-agent");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = Command::new(cargo)
-                .args(["build", "-p", "commons-agent", "--bin", "commons-agent"])
-                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-                .status()
-                .expect("cargo builds the agent");
-            assert!(
-                status.success() && bin.exists(),
-                "cannot build {}",
-                bin.display()
-            );
-            bin
+        .get_or_init(|| workspace_binary("commons-agent"))
+        .clone()
+}
+
+/// The `commons-portal` binary.
+pub fn portal_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| match option_env!("CARGO_BIN_EXE_commons-portal") {
+            Some(p) => PathBuf::from(p),
+            None => workspace_binary("commons-portal"),
         })
         .clone()
+}
+
+/// The demo image the jobs run, built once.
+pub fn demo_image() {
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        commons_portal::demo::ensure_demo_image()
+            .expect("the demo image is needed: Docker and busybox-static must be installed")
+    });
 }
 
 fn free_port() -> u16 {
@@ -168,7 +193,7 @@ impl PortalProcess {
     }
 
     pub fn admin(&self, args: &[&str]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_commons-portal"))
+        let out = Command::new(portal_binary())
             .args(["admin", "--database-url", &self.db_url])
             .args(args)
             .output()
@@ -183,7 +208,7 @@ impl PortalProcess {
 
     fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("portal.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_commons-portal"))
+        let child = Command::new(portal_binary())
             .args(["serve", "--config"])
             .arg(&self.config)
             .stdout(Stdio::null())
@@ -247,7 +272,7 @@ impl AgentProcess {
         name: &str,
         gpus: &str,
     ) -> AgentProcess {
-        crate::harness::demo_image();
+        demo_image();
         let mut a = AgentProcess {
             state: tempfile::tempdir().unwrap(),
             portal: format!("http://{}:{}", host.gateway, portal.port),
