@@ -17,6 +17,7 @@
 //! - A result is on disk before its container goes, and reported until acknowledged, so a
 //!   job is never lost by an agent restart.
 
+pub mod checkpoint;
 pub mod clock;
 pub mod config;
 pub mod executor;
