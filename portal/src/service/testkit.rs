@@ -6,7 +6,6 @@ use crate::validate::{self, JobRequest};
 
 pub struct Campus {
     pub node: Node,
-    pub gpu: i64,
     /// Jobs that each run attempt 1 on `node` (state `starting`).
     pub jobs: Vec<Job>,
 }
@@ -55,9 +54,5 @@ pub fn campus(c: &mut DbConn, n: usize) -> Campus {
         })
         .collect();
     let node = db::nodes::node_by_id(c, node.id).unwrap();
-    Campus {
-        node,
-        gpu: gpu_id,
-        jobs,
-    }
+    Campus { node, jobs }
 }

@@ -170,6 +170,19 @@ impl PortalProcess {
             db_url,
         };
         p.admin(&["create-lab", "vision", "--name", "Vision"]);
+        // Job ids of their own: tests run side by side on one Docker Engine, and the
+        // containers' labels name jobs by id.
+        {
+            use diesel::{Connection, RunQueryDsl};
+            let path = p.db_url.trim_start_matches("sqlite://");
+            let mut c = diesel::SqliteConnection::establish(path).unwrap();
+            let first = 1_000_000 + u64::from(rand::random::<u32>() % 1_000_000) * 1000;
+            diesel::sql_query(format!(
+                "INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', {first})"
+            ))
+            .execute(&mut c)
+            .unwrap();
+        }
         p.admin(&[
             "create-user",
             "alice",
