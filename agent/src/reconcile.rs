@@ -18,18 +18,26 @@
 //!    (its exit code is read; it is never stopped, since it already ended).
 //! 3. Running: `Stop` it, once, when the portal asked (with the portal's grace), when its
 //!    lease ran out, or when its time limit passed (with [`ENFORCE_GRACE`]). A stop begun
-//!    before a restart is issued again with what is left of its grace.
+//!    before a restart is issued again with what is left of its grace. Otherwise, when the
+//!    job asked for periodic checkpoints and one is due, `Snapshot` it (one at a time).
 //! 4. Ended (or never created, or lost): `Record` its result, which the executor writes to
 //!    `result.json`. From then on it is in every heartbeat, so a report sent into a dying
 //!    connection is not lost; a result not yet on disk is recorded again.
 //! 5. Recorded and on disk: `Remove` its container; only a saved result lets it go.
-//! 6. Removed: `Report` the result as an event.
-//! 7. Reported and acknowledged by the portal (a `Renew` left it out): `Forget` it.
+//! 6. Removed, once no snapshot is in flight: when it was stopped (see
+//!    [`uploads_checkpoint`]), `Upload` its checkpoint, once. Until that upload is over
+//!    (stored, nothing to store, or given up) its heartbeats say `running`, not how it
+//!    ended: the portal ends an attempt when it hears its final state, and from then on
+//!    neither takes its checkpoint nor could the next attempt resume from it.
+//! 7. Removed (and uploaded): `Report` the result as an event.
+//! 8. Reported and acknowledged by the portal (a `Renew` left it out): `Forget` it.
 //!
 //! Invariants: at most one action per attempt per call (the next step; the executor marks
 //! work in flight, so a step is never issued twice); a container is stopped at most once per
 //! agent process, and never with more grace than the first stop gave it; nothing is removed
-//! before its result is saved; nothing is forgotten before it is reported and acknowledged.
+//! before its result is saved; a stopped attempt's final state reaches the portal only
+//! after its checkpoint upload is over; nothing is forgotten before it is reported and
+//! acknowledged.
 
 use crate::runtime::AssignedGpu;
 use commons_proto::{Attempt, AttemptReport, AttemptState, JobId, JobSpec, StopReason};
@@ -85,6 +93,8 @@ impl Why {
 pub struct Launch {
     pub spec: JobSpec,
     pub gpus: Vec<AssignedGpu>,
+    /// Restore the job's latest checkpoint into `/checkpoint` before the container starts.
+    pub resume: bool,
 }
 
 /// The portal's order to stop an attempt.
@@ -154,6 +164,35 @@ impl Stopping {
     }
 }
 
+/// Periodic checkpoints of a running attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshots {
+    pub every: Duration,
+    /// The next is due then (boot clock).
+    pub next: Duration,
+    /// One is under way.
+    pub busy: bool,
+}
+
+/// Where the upload after an attempt stopped stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UploadStage {
+    #[default]
+    Pending,
+    /// Under way.
+    Busy,
+    /// Over: stored, nothing to store, or given up (or none was needed).
+    Done,
+}
+
+/// Whether an attempt that ended so has its checkpoint uploaded before it is reported:
+/// every stop (preempted, cancelled, lease expired, time limit, lost) but one the portal
+/// did not expect to run at all. An attempt that exited by itself or failed to start
+/// uploads nothing: a job that ended has nothing to resume.
+pub fn uploads_checkpoint(r: &AttemptResult) -> bool {
+    r.state == AttemptState::Stopped && r.stop != Some(StopReason::NotExpected)
+}
+
 /// How an attempt ended, as the portal is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptResult {
@@ -179,6 +218,10 @@ pub struct ContainerObs {
     pub saved: bool,
     /// The result was sent as an `AttemptEvent`.
     pub reported: bool,
+    /// Periodic checkpoints, when the job asked for them.
+    pub snapshots: Option<Snapshots>,
+    /// The checkpoint upload after it stopped.
+    pub upload: UploadStage,
 }
 
 impl ContainerObs {
@@ -193,12 +236,27 @@ impl ContainerObs {
             result: None,
             saved: false,
             reported: false,
+            snapshots: None,
+            upload: UploadStage::Pending,
         }
+    }
+
+    /// Its result is recorded but must not reach the portal yet: its checkpoint upload is
+    /// not over.
+    pub fn holds_result(&self) -> bool {
+        self.result
+            .as_ref()
+            .is_some_and(|r| uploads_checkpoint(r) && self.upload != UploadStage::Done)
+    }
+
+    fn snapshot_busy(&self) -> bool {
+        self.snapshots.as_ref().is_some_and(|s| s.busy)
     }
 
     /// What the portal is told about this attempt in `Hello` and heartbeats.
     pub fn report(&self) -> AttemptReport {
         let (state, exit_code, stop, reason) = match (&self.result, &self.phase) {
+            (Some(_), _) if self.holds_result() => (AttemptState::Running, None, None, None),
             (Some(r), _) => (r.state, r.exit_code, r.stop, r.reason.clone()),
             (None, Phase::Creating | Phase::NotCreated { .. }) => {
                 (AttemptState::Starting, None, None, None)
@@ -241,6 +299,13 @@ pub enum Action {
         grace: Duration,
         stopping: Stopping,
     },
+    /// Archive and upload the running attempt's checkpoint directory; the one after is due
+    /// at `next`.
+    Snapshot {
+        job: JobId,
+        attempt: Attempt,
+        next: Duration,
+    },
     /// Keep how the attempt ended (in `result.json`, and in heartbeats until the portal
     /// acknowledges it).
     Record {
@@ -254,6 +319,8 @@ pub enum Action {
         attempt: Attempt,
         container: String,
     },
+    /// Upload the stopped attempt's checkpoint directory, before it is reported.
+    Upload { job: JobId, attempt: Attempt },
     /// Send the recorded result as an `AttemptEvent`.
     Report {
         job: JobId,
@@ -270,7 +337,9 @@ impl Action {
             Action::Start { job, attempt, .. }
             | Action::Adopt { job, attempt, .. }
             | Action::Stop { job, attempt, .. }
+            | Action::Snapshot { job, attempt, .. }
             | Action::Record { job, attempt, .. }
+            | Action::Upload { job, attempt }
             | Action::Remove { job, attempt, .. }
             | Action::Report { job, attempt, .. }
             | Action::Forget { job, attempt } => (*job, *attempt),
@@ -371,7 +440,17 @@ fn here(
                         },
                     ),
                     None => {
-                        let (grace, why) = why_stop(want, h.deadline, now)?;
+                        let Some((grace, why)) = why_stop(want, h.deadline, now) else {
+                            return h
+                                .snapshots
+                                .as_ref()
+                                .filter(|s| !s.busy && now >= s.next)
+                                .map(|s| Action::Snapshot {
+                                    job,
+                                    attempt,
+                                    next: now.saturating_add(s.every),
+                                });
+                        };
                         let stopping = Stopping {
                             why,
                             grace,
@@ -418,11 +497,24 @@ fn here(
             container: container.clone(),
         }),
         Phase::Creating | Phase::Removing { .. } => None,
-        Phase::Removed | Phase::NotCreated { .. } if !h.reported => Some(Action::Report {
-            job,
-            attempt,
-            result: result.clone(),
-        }),
+        Phase::Removed | Phase::NotCreated { .. } if !h.reported => {
+            if h.snapshot_busy() {
+                // It ends soon (cancelled when the container stopped); the directory is
+                // one snapshot's at a time.
+                return None;
+            }
+            match h.upload {
+                _ if !uploads_checkpoint(result) => {}
+                UploadStage::Pending => return Some(Action::Upload { job, attempt }),
+                UploadStage::Busy => return None,
+                UploadStage::Done => {}
+            }
+            Some(Action::Report {
+                job,
+                attempt,
+                result: result.clone(),
+            })
+        }
         Phase::Removed | Phase::NotCreated { .. } => want
             .is_none_or(|w| w.acknowledged)
             .then_some(Action::Forget { job, attempt }),

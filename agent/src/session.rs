@@ -7,11 +7,14 @@
 //! executor, which remembers when it sent each: the leases in `Start` and `Renew` count from
 //! there. A `Stop` for an attempt the agent does not know is answered with a report that it
 //! is stopped, per the protocol's one rule. A portal that refuses this agent's protocol
-//! version says so in its close frame, which is logged as an error.
+//! version says so in its close frame, which is logged as an error. Checkpoints travel over
+//! plain HTTP to the same portal, with the same credential (`checkpoint::client`).
 
+use crate::checkpoint::{CheckpointClient, Policy};
 use crate::executor::{Admission, Executor};
 use crate::gpu::{self, GpuSource};
 use crate::guard;
+use crate::reconcile::Launch;
 use crate::runtime::{AssignedGpu, DockerRuntime};
 use crate::state::{self, NodeCredential};
 use crate::store::Store;
@@ -48,8 +51,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         );
     }
     let store = Store::new(&config.state_dir).with_guard(program);
+    let checkpoints = CheckpointClient::new(&config.portal, &cred.credential, Policy::default())
+        .context("setting up the checkpoint client")?;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let exec = Executor::new(runtime, tx, store);
+    let exec = Executor::with_checkpoints(runtime, tx, store, Some(checkpoints));
     exec.adopt().await?;
 
     let mut backoff = Duration::from_secs(1);
@@ -263,6 +268,7 @@ fn handle(msg: PortalMsg, exec: &Executor, inventory: &[GpuInfo]) -> Option<Dura
             spec,
             gpus,
             lease,
+            resume,
         } => {
             let assigned = gpus
                 .iter()
@@ -274,8 +280,13 @@ fn handle(msg: PortalMsg, exec: &Executor, inventory: &[GpuInfo]) -> Option<Dura
                         .is_none_or(|g| g.fake),
                 })
                 .collect();
-            tracing::info!(job, attempt, image = %spec.image, "start");
-            match exec.start(job, attempt, spec, assigned, lease) {
+            tracing::info!(job, attempt, image = %spec.image, resume, "start");
+            let launch = Launch {
+                spec,
+                gpus: assigned,
+                resume,
+            };
+            match exec.start_with(job, attempt, launch, lease) {
                 Admission::Accepted | Admission::Duplicate => {}
                 Admission::LeaseUnknown => tracing::warn!(
                     job,

@@ -11,12 +11,14 @@
 //!     stopped.json   StoppedFile: written by the guard *before* it stops the container, so
 //!                    whoever sees the container end knows why
 //!     result.json    ResultFile: how the attempt ended, written before its container is removed
+//!     checkpoint/ ...  the attempt's /checkpoint and its upload state (see `checkpoint`)
 //! ```
 //!
 //! Invariants: every file is written whole (a temporary file, then a rename), so a reader
 //! sees the old or the new content, never a mix; `result.json` is also synced before the
 //! container may go; the directory is deleted only once the portal acknowledged the result.
 
+use crate::checkpoint::{self, CheckpointFile};
 use crate::reconcile::Key;
 use crate::state::StateError;
 use commons_proto::{Attempt, AttemptState, JobId, StopReason};
@@ -89,6 +91,15 @@ pub struct OnDisk {
     pub lease: Option<LeaseFile>,
     pub stopped: Option<StoppedFile>,
     pub result: Option<ResultFile>,
+    /// `checkpoint.json`: snapshot interval, whether the final upload is over.
+    pub checkpoint: Option<CheckpointFile>,
+}
+
+impl OnDisk {
+    /// Nothing here says what became of the attempt: a leftover directory.
+    pub fn is_stray(&self) -> bool {
+        self.lease.is_none() && self.stopped.is_none() && self.result.is_none()
+    }
 }
 
 /// The attempts directory of a state dir, and the guard program to run for each attempt.
@@ -185,6 +196,7 @@ impl Store {
                     lease: read_logged(&dir.join(LEASE_FILE)),
                     stopped: read_logged(&dir.join(STOPPED_FILE)),
                     result: read_logged(&dir.join(RESULT_FILE)),
+                    checkpoint: read_logged(&dir.join(checkpoint::STATE_FILE)),
                 },
             );
         }

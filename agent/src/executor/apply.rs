@@ -5,30 +5,40 @@
 //! Invariants: `result.json` is written (and synced) in `Record`, before the pass that may
 //! `Remove` the container; `lease.json` is written before the container is created and
 //! again once its id is known, whether or not the executor still exists by then, and the
-//! guard is started right after, so no started container is ever without its fence.
+//! guard is started right after, so no started container is ever without its fence; the
+//! checkpoint directory exists (restored, when asked) before the container is created,
+//! and no container is created once the executor is gone.
 
-use super::{lock, upgrade, Executor, Inner, Table};
+use super::{checkpoints, lock, upgrade, Executor, Inner, Table};
 use crate::clock::{self, to_ms};
 use crate::guard;
-use crate::reconcile::{Action, ContainerObs, Key, Launch, Phase, ENFORCE_GRACE};
+use crate::reconcile::{Action, ContainerObs, Key, Launch, Phase, Snapshots, ENFORCE_GRACE};
 use crate::runtime::ContainerRuntime;
 use crate::store::{self, LeaseFile, ResultFile, StopMark, Store, LOG_TAIL_MAX};
 use commons_proto::{AgentMsg, AttemptState, StopReason};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 impl<R: ContainerRuntime> Executor<R> {
-    pub(super) fn apply(&self, t: &mut Table, action: Action) {
+    pub(super) fn apply(&self, t: &mut Table, action: Action, now: Duration) {
         let key = action.key();
         let (job, attempt) = key;
         match action {
             Action::Start {
                 launch, deadline, ..
             } => {
-                tracing::info!(job, attempt, image = %launch.spec.image, "starting");
-                t.have.insert(
-                    key,
-                    ContainerObs::new(job, attempt, Phase::Creating, Some(deadline)),
-                );
+                tracing::info!(job, attempt, image = %launch.spec.image, resume = launch.resume, "starting");
+                let mut obs = ContainerObs::new(job, attempt, Phase::Creating, Some(deadline));
+                obs.snapshots = launch
+                    .spec
+                    .checkpoint_interval_s
+                    .filter(|s| *s > 0)
+                    .map(|s| Snapshots {
+                        every: Duration::from_secs(s),
+                        next: now.saturating_add(Duration::from_secs(s)),
+                        busy: false,
+                    });
+                t.have.insert(key, obs);
                 let lease = self.lease_file(t, key);
                 if let Some(l) = &lease {
                     self.write_lease(key, l);
@@ -77,6 +87,8 @@ impl<R: ContainerRuntime> Executor<R> {
                 if let Some(h) = t.have.get_mut(&key) {
                     h.stopping = Some(stopping);
                 }
+                // The checkpoint the job writes in its grace is uploaded once it stopped.
+                checkpoints::cancel_snapshot(t, key);
                 // The guard now only makes sure this stop finishes; a restarted agent
                 // gives it what is left of this grace.
                 self.save_lease(t, key);
@@ -87,7 +99,10 @@ impl<R: ContainerRuntime> Executor<R> {
                     }
                 });
             }
+            Action::Snapshot { next, .. } => self.begin_snapshot(t, key, next),
+            Action::Upload { .. } => self.begin_upload(t, key),
             Action::Record { result, .. } => {
+                checkpoints::cancel_snapshot(t, key);
                 let tail = t
                     .tails
                     .get(&key)
@@ -149,6 +164,7 @@ impl<R: ContainerRuntime> Executor<R> {
                 t.want.remove(&key);
                 t.have.remove(&key);
                 t.tails.remove(&key);
+                t.cancels.remove(&key);
                 if let Err(e) = self.inner.store.remove(key) {
                     tracing::warn!(job, attempt, "cannot remove the attempt's directory: {e}");
                 }
@@ -216,9 +232,15 @@ async fn start_task<R: ContainerRuntime>(
     lease: Option<LeaseFile>,
 ) {
     let (job, attempt) = key;
-    let created = runtime
-        .create_and_start(job, attempt, &launch.spec, &launch.gpus)
-        .await;
+    let created = match checkpoints::prepare(&weak, &store, key, &launch).await {
+        Some(Ok(mount)) => runtime
+            .create_and_start(job, attempt, &launch.spec, &launch.gpus, &mount)
+            .await
+            .map_err(|e| e.to_string()),
+        Some(Err(e)) => Err(e),
+        // The agent went away while restoring: nothing was created.
+        None => return,
+    };
     let Some(exec) = upgrade(&weak) else {
         // The agent is gone: fence the container anyway, with the deadlines it had.
         if let (Ok(id), Some(mut l)) = (created, lease) {
@@ -237,9 +259,7 @@ async fn start_task<R: ContainerRuntime>(
         match created {
             Err(e) => {
                 tracing::warn!(job, attempt, "cannot start: {e}");
-                h.phase = Phase::NotCreated {
-                    error: e.to_string(),
-                };
+                h.phase = Phase::NotCreated { error: e };
             }
             Ok(id) => {
                 h.phase = Phase::Running {

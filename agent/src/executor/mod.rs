@@ -7,9 +7,10 @@
 //! time limits and leases, runs a reconcile pass ([`Executor::step`]):
 //! 1. Snapshot the table and call [`reconcile`] with the boot-clock time.
 //! 2. Apply each action (`apply.rs`): bookkeeping (`Record`, `Report`, `Forget`, `Adopt`)
-//!    at once, under the table's lock; runtime calls (`Start`, `Stop`, `Remove`) are marked
-//!    in flight in the table, then spawned, and each reports back by changing the table and
-//!    running another pass.
+//!    at once, under the table's lock; runtime calls (`Start`, `Stop`, `Remove`) and
+//!    checkpoint journeys (`Snapshot`, `Upload`, in `checkpoints.rs`) are marked in flight
+//!    in the table, then spawned, and each reports back by changing the table and running
+//!    another pass.
 //! 3. Repeat until a pass returns nothing, or the same actions as the last one (a write
 //!    that keeps failing is retried on the next tick, not in a busy loop).
 //!
@@ -29,14 +30,20 @@
 //! - One container per attempt, followed by exactly one watcher (`watch.rs`) that forwards
 //!   its logs and waits for its end; a failed wait is not an end (the container is
 //!   inspected again); the logs are drained before the end is recorded.
+//! - Checkpoints (`checkpoints.rs`): a `Start` with `resume` restores the job's latest
+//!   checkpoint before the container is created; a snapshot in flight is cancelled when
+//!   the attempt's stop begins or its end is recorded; a stopped attempt's final state is
+//!   sent only after its upload is over (see `reconcile`).
 //! - Background tasks hold the table weakly: once the last `Executor` handle is dropped
 //!   (the agent stopped), they touch nothing, and the containers are left to their guards
 //!   and to the next agent, which re-adopts them with the deadlines on disk.
 
 mod apply;
+mod checkpoints;
 mod restore;
 mod watch;
 
+use crate::checkpoint::CheckpointClient;
 use crate::clock::{self, SentLog};
 use crate::gpu::{GpuError, GpuSource};
 use crate::reconcile::{reconcile, Assignment, ContainerObs, Key, Launch, Phase, StopOrder, Why};
@@ -47,6 +54,7 @@ use commons_proto::{
     StopReason, PROTOCOL_VERSION,
 };
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -61,6 +69,8 @@ struct Table {
     have: BTreeMap<Key, ContainerObs>,
     /// The end of each followed attempt's output, for `result.json`.
     tails: BTreeMap<Key, Arc<Mutex<String>>>,
+    /// Cancels the snapshot in flight of each attempt that has one.
+    cancels: BTreeMap<Key, Arc<AtomicBool>>,
     sent: SentLog,
 }
 
@@ -68,6 +78,8 @@ struct Inner<R> {
     runtime: Arc<R>,
     events: mpsc::UnboundedSender<AgentMsg>,
     store: Store,
+    /// The portal's checkpoint store; `None`: checkpoints stay on this server.
+    checkpoints: Option<CheckpointClient>,
     boot_id: String,
     table: Mutex<Table>,
 }
@@ -108,18 +120,31 @@ fn upgrade<R>(weak: &Weak<Inner<R>>) -> Option<Executor<R>> {
 }
 
 impl<R: ContainerRuntime> Executor<R> {
-    /// Starts the executor's tick; call it inside a Tokio runtime. Attempts' files live in
-    /// `store`; the agent process gets a fresh random session.
+    /// An executor without a checkpoint store (see [`Executor::with_checkpoints`]).
     pub fn new(runtime: R, events: mpsc::UnboundedSender<AgentMsg>, store: Store) -> Self {
+        Self::with_checkpoints(runtime, events, store, None)
+    }
+
+    /// Starts the executor's tick; call it inside a Tokio runtime. Attempts' files live in
+    /// `store`, their checkpoints travel through `checkpoints`; the agent process gets a
+    /// fresh random session.
+    pub fn with_checkpoints(
+        runtime: R,
+        events: mpsc::UnboundedSender<AgentMsg>,
+        store: Store,
+        checkpoints: Option<CheckpointClient>,
+    ) -> Self {
         let inner = Arc::new(Inner {
             runtime: Arc::new(runtime),
             events,
             store,
+            checkpoints,
             boot_id: clock::boot_id(),
             table: Mutex::new(Table {
                 want: BTreeMap::new(),
                 have: BTreeMap::new(),
                 tails: BTreeMap::new(),
+                cancels: BTreeMap::new(),
                 sent: SentLog::new(rand::random()),
             }),
         });
@@ -203,14 +228,30 @@ impl<R: ContainerRuntime> Executor<R> {
         Ok(())
     }
 
-    /// Starts an attempt unless it is already known (a duplicate `Start` is harmless) or
-    /// its lease grants nothing.
+    /// Starts an attempt from an empty `/checkpoint` (see [`Executor::start_with`]).
     pub fn start(
         &self,
         job: JobId,
         attempt: Attempt,
         spec: JobSpec,
         gpus: Vec<AssignedGpu>,
+        lease: Lease,
+    ) -> Admission {
+        let launch = Launch {
+            spec,
+            gpus,
+            resume: false,
+        };
+        self.start_with(job, attempt, launch, lease)
+    }
+
+    /// Starts an attempt unless it is already known (a duplicate `Start` is harmless) or
+    /// its lease grants nothing; `launch.resume` restores the job's checkpoint first.
+    pub fn start_with(
+        &self,
+        job: JobId,
+        attempt: Attempt,
+        launch: Launch,
         lease: Lease,
     ) -> Admission {
         {
@@ -227,7 +268,7 @@ impl<R: ContainerRuntime> Executor<R> {
                 Assignment {
                     job,
                     attempt,
-                    launch: Some(Arc::new(Launch { spec, gpus })),
+                    launch: Some(Arc::new(launch)),
                     lease_until,
                     stop: None,
                     acknowledged: false,
@@ -367,7 +408,7 @@ impl<R: ContainerRuntime> Executor<R> {
                 return;
             }
             for action in actions.iter().cloned() {
-                self.apply(&mut t, action);
+                self.apply(&mut t, action, now);
             }
             last = actions;
         }

@@ -4,10 +4,14 @@
 //! Invariants: a deadline is restored only from a `lease.json` written in this boot (the
 //! boot clock restarts at boot); without one the lease counts as expired, never as fresh.
 //! Every restored attempt gets an assignment, so its result stays until the portal
-//! acknowledges it.
+//! acknowledges it. A checkpoint upload not marked over in `checkpoint.json` is pending
+//! again (the next agent resumes it); periodic snapshots resume at once, then every
+//! interval.
 
 use crate::clock::from_ms;
-use crate::reconcile::{Assignment, AttemptResult, ContainerObs, Key, Phase, Stopping, Why};
+use crate::reconcile::{
+    Assignment, AttemptResult, ContainerObs, Key, Phase, Snapshots, Stopping, UploadStage, Why,
+};
 use crate::runtime::FoundContainer;
 use crate::store::OnDisk;
 use std::collections::BTreeMap;
@@ -45,7 +49,7 @@ pub(super) fn restore(
     }
     let mut strays = Vec::new();
     for (key, on_disk) in disk {
-        if on_disk == OnDisk::default() {
+        if on_disk.is_stray() {
             strays.push(key);
             continue;
         }
@@ -82,6 +86,16 @@ fn entry(key: Key, phase: Phase, d: OnDisk, boot_id: &str) -> (Assignment, Conta
     });
     let mut obs = ContainerObs::new(job, attempt, phase, deadline);
     obs.stopping = marked.or(by_guard);
+    if let Some(c) = d.checkpoint {
+        if c.final_upload.is_some() {
+            obs.upload = UploadStage::Done;
+        }
+        obs.snapshots = c.interval_s.filter(|s| *s > 0).map(|s| Snapshots {
+            every: Duration::from_secs(s),
+            next: Duration::ZERO,
+            busy: false,
+        });
+    }
     if let Some(r) = d.result {
         obs.result = Some(AttemptResult {
             state: r.state,
@@ -105,6 +119,8 @@ fn entry(key: Key, phase: Phase, d: OnDisk, boot_id: &str) -> (Assignment, Conta
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::{CheckpointFile, FinalUpload};
+    use crate::reconcile::UploadStage;
     use crate::store::{LeaseFile, StopMark, StoppedFile};
     use commons_proto::StopReason;
 
@@ -201,5 +217,53 @@ mod tests {
             gone.stopping.as_ref().unwrap().why.reason,
             StopReason::TimeLimit
         );
+    }
+
+    #[test]
+    fn an_unfinished_upload_is_pending_again_and_snapshots_resume_at_once() {
+        let ck = |interval_s, final_upload| CheckpointFile {
+            interval_s,
+            final_upload,
+            ..Default::default()
+        };
+        let disk = BTreeMap::from([
+            (
+                (1, 2),
+                OnDisk {
+                    lease: Some(lease("b")),
+                    checkpoint: Some(ck(Some(60), None)),
+                    ..Default::default()
+                },
+            ),
+            (
+                (3, 1),
+                OnDisk {
+                    lease: Some(lease("b")),
+                    checkpoint: Some(ck(None, Some(FinalUpload::GivenUp))),
+                    ..Default::default()
+                },
+            ),
+            (
+                (4, 1),
+                OnDisk {
+                    checkpoint: Some(ck(Some(60), None)),
+                    ..Default::default()
+                },
+            ),
+        ]);
+        let r = restore(vec![found(true)], disk, "b");
+        let running = &r.attempts[0].1;
+        assert_eq!(running.upload, UploadStage::Pending);
+        let s = running.snapshots.clone().unwrap();
+        assert_eq!(
+            (s.every, s.next, s.busy),
+            (Duration::from_secs(60), Duration::ZERO, false)
+        );
+        assert_eq!(
+            r.attempts[1].1.upload,
+            UploadStage::Done,
+            "over: not tried again"
+        );
+        assert_eq!(r.strays, [(4, 1)], "a checkpoint.json alone says nothing");
     }
 }

@@ -3,14 +3,19 @@
 //! [`container_body`] is the one place that decides how a job's container looks (pure,
 //! unit-tested): labelled with its job and attempt, non-root, no privileges, every
 //! capability dropped, `no-new-privileges`, memory/CPU/pid limits, and the assigned GPUs
-//! as an NVIDIA device request plus `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES`.
+//! as an NVIDIA device request plus `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES`, and
+//! the attempt's checkpoint directory as its one host path (a bind mount at `/checkpoint`).
 //! Images are never pulled: a missing image is an error the job's owner sees.
 
 use super::{
-    container_name, AssignedGpu, ContainerRuntime, ContainerStatus, FoundContainer, RuntimeError,
-    LABEL_AGENT,
+    container_name, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
+    FoundContainer, RuntimeError, LABEL_AGENT,
 };
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
+use crate::checkpoint;
+use bollard::models::{
+    ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountBindOptions,
+    MountBindOptionsPropagationEnum, MountType,
+};
 use bollard::query_parameters::{
     CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions,
     StopContainerOptions, TopOptions, WaitContainerOptions,
@@ -32,6 +37,7 @@ pub fn container_body(
     attempt: Attempt,
     spec: &JobSpec,
     gpus: &[AssignedGpu],
+    ckpt: &CheckpointMount,
 ) -> ContainerCreateBody {
     let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
     let visible = if uuids.is_empty() {
@@ -49,6 +55,14 @@ pub fn container_body(
     env.push(format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")));
     env.push(format!("COMMONS_JOB_ID={job}"));
     env.push(format!("COMMONS_ATTEMPT={attempt}"));
+    env.push(format!(
+        "{}={}",
+        checkpoint::ENV_DIR,
+        checkpoint::CONTAINER_DIR
+    ));
+    if ckpt.resumed {
+        env.push(format!("{}=1", checkpoint::ENV_RESUME));
+    }
     let real: Vec<String> = gpus
         .iter()
         .filter(|g| !g.fake)
@@ -88,6 +102,17 @@ pub fn container_body(
             privileged: Some(false),
             init: Some(true),
             device_requests,
+            mounts: Some(vec![Mount {
+                target: Some(checkpoint::CONTAINER_DIR.into()),
+                source: Some(ckpt.host_dir.to_string_lossy().into_owned()),
+                typ: Some(MountType::BIND),
+                read_only: Some(false),
+                bind_options: Some(MountBindOptions {
+                    propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
             tmpfs: Some(HashMap::from([(
                 "/tmp".to_string(),
                 "rw,nosuid,nodev,size=1g".to_string(),
@@ -134,6 +159,7 @@ impl ContainerRuntime for DockerRuntime {
         attempt: Attempt,
         spec: &JobSpec,
         gpus: &[AssignedGpu],
+        checkpoint: &CheckpointMount,
     ) -> Result<String, RuntimeError> {
         match self.docker.inspect_image(&spec.image).await {
             Ok(_) => {}
@@ -154,7 +180,7 @@ impl ContainerRuntime for DockerRuntime {
                 }),
             )
             .await;
-        let body = container_body(&self.agent_id, job, attempt, spec, gpus);
+        let body = container_body(&self.agent_id, job, attempt, spec, gpus, checkpoint);
         let created = self
             .docker
             .create_container(
@@ -344,6 +370,14 @@ mod tests {
             memory_mb: 1024,
             time_limit_s: 60,
             user: "alice".into(),
+            checkpoint_interval_s: None,
+        }
+    }
+
+    fn ckpt(resumed: bool) -> CheckpointMount {
+        CheckpointMount {
+            host_dir: "/var/lib/commons-agent/attempts/42-2/checkpoint".into(),
+            resumed,
         }
     }
 
@@ -359,7 +393,7 @@ mod tests {
                 fake: false,
             },
         ];
-        let body = container_body("ag", 42, 2, &spec(), &gpus);
+        let body = container_body("ag", 42, 2, &spec(), &gpus, &ckpt(false));
         assert_eq!(body.user.as_deref(), Some(JOB_USER));
         let labels = body.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_JOB], "42");
@@ -371,7 +405,16 @@ mod tests {
         assert_eq!(hc.memory, Some(1024 * 1024 * 1024));
         assert_eq!(hc.nano_cpus, Some(1_000_000_000));
         assert_eq!(hc.pids_limit, Some(PIDS_LIMIT));
-        assert!(hc.binds.is_none(), "no host paths");
+        assert!(hc.binds.is_none(), "no host paths but the checkpoint mount");
+        let mounts = hc.mounts.as_ref().unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].typ, Some(MountType::BIND));
+        assert_eq!(mounts[0].target.as_deref(), Some("/checkpoint"));
+        assert_eq!(
+            mounts[0].source.as_deref(),
+            Some("/var/lib/commons-agent/attempts/42-2/checkpoint")
+        );
+        assert_eq!(mounts[0].read_only, Some(false));
         let dr = &hc.device_requests.as_ref().unwrap()[0];
         assert_eq!(
             dr.device_ids.as_deref(),
@@ -383,6 +426,34 @@ mod tests {
         assert!(env.contains(&"COMMONS_JOB_ID=42".to_string()));
         assert!(!env.contains(&"COMMONS_JOB_ID=spoof".to_string()));
         assert!(env.contains(&"A=1".to_string()));
+        assert!(env.contains(&"COMMONS_CHECKPOINT_DIR=/checkpoint".to_string()));
+        assert!(!env.iter().any(|e| e.starts_with("COMMONS_RESUME")));
+    }
+
+    #[test]
+    fn a_restored_checkpoint_sets_commons_resume_and_the_job_cannot_spoof_it() {
+        let mut s = spec();
+        s.env.insert("COMMONS_RESUME".into(), "1".into());
+        s.env.insert("COMMONS_CHECKPOINT_DIR".into(), "/tmp".into());
+        let fresh = container_body("ag", 42, 2, &s, &[], &ckpt(false))
+            .env
+            .unwrap();
+        assert!(
+            !fresh.iter().any(|e| e.starts_with("COMMONS_RESUME")),
+            "{fresh:?}"
+        );
+        assert!(!fresh.contains(&"COMMONS_CHECKPOINT_DIR=/tmp".to_string()));
+        let resumed = container_body("ag", 42, 2, &s, &[], &ckpt(true))
+            .env
+            .unwrap();
+        assert_eq!(
+            resumed
+                .iter()
+                .filter(|e| e.starts_with("COMMONS_RESUME"))
+                .count(),
+            1
+        );
+        assert!(resumed.contains(&"COMMONS_RESUME=1".to_string()));
     }
 
     #[test]
@@ -398,7 +469,7 @@ mod tests {
             uuid: "GPU-fake-00-A100-80GB".into(),
             fake: true,
         }];
-        let body = container_body("ag", 1, 1, &spec(), &gpus);
+        let body = container_body("ag", 1, 1, &spec(), &gpus, &ckpt(false));
         assert!(body.host_config.unwrap().device_requests.is_none());
         assert!(body
             .env

@@ -15,6 +15,9 @@
 //! - Images are never pulled: a missing image is [`RuntimeError::ImageMissing`].
 //! - [`ContainerRuntime::wait`] may fail while the container still runs (the engine
 //!   restarted, the connection broke): [`ContainerRuntime::inspect`] tells the two apart.
+//! - Every container gets its attempt's [`CheckpointMount`]: the host directory
+//!   read-write at `/checkpoint`, `COMMONS_CHECKPOINT_DIR=/checkpoint`, and
+//!   `COMMONS_RESUME=1` exactly when the directory holds a restored checkpoint.
 
 pub mod docker;
 
@@ -24,6 +27,7 @@ use commons_proto::{Attempt, JobId, JobSpec};
 use futures_util::Stream;
 use std::collections::BTreeSet;
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -48,6 +52,16 @@ pub struct AssignedGpu {
     pub uuid: String,
     /// Fake GPUs get no device request: no NVIDIA runtime could honour it.
     pub fake: bool,
+}
+
+/// An attempt's checkpoint directory, as its container gets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointMount {
+    /// The directory on the host (`<attempt dir>/checkpoint`), bind-mounted read-write at
+    /// `/checkpoint`.
+    pub host_dir: PathBuf,
+    /// It holds a restored checkpoint: the job sees `COMMONS_RESUME=1`.
+    pub resumed: bool,
 }
 
 /// A container of ours found on the engine.
@@ -86,6 +100,7 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         attempt: Attempt,
         spec: &JobSpec,
         gpus: &[AssignedGpu],
+        checkpoint: &CheckpointMount,
     ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
 
     /// Every container of this agent, running or not, in (job, attempt) order.

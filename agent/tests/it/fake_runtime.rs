@@ -1,11 +1,13 @@
 //! An in-memory `ContainerRuntime` with every call visible (and waits that can fail, and
-//! containers that can vanish), plus the helpers the executor tests share: a setup over a
+//! containers that can vanish; each create records its checkpoint mount and the
+//! environment the Docker runtime would give the container), plus the helpers the executor tests share: a setup over a
 //! temporary state dir, leases granted from the executor's own numbered messages, and an
 //! event collector.
 
 use commons_agent::executor::Executor;
 use commons_agent::runtime::{
-    AssignedGpu, ContainerRuntime, ContainerStatus, FoundContainer, RuntimeError,
+    container_body, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
+    FoundContainer, RuntimeError,
 };
 use commons_agent::store::{self, LeaseFile, Store};
 use commons_proto::{
@@ -35,8 +37,19 @@ struct FakeContainer {
     exit: watch::Sender<Option<i64>>,
 }
 
+/// What one create was given.
+#[derive(Debug, Clone)]
+pub(crate) struct Created {
+    pub job: JobId,
+    pub attempt: Attempt,
+    pub mount: CheckpointMount,
+    /// The container's environment, as `container_body` makes it.
+    pub env: Vec<String>,
+}
+
 #[derive(Clone, Default)]
 pub(crate) struct FakeRuntime {
+    pub created: Arc<Mutex<Vec<Created>>>,
     containers: Arc<Mutex<BTreeMap<String, FakeContainer>>>,
     calls: Arc<Mutex<Vec<Call>>>,
     /// Containers whose next `wait` fails (the engine hiccups).
@@ -92,6 +105,18 @@ impl FakeRuntime {
         self.containers.lock().unwrap().keys().cloned().collect()
     }
 
+    /// What the last create of `(job, attempt)` was given.
+    pub(crate) fn created_of(&self, job: JobId, attempt: Attempt) -> Created {
+        self.created
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|c| (c.job, c.attempt) == (job, attempt))
+            .cloned()
+            .expect("created")
+    }
+
     pub(crate) fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
     }
@@ -111,9 +136,17 @@ impl ContainerRuntime for FakeRuntime {
         job: JobId,
         attempt: Attempt,
         spec: &JobSpec,
-        _gpus: &[AssignedGpu],
+        gpus: &[AssignedGpu],
+        checkpoint: &CheckpointMount,
     ) -> Result<String, RuntimeError> {
         self.calls.lock().unwrap().push(Call::Create(job, attempt));
+        let body = container_body("fake", job, attempt, spec, gpus, checkpoint);
+        self.created.lock().unwrap().push(Created {
+            job,
+            attempt,
+            mount: checkpoint.clone(),
+            env: body.env.unwrap_or_default(),
+        });
         if spec.image.starts_with("missing") {
             return Err(RuntimeError::ImageMissing(spec.image.clone()));
         }
@@ -248,7 +281,7 @@ pub(crate) struct End {
 }
 
 impl Events {
-    fn new(rx: mpsc::UnboundedReceiver<AgentMsg>) -> Self {
+    pub(crate) fn new(rx: mpsc::UnboundedReceiver<AgentMsg>) -> Self {
         Self { rx, seen: vec![] }
     }
 
@@ -349,6 +382,7 @@ pub(crate) fn spec(image: &str, time_limit_s: u64) -> JobSpec {
         memory_mb: 128,
         time_limit_s,
         user: "alice".into(),
+        checkpoint_interval_s: None,
     }
 }
 

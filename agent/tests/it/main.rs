@@ -2,13 +2,18 @@
 //! tests; [`fake_runtime`] is an in-memory runtime that [`executor`] and [`restart`] drive
 //! the executor through; [`docker`] runs the executor against the real Docker Engine, and
 //! [`guard`] checks the per-attempt guard process there while the agent is down.
+//! [`checkpoints`] drives restores and uploads through the executor against
+//! [`portal_double`], a test double of the portal's checkpoint API over HTTP.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod checkpoints;
 mod docker;
 mod executor;
 mod fake_runtime;
 mod guard;
+mod portal_double;
 mod reconcile;
+mod reconcile_checkpoints;
 mod restart;
 
 use commons_agent::executor::Executor;
@@ -49,6 +54,7 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
         memory_mb: 128,
         time_limit_s,
         user: "tester".into(),
+        checkpoint_interval_s: None,
     }
 }
 

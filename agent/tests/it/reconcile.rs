@@ -1,5 +1,6 @@
 //! Table tests for `reconcile`: one row per situation an attempt can be in, with the one
 //! step expected next; then the properties that hold across rows (order, one step each).
+//! The rows about checkpoints are in `reconcile_checkpoints`, with these helpers.
 
 use commons_agent::reconcile::{
     reconcile, Action, Assignment, AttemptResult, ContainerObs, Launch, Phase, StopOrder, Stopping,
@@ -10,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// "Now" in every row: boot-clock time (a day after boot).
-const NOW: Duration = Duration::from_secs(86_400);
+pub(crate) const NOW: Duration = Duration::from_secs(86_400);
 const LIMIT_S: u64 = 60;
 
-fn secs(s: u64) -> Duration {
+pub(crate) fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
@@ -27,13 +28,15 @@ fn launch() -> Arc<Launch> {
             memory_mb: 128,
             time_limit_s: LIMIT_S,
             user: "alice".into(),
+            checkpoint_interval_s: None,
         },
         gpus: vec![],
+        resume: false,
     })
 }
 
 /// Wanted by the portal, lease well ahead.
-fn want(job: i64) -> Assignment {
+pub(crate) fn want(job: i64) -> Assignment {
     Assignment {
         job,
         attempt: 1,
@@ -44,7 +47,7 @@ fn want(job: i64) -> Assignment {
     }
 }
 
-fn ordered(mut w: Assignment, grace_s: u64, why: Why) -> Assignment {
+pub(crate) fn ordered(mut w: Assignment, grace_s: u64, why: Why) -> Assignment {
     w.stop = Some(StopOrder {
         grace: secs(grace_s),
         why,
@@ -52,19 +55,19 @@ fn ordered(mut w: Assignment, grace_s: u64, why: Why) -> Assignment {
     w
 }
 
-fn cancelled() -> Why {
+pub(crate) fn cancelled() -> Why {
     Why::ordered(StopReason::Cancelled, None)
 }
 
-fn preempted() -> Why {
+pub(crate) fn preempted() -> Why {
     Why::ordered(StopReason::Preempted, Some("the owner lab needs its GPUs"))
 }
 
-fn lease_why() -> Why {
+pub(crate) fn lease_why() -> Why {
     Why::of(StopReason::LeaseExpired)
 }
 
-fn limit_why() -> Why {
+pub(crate) fn limit_why() -> Why {
     Why::of(StopReason::TimeLimit)
 }
 
@@ -78,25 +81,25 @@ fn acked(mut w: Assignment) -> Assignment {
     w
 }
 
-fn adopted(mut w: Assignment) -> Assignment {
+pub(crate) fn adopted(mut w: Assignment) -> Assignment {
     w.launch = None;
     w
 }
 
-fn c(id: &str) -> String {
+pub(crate) fn c(id: &str) -> String {
     id.to_string()
 }
 
 /// Observed in `phase`, time limit well ahead.
-fn have(job: i64, phase: Phase) -> ContainerObs {
+pub(crate) fn have(job: i64, phase: Phase) -> ContainerObs {
     ContainerObs::new(job, 1, phase, Some(NOW + secs(50)))
 }
 
-fn running(job: i64) -> ContainerObs {
+pub(crate) fn running(job: i64) -> ContainerObs {
     have(job, Phase::Running { container: c("c1") })
 }
 
-fn ended(job: i64, code: i64) -> ContainerObs {
+pub(crate) fn ended(job: i64, code: i64) -> ContainerObs {
     have(
         job,
         Phase::Ended {
@@ -107,7 +110,7 @@ fn ended(job: i64, code: i64) -> ContainerObs {
 }
 
 /// Being stopped by this agent since `NOW - 1 s`, with `grace_s`.
-fn stopping(mut h: ContainerObs, why: Why, grace_s: u64) -> ContainerObs {
+pub(crate) fn stopping(mut h: ContainerObs, why: Why, grace_s: u64) -> ContainerObs {
     h.stopping = Some(Stopping {
         why,
         grace: secs(grace_s),
@@ -134,7 +137,7 @@ fn deadline(mut h: ContainerObs, at: Option<Duration>) -> ContainerObs {
 }
 
 /// Recorded and saved in `result.json`.
-fn recorded(mut h: ContainerObs, r: AttemptResult) -> ContainerObs {
+pub(crate) fn recorded(mut h: ContainerObs, r: AttemptResult) -> ContainerObs {
     h.result = Some(r);
     h.saved = true;
     h
@@ -150,7 +153,7 @@ fn reported(mut h: ContainerObs) -> ContainerObs {
     h
 }
 
-fn exited(code: i64) -> AttemptResult {
+pub(crate) fn exited(code: i64) -> AttemptResult {
     AttemptResult {
         state: AttemptState::Exited,
         exit_code: Some(code),
@@ -159,7 +162,7 @@ fn exited(code: i64) -> AttemptResult {
     }
 }
 
-fn stopped(exit_code: Option<i64>, why: Why) -> AttemptResult {
+pub(crate) fn stopped(exit_code: Option<i64>, why: Why) -> AttemptResult {
     AttemptResult {
         state: AttemptState::Stopped,
         exit_code,
@@ -168,7 +171,7 @@ fn stopped(exit_code: Option<i64>, why: Why) -> AttemptResult {
     }
 }
 
-fn failed(reason: &str) -> AttemptResult {
+pub(crate) fn failed(reason: &str) -> AttemptResult {
     AttemptResult {
         state: AttemptState::Failed,
         exit_code: None,
@@ -178,7 +181,7 @@ fn failed(reason: &str) -> AttemptResult {
 }
 
 /// A fresh stop, now, with `grace`.
-fn stop(job: i64, grace: Duration, why: Why) -> Action {
+pub(crate) fn stop(job: i64, grace: Duration, why: Why) -> Action {
     Action::Stop {
         job,
         attempt: 1,
@@ -236,14 +239,14 @@ fn record(job: i64, r: AttemptResult) -> Action {
     }
 }
 
-struct Row {
+pub(crate) struct Row {
     name: &'static str,
     want: Vec<Assignment>,
     have: Vec<ContainerObs>,
     expect: Vec<Action>,
 }
 
-fn row(
+pub(crate) fn row(
     name: &'static str,
     want: Vec<Assignment>,
     have: Vec<ContainerObs>,
@@ -581,9 +584,13 @@ fn rows() -> Vec<Row> {
 
 #[test]
 fn each_situation_gives_its_one_next_step() {
+    check(&rows());
+}
+
+/// Runs a table: every row's actions must be exactly the expected ones.
+pub(crate) fn check(rows: &[Row]) {
     let mut failures = Vec::new();
-    let rows = rows();
-    for r in &rows {
+    for r in rows {
         let got = reconcile(&r.want, &r.have, NOW);
         if got != r.expect {
             failures.push(format!(
