@@ -121,3 +121,81 @@ async fn stop_uses_the_grace_period_and_an_expired_lease_stops_the_job() {
     assert_eq!(end.stop, Some(StopReason::LeaseExpired));
     assert!(end.reason.unwrap().starts_with("lease expired"));
 }
+
+/// The job writes into `/checkpoint` as uid 65534 and the file lands in the attempt's host
+/// directory; a later attempt that resumes gets it back (restored through the portal's
+/// API, here its test double), sees `COMMONS_RESUME=1`, and may overwrite it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_writes_its_checkpoint_as_uid_65534_and_a_resumed_attempt_reads_it() {
+    use super::portal_double::{PortalDouble, CREDENTIAL};
+    use commons_agent::checkpoint::{CheckpointClient, Policy};
+    use commons_agent::executor::Executor;
+    use commons_agent::reconcile::Launch;
+    use commons_agent::store::{self, Store};
+    use std::os::unix::fs::MetadataExt;
+
+    super::demo_image();
+    let portal = PortalDouble::start(1 << 20).await;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = commons_agent::runtime::DockerRuntime::connect(new_agent_id())
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let client = CheckpointClient::new(&portal.url, CREDENTIAL, Policy::default()).unwrap();
+    let store = Store::new(dir.path()).with_guard(Some(super::guard_exe()));
+    let exec = Executor::with_checkpoints(rt, tx, store, Some(client));
+
+    let write = "echo \"dir=$COMMONS_CHECKPOINT_DIR resume=${COMMONS_RESUME:-none}\"; \
+                 id -u > /checkpoint/uid.tmp && mv /checkpoint/uid.tmp /checkpoint/uid && \
+                 mkdir -p /checkpoint/model && echo 1200 > /checkpoint/model/step";
+    exec.start(
+        20,
+        1,
+        spec(write, 60),
+        vec![],
+        lease_from_hello(&exec, 3600),
+    );
+    let end = final_event(&mut rx).await;
+    assert_eq!(
+        (end.state, end.exit_code),
+        (AttemptState::Exited, Some(0)),
+        "{end:?}"
+    );
+    assert!(
+        end.logs.contains("dir=/checkpoint resume=none"),
+        "{:?}",
+        end.logs
+    );
+    let host = store::attempt_dir(dir.path(), 20, 1).join("checkpoint");
+    assert_eq!(
+        std::fs::read_to_string(host.join("uid")).unwrap(),
+        "65534\n"
+    );
+    let m = std::fs::metadata(host.join("model/step")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (65534, 65534));
+    assert!(portal.seen().is_empty(), "exit 0: nothing uploaded");
+
+    // Attempt 2 resumes from what attempt 1 left (served as the job's latest).
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_dir_all(".", &host).unwrap();
+    let archive = zstd::encode_all(&b.into_inner().unwrap()[..], 3).unwrap();
+    portal.set_latest(archive, None, 1);
+    let read = "echo \"resume=$COMMONS_RESUME step=$(cat /checkpoint/model/step)\"; \
+                echo 1300 > /checkpoint/model/step.tmp && mv /checkpoint/model/step.tmp \
+                /checkpoint/model/step";
+    let launch = Launch {
+        spec: spec(read, 60),
+        gpus: vec![],
+        resume: true,
+    };
+    exec.start_with(20, 2, launch, lease_from_hello(&exec, 3600));
+    let end = final_event(&mut rx).await;
+    assert_eq!(end.exit_code, Some(0), "{end:?}");
+    assert!(end.logs.contains("resume=1 step=1200"), "{:?}", end.logs);
+    let host = store::attempt_dir(dir.path(), 20, 2).join("checkpoint");
+    assert_eq!(
+        std::fs::read_to_string(host.join("model/step")).unwrap(),
+        "1300\n",
+        "the job may overwrite what was restored"
+    );
+}
