@@ -7,6 +7,8 @@
 //! Engine in production). GPUs come from a [`gpu::GpuSource`]: NVML on real servers, a fake
 //! list for tests and demos. Each attempt's state is also on disk ([`store`]), where a
 //! per-attempt [`guard`] process enforces its lease and time limit while the agent is down.
+//! Every job gets a writable `/checkpoint` that [`checkpoint`] restores from, and uploads
+//! to, the portal's checkpoint store.
 //!
 //! Invariants:
 //! - The agent never kills containers when it restarts: it re-adopts them by their labels,
@@ -16,6 +18,9 @@
 //!   agent is down, by the attempt's guard, so a job never runs twice at once.
 //! - A result is on disk before its container goes, and reported until acknowledged, so a
 //!   job is never lost by an agent restart.
+//! - A stopped attempt's checkpoint is uploaded (or given up on, after a bounded time)
+//!   before its final state reaches the portal, so the next attempt, on any server,
+//!   resumes from it.
 
 pub mod checkpoint;
 pub mod clock;

@@ -119,10 +119,10 @@ pub(super) async fn prepare<R: ContainerRuntime>(
         interval_s: launch.spec.checkpoint_interval_s,
         ..Default::default()
     };
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        tracing::error!(job, attempt, "cannot create {}: {e}", dir.display());
+    }
     if launch.resume {
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            tracing::error!(job, attempt, "cannot create {}: {e}", dir.display());
-        }
         match upload::restore(client.as_ref(), job, &dir, &alive).await {
             Restore::Restored {
                 bytes,
