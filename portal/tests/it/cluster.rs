@@ -190,6 +190,8 @@ impl PortalProcess {
             "alice@x.test",
             "--lab",
             "vision",
+            "--role",
+            "admin",
         ]);
         p.admin(&["create-lab", "physics", "--name", "Physics"]);
         p.admin(&[
