@@ -123,11 +123,10 @@ async fn main() {
     let mut reclaim_to_gone: Vec<f64> = Vec::new();
     let started = Instant::now();
     for d in 0..departures {
-        // Let the jobs run (and checkpoint) a while; abrupt departures need a periodic
-        // checkpoint to lose little.
+        // Let the jobs run a while between departures. (An abrupt departure loses what the
+        // job did since its last checkpoint: the one it resumed from, or a periodic one.)
         let abrupt = d % 2 == 1;
-        let settle = if abrupt { INTERVAL_S + 10 } else { 5 };
-        tokio::time::sleep(Duration::from_secs(settle)).await;
+        tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
         // The busiest provider leaves.
         let mut on: BTreeMap<String, Vec<(i64, u64)>> = BTreeMap::new();
         for &j in &jobs {
