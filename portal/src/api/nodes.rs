@@ -7,7 +7,27 @@ use crate::state::AppState;
 use actix_web::{web, HttpResponse};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/nodes", web::get().to(list));
+    cfg.route("/nodes", web::get().to(list))
+        .route("/nodes/{id}/drain", web::post().to(drain))
+        .route("/nodes/{id}/undrain", web::post().to(undrain));
+}
+
+async fn drain(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let view = nodes::set_draining(&state, &user, id.into_inner(), true).await?;
+    Ok(HttpResponse::Ok().json(view))
+}
+
+async fn undrain(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let view = nodes::set_draining(&state, &user, id.into_inner(), false).await?;
+    Ok(HttpResponse::Ok().json(view))
 }
 
 async fn list(state: web::Data<AppState>, _user: CurrentUser) -> Result<HttpResponse, ApiError> {

@@ -69,6 +69,8 @@ pub struct Node {
     pub agent_seq: i64,
     #[serde(skip)]
     pub agent_seq_at: Option<NaiveDateTime>,
+    /// Drained: no new job starts here, guests move elsewhere, owner jobs finish.
+    pub draining: bool,
 }
 
 impl Node {

@@ -324,6 +324,13 @@ pub fn online_node(c: &mut DbConn, id: i64) -> Result<Option<Node>, AppError> {
         .optional()?)
 }
 
+pub fn set_draining(c: &mut DbConn, node: i64, draining: bool) -> Result<(), AppError> {
+    diesel::update(nodes::table.find(node))
+        .set(nodes::draining.eq(draining))
+        .execute(c)?;
+    Ok(())
+}
+
 pub fn node_by_id(c: &mut DbConn, id: i64) -> Result<Node, AppError> {
     nodes::table
         .find(id)

@@ -81,6 +81,7 @@ diesel::table! {
         agent_session -> BigInt,
         agent_seq -> BigInt,
         agent_seq_at -> Nullable<Timestamp>,
+        draining -> Bool,
     }
 }
 

@@ -163,10 +163,11 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                     id: n.id,
                     name: n.name.clone(),
                     lab: n.lab_id,
-                    schedulable: n.online,
+                    // A drained node takes nothing new and gives its guests back.
+                    schedulable: n.online && !n.draining,
                     lending: n.lending_rules(),
                     grace_s: n.grace_s.max(0) as u32,
-                    reclaim: n.reclaim,
+                    reclaim: n.reclaim || n.draining,
                     gpus: gpus
                         .iter()
                         .filter(|g| g.node_id == n.id && g.present)

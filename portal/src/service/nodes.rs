@@ -1,6 +1,7 @@
 //! The campus's servers as users see them: each node with its owner lab, GPUs and
 //! lending state.
 
+use super::{node_admin, Actor, Ctx};
 use crate::db::models::{Gpu, Lab, Node};
 use crate::db::{self, DbConn};
 use crate::error::AppError;
@@ -19,6 +20,8 @@ pub struct NodeView {
     /// Seconds a preempted guest gets here; 0: the campus default.
     pub grace_s: i32,
     pub reclaim: bool,
+    /// No new job starts here; guests move elsewhere; owner jobs finish.
+    pub draining: bool,
 }
 
 /// Every enrolled node with its lab and GPUs (two queries).
@@ -34,6 +37,7 @@ pub fn views(c: &mut DbConn) -> Result<Vec<NodeView>, AppError> {
             lending: n.lending.0,
             grace_s: n.grace_s,
             reclaim: n.reclaim,
+            draining: n.draining,
             id: n.id,
             name: n.name,
             lab: l.slug,
@@ -43,4 +47,41 @@ pub fn views(c: &mut DbConn) -> Result<Vec<NodeView>, AppError> {
             gpus,
         })
         .collect())
+}
+
+/// Drains a node (or ends the drain): its lab's admins or operators. While drained,
+/// nothing new starts there and its guests are preempted (SIGTERM, the grace, their
+/// checkpoint uploaded) to resume elsewhere; the owner's running jobs finish.
+pub async fn set_draining(
+    ctx: &Ctx,
+    actor: &Actor,
+    node: i64,
+    draining: bool,
+) -> Result<NodeView, AppError> {
+    let actor = actor.clone();
+    let view = ctx
+        .db
+        .run(move |c| {
+            let (admin, n) = node_admin(c, &actor, node)?;
+            db::transaction(c, |c| {
+                db::nodes::set_draining(c, node, draining)?;
+                db::audit::record(
+                    c,
+                    admin.user(),
+                    Some(n.lab_id),
+                    if draining { "drain" } else { "undrain" },
+                    &format!("node {}", n.name),
+                    &n.draining.to_string(),
+                    &draining.to_string(),
+                )
+            })?;
+            tracing::info!(node, draining, by = %admin.user().username, "node drain changed");
+            views(c)?
+                .into_iter()
+                .find(|v| v.id == node)
+                .ok_or(AppError::NotFound("node"))
+        })
+        .await?;
+    ctx.wake.notify_one();
+    Ok(view)
 }

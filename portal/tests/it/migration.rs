@@ -127,3 +127,73 @@ async fn a_vanished_server_costs_at_most_one_checkpoint_interval() {
     timeline.assert_no_overlap();
     remove_containers(&[job]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_server_moves_its_guests_from_their_checkpoints_and_finishes_the_owners() {
+    use crate::harness::{Backend, TestPortal};
+    let p = TestPortal::start(Backend::Sqlite).await;
+    let _vision = p.agent("vision", "fake:2xA100-80GB").await;
+    let sleeper = json!({"image": "commons-demo:latest", "command": ["sh", "-c", "sleep 600"],
+                         "gpus": 1, "time_limit_minutes": 30});
+    let owners = p.submit(&p.alice, sleeper.clone()).await;
+    p.wait_state(&p.alice, owners, &["running"], Duration::from_secs(30))
+        .await;
+    // bob (physics) borrows vision's other GPU.
+    let guests = p.submit(&p.bob, counter(None)).await;
+    p.wait_state(&p.bob, guests, &["running"], Duration::from_secs(30))
+        .await;
+    let _physics = p.agent("physics", "fake:1xA100-80GB").await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let nodes = p.get_json(&p.alice, "/api/v1/nodes").await;
+    let vision = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["lab"] == "vision")
+        .unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    let drain = format!("/api/v1/nodes/{vision}/drain");
+    let (status, _) = p.post_json(&p.bob, &drain, &json!({})).await;
+    assert_eq!(status, 403, "only vision's admins drain its server");
+    let (status, view) = p.post_json(&p.carol, &drain, &json!({})).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["draining"], true);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = p.job(&p.bob, guests).await;
+        if j["state"] == "running" && j["attempts"] == 2 {
+            assert_eq!(j["node"], "physics-server", "{j}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "guest moved: {j}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = p.logs(&p.bob, guests).await;
+    let s = starts(&log);
+    assert_eq!(s.len(), 2, "{log}");
+    assert!(s[1] >= 5, "resumed from the count saved at SIGTERM: {log}");
+    assert!(log.contains("resume=1"), "{log}");
+    let o = p.job(&p.alice, owners).await;
+    assert_eq!(
+        o["state"], "running",
+        "the owner's job finishes where it is: {o}"
+    );
+    assert_eq!(o["attempts"], 1);
+    // Nothing new starts on a drained server, the owner's jobs included.
+    let next = p.submit(&p.alice, sleeper.clone()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(p.job(&p.alice, next).await["state"], "queued");
+    let (status, _) = p
+        .post_json(
+            &p.carol,
+            &format!("/api/v1/nodes/{vision}/undrain"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    p.wait_state(&p.alice, next, &["running"], Duration::from_secs(30))
+        .await;
+    p.stop().await;
+}
