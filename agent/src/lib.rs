@@ -29,6 +29,7 @@ pub mod executor;
 pub mod gpu;
 pub mod guard;
 pub mod reconcile;
+pub mod relay;
 pub mod runtime;
 pub mod session;
 pub mod state;

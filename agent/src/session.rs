@@ -15,6 +15,7 @@ use crate::executor::{Admission, Executor};
 use crate::gpu::{self, GpuSource};
 use crate::guard;
 use crate::reconcile::Launch;
+use crate::relay::{self, RelayContext, Relays};
 use crate::runtime::{AssignedGpu, DockerRuntime};
 use crate::state::{self, NodeCredential};
 use crate::store::Store;
@@ -53,6 +54,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let store = Store::new(&config.state_dir).with_guard(program);
     let checkpoints = CheckpointClient::new(&config.portal, &cred.credential, Policy::default())
         .context("setting up the checkpoint client")?;
+    let relay = RelayContext {
+        portal: config.portal.clone(),
+        credential: cred.credential.clone(),
+        docker: runtime.docker(),
+        relays: Relays::default(),
+    };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let exec = Executor::with_checkpoints(runtime, tx, store, Some(checkpoints));
     exec.adopt().await?;
@@ -60,7 +67,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut backoff = Duration::from_secs(1);
     loop {
         let started = std::time::Instant::now();
-        match connect_once(&config, &cred, &*gpus, &inventory, &exec, &mut rx).await {
+        match connect_once(&config, &cred, &*gpus, &inventory, &exec, &relay, &mut rx).await {
             Ok(()) => {}
             Err(e) if is_unauthorized(&e) => {
                 bail!("the portal refused this node's credential (revoked?); enrol again with a new token")
@@ -189,6 +196,7 @@ async fn connect_once(
     gpus: &dyn GpuSource,
     inventory: &[GpuInfo],
     exec: &Executor,
+    relay: &RelayContext,
     rx: &mut mpsc::UnboundedReceiver<AgentMsg>,
 ) -> anyhow::Result<()> {
     let mut req = ws_url(&config.portal).into_client_request()?;
@@ -225,7 +233,7 @@ async fn connect_once(
                                 continue;
                             }
                         };
-                        if let Some(period) = handle(msg, exec, inventory) {
+                        if let Some(period) = handle(msg, exec, relay, inventory) {
                             heartbeat = tokio::time::interval(period);
                         }
                     }
@@ -252,7 +260,12 @@ async fn connect_once(
 }
 
 /// Applies one portal message; returns a new heartbeat period when the portal sets one.
-fn handle(msg: PortalMsg, exec: &Executor, inventory: &[GpuInfo]) -> Option<Duration> {
+fn handle(
+    msg: PortalMsg,
+    exec: &Executor,
+    relay: &RelayContext,
+    inventory: &[GpuInfo],
+) -> Option<Duration> {
     match msg {
         PortalMsg::Welcome {
             node_id,
@@ -306,14 +319,32 @@ fn handle(msg: PortalMsg, exec: &Executor, inventory: &[GpuInfo]) -> Option<Dura
             detail,
         } => {
             tracing::info!(job, attempt, %reason, grace_s, detail = detail.as_deref().unwrap_or(""), "stop");
+            relay
+                .relays
+                .close_attempt(job, attempt, &session_end(job, reason, detail.as_deref()));
             if !exec.stop(job, attempt, grace_s, reason, detail.as_deref()) {
                 // Not ours (any more): say so, so the portal can settle it.
                 exec.report_unknown(job, attempt, reason);
             }
         }
         PortalMsg::Renew { lease, attempts } => exec.renew(lease, &attempts),
+        PortalMsg::OpenRelay(open) => relay::open(relay, exec, open),
     }
     None
+}
+
+/// What an SSH user reads when the job's stop ends their session.
+fn session_end(job: JobId, reason: StopReason, detail: Option<&str>) -> String {
+    let why = match detail.map(str::trim).filter(|d| !d.is_empty()) {
+        Some(d) => format!("{reason}: {d}"),
+        None => reason.to_string(),
+    };
+    let next = if reason.requeues() {
+        " It goes back to the queue; connect again when it runs."
+    } else {
+        ""
+    };
+    format!("GPU Commons: job {job} is stopping ({why}), so this session ends.{next}")
 }
 
 #[cfg(test)]

@@ -21,6 +21,10 @@ pub struct RunningPortal {
     pub server: tokio::task::JoinHandle<std::io::Result<()>>,
     /// The scheduler loop (runs until aborted).
     pub scheduler: tokio::task::JoinHandle<()>,
+    /// The SSH gateway, when `[ssh] listen` is set.
+    pub ssh: Option<crate::ssh::Gateway>,
+    /// Passes other replicas' messages to the agents held here (PostgreSQL only).
+    pub mail: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl RunningPortal {
@@ -40,6 +44,12 @@ impl RunningPortal {
             "leases extended for the shutdown"
         );
         self.scheduler.abort();
+        if let Some(g) = &self.ssh {
+            g.task.abort();
+        }
+        if let Some(m) = &self.mail {
+            m.abort();
+        }
         self.handle.stop(true).await;
     }
 }
@@ -83,6 +93,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             agents: Default::default(),
             wake: Default::default(),
             checkpoints: crate::service::checkpoints::Store::from_config(&config)?,
+            relays: Default::default(),
         },
         config: Arc::new(config.clone()),
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
@@ -118,6 +129,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             )
             .configure(crate::broker::agent::configure)
             .configure(crate::broker::checkpoints::configure)
+            .configure(crate::broker::relay::configure)
             .configure(crate::api::configure)
             .configure(crate::web::configure)
     })
@@ -129,11 +141,23 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     // The server only serves while its future is polled.
     let server = tokio::spawn(server);
     let scheduler = tokio::spawn(crate::broker::tick::run(state.clone()));
+    let mail = (state.db.backend == crate::db::Backend::Postgres)
+        .then(|| tokio::spawn(crate::service::agents::forward_mail(state.ctx.clone())));
+    let ssh = match crate::ssh::start(state.clone()).await {
+        Ok(g) => g,
+        Err(e) => {
+            handle.stop(false).await;
+            scheduler.abort();
+            return Err(e);
+        }
+    };
     Ok(RunningPortal {
         addr,
         state,
         handle,
         server,
         scheduler,
+        ssh,
+        mail,
     })
 }

@@ -30,6 +30,82 @@ pub struct Config {
     pub session_absolute_hours: u64,
     /// Where jobs' `/checkpoint` archives are kept, and how many.
     pub checkpoints: CheckpointsConfig,
+    /// The SSH gateway into running jobs.
+    pub ssh: SshConfig,
+}
+
+/// The SSH gateway (off unless `listen` is set).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SshConfig {
+    /// Address the gateway listens on, e.g. `0.0.0.0:2222` (flag `--ssh-listen`).
+    pub listen: Option<String>,
+    /// The gateway's private host key (OpenSSH format). Made at first start when missing;
+    /// replicas must share one file. Unset: `ssh_host_ed25519_key` beside the SQLite file
+    /// (in the working directory with PostgreSQL).
+    pub host_key_file: Option<PathBuf>,
+    /// The host name users connect to, for the `~/.ssh/config` block on job pages.
+    /// Unset: the host of `public_url`, else of `listen`.
+    pub public_host: Option<String>,
+    /// The port users connect to (a port forward or load balancer may differ from
+    /// `listen`). Unset: the port of `listen`.
+    pub public_port: Option<u16>,
+    /// This replica's own base URL as agents reach it, sent with each relay so the agent
+    /// dials the replica that holds the user's connection. Needed with several replicas;
+    /// unset: agents dial the portal URL they are configured with.
+    pub relay_url: Option<String>,
+    /// New connections allowed per source address per minute.
+    pub connections_per_minute: u32,
+    /// Failed logins per source address per minute; past it the address is refused for a
+    /// minute.
+    pub auth_failures_per_minute: u32,
+}
+
+impl Default for SshConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            host_key_file: None,
+            public_host: None,
+            public_port: None,
+            relay_url: None,
+            connections_per_minute: 60,
+            auth_failures_per_minute: 20,
+        }
+    }
+}
+
+impl SshConfig {
+    /// Where the host key lives (see `host_key_file`).
+    pub fn host_key_path(&self, database_url: &str) -> PathBuf {
+        if let Some(p) = &self.host_key_file {
+            return p.clone();
+        }
+        let dir = database_url
+            .strip_prefix("sqlite://")
+            .and_then(|f| Path::new(f).parent().map(Path::to_path_buf))
+            .unwrap_or_default();
+        dir.join("ssh_host_ed25519_key")
+    }
+
+    /// Host and port for users, when the gateway is on.
+    pub fn public_endpoint(&self, public_url: Option<&str>) -> Option<(String, u16)> {
+        let listen = self.listen.as_deref()?;
+        let (lhost, lport) = listen.rsplit_once(':')?;
+        let port = self.public_port.or_else(|| lport.parse().ok())?;
+        let from_url = public_url
+            .and_then(|u| url::Url::parse(u).ok())
+            .and_then(|u| u.host_str().map(str::to_string));
+        let host = self.public_host.clone().or(from_url).unwrap_or_else(|| {
+            let h = lhost.trim_start_matches('[').trim_end_matches(']');
+            if h == "0.0.0.0" || h == "::" || h.is_empty() {
+                "localhost".to_string()
+            } else {
+                h.to_string()
+            }
+        });
+        Some((host, port))
+    }
 }
 
 /// The checkpoint store: a local directory by default, S3-compatible by configuration.
@@ -260,6 +336,7 @@ impl Default for Config {
             session_idle_minutes: 8 * 60,
             session_absolute_hours: 7 * 24,
             checkpoints: CheckpointsConfig::default(),
+            ssh: SshConfig::default(),
         }
     }
 }
@@ -311,6 +388,9 @@ impl Config {
         if let Ok(v) = std::env::var("COMMONS_OIDC_GROUPS_CLAIM") {
             c.oidc.groups_claim = v;
         }
+        if let Ok(v) = std::env::var("COMMONS_SSH_LISTEN") {
+            c.ssh.listen = Some(v);
+        }
         Ok(c)
     }
 
@@ -359,6 +439,22 @@ impl Config {
                 .with_context(|| format!("public_url {public:?} is not a URL"))?;
         }
         self.checkpoints.validate(&self.database_url)?;
+        if let Some(l) = &self.ssh.listen {
+            anyhow::ensure!(
+                l.parse::<std::net::SocketAddr>().is_ok(),
+                "ssh.listen must be an address with a port, like 0.0.0.0:2222; got {l:?}"
+            );
+        }
+        if let Some(u) = &self.ssh.relay_url {
+            anyhow::ensure!(
+                u.starts_with("http://") || u.starts_with("https://"),
+                "ssh.relay_url must be an http:// or https:// URL; got {u:?}"
+            );
+        }
+        anyhow::ensure!(
+            self.ssh.connections_per_minute >= 1 && self.ssh.auth_failures_per_minute >= 1,
+            "ssh.connections_per_minute and ssh.auth_failures_per_minute must be at least 1"
+        );
         Ok(())
     }
 }

@@ -18,6 +18,7 @@ pub mod domain;
 pub mod error;
 pub mod identity;
 pub mod service;
+pub mod ssh;
 pub mod state;
 pub mod validate;
 pub mod web;

@@ -41,6 +41,9 @@ enum Cmd {
         db: DbArgs,
         #[arg(long)]
         listen: Option<String>,
+        /// Start the SSH gateway on this address (config `[ssh] listen`).
+        #[arg(long)]
+        ssh_listen: Option<String>,
         /// Log in as anyone without a password. Local demos only: never on a network.
         #[arg(long)]
         insecure_dev_login: bool,
@@ -128,11 +131,15 @@ fn main() -> anyhow::Result<()> {
         Cmd::Serve {
             db,
             listen,
+            ssh_listen,
             insecure_dev_login,
         } => {
             let mut config = db.config()?;
             if let Some(l) = listen {
                 config.listen = l;
+            }
+            if let Some(l) = ssh_listen {
+                config.ssh.listen = Some(l);
             }
             config.insecure_dev_login |= insecure_dev_login;
             runtime()?.block_on(async {
@@ -141,6 +148,9 @@ fn main() -> anyhow::Result<()> {
                 }
                 let mut portal = commons_portal::start(config).await?;
                 println!("GPU Commons portal listening on {}", portal.url());
+                if let Some(g) = &portal.ssh {
+                    println!("SSH gateway listening on {}", g.addr);
+                }
                 let mut term =
                     tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
                 // A clean stop (Ctrl-C, SIGTERM from systemd) extends the running jobs'

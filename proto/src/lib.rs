@@ -26,6 +26,9 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub mod relay;
+pub use relay::RelayOpen;
+
 /// Protocol version spoken by this build; sent in `Hello`.
 pub const PROTOCOL_VERSION: u32 = 2;
 /// One-time enrolment: `POST` an [`EnrolRequest`], get an [`EnrolResponse`].
@@ -377,6 +380,10 @@ pub enum PortalMsg {
         lease: Lease,
         attempts: Vec<(JobId, Attempt)>,
     },
+    /// Dial a relay for an SSH channel into the attempt's container (see [`relay`]).
+    /// An agent that cannot serve it (the attempt is not running here) still dials and
+    /// answers [`relay::RelayCtl::Closed`] with the reason, so the user is not left waiting.
+    OpenRelay(RelayOpen),
 }
 
 #[cfg(test)]
@@ -463,6 +470,23 @@ mod tests {
             r#"{"parts":3,"bytes":10,"sha256":"ab","x":1}"#
         )
         .is_err());
+    }
+
+    #[test]
+    fn open_relay_round_trips() {
+        let m = PortalMsg::OpenRelay(RelayOpen {
+            ticket: "t".into(),
+            job: 4,
+            attempt: 1,
+            relay_url: None,
+            target: relay::RelayTarget::Sftp,
+        });
+        let text = serde_json::to_string(&m).unwrap();
+        assert_eq!(
+            text,
+            r#"{"type":"open_relay","ticket":"t","job":4,"attempt":1,"target":{"kind":"sftp"}}"#
+        );
+        assert_eq!(serde_json::from_str::<PortalMsg>(&text).unwrap(), m);
     }
 
     #[test]

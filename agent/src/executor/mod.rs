@@ -373,6 +373,25 @@ impl<R: ContainerRuntime> Executor<R> {
         reports_of(&self.table())
     }
 
+    /// The container of an attempt that runs here and is not being stopped: what an SSH
+    /// relay may attach to. `Err` says, for the user, why there is none.
+    pub fn running_container(&self, job: JobId, attempt: Attempt) -> Result<String, String> {
+        let t = self.table();
+        let Some(obs) = t.have.get(&(job, attempt)) else {
+            return Err(format!("job {job} does not run on this server (any more)"));
+        };
+        if let Some(s) = &obs.stopping {
+            return Err(format!("job {job} is being stopped ({})", s.why.text));
+        }
+        match &obs.phase {
+            Phase::Running { container } | Phase::Found { container, running: true } => {
+                Ok(container.clone())
+            }
+            Phase::Creating => Err(format!("job {job} is still starting: try again in a moment")),
+            _ => Err(format!("job {job} has ended")),
+        }
+    }
+
     /// Host pids inside our containers.
     pub async fn our_pids(&self) -> BTreeSet<u32> {
         let ids: Vec<String> = self

@@ -139,6 +139,11 @@ impl DockerRuntime {
         docker.ping().await?;
         Ok(Self { docker, agent_id })
     }
+
+    /// The engine client, for what is not the executor's business (SSH relays).
+    pub fn docker(&self) -> Docker {
+        self.docker.clone()
+    }
 }
 
 /// Whole seconds for the engine's APIs, saturating instead of wrapping.

@@ -45,7 +45,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 }
 
 /// The node whose credential the request carries.
-async fn node(state: &AppState, req: &HttpRequest) -> Result<Node, AppError> {
+pub(super) async fn node(state: &AppState, req: &HttpRequest) -> Result<Node, AppError> {
     let credential = req
         .headers()
         .get(header::AUTHORIZATION)

@@ -195,6 +195,23 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    ssh_host_keys (algorithm) {
+        algorithm -> Text,
+        public_key -> Text,
+        created_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    agent_mail (id) {
+        id -> BigInt,
+        node_id -> BigInt,
+        body -> Text,
+        created_at -> Timestamp,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
 diesel::joinable!(api_tokens -> users (user_id));
@@ -222,4 +239,6 @@ diesel::allow_tables_to_appear_in_same_query!(
     job_logs,
     audit_log,
     checkpoints,
+    ssh_host_keys,
+    agent_mail,
 );

@@ -64,6 +64,78 @@ impl Registry {
     }
 }
 
+/// Why a message could not be passed to an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliverError {
+    #[error("the server's agent is not connected")]
+    NotConnected,
+    #[error(transparent)]
+    App(#[from] crate::error::AppError),
+}
+
+/// Passes `msg` to `node`'s agent: straight down its WebSocket when this replica holds
+/// it, else (PostgreSQL, several replicas) through the mailbox for the replica that does,
+/// which polls it every [`MAIL_POLL`]. With SQLite there is one replica: not connected
+/// here means not connected.
+pub async fn deliver(ctx: &super::Ctx, node: i64, msg: PortalMsg) -> Result<(), DeliverError> {
+    if ctx.agents.send(node, msg.clone()) {
+        return Ok(());
+    }
+    if ctx.db.backend != crate::db::Backend::Postgres {
+        return Err(DeliverError::NotConnected);
+    }
+    let body = serde_json::to_string(&msg).map_err(|e| crate::error::AppError::Internal(e.into()))?;
+    let online = ctx
+        .db
+        .run(move |c| {
+            let online = crate::db::nodes::online_node(c, node)?.is_some();
+            if online {
+                crate::db::gateway::post(c, node, &body)?;
+            }
+            Ok::<_, crate::error::AppError>(online)
+        })
+        .await?;
+    if online {
+        Ok(())
+    } else {
+        Err(DeliverError::NotConnected)
+    }
+}
+
+/// How often a replica looks for mail to its agents.
+pub const MAIL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+/// Mail older than this is dropped unread (what it asked for has timed out).
+pub const MAIL_TTL_S: i64 = 30;
+
+/// Forwards the mailbox's messages to the agents this replica holds, for as long as the
+/// portal runs (PostgreSQL only).
+pub async fn forward_mail(ctx: super::Ctx) {
+    loop {
+        tokio::time::sleep(MAIL_POLL).await;
+        let nodes = ctx.agents.connected();
+        let since = crate::db::now() - chrono::Duration::seconds(MAIL_TTL_S);
+        let mail = ctx
+            .db
+            .run(move |c| crate::db::gateway::take(c, &nodes, since))
+            .await;
+        match mail {
+            Ok(mail) => {
+                for (node, body) in mail {
+                    match serde_json::from_str::<PortalMsg>(&body) {
+                        Ok(msg) => {
+                            if !ctx.agents.send(node, msg) {
+                                tracing::warn!(node, "mail for an agent that just left; dropped");
+                            }
+                        }
+                        Err(e) => tracing::error!(node, "unreadable agent mail: {e}"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("reading the agent mailbox: {e:#}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

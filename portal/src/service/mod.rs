@@ -18,6 +18,9 @@ pub mod labs;
 pub mod members;
 pub mod nodes;
 pub mod policy;
+pub mod relays;
+pub mod ssh;
+
 #[cfg(test)]
 pub(crate) mod testkit;
 pub mod views;
@@ -39,6 +42,8 @@ pub struct Ctx {
     pub agents: agents::Registry,
     /// Where checkpoint archives are kept.
     pub checkpoints: checkpoints::Store,
+    /// SSH relays this replica asked agents for.
+    pub relays: relays::Hub,
 }
 
 /// Who is asking: a signed-in user and their labs. `auth::CurrentUser` is the HTTP

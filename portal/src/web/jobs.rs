@@ -204,6 +204,16 @@ struct JobStatus {
 struct JobPage {
     banner: Banner,
     status: StatusData,
+    /// How to connect over SSH, when the gateway is on.
+    ssh: Option<SshBlock>,
+}
+
+/// The job page's SSH section.
+struct SshBlock {
+    command: String,
+    config: String,
+    known_hosts: String,
+    fingerprint: String,
 }
 
 async fn load_status(
@@ -232,7 +242,23 @@ async fn detail(
 ) -> Result<JobPage, WebError> {
     let banner = Banner::new(&state, &session, Some(&user));
     let status = load_status(&state, &session, user, id.into_inner()).await?;
-    Ok(JobPage { banner, status })
+    let endpoint = state
+        .config
+        .ssh
+        .public_endpoint(state.config.public_url.as_deref());
+    let ssh = crate::service::ssh::gateway(&state, endpoint)
+        .await?
+        .map(|g| SshBlock {
+            command: g.command(status.job.id),
+            config: g.config_block(status.job.id),
+            known_hosts: g.known_hosts.clone(),
+            fingerprint: g.fingerprint.clone(),
+        });
+    Ok(JobPage {
+        banner,
+        status,
+        ssh,
+    })
 }
 
 async fn status(

@@ -136,52 +136,76 @@ impl Drop for Host {
     }
 }
 
-/// The portal as a separate process (`commons-portal serve`) on a SQLite file.
+/// The portal as a separate process (`commons-portal serve`), on a SQLite file or a
+/// test's PostgreSQL database.
 pub struct PortalProcess {
     pub dir: tempfile::TempDir,
     pub port: u16,
+    /// The SSH gateway's port, when it runs.
+    pub ssh_port: Option<u16>,
     child: Option<Child>,
     config: PathBuf,
     db_url: String,
 }
 
+/// How to start a portal process.
+#[derive(Debug, Clone)]
+pub struct PortalOpts {
+    pub lease_ttl_s: u64,
+    pub margin_s: u64,
+    /// The database (a test's PostgreSQL database, for replicas); none: a SQLite file.
+    pub db_url: Option<String>,
+    /// Run the SSH gateway on a port of its own.
+    pub ssh: bool,
+    /// This machine's address as the agents' host sees it: the replica tells agents to
+    /// dial it there for SSH relays (`[ssh] relay_url`). None: agents dial their portal.
+    pub relay_host: Option<String>,
+}
+
+impl Default for PortalOpts {
+    fn default() -> Self {
+        Self {
+            lease_ttl_s: 8,
+            margin_s: 3,
+            db_url: None,
+            ssh: false,
+            relay_host: None,
+        }
+    }
+}
+
 impl PortalProcess {
     /// Seeds lab `vision` with user alice and starts the portal with short leases.
     pub fn start(lease_ttl_s: u64, margin_s: u64) -> (PortalProcess, String) {
-        let dir = tempfile::tempdir().unwrap();
-        let db_url = format!("sqlite://{}", dir.path().join("commons.db").display());
-        let port = free_port();
-        let config = dir.path().join("portal.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "database_url = \"{db_url}\"\nlisten = \"0.0.0.0:{port}\"\n\
-                 insecure_dev_login = true\n\
-                 [scheduler]\ntick_ms = 200\nheartbeat_s = 1\nlease_ttl_s = {lease_ttl_s}\n\
-                 lease_margin_s = {margin_s}\n[policy]\ndefault_grace_s = 5\n"
-            ),
-        )
-        .unwrap();
-        let mut p = PortalProcess {
-            dir,
-            port,
-            child: None,
-            config,
-            db_url,
-        };
+        Self::start_opts(PortalOpts {
+            lease_ttl_s,
+            margin_s,
+            ..Default::default()
+        })
+    }
+
+    /// Like [`PortalProcess::start`], with options.
+    pub fn start_opts(o: PortalOpts) -> (PortalProcess, String) {
+        let mut p = Self::configure(&o, None);
         p.admin(&["create-lab", "vision", "--name", "Vision"]);
         // Job ids of their own: tests run side by side on one Docker Engine, and the
         // containers' labels name jobs by id.
         {
             use diesel::{Connection, RunQueryDsl};
-            let path = p.db_url.trim_start_matches("sqlite://");
-            let mut c = diesel::SqliteConnection::establish(path).unwrap();
             let first = 1_000_000 + u64::from(rand::random::<u32>() % 1_000_000) * 1000;
-            diesel::sql_query(format!(
-                "INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', {first})"
-            ))
-            .execute(&mut c)
-            .unwrap();
+            if let Some(path) = p.db_url.strip_prefix("sqlite://") {
+                let mut c = diesel::SqliteConnection::establish(path).unwrap();
+                diesel::sql_query(format!(
+                    "INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', {first})"
+                ))
+                .execute(&mut c)
+                .unwrap();
+            } else {
+                let mut c = diesel::PgConnection::establish(&p.db_url).unwrap();
+                diesel::sql_query(format!("SELECT setval('jobs_id_seq', {first})"))
+                    .execute(&mut c)
+                    .unwrap();
+            }
         }
         p.admin(&[
             "create-user",
@@ -205,6 +229,59 @@ impl PortalProcess {
         let token = p.admin(&["api-token", "alice"]);
         p.spawn();
         (p, token)
+    }
+
+    /// A second replica on the same (PostgreSQL) database, sharing the SSH host key; it
+    /// tells agents to dial it for relays.
+    pub fn replica(&self, o: &PortalOpts) -> PortalProcess {
+        let o = PortalOpts {
+            db_url: Some(self.db_url.clone()),
+            ..o.clone()
+        };
+        let key = self.dir.path().join("ssh_host_key");
+        let mut p = Self::configure(&o, Some(&key));
+        p.spawn();
+        p
+    }
+
+    fn configure(o: &PortalOpts, host_key: Option<&Path>) -> PortalProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let db_url = o.db_url.clone().unwrap_or_else(|| {
+            format!("sqlite://{}", dir.path().join("commons.db").display())
+        });
+        let port = free_port();
+        let config = dir.path().join("portal.toml");
+        let mut text = format!(
+            "database_url = \"{db_url}\"\nlisten = \"0.0.0.0:{port}\"\n\
+             insecure_dev_login = true\n\
+             [scheduler]\ntick_ms = 200\nheartbeat_s = 1\nlease_ttl_s = {}\n\
+             lease_margin_s = {}\n[policy]\ndefault_grace_s = 5\n",
+            o.lease_ttl_s, o.margin_s
+        );
+        let mut ssh_port = None;
+        if o.ssh {
+            let sp = free_port();
+            ssh_port = Some(sp);
+            let key = host_key
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| dir.path().join("ssh_host_key"));
+            text.push_str(&format!(
+                "[ssh]\nlisten = \"127.0.0.1:{sp}\"\nhost_key_file = \"{}\"\n",
+                key.display()
+            ));
+            if let Some(h) = &o.relay_host {
+                text.push_str(&format!("relay_url = \"http://{h}:{port}\"\n"));
+            }
+        }
+        std::fs::write(&config, text).unwrap();
+        PortalProcess {
+            dir,
+            port,
+            ssh_port,
+            child: None,
+            config,
+            db_url,
+        }
     }
 
     pub fn admin(&self, args: &[&str]) -> String {
@@ -240,6 +317,37 @@ impl PortalProcess {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The audit log's entries of `action`: (actor, target, after).
+    pub fn audit(&self, action: &str) -> Vec<(String, String, String)> {
+        use diesel::{Connection, RunQueryDsl};
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            actor: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            target: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            after: String,
+        }
+        let q = |p: &str| {
+            diesel::sql_query(format!(
+                "SELECT actor, target, after FROM audit_log WHERE action = {p} ORDER BY id"
+            ))
+            .bind::<diesel::sql_types::Text, _>(action.to_string())
+        };
+        let rows: Vec<Row> = match self.db_url.strip_prefix("sqlite://") {
+            Some(path) => q("?")
+                .load(&mut diesel::SqliteConnection::establish(path).unwrap())
+                .unwrap(),
+            None => q("$1")
+                .load(&mut diesel::PgConnection::establish(&self.db_url).unwrap())
+                .unwrap(),
+        };
+        rows.into_iter()
+            .map(|r| (r.actor, r.target, r.after))
+            .collect()
     }
 
     /// A clean stop (SIGTERM), as systemd does it.

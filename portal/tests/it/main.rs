@@ -18,4 +18,5 @@ mod oidc_provider;
 mod policy;
 mod provider_smoke;
 mod sso;
+mod ssh;
 mod web;

@@ -1,0 +1,125 @@
+//! A relay to a TCP port on the container's loopback (`ssh -L 8888:localhost:8888`).
+//!
+//! The connection is made from inside the container's network namespace: a short-lived
+//! thread enters it (`setns`, which changes only the calling thread) and connects to
+//! `127.0.0.1:port` (or `[::1]:port`); the socket stays in that namespace when the thread
+//! ends. So a server that listens on the container's localhost only (Jupyter's default) is
+//! reachable, the job needs no published port, and the connection obeys the container's
+//! own network rules.
+
+use super::{next_incoming, send_ctl, Incoming, Ws};
+use commons_proto::relay::{RelayCtl, Stream, RELAY_CHUNK_BYTES};
+use commons_proto::JobId;
+use futures_util::{SinkExt, StreamExt};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
+
+pub async fn run(
+    docker: &bollard::Docker,
+    container: &str,
+    job: JobId,
+    port: u16,
+    ws: Ws,
+    mut closed: watch::Receiver<Option<String>>,
+) -> anyhow::Result<()> {
+    let (mut sink, mut stream) = ws.split();
+    let pid = docker
+        .inspect_container(container, None)
+        .await
+        .ok()
+        .and_then(|c| c.state)
+        .and_then(|s| s.pid)
+        .filter(|p| *p > 0);
+    let Some(pid) = pid else {
+        let message = format!("job {job}'s container is not running");
+        send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
+        return Ok(());
+    };
+    let tcp = match tokio::task::spawn_blocking(move || connect_in(pid, port)).await? {
+        Ok(s) => s,
+        Err(e) => {
+            let message = format!(
+                "nothing accepts connections on port {port} inside job {job}'s container ({e})"
+            );
+            send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
+            let _ = sink.close().await;
+            return Ok(());
+        }
+    };
+    tcp.set_nonblocking(true)?;
+    let tcp = tokio::net::TcpStream::from_std(tcp)?;
+    let _ = tcp.set_nodelay(true);
+    let (mut rd, mut wr) = tcp.into_split();
+    // Each direction on its own, so neither end waits for the other to read.
+    let input_task = tokio::spawn(async move {
+        loop {
+            match next_incoming(&mut stream).await {
+                Incoming::Data(b) => {
+                    if wr.write_all(&b).await.is_err() {
+                        return;
+                    }
+                }
+                Incoming::Ctl(RelayCtl::Eof) => {
+                    let _ = wr.shutdown().await;
+                }
+                Incoming::Ctl(_) => {}
+                Incoming::Gone => return,
+            }
+        }
+    });
+    let mut buf = vec![0u8; RELAY_CHUNK_BYTES];
+    loop {
+        tokio::select! {
+            n = rd.read(&mut buf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let mut frame = Vec::with_capacity(n + 1);
+                    frame.push(Stream::Stdout as u8);
+                    frame.extend_from_slice(&buf[..n]);
+                    if sink.send(Message::binary(frame)).await.is_err() {
+                        input_task.abort();
+                        return Ok(());
+                    }
+                }
+            },
+            _ = closed.changed() => {
+                let message = closed.borrow().clone().unwrap_or_else(|| "the job stopped".into());
+                input_task.abort();
+                send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
+                let _ = sink.close().await;
+                return Ok(());
+            }
+        }
+    }
+    // The server in the container closed its side: say so, and let the user's side
+    // finish sending (the input task ends when the portal closes the relay).
+    send_ctl(&mut sink, &RelayCtl::Eof).await?;
+    let _ = input_task.await;
+    let _ = sink.close().await;
+    Ok(())
+}
+
+/// Connects to `port` on the loopback of the network namespace of process `pid`.
+fn connect_in(pid: i64, port: u16) -> std::io::Result<TcpStream> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    // A thread of its own: setns changes the namespace of the calling thread only, and
+    // this one ends right after, so no other task ever runs inside the container's.
+    std::thread::spawn(move || {
+        // SAFETY: setns(2) on a namespace file descriptor we own, for this thread only.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let timeout = Duration::from_secs(5);
+        let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        TcpStream::connect_timeout(&v4, timeout).or_else(|e| {
+            let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+            TcpStream::connect_timeout(&v6, timeout).map_err(|_| e)
+        })
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
+}

@@ -1,0 +1,2 @@
+DROP TABLE agent_mail;
+DROP TABLE ssh_host_keys;

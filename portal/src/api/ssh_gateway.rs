@@ -1,0 +1,23 @@
+//! `GET /api/v1/ssh-gateway`: how to reach jobs over SSH (host, port, host key), for
+//! scripts and the `commons` CLI. 404 `not_found` when the gateway is off.
+
+use crate::auth::CurrentUser;
+use crate::error::{ApiError, AppError};
+use crate::service::ssh;
+use crate::state::AppState;
+use actix_web::{web, HttpResponse};
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/ssh-gateway", web::get().to(get));
+}
+
+async fn get(state: web::Data<AppState>, _user: CurrentUser) -> Result<HttpResponse, ApiError> {
+    let endpoint = state
+        .config
+        .ssh
+        .public_endpoint(state.config.public_url.as_deref());
+    let info = ssh::gateway(&state, endpoint)
+        .await?
+        .ok_or(AppError::NotFound("SSH gateway (this portal runs none)"))?;
+    Ok(HttpResponse::Ok().json(info))
+}

@@ -1,0 +1,210 @@
+//! The SSH gateway's use cases: who may log in to which job, where the job runs now, and
+//! the audit entry of each login. The gateway (`crate::ssh`) only speaks SSH.
+//!
+//! Rules:
+//! - The SSH user name is `job-<id>`; only the keys of the job's owner open it.
+//! - A refused login looks the same whatever the reason (no such job, another user's job,
+//!   an unknown key), so it tells nothing about which jobs exist. The reason is logged.
+//! - Once logged in, the owner learns the job's state in words when it is not running.
+
+use super::Ctx;
+use crate::db::models::{Job, User};
+use crate::db::{audit, jobs, ssh_keys, users};
+use crate::domain::JobState;
+use crate::error::AppError;
+use commons_proto::Attempt;
+
+/// A login the gateway accepted.
+#[derive(Debug, Clone)]
+pub struct Login {
+    pub user: User,
+    pub job: i64,
+    pub lab: i64,
+    pub key_fingerprint: String,
+}
+
+/// Why a login was refused, for the log only (the client sees one answer for all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    BadUserName,
+    NoSuchJob,
+    NotTheOwnersKey,
+}
+
+/// The job of an SSH user name `job-<id>`.
+pub fn job_of_user_name(name: &str) -> Option<i64> {
+    let id = name.strip_prefix("job-")?;
+    if id.is_empty() || id.len() > 18 || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    id.parse().ok().filter(|&n: &i64| n > 0)
+}
+
+/// Whether `key` (an OpenSSH public key) opens job `name`. `mark_used` records the key's
+/// use (after the signature was checked).
+pub async fn authorize(
+    ctx: &Ctx,
+    name: &str,
+    key: &russh::keys::PublicKey,
+    mark_used: bool,
+) -> Result<Result<Login, Refusal>, AppError> {
+    let Some(job) = job_of_user_name(name) else {
+        return Ok(Err(Refusal::BadUserName));
+    };
+    let offered = key.key_data().clone();
+    ctx.db
+        .run(move |c| {
+            let job = match jobs::get(c, job) {
+                Ok(j) => j,
+                Err(AppError::NotFound(_)) => return Ok(Err(Refusal::NoSuchJob)),
+                Err(e) => return Err(e),
+            };
+            let keys = ssh_keys::keys_of_user(c, job.user_id)?;
+            let found = keys.into_iter().find(|k| {
+                russh::keys::PublicKey::from_openssh(&k.public_key)
+                    .is_ok_and(|p| p.key_data() == &offered)
+            });
+            let Some(k) = found else {
+                return Ok(Err(Refusal::NotTheOwnersKey));
+            };
+            if mark_used {
+                ssh_keys::touch(c, k.id)?;
+            }
+            let user = users::user_by_id(c, job.user_id)?;
+            Ok(Ok(Login {
+                user,
+                job: job.id,
+                lab: job.lab_id,
+                key_fingerprint: k.fingerprint,
+            }))
+        })
+        .await
+}
+
+/// Records a login in the audit log: who, which job, from where, with which key.
+pub async fn audit_login(ctx: &Ctx, login: &Login, from: &str) -> Result<(), AppError> {
+    let (user, lab, job) = (login.user.clone(), login.lab, login.job);
+    let after = format!("from {from}, key {}", login.key_fingerprint);
+    ctx.db
+        .run(move |c| audit::record(c, &user, Some(lab), "ssh.login", &format!("job {job}"), "", &after))
+        .await
+}
+
+/// Where the job runs now: its node and attempt, or words for its owner on why there is
+/// nothing to connect to.
+pub async fn running_attempt(ctx: &Ctx, job: i64) -> Result<Result<(i64, Attempt), String>, AppError> {
+    let j: Job = ctx.db.run(move |c| jobs::get(c, job)).await?;
+    Ok(match (j.state(), j.node_id) {
+        (JobState::Running, Some(node)) => Ok((node, j.attempts)),
+        (JobState::Queued, _) => Err(format!(
+            "job {job} is queued{}: SSH works while it runs; try again then",
+            j.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+        )),
+        (JobState::Starting, _) => Err(format!("job {job} is starting: try again in a moment")),
+        (JobState::Preempting, _) => Err(format!(
+            "job {job} is being preempted and goes back to the queue: connect again when it runs"
+        )),
+        (state, _) => Err(format!("job {job} has ended ({state}): there is nothing to connect to")),
+    })
+}
+
+/// How users reach the gateway: what job pages and `GET /api/v1/ssh-gateway` show.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GatewayInfo {
+    pub host: String,
+    pub port: u16,
+    /// The host public key (`ssh-ed25519 AAAA...`).
+    pub host_key: String,
+    /// Its SHA-256 fingerprint, as `ssh` prints it.
+    pub fingerprint: String,
+    /// The name the host key is filed under in `known_hosts` (`HostKeyAlias`), one for
+    /// every job of this portal.
+    pub host_key_alias: String,
+    /// The line for `~/.ssh/known_hosts`.
+    pub known_hosts: String,
+}
+
+impl GatewayInfo {
+    /// `ssh` for job `job`.
+    pub fn command(&self, job: i64) -> String {
+        if self.port == 22 {
+            format!("ssh job-{job}@{}", self.host)
+        } else {
+            format!("ssh -p {} job-{job}@{}", self.port, self.host)
+        }
+    }
+
+    /// A block for `~/.ssh/config`: `ssh commons-job-42` (and VS Code's Remote-SSH).
+    pub fn config_block(&self, job: i64) -> String {
+        format!(
+            "Host commons-job-{job}\n    HostName {}\n    Port {}\n    User job-{job}\n    \
+             HostKeyAlias {}\n",
+            self.host, self.port, self.host_key_alias
+        )
+    }
+}
+
+/// The gateway's coordinates, when it is on: `endpoint` from the configuration, the host
+/// key from the database (the deployment's, whichever replica recorded it).
+pub async fn gateway(ctx: &Ctx, endpoint: Option<(String, u16)>) -> Result<Option<GatewayInfo>, AppError> {
+    let Some((host, port)) = endpoint else {
+        return Ok(None);
+    };
+    let keys = ctx.db.run(crate::db::gateway::host_keys).await?;
+    let Some(key) = keys
+        .iter()
+        .find_map(|k| russh::keys::PublicKey::from_openssh(k).ok())
+    else {
+        return Ok(None);
+    };
+    let algo_and_key: String = key
+        .to_openssh()
+        .map_err(|e| AppError::Internal(e.into()))?
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let host_key_alias = format!("gpu-commons-{host}");
+    Ok(Some(GatewayInfo {
+        known_hosts: format!("{host_key_alias} {algo_and_key}"),
+        fingerprint: key.fingerprint(russh::keys::HashAlg::Sha256).to_string(),
+        host_key: algo_and_key,
+        host_key_alias,
+        host,
+        port,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_names_name_jobs() {
+        assert_eq!(job_of_user_name("job-42"), Some(42));
+        assert_eq!(job_of_user_name("job-0"), None);
+        assert_eq!(job_of_user_name("job-"), None);
+        assert_eq!(job_of_user_name("job-+4"), None);
+        assert_eq!(job_of_user_name("job-4 "), None);
+        assert_eq!(job_of_user_name("alice"), None);
+        assert_eq!(job_of_user_name("job-99999999999999999999"), None);
+    }
+
+    #[test]
+    fn config_block_names_the_job_and_the_key_alias() {
+        let g = GatewayInfo {
+            host: "gpu.campus.edu".into(),
+            port: 2222,
+            host_key: "ssh-ed25519 AAAA".into(),
+            fingerprint: "SHA256:x".into(),
+            host_key_alias: "gpu-commons-gpu.campus.edu".into(),
+            known_hosts: "gpu-commons-gpu.campus.edu ssh-ed25519 AAAA".into(),
+        };
+        assert_eq!(
+            g.config_block(42),
+            "Host commons-job-42\n    HostName gpu.campus.edu\n    Port 2222\n    User job-42\n    \
+             HostKeyAlias gpu-commons-gpu.campus.edu\n"
+        );
+        assert_eq!(g.command(42), "ssh -p 2222 job-42@gpu.campus.edu");
+    }
+}

@@ -1,0 +1,183 @@
+//! The SSH gateway: `ssh -p 2222 job-42@portal` reaches job 42's container, with plain
+//! OpenSSH, scp/sftp, `-L` forwarding and VS Code Remote-SSH, and without an sshd in the
+//! image.
+//!
+//! The gateway terminates SSH here (russh) and checks the login against the job owner's
+//! keys (`service::ssh`); each channel that needs the container becomes a relay through
+//! the job's agent (`service::relays`, `commons_proto::relay`), which runs `docker exec`
+//! or connects inside the container's network namespace. Agents dial out for relays as
+//! they do for everything, so lab servers need no inbound port.
+//!
+//! - One host key per deployment: a file (made at first start, mode 0600) that replicas
+//!   share; its public half is recorded in the database, and a replica whose file holds
+//!   another key refuses to start its gateway rather than make users face "host key
+//!   changed".
+//! - Per source address: connections and failed logins per minute ([`limit`]).
+//! - Refused: passwords, keyboard-interactive, remote (`-R`) and agent forwarding, X11.
+
+mod channel;
+mod handler;
+pub mod limit;
+
+use crate::state::AppState;
+use anyhow::Context;
+use russh::keys::ssh_key::private::{Ed25519Keypair, KeypairData};
+use russh::keys::ssh_key::LineEnding;
+use russh::keys::{HashAlg, PrivateKey};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A started gateway.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    /// The host public key, OpenSSH one-line form.
+    pub host_key: String,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// The host key users see, as job pages show it: the public key line and its SHA-256
+/// fingerprint.
+#[derive(Debug, Clone)]
+pub struct HostKey {
+    pub public_key: String,
+    pub fingerprint: String,
+}
+
+impl HostKey {
+    pub fn from_openssh(line: &str) -> Option<HostKey> {
+        let key = russh::keys::PublicKey::from_openssh(line).ok()?;
+        Some(HostKey {
+            public_key: key.to_openssh().ok()?,
+            fingerprint: key.fingerprint(HashAlg::Sha256).to_string(),
+        })
+    }
+}
+
+/// Reads the host key, making one (ed25519, mode 0600) when the file does not exist.
+pub fn load_or_create_host_key(path: &Path) -> anyhow::Result<PrivateKey> {
+    if path.exists() {
+        return PrivateKey::read_openssh_file(path)
+            .with_context(|| format!("cannot read the SSH host key {}", path.display()));
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let seed: [u8; 32] = rand::random();
+    let key = PrivateKey::new(
+        KeypairData::Ed25519(Ed25519Keypair::from_seed(&seed)),
+        "gpu-commons gateway",
+    )?;
+    let pem = key.to_openssh(LineEnding::LF)?;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create the SSH host key {}", path.display()))?;
+    f.write_all(pem.as_bytes())?;
+    f.sync_all()?;
+    tracing::info!(path = %path.display(), "made a new SSH host key");
+    Ok(key)
+}
+
+/// Starts the gateway when `[ssh] listen` is set.
+pub async fn start(state: AppState) -> anyhow::Result<Option<Gateway>> {
+    let Some(listen) = state.config.ssh.listen.clone() else {
+        return Ok(None);
+    };
+    let path = state.config.ssh.host_key_path(&state.config.database_url);
+    let key = tokio::task::spawn_blocking(move || load_or_create_host_key(&path)).await??;
+    let public = key.public_key().to_openssh()?;
+    let algorithm = key.algorithm().to_string();
+    let mine = public.clone();
+    let recorded = state
+        .db
+        .run(move |c| crate::db::gateway::claim_host_key(c, &algorithm, &mine))
+        .await?;
+    let same = |a: &str, b: &str| {
+        a.split_whitespace().take(2).eq(b.split_whitespace().take(2))
+    };
+    anyhow::ensure!(
+        same(&recorded, &public),
+        "this replica's SSH host key ({}) is not the deployment's ({}): give every replica \
+         the same host_key_file",
+        key.public_key().fingerprint(HashAlg::Sha256),
+        HostKey::from_openssh(&recorded)
+            .map(|k| k.fingerprint)
+            .unwrap_or_else(|| "unreadable".into()),
+    );
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("cannot listen for SSH on {listen}"))?;
+    let addr = listener.local_addr()?;
+    let config = Arc::new(russh::server::Config {
+        server_id: russh::SshId::Standard("SSH-2.0-GPUCommons".into()),
+        methods: russh::MethodSet::from(&[russh::MethodKind::PublicKey][..]),
+        auth_rejection_time: Duration::from_millis(500),
+        // OpenSSH first asks with "none" to learn the methods: answer at once.
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        keys: vec![key],
+        max_auth_attempts: 6,
+        // Interactive shells sit idle for hours; dead peers are found by keepalives.
+        inactivity_timeout: None,
+        keepalive_interval: Some(Duration::from_secs(30)),
+        keepalive_max: 4,
+        nodelay: true,
+        window_size: 2 * 1024 * 1024,
+        ..Default::default()
+    });
+    let limiter = Arc::new(limit::Limiter::new(
+        state.config.ssh.connections_per_minute,
+        state.config.ssh.auth_failures_per_minute,
+    ));
+    tracing::info!(%addr, "SSH gateway listening");
+    let task = tokio::spawn(accept_loop(state, listener, config, limiter));
+    Ok(Some(Gateway {
+        addr,
+        host_key: public,
+        task,
+    }))
+}
+
+async fn accept_loop(
+    state: AppState,
+    listener: tokio::net::TcpListener,
+    config: Arc<russh::server::Config>,
+    limiter: Arc<limit::Limiter>,
+) {
+    loop {
+        let (socket, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("SSH accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        match limiter.connection(peer.ip(), Instant::now()) {
+            limit::Verdict::Allow => {}
+            verdict => {
+                tracing::warn!(%peer, ?verdict, "SSH connection refused by the rate limit");
+                drop(socket);
+                continue;
+            }
+        }
+        let _ = socket.set_nodelay(true);
+        let handler = handler::Conn::new(state.clone(), peer, limiter.clone());
+        let config = config.clone();
+        tokio::spawn(async move {
+            match russh::server::run_stream(config, socket, handler).await {
+                Ok(session) => {
+                    if let Err(e) = session.await {
+                        tracing::debug!(%peer, "SSH session ended: {e}");
+                    }
+                }
+                Err(e) => tracing::debug!(%peer, "SSH handshake failed: {e}"),
+            }
+        });
+    }
+}
