@@ -3,6 +3,7 @@
 mod jobs;
 mod nodes;
 mod policy;
+mod ssh_keys;
 
 use crate::error::{ApiError, AppError};
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
@@ -15,7 +16,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         web::scope("/api/v1")
             .configure(jobs::configure)
             .configure(nodes::configure)
-            .configure(policy::configure),
+            .configure(policy::configure)
+            .configure(ssh_keys::configure),
     );
 }
 

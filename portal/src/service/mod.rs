@@ -18,6 +18,7 @@ pub mod labs;
 pub mod members;
 pub mod nodes;
 pub mod policy;
+pub mod ssh_keys;
 #[cfg(test)]
 pub(crate) mod testkit;
 pub mod views;
