@@ -17,5 +17,6 @@ mod migrations;
 mod oidc_provider;
 mod policy;
 mod provider_smoke;
+mod ssh_keys;
 mod sso;
 mod web;
