@@ -1,10 +1,12 @@
 //! The "SSH keys" page: the signed-in user's public keys, an add form (kept as typed
-//! when refused, with the error beside its field), and a remove button per key.
+//! when refused, with the error beside its field; only a pasted private key is not sent
+//! back), and a remove button per key.
 
 use super::Banner;
 use crate::auth::{CsrfForm, CurrentUser, NoFields};
 use crate::db::models::SshKey;
 use crate::error::{AppError, WebError};
+use crate::pubkey::KeyError;
 use crate::service::ssh_keys::{self, NewSshKey};
 use crate::state::AppState;
 use actix_session::Session;
@@ -88,10 +90,16 @@ async fn add(
             .insert_header(("location", "/ssh-keys"))
             .finish()),
         Err(e @ AppError::Invalid { .. }) => {
+            let mut form = form;
+            if e.code() == KeyError::PrivateKey.code() {
+                // The one input not kept: a secret must not travel back into the page.
+                form.public_key.clear();
+            }
             let page = render(&state, &session, &user, form, Some(e)).await?;
             let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
             Ok(HttpResponse::UnprocessableEntity()
                 .content_type("text/html; charset=utf-8")
+                .insert_header(("cache-control", "no-store"))
                 .body(body))
         }
         Err(e) => Err(e.into()),
