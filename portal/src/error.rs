@@ -8,9 +8,14 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum AppError {
-    /// Input that breaks a rule; `field` names the culprit.
+    /// Input that breaks a rule; `field` names the culprit. `code` is the API's `error`
+    /// (`invalid_input`, or a more precise one a script may act on).
     #[error("{message}")]
-    Invalid { field: String, message: String },
+    Invalid {
+        code: &'static str,
+        field: String,
+        message: String,
+    },
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -33,7 +38,12 @@ pub enum AppError {
 
 impl AppError {
     pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        Self::invalid_as("invalid_input", field, message)
+    }
+    /// The same with a precise code (`rsa_key_too_short`) instead of `invalid_input`.
+    pub fn invalid_as(code: &'static str, field: &str, message: impl Into<String>) -> Self {
         AppError::Invalid {
+            code,
             field: field.into(),
             message: message.into(),
         }
@@ -59,7 +69,7 @@ impl AppError {
     }
     pub fn code(&self) -> &'static str {
         match self {
-            AppError::Invalid { .. } => "invalid_input",
+            AppError::Invalid { code, .. } => code,
             AppError::BadRequest(_) => "bad_request",
             AppError::Unauthenticated(_) => "unauthenticated",
             AppError::Forbidden(_) => "forbidden",

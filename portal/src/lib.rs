@@ -4,7 +4,8 @@
 //! Layers, imports pointing down only: `main`/`app`/`demo`/`admin` (wiring); `web`, `api`
 //! (HTTP handlers); `broker` (agents' WebSocket, scheduler tick); `auth` (who is asking,
 //! CSRF); `service` (use cases and read models); `db` (schema, typed rows, queries);
-//! domain types any layer may use (`domain`, `identity`, `validate`, `config`, `error`).
+//! domain types any layer may use (`domain`, `identity`, `pubkey`, `validate`, `config`,
+//! `error`).
 
 pub mod admin;
 pub mod api;
@@ -17,6 +18,7 @@ pub mod demo;
 pub mod domain;
 pub mod error;
 pub mod identity;
+pub mod pubkey;
 pub mod service;
 pub mod ssh;
 pub mod state;

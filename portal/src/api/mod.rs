@@ -4,6 +4,7 @@ mod jobs;
 mod nodes;
 mod policy;
 mod ssh_gateway;
+mod ssh_keys;
 
 use crate::error::{ApiError, AppError};
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
@@ -17,7 +18,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .configure(jobs::configure)
             .configure(nodes::configure)
             .configure(policy::configure)
-            .configure(ssh_gateway::configure),
+            .configure(ssh_gateway::configure)
+            .configure(ssh_keys::configure),
     );
 }
 

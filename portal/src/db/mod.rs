@@ -18,6 +18,7 @@ pub mod models;
 pub mod nodes;
 pub mod schema;
 pub mod snapshot;
+pub mod ssh_keys;
 pub mod types;
 pub mod usage;
 pub mod users;

@@ -204,3 +204,22 @@ pub struct JobEvent {
     pub state: JobState,
     pub message: String,
 }
+
+/// A user's SSH public key (`pubkey::parse` checked it before it was stored).
+#[derive(Debug, Clone, Queryable, Selectable, Serialize)]
+#[diesel(table_name = ssh_keys)]
+pub struct SshKey {
+    pub id: i64,
+    #[serde(skip)]
+    pub user_id: i64,
+    pub name: String,
+    /// `ssh-ed25519`, `ecdsa-sha2-nistp256`, `ssh-rsa`, ...
+    pub algorithm: String,
+    /// `SHA256:...` as `ssh-keygen -l` prints it; unique across all users.
+    pub fingerprint: String,
+    /// The canonical OpenSSH one-line form `algo base64 [comment]`.
+    pub public_key: String,
+    pub created_at: NaiveDateTime,
+    /// Last time the SSH gateway let someone in with it.
+    pub last_used_at: Option<NaiveDateTime>,
+}

@@ -212,9 +212,23 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    ssh_keys (id) {
+        id -> BigInt,
+        user_id -> BigInt,
+        name -> Text,
+        algorithm -> Text,
+        fingerprint -> Text,
+        public_key -> Text,
+        created_at -> Timestamp,
+        last_used_at -> Nullable<Timestamp>,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
 diesel::joinable!(api_tokens -> users (user_id));
+diesel::joinable!(ssh_keys -> users (user_id));
 diesel::joinable!(nodes -> labs (lab_id));
 diesel::joinable!(gpus -> nodes (node_id));
 diesel::joinable!(jobs -> users (user_id));
@@ -241,4 +255,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     checkpoints,
     ssh_host_keys,
     agent_mail,
+    ssh_keys,
 );

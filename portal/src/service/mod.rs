@@ -20,7 +20,7 @@ pub mod nodes;
 pub mod policy;
 pub mod relays;
 pub mod ssh;
-
+pub mod ssh_keys;
 #[cfg(test)]
 pub(crate) mod testkit;
 pub mod views;

@@ -4,6 +4,7 @@ mod jobs;
 mod labs;
 mod login;
 mod nodes;
+mod ssh_keys;
 mod tokens;
 
 use crate::auth::{csrf_token, CurrentUser};
@@ -22,6 +23,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(jobs::configure)
         .configure(labs::configure)
         .configure(nodes::configure)
+        .configure(ssh_keys::configure)
         .configure(tokens::configure);
 }
 

@@ -319,6 +319,16 @@ async fn forms_without_their_csrf_token_change_nothing() {
         ),
         ("/tokens", vec![("name", "laptop")]),
         (
+            "/ssh-keys",
+            vec![
+                (
+                    "public_key",
+                    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILM+rvN+ot98qgEN796jTiQfZfG1KaT0PtFDJ/XFSqti",
+                ),
+                ("name", "laptop"),
+            ],
+        ),
+        (
             "/labs/vision/members",
             vec![("member", "bob"), ("role", "admin")],
         ),
@@ -349,6 +359,11 @@ async fn forms_without_their_csrf_token_change_nothing() {
             .len(),
         0,
         "no job was made"
+    );
+    assert_eq!(
+        p.get_json(&p.carol, "/api/v1/ssh-keys").await,
+        serde_json::json!([]),
+        "no key was added"
     );
     p.stop().await;
 }
