@@ -38,6 +38,7 @@ RUN ["/bin/busybox", "--install", "-s", "/bin"]
 RUN ["/bin/sh", "-c", "mkdir -p /tmp /checkpoint /home/job && chmod 1777 /tmp /checkpoint /home/job"]
 ENV PATH=/bin HOME=/home/job
 WORKDIR /home/job
+LABEL commons.demo-version="2"
 CMD ["sh", "-c", "echo hello from GPU Commons; echo GPUs: $NVIDIA_VISIBLE_DEVICES"]
 DOCKERFILE
 if ! docker build -q -t "$image" "$ctx" >"$ctx/build.log" 2>&1; then

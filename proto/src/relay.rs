@@ -171,8 +171,7 @@ mod tests {
         assert_eq!(serde_json::from_str::<RelayTarget>(&text).unwrap(), t);
         let f: RelayTarget = serde_json::from_str(r#"{"kind":"forward","port":8888}"#).unwrap();
         assert_eq!(f, RelayTarget::Forward { port: 8888 });
-        assert!(serde_json::from_str::<RelayTarget>(r#"{"kind":"forward","port":70000}"#)
-            .is_err());
+        assert!(serde_json::from_str::<RelayTarget>(r#"{"kind":"forward","port":70000}"#).is_err());
         let c = RelayCtl::Exit { code: 7 };
         assert_eq!(
             serde_json::to_string(&c).unwrap(),
@@ -195,7 +194,16 @@ mod tests {
 
     #[test]
     fn gpu_selection_and_loader_variables_are_refused() {
-        for bad in ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "COMMONS_RESUME", "1ABC", "A B", "", "A=B"] {
+        for bad in [
+            "NVIDIA_VISIBLE_DEVICES",
+            "CUDA_VISIBLE_DEVICES",
+            "LD_PRELOAD",
+            "COMMONS_RESUME",
+            "1ABC",
+            "A B",
+            "",
+            "A=B",
+        ] {
             assert!(!env_allowed(bad), "{bad:?}");
         }
         for good in ["LANG", "LC_ALL", "MY_VAR2", "_X"] {

@@ -384,10 +384,14 @@ impl<R: ContainerRuntime> Executor<R> {
             return Err(format!("job {job} is being stopped ({})", s.why.text));
         }
         match &obs.phase {
-            Phase::Running { container } | Phase::Found { container, running: true } => {
-                Ok(container.clone())
-            }
-            Phase::Creating => Err(format!("job {job} is still starting: try again in a moment")),
+            Phase::Running { container }
+            | Phase::Found {
+                container,
+                running: true,
+            } => Ok(container.clone()),
+            Phase::Creating => Err(format!(
+                "job {job} is still starting: try again in a moment"
+            )),
             _ => Err(format!("job {job} has ended")),
         }
     }

@@ -79,8 +79,9 @@ pub async fn run(
         resize(docker, &id, t.cols, t.rows).await;
     }
     // Input and output move independently, so a process that writes before it reads (or
-    // the other way round) never waits for us.
-    let input_task = {
+    // the other way round) never waits for us. The input side ends when the portal closes
+    // the relay (the user closed the channel, or the relay is finished).
+    let mut input_task = {
         let docker = docker.clone();
         let id = id.clone();
         tokio::spawn(async move {
@@ -103,18 +104,20 @@ pub async fn run(
                         }
                     }
                     Incoming::Ctl(_) => {}
-                    Incoming::Gone => {
-                        // The user is gone: hang up, as a terminal would, then make sure.
-                        signal(&docker, &id, &mut pid, libc::SIGHUP).await;
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                        signal(&docker, &id, &mut pid, libc::SIGKILL).await;
-                        return;
-                    }
+                    Incoming::Gone => return,
                 }
             }
         })
     };
+    let mut pid = None;
+    let mut user_gone: Option<tokio::time::Instant> = None;
     let ended = loop {
+        let hangup_over = async {
+            match user_gone {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             out = output.next() => match out {
                 Some(Ok(chunk)) => {
@@ -128,9 +131,9 @@ pub async fn run(
                         let mut frame = Vec::with_capacity(part.len() + 1);
                         frame.push(tag as u8);
                         frame.extend_from_slice(part);
-                        if sink.send(Message::binary(frame)).await.is_err() {
-                            // The portal is gone; the input side hangs up.
-                            return Ok(());
+                        if sink.send(Message::binary(frame)).await.is_err() && user_gone.is_none() {
+                            user_gone = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                            signal(docker, &id, &mut pid, libc::SIGHUP).await;
                         }
                     }
                 }
@@ -140,36 +143,46 @@ pub async fn run(
                 }
                 None => break None,
             },
+            _ = &mut input_task, if user_gone.is_none() => {
+                // The user closed the channel first: hang up, as a terminal would, and
+                // kill what ignores that.
+                user_gone = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                signal(docker, &id, &mut pid, libc::SIGHUP).await;
+            }
+            _ = hangup_over => {
+                signal(docker, &id, &mut pid, libc::SIGKILL).await;
+                return Ok(());
+            }
             _ = closed.changed() => {
                 break Some(closed.borrow().clone().unwrap_or_else(|| "the job stopped".into()));
             }
         }
     };
-    if let Some(message) = ended {
-        input_task.abort();
-        signal(docker, &id, &mut None, libc::SIGKILL).await;
-        send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
-        let _ = sink.close().await;
+    if user_gone.is_some() {
         return Ok(());
     }
-    input_task.abort();
-    let ctl = match docker.inspect_exec(&id).await {
-        Ok(i) => match (i.running, i.exit_code) {
-            (Some(false), Some(code)) => RelayCtl::Exit { code },
-            _ => RelayCtl::Closed {
-                message: "the job's container stopped".into(),
+    let ctl = match ended {
+        Some(message) => {
+            signal(docker, &id, &mut pid, libc::SIGKILL).await;
+            RelayCtl::Closed { message }
+        }
+        None => match docker.inspect_exec(&id).await {
+            Ok(i) => match (i.running, i.exit_code) {
+                (Some(false), Some(code)) => RelayCtl::Exit { code },
+                _ => RelayCtl::Closed {
+                    message: closed
+                        .borrow()
+                        .clone()
+                        .unwrap_or_else(|| "the job's container stopped".into()),
+                },
+            },
+            Err(_) => RelayCtl::Closed {
+                message: "the job's container is gone".into(),
             },
         },
-        Err(_) => RelayCtl::Closed {
-            message: "the job's container is gone".into(),
-        },
-    };
-    let ctl = match (&ctl, closed.borrow().clone()) {
-        (RelayCtl::Closed { .. }, Some(message)) => RelayCtl::Closed { message },
-        _ => ctl,
     };
     send_ctl(&mut sink, &ctl).await?;
-    let _ = sink.close().await;
+    super::finish(sink, input_task).await;
     Ok(())
 }
 

@@ -54,14 +54,14 @@ pub async fn run(
     let tcp = tokio::net::TcpStream::from_std(tcp)?;
     let _ = tcp.set_nodelay(true);
     let (mut rd, mut wr) = tcp.into_split();
-    // Each direction on its own, so neither end waits for the other to read.
-    let input_task = tokio::spawn(async move {
+    // Each direction on its own, so neither end waits for the other to read. The input
+    // side ends when the portal closes the relay.
+    let mut input_task = tokio::spawn(async move {
         loop {
             match next_incoming(&mut stream).await {
                 Incoming::Data(b) => {
-                    if wr.write_all(&b).await.is_err() {
-                        return;
-                    }
+                    // A server that closed its side just drops what follows.
+                    let _ = wr.write_all(&b).await;
                 }
                 Incoming::Ctl(RelayCtl::Eof) => {
                     let _ = wr.shutdown().await;
@@ -72,10 +72,12 @@ pub async fn run(
         }
     });
     let mut buf = vec![0u8; RELAY_CHUNK_BYTES];
-    loop {
+    let last = loop {
         tokio::select! {
             n = rd.read(&mut buf) => match n {
-                Ok(0) | Err(_) => break,
+                // The server in the container closed its side: say so; the user's side
+                // may still send (the portal closes the relay when it is done).
+                Ok(0) | Err(_) => break RelayCtl::Eof,
                 Ok(n) => {
                     let mut frame = Vec::with_capacity(n + 1);
                     frame.push(Stream::Stdout as u8);
@@ -86,20 +88,22 @@ pub async fn run(
                     }
                 }
             },
+            _ = &mut input_task => return Ok(()),
             _ = closed.changed() => {
                 let message = closed.borrow().clone().unwrap_or_else(|| "the job stopped".into());
-                input_task.abort();
-                send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
-                let _ = sink.close().await;
-                return Ok(());
+                break RelayCtl::Closed { message };
             }
         }
+    };
+    send_ctl(&mut sink, &last).await?;
+    if matches!(last, RelayCtl::Eof) {
+        // Half-closed: the user's bytes may still flow in until the portal ends the
+        // relay (after the user's side closed too).
+        let _ = input_task.await;
+        let _ = sink.close().await;
+        return Ok(());
     }
-    // The server in the container closed its side: say so, and let the user's side
-    // finish sending (the input task ends when the portal closes the relay).
-    send_ctl(&mut sink, &RelayCtl::Eof).await?;
-    let _ = input_task.await;
-    let _ = sink.close().await;
+    super::finish(sink, input_task).await;
     Ok(())
 }
 

@@ -21,9 +21,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
 
-type Ws = tokio_tungstenite::WebSocketStream<
-    tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
->;
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 type Key = (JobId, Attempt);
 type Notices = HashMap<Key, Vec<(u64, watch::Sender<Option<String>>)>>;
 
@@ -107,10 +106,10 @@ async fn serve(
         "authorization",
         format!("Bearer {}", ctx.credential).parse()?,
     );
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await?;
+    let (ws, _) = tokio_tungstenite::connect_async(req).await?;
     let container = match container {
         Ok(c) => c,
-        Err(message) => return close(&mut ws, message).await,
+        Err(message) => return close(ws, message).await,
     };
     let key = (open.job, open.attempt);
     let (id, closed) = ctx.relays.register(key);
@@ -124,8 +123,16 @@ async fn serve(
             exec::run(&ctx.docker, &container, cmd, tty, env, ws, closed).await
         }
         RelayTarget::Sftp => {
-            exec::run(&ctx.docker, &container, sftp_server(), None, Default::default(), ws, closed)
-                .await
+            exec::run(
+                &ctx.docker,
+                &container,
+                sftp_server(),
+                None,
+                Default::default(),
+                ws,
+                closed,
+            )
+            .await
         }
         RelayTarget::Forward { port } => {
             forward::run(&ctx.docker, &container, open.job, port, ws, closed).await
@@ -137,10 +144,31 @@ async fn serve(
 }
 
 /// Says why the relay ends and closes it.
-async fn close(ws: &mut Ws, message: String) -> anyhow::Result<()> {
-    send_ctl(ws, &RelayCtl::Closed { message }).await?;
-    let _ = ws.close(None).await;
+async fn close(ws: Ws, message: String) -> anyhow::Result<()> {
+    let (mut sink, mut stream) = ws.split();
+    send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
+    let reader = tokio::spawn(async move {
+        while !matches!(next_incoming(&mut stream).await, Incoming::Gone) {}
+    });
+    finish(sink, reader).await;
     Ok(())
+}
+
+/// How long a finished relay waits for the portal to close its side.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Ends a relay the WebSocket way: our Close frame, then the portal's, which `reader` (the
+/// task reading the relay) sees as the end. Dropping the connection at once instead could
+/// lose the last frames still unread on the portal's side.
+async fn finish(
+    mut sink: futures_util::stream::SplitSink<Ws, Message>,
+    reader: tokio::task::JoinHandle<()>,
+) {
+    let _ = sink.close().await;
+    let abort = reader.abort_handle();
+    if tokio::time::timeout(CLOSE_WAIT, reader).await.is_err() {
+        abort.abort();
+    }
 }
 
 async fn send_ctl<S>(ws: &mut S, ctl: &RelayCtl) -> anyhow::Result<()>
@@ -161,8 +189,7 @@ enum Incoming {
 
 async fn next_incoming<S>(stream: &mut S) -> Incoming
 where
-    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>>
-        + Unpin,
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
     loop {
         match stream.next().await {

@@ -24,7 +24,9 @@ async fn dial(
     ticket: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let node = super::checkpoints::node(&state, &req).await.map_err(ApiError)?;
+    let node = super::checkpoints::node(&state, &req)
+        .await
+        .map_err(ApiError)?;
     let end = state
         .relays
         .claim(&ticket, node.id)
@@ -62,7 +64,11 @@ async fn pump(end: AgentEnd, mut session: actix_ws::Session, mut stream: actix_w
                         if session.pong(&b).await.is_err() { break }
                         continue;
                     }
-                    Some(Ok(actix_ws::Message::Close(_))) | Some(Err(_)) | None => break,
+                    Some(Ok(actix_ws::Message::Close(_))) | None => break,
+                    Some(Err(e)) => {
+                        tracing::warn!("relay socket: {e}");
+                        break;
+                    }
                     Some(Ok(_)) => continue,
                 };
                 if from_agent.send(out).await.is_err() {

@@ -172,10 +172,12 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
         .run(move |c| attempts::apply_plan(c, &plan, timing))
         .await?;
     for o in orders {
-        if !state.agents.send(o.node, o.msg) {
+        // Straight down the socket when this replica holds the agent, else through the
+        // mailbox to the replica that does.
+        if let Err(e) = crate::service::agents::deliver(state, o.node, o.msg).await {
             tracing::warn!(
                 node = o.node,
-                "node disconnected before its start order; the lease will settle it"
+                "order not delivered ({e}); the lease will settle it"
             );
         }
     }

@@ -9,7 +9,11 @@ use diesel::prelude::*;
 
 /// Records `public_key` as the deployment's host key of its algorithm unless one is
 /// recorded; returns the recorded one (which may differ: another replica's).
-pub fn claim_host_key(c: &mut DbConn, algorithm: &str, public_key: &str) -> Result<String, AppError> {
+pub fn claim_host_key(
+    c: &mut DbConn,
+    algorithm: &str,
+    public_key: &str,
+) -> Result<String, AppError> {
     c.transaction(|c| {
         let have: Option<String> = ssh_host_keys::table
             .find(algorithm)

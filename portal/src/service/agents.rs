@@ -84,7 +84,8 @@ pub async fn deliver(ctx: &super::Ctx, node: i64, msg: PortalMsg) -> Result<(), 
     if ctx.db.backend != crate::db::Backend::Postgres {
         return Err(DeliverError::NotConnected);
     }
-    let body = serde_json::to_string(&msg).map_err(|e| crate::error::AppError::Internal(e.into()))?;
+    let body =
+        serde_json::to_string(&msg).map_err(|e| crate::error::AppError::Internal(e.into()))?;
     let online = ctx
         .db
         .run(move |c| {

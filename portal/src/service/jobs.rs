@@ -119,16 +119,18 @@ pub async fn cancel(state: &Ctx, actor: &Actor, id: i64) -> Result<JobView, AppE
         })
         .await?;
     if let Some(a) = attempt {
-        state.agents.send(
-            a.node_id,
-            PortalMsg::Stop {
-                job: a.job_id,
-                attempt: a.attempt,
-                grace_s: super::attempts::SHORT_GRACE_S,
-                reason: commons_proto::StopReason::Cancelled,
-                detail: Some(format!("cancelled by {}", actor_name)),
-            },
-        );
+        let stop = PortalMsg::Stop {
+            job: a.job_id,
+            attempt: a.attempt,
+            grace_s: super::attempts::SHORT_GRACE_S,
+            reason: commons_proto::StopReason::Cancelled,
+            detail: Some(format!("cancelled by {}", actor_name)),
+        };
+        // Whichever replica holds the agent; one that is not connected learns of the
+        // cancel from its next renewal, which no longer names the attempt.
+        if let Err(e) = super::agents::deliver(state, a.node_id, stop).await {
+            tracing::info!(job = a.job_id, "cancel not passed to the agent now: {e}");
+        }
     }
     Ok(view)
 }

@@ -61,7 +61,9 @@ pub struct Hub {
 pub enum RelayError {
     #[error("the job's server is not connected to the portal right now; try again in a minute")]
     Offline,
-    #[error("the job's server did not answer in {0} s (its agent may be too old to relay SSH, or busy)")]
+    #[error(
+        "the job's server did not answer in {0} s (its agent may be too old to relay SSH, or busy)"
+    )]
     NoAnswer(u64),
     #[error(transparent)]
     App(#[from] crate::error::AppError),

@@ -86,25 +86,43 @@ pub async fn audit_login(ctx: &Ctx, login: &Login, from: &str) -> Result<(), App
     let (user, lab, job) = (login.user.clone(), login.lab, login.job);
     let after = format!("from {from}, key {}", login.key_fingerprint);
     ctx.db
-        .run(move |c| audit::record(c, &user, Some(lab), "ssh.login", &format!("job {job}"), "", &after))
+        .run(move |c| {
+            audit::record(
+                c,
+                &user,
+                Some(lab),
+                "ssh.login",
+                &format!("job {job}"),
+                "",
+                &after,
+            )
+        })
         .await
 }
 
 /// Where the job runs now: its node and attempt, or words for its owner on why there is
 /// nothing to connect to.
-pub async fn running_attempt(ctx: &Ctx, job: i64) -> Result<Result<(i64, Attempt), String>, AppError> {
+pub async fn running_attempt(
+    ctx: &Ctx,
+    job: i64,
+) -> Result<Result<(i64, Attempt), String>, AppError> {
     let j: Job = ctx.db.run(move |c| jobs::get(c, job)).await?;
     Ok(match (j.state(), j.node_id) {
         (JobState::Running, Some(node)) => Ok((node, j.attempts)),
         (JobState::Queued, _) => Err(format!(
             "job {job} is queued{}: SSH works while it runs; try again then",
-            j.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+            j.reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
         )),
         (JobState::Starting, _) => Err(format!("job {job} is starting: try again in a moment")),
         (JobState::Preempting, _) => Err(format!(
             "job {job} is being preempted and goes back to the queue: connect again when it runs"
         )),
-        (state, _) => Err(format!("job {job} has ended ({state}): there is nothing to connect to")),
+        (state, _) => Err(format!(
+            "job {job} has ended ({state}): there is nothing to connect to"
+        )),
     })
 }
 
@@ -146,7 +164,10 @@ impl GatewayInfo {
 
 /// The gateway's coordinates, when it is on: `endpoint` from the configuration, the host
 /// key from the database (the deployment's, whichever replica recorded it).
-pub async fn gateway(ctx: &Ctx, endpoint: Option<(String, u16)>) -> Result<Option<GatewayInfo>, AppError> {
+pub async fn gateway(
+    ctx: &Ctx,
+    endpoint: Option<(String, u16)>,
+) -> Result<Option<GatewayInfo>, AppError> {
     let Some((host, port)) = endpoint else {
         return Ok(None);
     };

@@ -146,7 +146,7 @@ async fn open(state: &AppState, login: &Login, target: RelayTarget) -> Result<Pi
 /// it cannot run the command).
 async fn fail(channel: Channel<Msg>, message: &str) {
     let text = format!("GPU Commons: {message}\r\n");
-    let _ = channel.extended_data(1, text.as_bytes()).await;
+    let _ = channel.extended_data_bytes(1, text.into_bytes()).await;
     let _ = channel.exit_status(255).await;
     let _ = channel.eof().await;
     let _ = channel.close().await;
@@ -201,8 +201,8 @@ async fn pump(channel: Channel<Msg>, pipe: Pipe, raw: bool) {
     let mut status: Option<u32> = None;
     while let Some(msg) = from_agent.recv().await {
         let sent = match msg {
-            FromAgent::Output(Stream::Stdout, b) => write.data(&b[..]).await,
-            FromAgent::Output(Stream::Stderr, b) if !raw => write.extended_data(1, &b[..]).await,
+            FromAgent::Output(Stream::Stdout, b) => write.data_bytes(b).await,
+            FromAgent::Output(Stream::Stderr, b) if !raw => write.extended_data_bytes(1, b).await,
             FromAgent::Output(Stream::Stderr, _) => Ok(()),
             FromAgent::Ctl(RelayCtl::Exit { code }) => {
                 status = Some(u32::try_from(code).unwrap_or(255));
@@ -213,7 +213,7 @@ async fn pump(channel: Channel<Msg>, pipe: Pipe, raw: bool) {
                     tracing::info!("SSH forward closed by the agent: {message}");
                 } else {
                     let text = format!("\r\nGPU Commons: {message}\r\n");
-                    let _ = write.extended_data(1, text.as_bytes()).await;
+                    let _ = write.extended_data_bytes(1, text.into_bytes()).await;
                     status = Some(255);
                 }
                 break;
@@ -221,7 +221,8 @@ async fn pump(channel: Channel<Msg>, pipe: Pipe, raw: bool) {
             FromAgent::Ctl(RelayCtl::Eof) => write.eof().await,
             FromAgent::Ctl(_) => Ok(()),
         };
-        if sent.is_err() {
+        if let Err(e) = sent {
+            tracing::warn!("SSH channel write failed: {e:?}");
             break;
         }
     }

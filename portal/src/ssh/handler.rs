@@ -71,9 +71,7 @@ impl russh::server::Handler for Conn {
 
     async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {
         Ok(Auth::Reject {
-            proceed_with_methods: Some(russh::MethodSet::from(
-                &[russh::MethodKind::PublicKey][..],
-            )),
+            proceed_with_methods: Some(russh::MethodSet::from(&[russh::MethodKind::PublicKey][..])),
             partial_success: false,
         })
     }
@@ -172,7 +170,12 @@ impl russh::server::Handler for Conn {
         let port = match u16::try_from(port) {
             Ok(p) if p > 0 && is_loopback(host) => p,
             _ => {
-                tracing::warn!(job = login.job, host, port, "SSH forward refused: only the container's own localhost");
+                tracing::warn!(
+                    job = login.job,
+                    host,
+                    port,
+                    "SSH forward refused: only the container's own localhost"
+                );
                 reply
                     .reject(prohibited(
                         "GPU Commons forwards only to ports on the job container's localhost \
@@ -195,7 +198,9 @@ impl russh::server::Handler for Conn {
         reply: ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        reply.reject(prohibited("X11 forwarding is not offered")).await;
+        reply
+            .reject(prohibited("X11 forwarding is not offered"))
+            .await;
         Ok(())
     }
 
@@ -230,7 +235,11 @@ impl russh::server::Handler for Conn {
         Ok(())
     }
 
-    async fn shell_request(&mut self, channel: ChannelId, session: &mut Session) -> Result<(), Self::Error> {
+    async fn shell_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
         session.channel_success(channel)?;
         Ok(())
     }
@@ -273,7 +282,11 @@ impl russh::server::Handler for Conn {
         Ok(())
     }
 
-    async fn agent_request(&mut self, channel: ChannelId, _session: &mut Session) -> Result<bool, Self::Error> {
+    async fn agent_request(
+        &mut self,
+        channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
         tracing::info!(?channel, "SSH agent forwarding refused");
         Ok(false)
     }
@@ -307,7 +320,10 @@ fn prohibited(why: &str) -> russh::ChannelOpenFailure {
 
 /// The container's own loopback, as `-L` names it.
 fn is_loopback(host: &str) -> bool {
-    matches!(host, "localhost" | "127.0.0.1" | "::1" | "[::1]" | "ip6-localhost")
+    matches!(
+        host,
+        "localhost" | "127.0.0.1" | "::1" | "[::1]" | "ip6-localhost"
+    )
 }
 
 #[cfg(test)]

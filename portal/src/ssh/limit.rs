@@ -135,7 +135,10 @@ mod tests {
         assert!(!l.failure(ip(1), t));
         assert!(l.failure(ip(1), t));
         assert!(l.blocked(ip(1), t));
-        assert_eq!(l.connection(ip(1), t + Duration::from_secs(30)), Verdict::Blocked);
+        assert_eq!(
+            l.connection(ip(1), t + Duration::from_secs(30)),
+            Verdict::Blocked
+        );
         assert_eq!(l.connection(ip(2), t), Verdict::Allow);
         assert_eq!(
             l.connection(ip(1), t + Duration::from_secs(61)),

@@ -99,7 +99,9 @@ pub async fn start(state: AppState) -> anyhow::Result<Option<Gateway>> {
         .run(move |c| crate::db::gateway::claim_host_key(c, &algorithm, &mine))
         .await?;
     let same = |a: &str, b: &str| {
-        a.split_whitespace().take(2).eq(b.split_whitespace().take(2))
+        a.split_whitespace()
+            .take(2)
+            .eq(b.split_whitespace().take(2))
     };
     anyhow::ensure!(
         same(&recorded, &public),
@@ -173,7 +175,7 @@ async fn accept_loop(
             match russh::server::run_stream(config, socket, handler).await {
                 Ok(session) => {
                     if let Err(e) = session.await {
-                        tracing::debug!(%peer, "SSH session ended: {e}");
+                        tracing::warn!(%peer, "SSH session ended: {e:?}");
                     }
                 }
                 Err(e) => tracing::debug!(%peer, "SSH handshake failed: {e}"),

@@ -246,9 +246,10 @@ impl PortalProcess {
 
     fn configure(o: &PortalOpts, host_key: Option<&Path>) -> PortalProcess {
         let dir = tempfile::tempdir().unwrap();
-        let db_url = o.db_url.clone().unwrap_or_else(|| {
-            format!("sqlite://{}", dir.path().join("commons.db").display())
-        });
+        let db_url = o
+            .db_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("commons.db").display()));
         let port = free_port();
         let config = dir.path().join("portal.toml");
         let mut text = format!(
@@ -317,6 +318,11 @@ impl PortalProcess {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// What the portal process logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("portal.log")).unwrap_or_default()
     }
 
     /// The audit log's entries of `action`: (actor, target, after).
@@ -420,7 +426,7 @@ impl AgentProcess {
             .args(["run", "--portal", &self.portal, "--state-dir"])
             .arg(self.state.path())
             .args(["--gpus", gpus, "--name", &self.name])
-            .stdout(Stdio::null())
+            .stdout(log.try_clone().unwrap())
             .stderr(log);
         if let Some(t) = token {
             cmd.env("COMMONS_ENROL_TOKEN", t);

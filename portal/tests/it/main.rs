@@ -17,7 +17,7 @@ mod migrations;
 mod oidc_provider;
 mod policy;
 mod provider_smoke;
+mod ssh;
 mod ssh_keys;
 mod sso;
-mod ssh;
 mod web;

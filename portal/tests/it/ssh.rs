@@ -27,7 +27,11 @@ pub fn keygen(dir: &Path, name: &str, kind: &str) -> PathBuf {
         .arg(&key)
         .output()
         .expect("ssh-keygen (apt-get install openssh-client)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     key
 }
 
@@ -45,7 +49,10 @@ pub async fn add_key(api: &Api, key: &Path) {
 
 /// Writes the gateway's `known_hosts` line where `ssh` will read it; returns the alias.
 pub async fn trust_gateway(api: &Api, dir: &Path) -> String {
-    let g = api.get("/api/v1/ssh-gateway").await.expect("the gateway is on");
+    let g = api
+        .get("/api/v1/ssh-gateway")
+        .await
+        .expect("the gateway is on");
     std::fs::write(
         dir.join("known_hosts"),
         format!("{}\n", g["known_hosts"].as_str().unwrap()),
@@ -63,6 +70,15 @@ impl Rig {
         let api = Api::new(portal.url(), alice);
         let host = Host::new(n);
         let agent = AgentProcess::start(&host, &portal, &format!("ssh-{n}"), GPUS);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while api.nodes_online().await == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the agent never came online:\n{}",
+                agent.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let dir = tempfile::tempdir().unwrap();
         let key = keygen(dir.path(), "alice", "ed25519");
         add_key(&api, &key).await;
@@ -96,12 +112,18 @@ impl Rig {
         )
     }
 
-    /// `ssh` to `job-<job>` with `key`, then `args`.
-    pub fn ssh(&self, key: &Path, job: i64, args: &[&str]) -> Command {
+    /// `ssh` to `job-<job>` with `key`, running `remote` there.
+    pub fn ssh(&self, key: &Path, job: i64, remote: &[&str]) -> Command {
+        self.ssh_opts(key, job, &[], remote)
+    }
+
+    /// `ssh` with more client options.
+    pub fn ssh_opts(&self, key: &Path, job: i64, opts: &[&str], remote: &[&str]) -> Command {
         let mut c = Command::new("ssh");
         c.args(self.options(key))
+            .args(opts)
             .arg(format!("job-{job}@127.0.0.1"))
-            .args(args)
+            .args(remote)
             .stdin(Stdio::null());
         c
     }
@@ -158,7 +180,8 @@ fn text(b: &[u8]) -> String {
 }
 
 fn run(mut c: Command) -> Output {
-    c.output().expect("OpenSSH client (apt-get install openssh-client)")
+    c.output()
+        .expect("OpenSSH client (apt-get install openssh-client)")
 }
 
 /// Runs a command through the gateway, blocking (in a thread of its own).
@@ -173,28 +196,58 @@ fn sha256_of(path: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_shells_files_and_forwards_go_through_the_gateway() {
-    let rig = Rig::start(20).await;
+    let rig = Rig::start(230).await;
     let job = rig.running_job().await;
     let key = rig.key();
 
     // A command: stdout, stderr and the exit status pass through.
     let out = run_async(rig.ssh(&key, job, &["echo hi; echo err >&2; exit 7"])).await;
+    if std::env::var("SSH_DEBUG").is_ok() {
+        let v = run_async(rig.ssh_opts(
+            &key,
+            job,
+            &["-vvv", "-o", "LogLevel=DEBUG3"],
+            &["echo hi; echo err >&2; exit 7"],
+        ))
+        .await;
+        eprintln!("VERBOSE {:?}\n{}", v.status, text(&v.stderr));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        eprintln!("PORTAL\n{}\nAGENT\n{}", rig.portal.log(), rig._agent.log());
+    }
     assert_eq!(text(&out.stdout), "hi\n");
-    assert!(text(&out.stderr).contains("err"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("err"),
+        "{:?}\nportal:\n{}\nagent:\n{}",
+        out,
+        rig.portal.log(),
+        rig._agent.log()
+    );
     assert_eq!(out.status.code(), Some(7));
 
     // Input to the end, as the container's non-root user, with a sent variable.
-    let mut c = rig.ssh(&key, job, &["-o", "SendEnv=LANG", "cat; echo; id -u; echo $LANG"]);
-    c.env("LANG", "C.UTF-8").stdin(Stdio::piped()).stdout(Stdio::piped());
+    let mut c = rig.ssh_opts(
+        &key,
+        job,
+        &["-o", "SendEnv=LANG"],
+        &["cat; echo; id -u; echo $LANG"],
+    );
+    c.env("LANG", "C.UTF-8")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
     let out = tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut child = c.spawn().unwrap();
-        child.stdin.take().unwrap().write_all(b"from stdin").unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"from stdin")
+            .unwrap();
         child.wait_with_output().unwrap()
     })
     .await
     .unwrap();
-    assert_eq!(text(&out.stdout), "from stdin\n65534\nC.UTF-8\n");
+    assert_eq!(text(&out.stdout), "from stdin\n65534\nC.UTF-8\n", "{out:?}");
 
     // Several sessions at once.
     let many: Vec<_> = (0..4)
@@ -211,13 +264,21 @@ async fn commands_shells_files_and_forwards_go_through_the_gateway() {
 
     // scp both ways (OpenSSH's scp speaks SFTP), 10 MiB, same checksum.
     let big = rig.dir.path().join("big.bin");
-    let data: Vec<u8> = (0..10 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..10 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(&big, &data).unwrap();
     let back = rig.dir.path().join("back.bin");
     let opts = rig.options(&key);
     let port_opts: Vec<String> = opts
         .iter()
-        .map(|o| if o == "-p" { "-P".to_string() } else { o.clone() })
+        .map(|o| {
+            if o == "-p" {
+                "-P".to_string()
+            } else {
+                o.clone()
+            }
+        })
         .collect();
     let mut up = Command::new("scp");
     up.args(&port_opts)
@@ -236,7 +297,11 @@ async fn commands_shells_files_and_forwards_go_through_the_gateway() {
     // sftp lists and fetches.
     let batch = rig.dir.path().join("batch");
     let got = rig.dir.path().join("got.bin");
-    std::fs::write(&batch, format!("ls -l /tmp\nget /tmp/big.bin {}\n", got.display())).unwrap();
+    std::fs::write(
+        &batch,
+        format!("ls -l /tmp\nget /tmp/big.bin {}\n", got.display()),
+    )
+    .unwrap();
     let mut sftp = Command::new("sftp");
     sftp.args(&port_opts)
         .arg("-b")
@@ -244,7 +309,11 @@ async fn commands_shells_files_and_forwards_go_through_the_gateway() {
         .arg(format!("job-{job}@127.0.0.1"));
     let out = run_async(sftp).await;
     assert!(out.status.success(), "sftp: {}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("big.bin"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("big.bin"),
+        "{}",
+        text(&out.stdout)
+    );
     assert_eq!(sha256_of(&got), sha256_of(&big));
 
     // -L reaches a server that listens on the container's own localhost only.
@@ -256,7 +325,12 @@ async fn commands_shells_files_and_forwards_go_through_the_gateway() {
     .await;
     assert!(out.status.success(), "httpd: {}", text(&out.stderr));
     let local = free_local_port();
-    let mut fwd = rig.ssh(&key, job, &["-N", "-L", &format!("{local}:localhost:8899")]);
+    let mut fwd = rig.ssh_opts(
+        &key,
+        job,
+        &["-N", "-L", &format!("{local}:localhost:8899")],
+        &[],
+    );
     fwd.stdout(Stdio::null()).stderr(Stdio::piped());
     let mut tunnel = fwd.spawn().unwrap();
     let body = http_get_retry(local).await;
@@ -280,7 +354,10 @@ async fn commands_shells_files_and_forwards_go_through_the_gateway() {
     )
     .unwrap();
     let mut c = Command::new("ssh");
-    c.arg("-F").arg(&config).arg(format!("commons-job-{job}")).arg("echo via-config");
+    c.arg("-F")
+        .arg(&config)
+        .arg(format!("commons-job-{job}"))
+        .arg("echo via-config");
     let out = run_async(c).await;
     assert_eq!(text(&out.stdout), "via-config\n", "{}", text(&out.stderr));
     assert!(page.contains("SHA256:"), "the fingerprint is on the page");
@@ -322,11 +399,24 @@ async fn interactive_shell_follows_resizes(rig: &Rig, job: i64) {
         .collect::<Vec<_>>()
         .join(" ");
     let tmux = |a: &[&str]| {
-        let out = Command::new("tmux").args(a).output().expect("tmux (apt-get install tmux)");
+        let out = Command::new("tmux")
+            .args(a)
+            .output()
+            .expect("tmux (apt-get install tmux)");
         assert!(out.status.success(), "tmux {a:?}: {}", text(&out.stderr));
         text(&out.stdout)
     };
-    tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &cmd]);
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "80",
+        "-y",
+        "24",
+        &cmd,
+    ]);
     let screen = |want: &'static str| {
         let session = session.clone();
         async move {
@@ -345,7 +435,13 @@ async fn interactive_shell_follows_resizes(rig: &Rig, job: i64) {
             }
         }
     };
-    tmux(&["send-keys", "-t", &session, "echo ready-$((6*7)); stty size", "Enter"]);
+    tmux(&[
+        "send-keys",
+        "-t",
+        &session,
+        "echo ready-$((6*7)); stty size",
+        "Enter",
+    ]);
     screen("ready-42").await;
     screen("24 80").await;
     tmux(&["resize-window", "-t", &session, "-x", "100", "-y", "30"]);
@@ -353,7 +449,9 @@ async fn interactive_shell_follows_resizes(rig: &Rig, job: i64) {
     tmux(&["send-keys", "-t", &session, "stty size", "Enter"]);
     screen("30 100").await;
     tmux(&["send-keys", "-t", &session, "exit", "Enter"]);
-    let _ = Command::new("tmux").args(["kill-session", "-t", &session]).output();
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", &session])
+        .output();
 }
 
 fn free_local_port() -> u16 {
@@ -420,7 +518,7 @@ fn between(page: &str, start: &str, end: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_refuses_wrong_keys_other_jobs_ended_jobs_and_passwords() {
-    let rig = Rig::start(21).await;
+    let rig = Rig::start(231).await;
     let job = rig.running_job().await;
     let denied = |out: &Output| {
         assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
@@ -449,32 +547,43 @@ async fn the_gateway_refuses_wrong_keys_other_jobs_ended_jobs_and_passwords() {
         "a refusal tells nothing about which jobs exist"
     );
     let mut root = Command::new("ssh");
-    root.args(rig.options(&rig.key())).arg("root@127.0.0.1").arg("true");
+    root.args(rig.options(&rig.key()))
+        .arg("root@127.0.0.1")
+        .arg("true");
     denied(&run_async(root).await);
     // Passwords are not a way in.
     let mut pw = Command::new("ssh");
     pw.args(rig.options(&rig.key()))
-        .args(["-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive"])
+        .args([
+            "-o",
+            "PubkeyAuthentication=no",
+            "-o",
+            "PreferredAuthentications=password,keyboard-interactive",
+        ])
         .arg(format!("job-{job}@127.0.0.1"))
         .arg("true");
     denied(&run_async(pw).await);
     // Remote forwarding is refused; a forward to another host than the container's own.
-    let out = run_async(rig.ssh(
+    let out = run_async(rig.ssh_opts(
         &rig.key(),
         job,
-        &["-o", "ExitOnForwardFailure=yes", "-R", "18999:localhost:22", "true"],
+        &["-o", "ExitOnForwardFailure=yes", "-R", "18999:localhost:22"],
+        &["true"],
     ))
     .await;
     assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("forwarding failed"), "{}", text(&out.stderr));
-    let out = run_async(rig.ssh(
-        &rig.key(),
-        job,
-        &["-W", "10.0.0.1:80"],
-    ))
-    .await;
+    assert!(
+        text(&out.stderr).contains("forwarding failed"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_async(rig.ssh_opts(&rig.key(), job, &["-W", "10.0.0.1:80"], &[])).await;
     assert_ne!(out.status.code(), Some(0));
-    assert!(text(&out.stderr).contains("localhost"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("forwarding failed"),
+        "only the container's own localhost: {}",
+        text(&out.stderr)
+    );
     // A job that has ended: its owner is told so.
     let r = reqwest::Client::new()
         .post(format!("{}/api/v1/jobs/{job}/cancel", rig.api.url))
@@ -484,11 +593,17 @@ async fn the_gateway_refuses_wrong_keys_other_jobs_ended_jobs_and_passwords() {
         .unwrap();
     assert!(r.status().is_success());
     rig.api
-        .wait_job(job, Duration::from_secs(60), "cancelled", |j| j["state"] == "cancelled")
+        .wait_job(job, Duration::from_secs(60), "cancelled", |j| {
+            j["state"] == "cancelled"
+        })
         .await;
     let out = run_async(rig.ssh(&rig.key(), job, &["true"])).await;
     assert_eq!(out.status.code(), Some(255));
-    assert!(text(&out.stderr).contains("has ended"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("has ended"),
+        "{}",
+        text(&out.stderr)
+    );
     // The logins that got in are audited: who, which job, from where.
     let audited = rig.portal.audit("ssh.login");
     assert!(
@@ -498,4 +613,57 @@ async fn the_gateway_refuses_wrong_keys_other_jobs_ended_jobs_and_passwords() {
         "{audited:?}"
     );
     remove_containers(&[job, bobs]);
+}
+
+/// Two portal replicas on one PostgreSQL database: the agent holds its connection to the
+/// first, the user reaches the second's gateway. The second asks the first (through the
+/// agent mailbox) to have the agent dial it a relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_reaches_a_job_whose_agent_another_replica_holds() {
+    let db = crate::harness::TestDb::new(crate::harness::Backend::Postgres);
+    let host = Host::new(232);
+    let opts = PortalOpts {
+        ssh: true,
+        db_url: Some(db.url.clone()),
+        ..Default::default()
+    };
+    let (first, alice) = PortalProcess::start_opts(opts.clone());
+    let second = first.replica(&PortalOpts {
+        relay_host: Some(host.gateway.clone()),
+        ..opts
+    });
+    let api = Api::new(first.url(), alice);
+    let agent = AgentProcess::start(&host, &first, "ssh-232", GPUS);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while api.nodes_online().await == 0 {
+        assert!(Instant::now() < deadline, "agent offline:\n{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "alice", "ed25519");
+    add_key(&api, &key).await;
+    // The replicas share the host key: what the first shows is what the second serves.
+    let alias = trust_gateway(&Api::new(second.url(), api.token.clone()), dir.path()).await;
+    let job = running_job(&api).await;
+    let mut c = Command::new("ssh");
+    c.args(ssh_options(
+        dir.path(),
+        &key,
+        &alias,
+        second.ssh_port.unwrap(),
+    ))
+    .arg(format!("job-{job}@127.0.0.1"))
+    .arg("echo through-the-other-replica; exit 3")
+    .stdin(Stdio::null());
+    let out = run_async(c).await;
+    assert_eq!(
+        text(&out.stdout),
+        "through-the-other-replica\n",
+        "{}\nsecond replica:\n{}\nfirst:\n{}",
+        text(&out.stderr),
+        second.log(),
+        first.log()
+    );
+    assert_eq!(out.status.code(), Some(3));
+    remove_containers(&[job]);
 }
