@@ -311,7 +311,14 @@ fn handle(msg: PortalMsg, exec: &Executor, inventory: &[GpuInfo]) -> Option<Dura
                 exec.report_unknown(job, attempt, reason);
             }
         }
-        PortalMsg::Renew { lease, attempts } => exec.renew(lease, &attempts),
+        PortalMsg::Renew {
+            lease,
+            attempts,
+            time_limits,
+        } => {
+            exec.set_time_limits(&time_limits);
+            exec.renew(lease, &attempts);
+        }
     }
     None
 }

@@ -13,7 +13,9 @@ use crate::db::models::{AgentClock, Attempt, AttemptStatus, Gpu, Job, JobState};
 use crate::db::{self, now, DbConn};
 use crate::error::AppError;
 use chrono::NaiveDateTime;
-use commons_proto::{AttemptReport, AttemptState, JobSpec, Lease, PortalMsg, StopReason};
+use commons_proto::{
+    AttemptReport, AttemptState, JobSpec, Lease, PortalMsg, StopReason, TimeLimit,
+};
 use std::collections::BTreeSet;
 
 /// Grace of a `Stop` for an attempt the portal does not expect to run at all, and for a
@@ -155,6 +157,7 @@ fn start_msg(
             time_limit_s: job.time_limit_s.max(0) as u64,
             user: db::jobs::owner_name(c, job)?,
             checkpoint_interval_s: job.checkpoint_interval_s.map(|s| s.max(60) as u64),
+            interactive: job.kind == crate::domain::JobKind::Interactive,
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,
@@ -352,7 +355,8 @@ pub fn reconcile_missing(
 }
 
 /// Renews the leases of this node's active attempts for `ttl_s`, counted from the
-/// agent message `clock`; returns the `Renew` to send.
+/// agent message `clock`; returns the `Renew` to send, with each attempt's current time
+/// limit (which an extension may have raised since its `Start`).
 pub fn renew(
     c: &mut DbConn,
     node: i64,
@@ -361,9 +365,23 @@ pub fn renew(
 ) -> Result<PortalMsg, AppError> {
     let until = clock.lease_until(ttl_s);
     let attempts = db::transaction(c, |c| db::attempts::renew_on(c, node, until))?;
+    // Each attempt's limit as it is now, so an extension reaches the agent.
+    let jobs: Vec<i64> = attempts.iter().map(|(job, _)| *job).collect();
+    let limits = db::jobs::time_limits(c, &jobs)?;
+    let time_limits = attempts
+        .iter()
+        .filter_map(|&(job, attempt)| {
+            limits.get(&job).map(|&s| TimeLimit {
+                job,
+                attempt,
+                time_limit_s: s.max(0) as u64,
+            })
+        })
+        .collect();
     Ok(PortalMsg::Renew {
         lease: clock.lease(ttl_s),
         attempts,
+        time_limits,
     })
 }
 
