@@ -1,6 +1,7 @@
 //! Interactive jobs end to end (portal + agent with fake GPUs + Docker, both backends):
 //! kept up without a command, the time left, "extend" through the API and the job page
-//! (with its rules and refusals), the new limit reaching the agent, the audit entry.
+//! (with its rules and refusals), the new limit reaching the agent, the audit entry, and
+//! the lab's interactive boost set in the console and honoured by the scheduler.
 
 use crate::harness::{wait_for, TestPortal, BACKENDS};
 use crate::web::{hidden_csrf, logged_in};
@@ -176,6 +177,80 @@ async fn an_interactive_job_stays_up_and_its_owner_extends_it_within_the_quota()
             (409, Some("not_extendable")),
             "{v}"
         );
+        p.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lab_admin_boosts_interactive_jobs_ahead_of_the_labs_batch_jobs() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+        let path = "/api/v1/labs/vision/interactive";
+        let (s, _) = p
+            .put_json(&p.alice, path, &json!({"interactive_boost": true}))
+            .await;
+        assert_eq!(s, 403, "[{backend:?}] lab admins only");
+        let (s, v) = p.put_json(&p.carol, path, &json!({"boost": true})).await;
+        assert_eq!((s, v["field"].as_str()), (422, Some("boost")), "{v}");
+
+        // The console's checkbox, audited.
+        let carol = logged_in(&p, "carol").await;
+        let admin = format!("{}/labs/vision/admin", p.url);
+        let page = carol
+            .get(&admin)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains("id=\"interactive-boost\""), "[{backend:?}]");
+        let r = carol
+            .post(format!("{}/labs/vision/interactive", p.url))
+            .form(&[
+                ("csrf", hidden_csrf(&page).as_str()),
+                ("interactive_boost", "on"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        let page = carol
+            .get(&admin)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            page.contains("name=\"interactive_boost\" id=\"interactive-boost\" checked"),
+            "[{backend:?}] saved"
+        );
+        let db = p.portal.state.db.clone();
+        let log = db.run(|c| audit::list(c, None, 50)).await.unwrap();
+        assert!(log
+            .iter()
+            .any(|e| e.action == "set_interactive_boost" && e.after == "interactive_boost true"));
+
+        // One GPU, busy: a batch job and then an interactive one wait; the interactive
+        // one gets the GPU first.
+        let first = p.submit(&p.alice, batch("sleep 4")).await;
+        p.wait_state(&p.alice, first, &["running"], T).await;
+        let later = p.submit(&p.alice, batch("echo batch")).await;
+        let mut i = interactive(5);
+        i["command"] = json!(["sh", "-c", "sleep 2; echo interactive"]);
+        let quick = p.submit(&p.alice, i).await;
+        let started = p
+            .wait_state(&p.alice, quick, &["running", "succeeded"], T)
+            .await;
+        let batch_now = p.job(&p.alice, later).await;
+        assert!(
+            batch_now["started_at"].is_null(),
+            "[{backend:?}] the batch job submitted earlier waits: {started} {batch_now}"
+        );
+        p.wait_state(&p.alice, later, &["succeeded"], T).await;
         p.stop().await;
     }
 }
