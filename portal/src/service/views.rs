@@ -192,7 +192,11 @@ mod tests {
         let job = campus(&mut c, 1).jobs.remove(0);
         let mut v = job_view(&mut c, &job).unwrap();
         assert_eq!(v.time_left(), None, "only while it runs");
-        for (s, text) in [(30, "under a minute"), (600, "10 min"), (3900, "1 h 05 min")] {
+        for (s, text) in [
+            (30, "under a minute"),
+            (600, "10 min"),
+            (3900, "1 h 05 min"),
+        ] {
             v.time_left_s = Some(s);
             assert_eq!(v.time_left().as_deref(), Some(text));
         }
