@@ -13,9 +13,7 @@ use crate::db::models::{AgentClock, Attempt, AttemptStatus, Gpu, Job, JobState};
 use crate::db::{self, now, DbConn};
 use crate::error::AppError;
 use chrono::NaiveDateTime;
-use commons_proto::{
-    AttemptReport, AttemptState, JobSpec, Lease, PortalMsg, StopReason, TimeLimit,
-};
+use commons_proto::{AttemptReport, AttemptState, JobSpec, Lease, PortalMsg, StopReason};
 use std::collections::BTreeSet;
 
 /// Grace of a `Stop` for an attempt the portal does not expect to run at all, and for a
@@ -365,19 +363,7 @@ pub fn renew(
 ) -> Result<PortalMsg, AppError> {
     let until = clock.lease_until(ttl_s);
     let attempts = db::transaction(c, |c| db::attempts::renew_on(c, node, until))?;
-    // Each attempt's limit as it is now, so an extension reaches the agent.
-    let jobs: Vec<i64> = attempts.iter().map(|(job, _)| *job).collect();
-    let limits = db::jobs::time_limits(c, &jobs)?;
-    let time_limits = attempts
-        .iter()
-        .filter_map(|&(job, attempt)| {
-            limits.get(&job).map(|&s| TimeLimit {
-                job,
-                attempt,
-                time_limit_s: s.max(0) as u64,
-            })
-        })
-        .collect();
+    let time_limits = super::extend::time_limits(c, &attempts)?;
     Ok(PortalMsg::Renew {
         lease: clock.lease(ttl_s),
         attempts,

@@ -20,6 +20,7 @@ use crate::db::{self, DbConn};
 use crate::domain::JobKind;
 use crate::error::AppError;
 use crate::validate;
+use commons_proto::TimeLimit;
 use commons_sched::{Lending, Quota};
 use serde::Deserialize;
 
@@ -129,6 +130,23 @@ fn ceilings(c: &mut DbConn, job: &Job) -> Result<Vec<Ceiling>, AppError> {
     Ok(out)
 }
 
+/// The current time limit of each of `attempts` (job, attempt), for a `Renew`: how an
+/// extension reaches the agent (one query).
+pub fn time_limits(c: &mut DbConn, attempts: &[(i64, i32)]) -> Result<Vec<TimeLimit>, AppError> {
+    let jobs: Vec<i64> = attempts.iter().map(|(job, _)| *job).collect();
+    let limits = db::jobs::time_limits(c, &jobs)?;
+    Ok(attempts
+        .iter()
+        .filter_map(|&(job, attempt)| {
+            limits.get(&job).map(|&s| TimeLimit {
+                job,
+                attempt,
+                time_limit_s: s.max(0) as u64,
+            })
+        })
+        .collect())
+}
+
 /// Adds `minutes` to the time limit of the actor's interactive job `id`.
 pub async fn extend(
     state: &Ctx,
@@ -194,6 +212,18 @@ pub async fn extend(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::testkit::{campus, sqlite};
+
+    #[test]
+    fn a_renew_carries_the_limit_as_it_is_now() {
+        let (_d, mut c) = sqlite();
+        let k = campus(&mut c, 2);
+        let (a, b) = (k.jobs[0].id, k.jobs[1].id);
+        db::jobs::set_time_limit(&mut c, a, 3600).unwrap();
+        let limits = time_limits(&mut c, &[(a, 1), (b, 1), (999, 1)]).unwrap();
+        let got: Vec<(i64, u64)> = limits.iter().map(|l| (l.job, l.time_limit_s)).collect();
+        assert_eq!(got, [(a, 3600), (b, 300)], "unknown jobs are left out");
+    }
 
     fn ceiling(max_min: i64, whose: &str) -> Ceiling {
         Ceiling {
