@@ -315,6 +315,7 @@ mod tests {
             boot_id: "b".into(),
             lease_deadline_ms: 10_000,
             time_limit_deadline_ms: Some(20_000),
+            time_limit_s: None,
             grace_s: 10,
             stop: None,
         }

@@ -210,6 +210,9 @@ pub struct ContainerObs {
     pub phase: Phase,
     /// When its time limit is reached (boot clock); `None` when none is known.
     pub deadline: Option<Duration>,
+    /// The time limit `deadline` counts (from the container's start); `None` when
+    /// unknown, and then it cannot be extended.
+    pub time_limit: Option<Duration>,
     /// The stop under way, once there is one.
     pub stopping: Option<Stopping>,
     /// How it ended, once recorded; from then on it is in every heartbeat.
@@ -232,6 +235,7 @@ impl ContainerObs {
             attempt,
             phase,
             deadline,
+            time_limit: None,
             stopping: None,
             result: None,
             saved: false,
@@ -239,6 +243,22 @@ impl ContainerObs {
             snapshots: None,
             upload: UploadStage::Pending,
         }
+    }
+
+    /// Moves the time-limit deadline later by what the limit grew to `limit` (counted
+    /// from the same start); returns whether it changed. A limit never shrinks, and
+    /// nothing changes once a stop has begun or the end is recorded (too late to extend),
+    /// or when the current limit is unknown.
+    pub fn extend_time_limit(&mut self, limit: Duration) -> bool {
+        let (Some(old), Some(deadline)) = (self.time_limit, self.deadline) else {
+            return false;
+        };
+        if limit <= old || self.stopping.is_some() || self.result.is_some() {
+            return false;
+        }
+        self.deadline = Some(deadline.saturating_add(limit - old));
+        self.time_limit = Some(limit);
+        true
     }
 
     /// Its result is recorded but must not reach the portal yet: its checkpoint upload is

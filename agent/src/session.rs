@@ -327,7 +327,14 @@ fn handle(
                 exec.report_unknown(job, attempt, reason);
             }
         }
-        PortalMsg::Renew { lease, attempts } => exec.renew(lease, &attempts),
+        PortalMsg::Renew {
+            lease,
+            attempts,
+            time_limits,
+        } => {
+            exec.set_time_limits(&time_limits);
+            exec.renew(lease, &attempts);
+        }
         PortalMsg::OpenRelay(open) => relay::open(relay, exec, open),
     }
     None

@@ -48,6 +48,10 @@ pub struct LeaseFile {
     pub lease_deadline_ms: u64,
     /// The time limit is reached at this (CLOCK_BOOTTIME ms); `None` when unknown.
     pub time_limit_deadline_ms: Option<u64>,
+    /// The time limit that deadline counts, in seconds from the container's start, so a
+    /// restarted agent can still extend it; `None` in files written before extensions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_s: Option<u64>,
     /// SIGTERM, then this long, then SIGKILL, when the lease or the time limit runs out.
     pub grace_s: u64,
     /// A stop the agent has begun; the guard then only makes sure it finishes.
@@ -286,6 +290,7 @@ mod tests {
             boot_id: "b".into(),
             lease_deadline_ms: 5000,
             time_limit_deadline_ms: Some(9000),
+            time_limit_s: Some(60),
             grace_s: 10,
             stop: None,
         };

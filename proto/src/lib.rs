@@ -17,6 +17,15 @@
 //! counts from when it *received* that message, which is later: so the agent's deadline
 //! always comes first, whatever the two machines' wall clocks say.
 //!
+//! Time limits count from the attempt's start on the agent's own clock, like leases. The
+//! `Start` carries the job's limit ([`JobSpec::time_limit_s`]); when the owner of an
+//! interactive job extends it, every later `Renew` carries the attempt's new limit
+//! ([`TimeLimit`]) and the agent moves the deadline by what it grew. Both additions
+//! (`JobSpec::interactive`, `Renew::time_limits`) are optional fields within protocol 2:
+//! an older agent ignores them (it runs the image's default command for an interactive
+//! job without one, and stops an extended attempt at its first limit), and a newer agent
+//! reads an older portal's messages as before.
+//!
 //! Checkpoints travel over plain HTTP, not the WebSocket (see [`CHECKPOINTS_PATH`]): the
 //! agent uploads an archive of `/checkpoint` (tar + zstd) in checksummed parts and commits
 //! it; the commit's answer ([`CheckpointCommitted`]) is the record, so there is no
@@ -294,6 +303,27 @@ pub struct JobSpec {
     /// runs (besides the upload after it stops); none: only after it stops.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval_s: Option<u64>,
+    /// An interactive job: with an empty `command` the agent keeps the container alive
+    /// (a shell loop that ends at once on SIGTERM) until its time limit, a `Stop`, or
+    /// the lease runs out, instead of running the image's default command. With a
+    /// command it runs as given. An agent that predates this field ignores it and runs
+    /// the image's default command.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub interactive: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// An attempt's time limit as the portal has it now, in seconds from the attempt's start
+/// (`JobSpec::time_limit_s` at the `Start`, more once its owner extended the job).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeLimit {
+    pub job: JobId,
+    pub attempt: Attempt,
+    pub time_limit_s: u64,
 }
 
 /// Agent -> portal.
@@ -379,6 +409,15 @@ pub enum PortalMsg {
     Renew {
         lease: Lease,
         attempts: Vec<(JobId, Attempt)>,
+        /// The current time limit of each listed attempt that is active (an extension
+        /// reaches the agent with the next heartbeat's `Renew`, from whichever portal
+        /// replica holds the connection). The agent moves an attempt's time-limit
+        /// deadline (and its `lease.json`, which the guard reads) later by what the limit
+        /// grew; a time limit never shrinks, so an equal or smaller one changes nothing.
+        /// An agent that predates this field ignores it: the attempt then stops at the
+        /// limit it started with (never later than granted).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        time_limits: Vec<TimeLimit>,
     },
     /// Dial a relay for an SSH channel into the attempt's container (see [`relay`]).
     /// An agent that cannot serve it (the attempt is not running here) still dials and
@@ -487,6 +526,44 @@ mod tests {
             r#"{"type":"open_relay","ticket":"t","job":4,"attempt":1,"target":{"kind":"sftp"}}"#
         );
         assert_eq!(serde_json::from_str::<PortalMsg>(&text).unwrap(), m);
+    }
+
+    #[test]
+    fn new_fields_are_optional_for_old_peers() {
+        // A Renew and a JobSpec from a portal that predates them still read.
+        let old =
+            r#"{"type":"renew","lease":{"session":1,"seq":2,"valid_for_s":3},"attempts":[[7,1]]}"#;
+        let PortalMsg::Renew { time_limits, .. } = serde_json::from_str(old).unwrap() else {
+            panic!("not a renew")
+        };
+        assert!(time_limits.is_empty());
+        let spec: JobSpec = serde_json::from_str(
+            r#"{"image":"x","command":[],"cpus":1.0,"memory_mb":1,"time_limit_s":60,"user":"u"}"#,
+        )
+        .unwrap();
+        assert!(!spec.interactive);
+        // And what a new portal sends without them looks as it did.
+        let text = serde_json::to_string(&spec).unwrap();
+        assert!(!text.contains("interactive"), "{text}");
+        let renew = PortalMsg::Renew {
+            lease: Lease {
+                session: 1,
+                seq: 2,
+                valid_for_s: 3,
+            },
+            attempts: vec![(7, 1)],
+            time_limits: vec![TimeLimit {
+                job: 7,
+                attempt: 1,
+                time_limit_s: 7200,
+            }],
+        };
+        let text = serde_json::to_string(&renew).unwrap();
+        assert!(
+            text.contains(r#""time_limits":[{"job":7,"attempt":1,"time_limit_s":7200}]"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<PortalMsg>(&text).unwrap(), renew);
     }
 
     #[test]

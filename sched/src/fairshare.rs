@@ -3,7 +3,9 @@
 //! A lab's standing is its usage per share: `(decayed usage + charge x GPUs it
 //! borrows now) / (base share + decayed contribution)`, lowest first. Inside a lab the
 //! member with the lowest `decayed usage + charge x GPUs held` goes first, and a
-//! member's own jobs go first come, first served.
+//! member's own jobs go first come, first served. A lab that boosts interactive jobs
+//! ([`crate::LabInfo::interactive_boost`]) has its members' interactive jobs go first:
+//! a member whose next job is boosted goes before every member whose next job is not.
 //!
 //! Invariants:
 //! - Keys are recomputed as jobs start, so one plan spreads free GPUs over labs of
@@ -62,7 +64,8 @@ struct LabQ {
     usage: f64,
     share: f64,
     users: Vec<UserQ>,
-    heap: BinaryHeap<Reverse<(Key, usize)>>,
+    /// Members by (tier of their next job, usage, slot).
+    heap: BinaryHeap<Reverse<(u8, Key, usize)>>,
 }
 
 impl LabQ {
@@ -74,6 +77,8 @@ impl LabQ {
 /// The queue of waiting guests in fair-share order.
 pub(crate) struct FairQueue {
     jobs: Vec<usize>,
+    /// Tier of each queued job, by queue index.
+    tiers: Vec<u8>,
     labs: Vec<LabQ>,
     heap: BinaryHeap<Reverse<(Key, usize)>>,
     charge: f64,
@@ -87,7 +92,7 @@ pub(crate) struct Ticket {
 
 impl FairQueue {
     /// Build the queue over `jobs` (queue indices), which must be sorted by (lab slot,
-    /// member slot, submitted_at, id); slots are in id order, so heap ties between
+    /// member slot, tier, submitted_at, id); slots are in id order, so heap ties between
     /// equal keys break by lab id and user id.
     pub fn new(world: &World, jobs: Vec<usize>) -> Self {
         let charge = world.policy.running_charge_gpu_hours;
@@ -118,7 +123,7 @@ impl FairQueue {
                 .users
                 .iter()
                 .enumerate()
-                .map(|(u, q)| Reverse((Key(q.usage), u)))
+                .map(|(u, q)| Reverse((meta[jobs[q.next]].tier, Key(q.usage), u)))
                 .collect();
         }
         let heap = labs
@@ -127,6 +132,7 @@ impl FairQueue {
             .map(|(i, l)| Reverse((l.key(), i)))
             .collect();
         FairQueue {
+            tiers: meta.iter().map(|m| m.tier).collect(),
             jobs,
             labs,
             heap,
@@ -139,7 +145,7 @@ impl FairQueue {
     pub fn pop(&mut self) -> Option<(usize, Ticket)> {
         let Reverse((_, l)) = self.heap.pop()?;
         let lab = &mut self.labs[l];
-        let Reverse((_, u)) = lab.heap.pop()?;
+        let Reverse((_, _, u)) = lab.heap.pop()?;
         let user = &mut lab.users[u];
         let job = self.jobs[user.next];
         user.next += 1;
@@ -154,7 +160,8 @@ impl FairQueue {
         let user = &mut lab.users[ticket.user];
         user.usage += add;
         if user.next < user.end {
-            lab.heap.push(Reverse((Key(user.usage), ticket.user)));
+            let tier = self.tiers[self.jobs[user.next]];
+            lab.heap.push(Reverse((tier, Key(user.usage), ticket.user)));
         }
         if !lab.heap.is_empty() {
             self.heap.push(Reverse((lab.key(), ticket.lab)));

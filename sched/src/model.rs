@@ -110,6 +110,9 @@ pub struct QueuedJob {
     pub time_limit_s: i64,
     /// When it was submitted (first-come order inside one member's jobs).
     pub submitted_at: Time,
+    /// An interactive job (someone waits for it at the screen); goes ahead of its lab's
+    /// batch jobs when the lab sets [`LabInfo::interactive_boost`].
+    pub interactive: bool,
 }
 
 /// A job that holds GPUs now (starting, running or preempting).
@@ -172,6 +175,12 @@ pub struct LabInfo {
     pub ledger_at: Time,
     /// Operator override of [`crate::Policy::base_share_gpu_hours`] for this lab.
     pub base_share_gpu_hours: Option<f64>,
+    /// The lab admin's priority boost for interactive jobs: the lab's interactive jobs go
+    /// ahead of all its batch jobs, whichever member submitted them, on the lab's own
+    /// nodes (owner phase) and in the lab's turn among guests (fair share). It reorders
+    /// only the lab's own queue: the lab's standing among labs is unchanged, so a
+    /// setting each lab controls cannot take a turn from another lab.
+    pub interactive_boost: bool,
 }
 
 /// A member's quota inside one lab (set by the lab admin) and ledgers.

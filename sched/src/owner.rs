@@ -122,10 +122,11 @@ fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
     }
 }
 
-/// The order in which owner jobs are placed: by lab, then member standing in the
-/// ledger (lowest decayed usage first), then first come, first served. It depends only
-/// on the snapshot's ledgers, not on what runs, so it is the same in every round of a
-/// plan and after the plan is applied (fewer rounds, same fixed point).
+/// The order in which owner jobs are placed: by lab, then boosted interactive jobs
+/// before the rest (`JobMeta::tier`), then member standing in the ledger (lowest decayed
+/// usage first), then first come, first served. It depends only on the snapshot, not on
+/// what runs, so it is the same in every round of a plan and after the plan is applied
+/// (fewer rounds, same fixed point).
 pub(crate) fn owner_order(world: &World, mut jobs: Vec<usize>) -> Vec<usize> {
     jobs.sort_by(|&a, &b| {
         let (ma, mb) = (&world.meta[a], &world.meta[b]);
@@ -136,6 +137,7 @@ pub(crate) fn owner_order(world: &World, mut jobs: Vec<usize>) -> Vec<usize> {
         );
         ma.lab
             .cmp(&mb.lab)
+            .then(ma.tier.cmp(&mb.tier))
             .then(ua.total_cmp(&ub))
             .then((ma.member, qa.submitted_at, qa.id).cmp(&(mb.member, qb.submitted_at, qb.id)))
     });

@@ -141,6 +141,9 @@ pub(crate) struct JobMeta {
     pub shape: usize,
     /// GPUs asked for (copied: the hot loop should not chase the job's pointer).
     pub gpus: u32,
+    /// 0 for an interactive job of a lab with [`LabInfo::interactive_boost`], else 1:
+    /// inside a lab, jobs go by tier first (see `boost_tier`).
+    pub tier: u8,
 }
 
 /// A lab's fixed data for one plan.
@@ -268,9 +271,16 @@ impl<'a> World<'a> {
             .collect();
         queue.sort_by_key(|j| j.id);
         queue.dedup_by_key(|j| j.id);
-        // Fair-share order groups jobs by lab and member, first come first; storing the
-        // queue that way lets every round walk it front to back.
-        queue.sort_by_key(|j| (j.lab, j.user, j.submitted_at, j.id));
+        let boosting: std::collections::BTreeSet<LabId> = snapshot
+            .labs
+            .iter()
+            .filter(|l| l.interactive_boost)
+            .map(|l| l.id)
+            .collect();
+        let tier = |j: &QueuedJob| boost_tier(j, boosting.contains(&j.lab));
+        // Fair-share order groups jobs by lab and member, boosted jobs first, then first
+        // come; storing the queue that way lets every round walk it front to back.
+        queue.sort_by_key(|j| (j.lab, j.user, tier(j), j.submitted_at, j.id));
         let mut running: Vec<&RunningJob> = snapshot.running.iter().collect();
         running.sort_by_key(|r| r.id);
 
@@ -343,6 +353,7 @@ impl<'a> World<'a> {
                     member: slots.members[&(q.lab, q.user)],
                     shape: *shape_ids.entry(shape(q)).or_insert(next),
                     gpus: q.gpus,
+                    tier: tier(q),
                 }
             })
             .collect();
@@ -506,6 +517,12 @@ impl<'a> World<'a> {
             n.name.clone()
         }
     }
+}
+
+/// A queued job's tier inside its lab: 0 (first) for an interactive job of a lab that
+/// boosts them, 1 for every other job.
+pub(crate) fn boost_tier(job: &QueuedJob, lab_boosts: bool) -> u8 {
+    u8::from(!(job.interactive && lab_boosts))
 }
 
 /// The key under which identical requests of one lab share a result.

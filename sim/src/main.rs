@@ -127,7 +127,7 @@ fn print_table(s: &commons_sim::RunSummary) {
     let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.0}"));
     let _ = writeln!(
         err,
-        "{:<15} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>5}",
+        "{:<15} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>5}",
         "policy",
         "util",
         "goodput",
@@ -135,6 +135,8 @@ fn print_table(s: &commons_sim::RunSummary) {
         "jct_p95",
         "wait_mean",
         "own_wait",
+        "int_wait",
+        "int_p95",
         "preempt",
         "lost_gpuh",
         "worse"
@@ -142,7 +144,7 @@ fn print_table(s: &commons_sim::RunSummary) {
     for (name, m) in &s.policies {
         let _ = writeln!(
             err,
-            "{:<15} {:>6.3} {:>7.3} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9.1} {:>5}",
+            "{:<15} {:>6.3} {:>7.3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9.1} {:>5}",
             name,
             m.utilization,
             m.goodput,
@@ -150,6 +152,8 @@ fn print_table(s: &commons_sim::RunSummary) {
             opt(m.jct_p95_s),
             opt(m.wait_mean_s),
             opt(m.owner_wait_mean_s),
+            opt(m.interactive_wait_mean_s),
+            opt(m.interactive_wait_p95_s),
             m.preemptions,
             m.lost_gpu_hours,
             m.labs_worse_off.map_or("-".into(), |n| n.to_string())

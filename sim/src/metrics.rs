@@ -7,6 +7,8 @@
 //! - `goodput`: the same without the GPU-seconds of work lost to stops (and re-run).
 //! - `jct`: finish - submission; `wait`: first start - submission, over completed jobs.
 //! - `owner_wait`: waits of the jobs whose first attempt ran on their own lab's nodes.
+//! - `interactive_wait`, `batch_wait`: waits of the interactive jobs (see
+//!   `trace::is_interactive_by_rule` for traces without a job kind) and of the others.
 //! - `labs_worse_off`: labs whose mean JCT is more than 5% and more than the grace
 //!   period above their mean JCT under `isolated` (a lab that completes nothing under
 //!   `isolated`, e.g. one without nodes, cannot be worse off).
@@ -32,6 +34,12 @@ pub struct PolicyMetrics {
     pub wait_p95_s: Option<f64>,
     pub owner_wait_mean_s: Option<f64>,
     pub owner_wait_p95_s: Option<f64>,
+    /// Interactive jobs in the workload (completed or not).
+    pub interactive_jobs: u64,
+    pub interactive_wait_mean_s: Option<f64>,
+    pub interactive_wait_p95_s: Option<f64>,
+    pub batch_wait_mean_s: Option<f64>,
+    pub batch_wait_p95_s: Option<f64>,
     pub preemptions: u64,
     pub lost_gpu_hours: f64,
     pub completed_jobs: u64,
@@ -81,6 +89,8 @@ pub struct Samples {
     pub jct: Vec<f64>,
     pub wait: Vec<f64>,
     pub owner_wait: Vec<f64>,
+    pub interactive_wait: Vec<f64>,
+    pub batch_wait: Vec<f64>,
 }
 
 impl Samples {
@@ -89,6 +99,8 @@ impl Samples {
             jct: Vec::new(),
             wait: Vec::new(),
             owner_wait: Vec::new(),
+            interactive_wait: Vec::new(),
+            batch_wait: Vec::new(),
         };
         for (j, o) in work.jobs.iter().zip(&out.jobs) {
             if let (Some(start), Some(finish)) = (o.first_start, o.finish) {
@@ -97,9 +109,22 @@ impl Samples {
                 if o.owner_start {
                     s.owner_wait.push((start - j.submit) as f64);
                 }
+                let by_kind = if j.interactive {
+                    &mut s.interactive_wait
+                } else {
+                    &mut s.batch_wait
+                };
+                by_kind.push((start - j.submit) as f64);
             }
         }
-        for v in [&mut s.jct, &mut s.wait, &mut s.owner_wait] {
+        let all = [
+            &mut s.jct,
+            &mut s.wait,
+            &mut s.owner_wait,
+            &mut s.interactive_wait,
+            &mut s.batch_wait,
+        ];
+        for v in all {
             v.sort_by(f64::total_cmp);
         }
         s
@@ -153,6 +178,11 @@ pub fn summarize(campus: &Campus, work: &Workload, out: &SimOutput) -> PolicyMet
         wait_p95_s: percentile(&s.wait, 95.0),
         owner_wait_mean_s: mean(&s.owner_wait),
         owner_wait_p95_s: percentile(&s.owner_wait, 95.0),
+        interactive_jobs: work.jobs.iter().filter(|j| j.interactive).count() as u64,
+        interactive_wait_mean_s: mean(&s.interactive_wait),
+        interactive_wait_p95_s: percentile(&s.interactive_wait, 95.0),
+        batch_wait_mean_s: mean(&s.batch_wait),
+        batch_wait_p95_s: percentile(&s.batch_wait, 95.0),
         preemptions: out.preemptions,
         lost_gpu_hours: round(acct.lost_gpu_s / 3600.0, 2),
         completed_jobs: s.jct.len() as u64,

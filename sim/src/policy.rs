@@ -5,6 +5,9 @@
 //! - `commons`: the real policy, [`commons_sched::plan`], with the campus' checkpoints.
 //! - `commons-nockpt`: the same policy with checkpoints switched off (a stopped job
 //!   restarts from scratch).
+//! - `commons-boost`: `commons` with every lab's interactive boost on
+//!   (`LabInfo::interactive_boost`): each lab's interactive jobs go ahead of its batch
+//!   jobs. Not in the default list; add it to compare interactive waits.
 //!
 //! The baselines live here rather than in `sched` so that they stay exactly "strict
 //! FCFS" while `sched` grows (backfill, fair share, ...). Their placement matches
@@ -19,19 +22,31 @@ pub enum PolicyKind {
     ShareFifo,
     Commons,
     CommonsNoCkpt,
+    CommonsBoost,
 }
 
 /// A policy name that does not exist.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown policy \"{0}\" (known: isolated, share-fifo, commons, commons-nockpt)")]
+#[error(
+    "unknown policy \"{0}\" (known: isolated, share-fifo, commons, commons-nockpt, commons-boost)"
+)]
 pub struct UnknownPolicy(pub String);
 
 impl PolicyKind {
+    /// The policies a replay compares by default.
     pub const ALL: [PolicyKind; 4] = [
         PolicyKind::Isolated,
         PolicyKind::ShareFifo,
         PolicyKind::Commons,
         PolicyKind::CommonsNoCkpt,
+    ];
+    /// Every policy there is, the default ones first.
+    pub const KNOWN: [PolicyKind; 5] = [
+        PolicyKind::Isolated,
+        PolicyKind::ShareFifo,
+        PolicyKind::Commons,
+        PolicyKind::CommonsNoCkpt,
+        PolicyKind::CommonsBoost,
     ];
 
     pub fn name(self) -> &'static str {
@@ -40,6 +55,7 @@ impl PolicyKind {
             PolicyKind::ShareFifo => "share-fifo",
             PolicyKind::Commons => "commons",
             PolicyKind::CommonsNoCkpt => "commons-nockpt",
+            PolicyKind::CommonsBoost => "commons-boost",
         }
     }
 
@@ -60,7 +76,15 @@ impl PolicyKind {
 
     /// Whether the policy calls the real scheduler.
     pub fn uses_sched(self) -> bool {
-        matches!(self, PolicyKind::Commons | PolicyKind::CommonsNoCkpt)
+        matches!(
+            self,
+            PolicyKind::Commons | PolicyKind::CommonsNoCkpt | PolicyKind::CommonsBoost
+        )
+    }
+
+    /// Whether every lab's interactive jobs go ahead of its batch jobs.
+    pub fn boosts_interactive(self) -> bool {
+        self == PolicyKind::CommonsBoost
     }
 
     /// Whether jobs keep checkpoints under this policy.
@@ -72,7 +96,7 @@ impl PolicyKind {
 impl std::str::FromStr for PolicyKind {
     type Err = UnknownPolicy;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        PolicyKind::ALL
+        PolicyKind::KNOWN
             .into_iter()
             .find(|p| p.name() == s)
             .ok_or_else(|| UnknownPolicy(s.to_string()))

@@ -25,6 +25,7 @@ fn color(p: PolicyKind) -> RGBColor {
         PolicyKind::ShareFifo => RGBColor(214, 96, 0),
         PolicyKind::Commons => RGBColor(0, 90, 200),
         PolicyKind::CommonsNoCkpt => RGBColor(0, 160, 80),
+        PolicyKind::CommonsBoost => RGBColor(150, 40, 170),
     }
 }
 
@@ -75,12 +76,14 @@ pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<Strin
     );
     h += "<h2>Figures</h2>\n<table><tr><th>policy</th><th>utilization</th><th>goodput</th>\
           <th>JCT mean (h)</th><th>JCT p95 (h)</th><th>wait mean (h)</th><th>owner wait mean (h)</th>\
-          <th>preemptions</th><th>lost GPU-h</th><th>labs worse off</th><th>completed</th></tr>\n";
+          <th>interactive wait mean (h)</th><th>interactive wait p95 (h)</th>\
+          <th>batch wait mean (h)</th><th>batch wait p95 (h)</th><th>preemptions</th><th>lost GPU-h</th><th>labs worse off</th><th>completed</th></tr>\n";
     let hours = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.2}", v / 3600.0));
     for (name, m) in &s.policies {
         let _ = writeln!(
             h,
             "<tr><td>{name}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
              <td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td></tr>",
             m.utilization,
             m.goodput,
@@ -88,6 +91,10 @@ pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<Strin
             hours(m.jct_p95_s),
             hours(m.wait_mean_s),
             hours(m.owner_wait_mean_s),
+            hours(m.interactive_wait_mean_s),
+            hours(m.interactive_wait_p95_s),
+            hours(m.batch_wait_mean_s),
+            hours(m.batch_wait_p95_s),
             m.preemptions,
             m.lost_gpu_hours,
             m.labs_worse_off.map_or("-".into(), |n| n.to_string()),

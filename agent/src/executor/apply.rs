@@ -29,6 +29,7 @@ impl<R: ContainerRuntime> Executor<R> {
             } => {
                 tracing::info!(job, attempt, image = %launch.spec.image, resume = launch.resume, "starting");
                 let mut obs = ContainerObs::new(job, attempt, Phase::Creating, Some(deadline));
+                obs.time_limit = Some(Duration::from_secs(launch.spec.time_limit_s));
                 obs.snapshots = launch
                     .spec
                     .checkpoint_interval_s
@@ -189,6 +190,7 @@ impl<R: ContainerRuntime> Executor<R> {
             boot_id: self.inner.boot_id.clone(),
             lease_deadline_ms: to_ms(w.lease_until),
             time_limit_deadline_ms: h.deadline.map(to_ms),
+            time_limit_s: h.time_limit.map(|l| l.as_secs()),
             grace_s: ENFORCE_GRACE.as_secs(),
             stop: h.stopping.as_ref().map(|s| StopMark {
                 reason: s.why.reason,

@@ -23,7 +23,8 @@
 //!   unknown `seq`) extends nothing; such a `Start` is not started.
 //! - Leases and time limits are enforced by the tick whether or not the portal is
 //!   connected, and by each attempt's guard process (`guard`) while the agent is down:
-//!   `lease.json` is rewritten at start, at every renewal and when a stop begins.
+//!   `lease.json` is rewritten at start, at every renewal, when a `Renew` extends a time
+//!   limit, and when a stop begins.
 //! - A result is in `result.json` before its container is removed, stays in every
 //!   heartbeat (and in the `Hello` of a restarted agent) until the portal acknowledges it
 //!   by leaving it out of a `Renew`; then the attempt's directory is deleted.
@@ -51,7 +52,7 @@ use crate::runtime::{AssignedGpu, ContainerRuntime, DockerRuntime, RuntimeError}
 use crate::store::Store;
 use commons_proto::{
     AgentMsg, Attempt, AttemptReport, AttemptState, GpuInfo, GpuStat, JobId, JobSpec, Lease,
-    StopReason, PROTOCOL_VERSION,
+    StopReason, TimeLimit, PROTOCOL_VERSION,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
@@ -350,6 +351,37 @@ impl<R: ContainerRuntime> Executor<R> {
             }
         }
         self.step(clock::now());
+    }
+
+    /// Applies the time limits a `Renew` carries: an attempt whose limit grew gets its
+    /// deadline moved later by as much, and its `lease.json` rewritten so its guard
+    /// enforces the new one. Unknown attempts, equal or smaller limits, and attempts
+    /// already stopping or ended change nothing (see [`ContainerObs::extend_time_limit`]).
+    pub fn set_time_limits(&self, limits: &[TimeLimit]) {
+        let mut t = self.table();
+        for l in limits {
+            let key = (l.job, l.attempt);
+            let Some(h) = t.have.get_mut(&key) else {
+                continue;
+            };
+            let known = h.time_limit.is_some();
+            if h.extend_time_limit(Duration::from_secs(l.time_limit_s)) {
+                tracing::info!(
+                    job = l.job,
+                    attempt = l.attempt,
+                    time_limit_s = l.time_limit_s,
+                    "time limit extended"
+                );
+                self.save_lease(&t, key);
+            } else if !known && h.result.is_none() {
+                tracing::warn!(
+                    job = l.job,
+                    attempt = l.attempt,
+                    "cannot extend the time limit: this attempt's lease.json predates \
+                     extensions, so its first limit is unknown"
+                );
+            }
+        }
     }
 
     /// The boot-clock time an attempt's lease runs out, if the attempt is known.

@@ -69,6 +69,10 @@ fn entry(key: Key, phase: Phase, d: OnDisk, boot_id: &str) -> (Assignment, Conta
         .as_ref()
         .and_then(|l| l.time_limit_deadline_ms)
         .map(from_ms);
+    let time_limit = lease
+        .as_ref()
+        .and_then(|l| l.time_limit_s)
+        .map(Duration::from_secs);
     let marked = lease.and_then(|l| l.stop).map(|m| Stopping {
         why: Why {
             reason: m.reason,
@@ -85,6 +89,7 @@ fn entry(key: Key, phase: Phase, d: OnDisk, boot_id: &str) -> (Assignment, Conta
         issued: false,
     });
     let mut obs = ContainerObs::new(job, attempt, phase, deadline);
+    obs.time_limit = time_limit;
     obs.stopping = marked.or(by_guard);
     if let Some(c) = d.checkpoint {
         if c.final_upload.is_some() {
@@ -130,6 +135,7 @@ mod tests {
             boot_id: boot.into(),
             lease_deadline_ms: 50_000,
             time_limit_deadline_ms: Some(90_000),
+            time_limit_s: None,
             grace_s: 10,
             stop: None,
         }

@@ -6,6 +6,11 @@
 //! as an NVIDIA device request plus `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES`, and
 //! the attempt's checkpoint directory as its one host path (a bind mount at `/checkpoint`).
 //! Images are never pulled: a missing image is an error the job's owner sees.
+//!
+//! An interactive job without a command gets [`KEEP_ALIVE`] as its entrypoint: the
+//! container stays up (for its owner to SSH in) until its time limit, a stop or its lease,
+//! and ends at once and cleanly on SIGTERM. An image without `/bin/sh` cannot run it: the
+//! container is removed before it starts and the job fails with [`RuntimeError::NoShell`].
 
 use super::{
     container_name, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
@@ -17,8 +22,8 @@ use bollard::models::{
     MountBindOptionsPropagationEnum, MountType,
 };
 use bollard::query_parameters::{
-    CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions,
-    StopContainerOptions, TopOptions, WaitContainerOptions,
+    ContainerArchiveInfoOptions, CreateContainerOptions, ListContainersOptions, LogsOptions,
+    RemoveContainerOptions, StopContainerOptions, TopOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use commons_proto::{Attempt, JobId, JobSpec, LABEL_ATTEMPT, LABEL_JOB};
@@ -29,6 +34,20 @@ use std::time::Duration;
 /// The uid:gid jobs run as: `nobody`, never root.
 pub const JOB_USER: &str = "65534:65534";
 const PIDS_LIMIT: i64 = 4096;
+
+/// The shell that keeps an interactive job without a command alive. `sleep` runs in the
+/// background and the shell `wait`s for it, so a SIGTERM interrupts the wait and the trap
+/// ends the shell (and so the container) at once, instead of after the current `sleep`.
+pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM INT HUP; \
+echo 'GPU Commons: interactive job ready; the container stays up until its time limit or a cancel'; \
+while :; do sleep 3600 & wait $!; done";
+/// The shell [`KEEP_ALIVE`] needs in the image.
+pub const KEEP_ALIVE_SHELL: &str = "/bin/sh";
+
+/// Whether the container runs [`KEEP_ALIVE`] instead of a command of the job's or the image's.
+pub fn keeps_alive(spec: &JobSpec) -> bool {
+    spec.interactive && spec.command.is_empty()
+}
 
 /// The container for one attempt. Pure: everything it decides is visible in the result.
 pub fn container_body(
@@ -86,8 +105,18 @@ pub fn container_body(
     // The engine refuses a CPU limit above the host's CPUs; such a job gets all of them.
     let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let cpus = spec.cpus.min(host_cpus);
+    // The keep-alive replaces the image's entrypoint too: an entrypoint would take the
+    // shell as its arguments (and the image's default command goes with it).
+    let entrypoint = keeps_alive(spec).then(|| {
+        vec![
+            KEEP_ALIVE_SHELL.to_string(),
+            "-c".to_string(),
+            KEEP_ALIVE.to_string(),
+        ]
+    });
     ContainerCreateBody {
         image: Some(spec.image.clone()),
+        entrypoint,
         cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
         env: Some(env),
         labels: Some(labels),
@@ -146,6 +175,29 @@ impl DockerRuntime {
     }
 }
 
+impl DockerRuntime {
+    /// Whether a created (not started) container's image has [`KEEP_ALIVE_SHELL`]. The
+    /// engine would start a container without it all the same, and the init process
+    /// would exit 127 with a message only the logs hold; asking first gives the job's
+    /// owner a reason that says what to do.
+    async fn check_shell(&self, id: &str, image: &str) -> Result<(), RuntimeError> {
+        let options = ContainerArchiveInfoOptions {
+            path: KEEP_ALIVE_SHELL.into(),
+        };
+        match self
+            .docker
+            .get_container_archive_info(id, Some(options))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Err(RuntimeError::NoShell(image.to_string())),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
 /// Whole seconds for the engine's APIs, saturating instead of wrapping.
 fn whole_secs_i32(d: Duration) -> i32 {
     i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
@@ -196,6 +248,12 @@ impl ContainerRuntime for DockerRuntime {
                 body,
             )
             .await?;
+        if keeps_alive(spec) {
+            if let Err(e) = self.check_shell(&created.id, &spec.image).await {
+                let _ = self.remove(&created.id).await;
+                return Err(e);
+            }
+        }
         if let Err(e) = self.docker.start_container(&created.id, None).await {
             let _ = self.remove(&created.id).await;
             return Err(e.into());
@@ -376,6 +434,7 @@ mod tests {
             time_limit_s: 60,
             user: "alice".into(),
             checkpoint_interval_s: None,
+            interactive: false,
         }
     }
 
@@ -459,6 +518,40 @@ mod tests {
             1
         );
         assert!(resumed.contains(&"COMMONS_RESUME=1".to_string()));
+    }
+
+    #[test]
+    fn an_interactive_job_without_a_command_runs_the_keep_alive() {
+        let mut s = spec();
+        s.interactive = true;
+        let with_command = container_body("ag", 1, 1, &s, &[], &ckpt(false));
+        assert_eq!(with_command.entrypoint, None, "a command runs as given");
+        assert_eq!(with_command.cmd.as_deref(), Some(&s.command[..]));
+        s.command.clear();
+        let body = container_body("ag", 1, 1, &s, &[], &ckpt(false));
+        let entrypoint = body.entrypoint.unwrap();
+        assert_eq!(entrypoint[..2], ["/bin/sh".to_string(), "-c".to_string()]);
+        assert!(
+            entrypoint[2].starts_with("trap 'exit 0' TERM"),
+            "{entrypoint:?}"
+        );
+        assert!(
+            entrypoint[2].contains("wait $!"),
+            "SIGTERM must not wait for a sleep"
+        );
+        assert_eq!(body.cmd, None, "and not the image's default command");
+        assert_eq!(
+            body.user.as_deref(),
+            Some(JOB_USER),
+            "locked down as any job"
+        );
+        s.interactive = false;
+        let batch = container_body("ag", 1, 1, &s, &[], &ckpt(false));
+        assert_eq!(
+            (batch.entrypoint, batch.cmd),
+            (None, None),
+            "a batch job without a command runs the image's default"
+        );
     }
 
     #[test]

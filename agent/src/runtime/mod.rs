@@ -38,6 +38,8 @@ pub const LABEL_AGENT: &str = "commons.agent";
 pub enum RuntimeError {
     #[error("image {0:?} is not on this server (GPU Commons never pulls images; the lab admin loads allowed images)")]
     ImageMissing(String),
+    #[error("image {0:?} has no /bin/sh, which an interactive job without a command needs to stay up; give the job a command that keeps running (a server such as `jupyter lab`)")]
+    NoShell(String),
     #[error("no such container {0}")]
     NoSuchContainer(String),
     #[error("container engine: {0}")]

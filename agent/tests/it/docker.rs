@@ -1,5 +1,6 @@
 //! The executor against the real Docker Engine: exit codes and output, the time limit,
-//! the portal's stop with its grace, and an expired lease.
+//! the portal's stop with its grace, an expired lease, and interactive jobs kept up
+//! without a command.
 
 use super::{docker_agent, final_event, lease_from_hello, new_agent_id, spec};
 use commons_agent::runtime::{AssignedGpu, ContainerRuntime};
@@ -198,4 +199,89 @@ async fn a_job_writes_its_checkpoint_as_uid_65534_and_a_resumed_attempt_reads_it
         "1300\n",
         "the job may overwrite what was restored"
     );
+}
+
+/// An interactive job with no command stays up (nothing to run, nothing ends), and a stop
+/// ends it within a second or two: the keep-alive shell does not sit out the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_job_without_a_command_stays_up_until_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (exec, mut rx, rt) = docker_agent(&new_agent_id(), dir.path()).await;
+    let mut s = spec("", 600);
+    s.command.clear();
+    s.interactive = true;
+    exec.start(30, 1, s, vec![], lease_from_hello(&exec, 3600));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let report = exec.reports().into_iter().find(|r| r.job == 30).unwrap();
+    assert_eq!(report.state, AttemptState::Running, "{report:?}");
+    let found = rt.list().await.unwrap();
+    assert!(
+        found.iter().any(|c| c.job == 30 && c.running),
+        "the container is up: {found:?}"
+    );
+    // A long grace: only a prompt exit on SIGTERM ends it quickly.
+    let asked = std::time::Instant::now();
+    assert!(exec.stop(30, 1, 30, StopReason::Cancelled, None));
+    let end = final_event(&mut rx).await;
+    let took = asked.elapsed();
+    assert_eq!(end.state, AttemptState::Stopped);
+    assert_eq!(end.stop, Some(StopReason::Cancelled));
+    assert_eq!(
+        end.exit_code,
+        Some(0),
+        "a clean exit on SIGTERM, not a kill"
+    );
+    assert!(end.logs.contains("interactive job ready"), "{:?}", end.logs);
+    eprintln!("interactive job ended {took:?} after the stop");
+    assert!(
+        took < Duration::from_secs(3),
+        "stopped {took:?} after the stop, not after the 30 s grace"
+    );
+    assert!(rt.list().await.unwrap().is_empty(), "and removed");
+}
+
+/// An image without /bin/sh cannot keep an interactive job up: the job fails at once
+/// with a reason that says so, and no container is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_job_on_an_image_without_a_shell_fails_with_a_clear_reason() {
+    let image = no_shell_image();
+    let dir = tempfile::tempdir().unwrap();
+    let (exec, mut rx, rt) = docker_agent(&new_agent_id(), dir.path()).await;
+    let mut s = spec("", 600);
+    s.command.clear();
+    s.interactive = true;
+    s.image = image.clone();
+    exec.start(31, 1, s, vec![], lease_from_hello(&exec, 3600));
+    let end = final_event(&mut rx).await;
+    assert_eq!(end.state, AttemptState::Failed, "{end:?}");
+    let reason = end.reason.unwrap();
+    assert!(
+        reason.contains("has no /bin/sh") && reason.contains(&image),
+        "{reason}"
+    );
+    assert!(rt.list().await.unwrap().is_empty(), "nothing left behind");
+}
+
+/// `commons-noshell:test`: a FROM-scratch image with a static busybox but no /bin/sh.
+fn no_shell_image() -> String {
+    let image = "commons-noshell:test";
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::copy("/bin/busybox", ctx.path().join("busybox"))
+        .expect("a static busybox at /bin/busybox (apt-get install busybox-static)");
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM scratch\nCOPY busybox /busybox\nCMD [\"/busybox\", \"true\"]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", image])
+        .arg(ctx.path())
+        .output()
+        .expect("the docker CLI is needed (apt-get install docker.io)");
+    assert!(
+        out.status.success(),
+        "docker build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    image.to_string()
 }

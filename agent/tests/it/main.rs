@@ -3,12 +3,14 @@
 //! the executor through; [`docker`] runs the executor against the real Docker Engine, and
 //! [`guard`] checks the per-attempt guard process there while the agent is down.
 //! [`checkpoints`] drives restores and uploads through the executor against
-//! [`portal_double`], a test double of the portal's checkpoint API over HTTP.
+//! [`portal_double`], a test double of the portal's checkpoint API over HTTP. [`extend`]
+//! moves a running attempt's time limit as a `Renew` asks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod checkpoints;
 mod docker;
 mod executor;
+mod extend;
 mod fake_runtime;
 mod guard;
 mod portal_double;
@@ -55,6 +57,7 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
         time_limit_s,
         user: "tester".into(),
         checkpoint_interval_s: None,
+        interactive: false,
     }
 }
 

@@ -161,6 +161,7 @@ async fn a_stop_begun_before_a_restart_gets_only_the_rest_of_its_grace() {
             boot_id: clock::boot_id(),
             lease_deadline_ms: clock::to_ms(now + Duration::from_secs(600)),
             time_limit_deadline_ms: None,
+            time_limit_s: None,
             grace_s: 10,
             stop: Some(StopMark {
                 reason: StopReason::Preempted,

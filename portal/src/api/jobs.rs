@@ -1,9 +1,10 @@
-//! `/api/v1/jobs`: submit, list, read, logs, history, cancel.
+//! `/api/v1/jobs`: submit, list, read, logs, history, cancel, extend.
 
 use super::ApiJson;
 use crate::auth::CurrentUser;
 use crate::error::ApiError;
-use crate::service::jobs;
+use crate::service::extend::ExtendRequest;
+use crate::service::{extend as ext, jobs};
 use crate::state::AppState;
 use crate::validate::JobRequest;
 use actix_web::{web, HttpResponse};
@@ -14,7 +15,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/jobs/{id}", web::get().to(get))
         .route("/jobs/{id}/logs", web::get().to(logs))
         .route("/jobs/{id}/events", web::get().to(events))
-        .route("/jobs/{id}/cancel", web::post().to(cancel));
+        .route("/jobs/{id}/cancel", web::post().to(cancel))
+        .route("/jobs/{id}/extend", web::post().to(extend));
 }
 
 async fn submit(
@@ -66,5 +68,16 @@ async fn cancel(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let view = jobs::cancel(&state, &user, id.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(view))
+}
+
+/// `{minutes}` more for the caller's queued or running interactive job.
+async fn extend(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    body: ApiJson<ExtendRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let view = ext::extend(&state, &user, id.into_inner(), body.0).await?;
     Ok(HttpResponse::Ok().json(view))
 }

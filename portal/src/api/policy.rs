@@ -1,5 +1,6 @@
 //! `PUT /api/v1/nodes/{id}/lending`, `PUT /api/v1/labs/{slug}/quota`,
-//! `PUT /api/v1/labs/{slug}/members/{username}/quota`.
+//! `PUT /api/v1/labs/{slug}/members/{username}/quota`,
+//! `PUT /api/v1/labs/{slug}/interactive` (`{"interactive_boost": bool}`).
 
 use super::ApiJson;
 use crate::auth::CurrentUser;
@@ -18,7 +19,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/labs/{slug}/member-default-quota",
             web::put().to(put_member_default_quota),
-        );
+        )
+        .route("/labs/{slug}/interactive", web::put().to(put_interactive));
 }
 
 async fn put_lending(
@@ -74,4 +76,22 @@ async fn put_member_default_quota(
     )
     .await?;
     Ok(HttpResponse::Ok().json(q))
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InteractiveRequest {
+    interactive_boost: bool,
+}
+
+async fn put_interactive(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    slug: web::Path<String>,
+    body: ApiJson<InteractiveRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let on =
+        policy::set_interactive_boost(&state, &user, slug.into_inner(), body.0.interactive_boost)
+            .await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "interactive_boost": on })))
 }

@@ -41,6 +41,20 @@ pub fn on_node(
         .load(c)?)
 }
 
+/// A job's attempts in the given states.
+pub fn on_job(
+    c: &mut DbConn,
+    job: i64,
+    states: &[AttemptStatus],
+) -> Result<Vec<Attempt>, AppError> {
+    Ok(job_attempts::table
+        .filter(job_attempts::job_id.eq(job))
+        .filter(job_attempts::state.eq_any(states))
+        .order(job_attempts::id)
+        .select(Attempt::as_select())
+        .load(c)?)
+}
+
 /// A node's attempts being stopped, with their jobs' states.
 pub fn stopping_on(c: &mut DbConn, node: i64) -> Result<Vec<(Attempt, JobState)>, AppError> {
     Ok(job_attempts::table

@@ -77,6 +77,27 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
     })
 }
 
+/// Sets a job's time limit (an extension; the caller checks the rules).
+pub fn set_time_limit(c: &mut DbConn, id: i64, limit_s: i64) -> Result<(), AppError> {
+    diesel::update(jobs::table.find(id))
+        .set(jobs::time_limit_s.eq(limit_s))
+        .execute(c)?;
+    Ok(())
+}
+
+/// The time limits of `jobs`, by job id (one query).
+pub fn time_limits(
+    c: &mut DbConn,
+    jobs: &[i64],
+) -> Result<std::collections::BTreeMap<i64, i64>, AppError> {
+    Ok(jobs::table
+        .filter(jobs::id.eq_any(jobs))
+        .select((jobs::id, jobs::time_limit_s))
+        .load::<(i64, i64)>(c)?
+        .into_iter()
+        .collect())
+}
+
 pub fn get(c: &mut DbConn, id: i64) -> Result<Job, AppError> {
     jobs::table
         .find(id)

@@ -21,6 +21,8 @@ pub struct Lab {
     pub quota: Json<Quota>,
     /// The lab admins' default for members without a quota of their own.
     pub member_quota: Json<Quota>,
+    /// The lab's interactive jobs go ahead of its batch jobs (`sched::LabInfo`).
+    pub interactive_boost: bool,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Serialize)]

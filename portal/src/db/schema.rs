@@ -10,6 +10,7 @@ diesel::table! {
         quota -> Text,
         member_quota -> Text,
         checkpoint_cap_gb -> Nullable<Double>,
+        interactive_boost -> Bool,
     }
 }
 

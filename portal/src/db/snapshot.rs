@@ -81,6 +81,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                         id: l.id,
                         quota: l.quota.0.clone(),
                         ledger_at: now_s,
+                        interactive_boost: l.interactive_boost,
                         ..Default::default()
                     },
                 )
@@ -214,6 +215,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                     min_memory_mb: j.min_gpu_memory_mb.max(0) as u64,
                     time_limit_s: j.time_limit_s,
                     submitted_at: secs(j.created_at),
+                    interactive: j.kind == crate::domain::JobKind::Interactive,
                     ..Default::default()
                 })
                 .collect(),

@@ -108,6 +108,14 @@ pub fn set_lab_quota(
     Ok(())
 }
 
+/// Turns the lab's priority boost for interactive jobs on or off.
+pub fn set_interactive_boost(c: &mut DbConn, lab: i64, on: bool) -> Result<(), AppError> {
+    diesel::update(labs::table.find(lab))
+        .set(labs::interactive_boost.eq(on))
+        .execute(c)?;
+    Ok(())
+}
+
 /// One person's membership of one lab.
 #[derive(Debug, Clone, Queryable, Selectable)]
 #[diesel(table_name = memberships)]

@@ -158,7 +158,8 @@ mod tests {
                     seq: 0,
                     valid_for_s: 0
                 },
-                attempts: vec![]
+                attempts: vec![],
+                time_limits: vec![]
             }
         ));
         assert!(rx_b.try_recv().is_ok());

@@ -155,6 +155,7 @@ fn start_msg(
             time_limit_s: job.time_limit_s.max(0) as u64,
             user: db::jobs::owner_name(c, job)?,
             checkpoint_interval_s: job.checkpoint_interval_s.map(|s| s.max(60) as u64),
+            interactive: job.kind == crate::domain::JobKind::Interactive,
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,
@@ -352,7 +353,8 @@ pub fn reconcile_missing(
 }
 
 /// Renews the leases of this node's active attempts for `ttl_s`, counted from the
-/// agent message `clock`; returns the `Renew` to send.
+/// agent message `clock`; returns the `Renew` to send, with each attempt's current time
+/// limit (which an extension may have raised since its `Start`).
 pub fn renew(
     c: &mut DbConn,
     node: i64,
@@ -361,9 +363,11 @@ pub fn renew(
 ) -> Result<PortalMsg, AppError> {
     let until = clock.lease_until(ttl_s);
     let attempts = db::transaction(c, |c| db::attempts::renew_on(c, node, until))?;
+    let time_limits = super::extend::time_limits(c, &attempts)?;
     Ok(PortalMsg::Renew {
         lease: clock.lease(ttl_s),
         attempts,
+        time_limits,
     })
 }
 

@@ -12,6 +12,7 @@
 pub mod agents;
 pub mod attempts;
 pub mod checkpoints;
+pub mod extend;
 pub mod identity;
 pub mod jobs;
 pub mod labs;

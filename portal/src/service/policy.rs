@@ -314,6 +314,41 @@ pub async fn set_member_quota(
     Ok(q)
 }
 
+/// Turns the lab's priority boost for interactive jobs on or off (the lab's admins or
+/// operators): its interactive jobs then go ahead of its batch jobs (`sched::LabInfo`).
+pub async fn set_interactive_boost(
+    state: &Ctx,
+    actor: &Actor,
+    slug: String,
+    on: bool,
+) -> Result<bool, AppError> {
+    let actor = actor.clone();
+    state
+        .db
+        .run(move |c| {
+            let admin = lab_admin(c, &actor, &slug)?;
+            let lab = admin.lab();
+            let before = lab.interactive_boost;
+            db::transaction(c, |c| {
+                db::users::set_interactive_boost(c, lab.id, on)?;
+                db::audit::record(
+                    c,
+                    admin.user(),
+                    Some(lab.id),
+                    "set_interactive_boost",
+                    &format!("lab {slug}"),
+                    &format!("interactive_boost {before}"),
+                    &format!("interactive_boost {on}"),
+                )
+            })?;
+            tracing::info!(lab = %slug, by = %admin.user().username, on, "interactive boost changed");
+            Ok::<_, AppError>(())
+        })
+        .await?;
+    state.wake.notify_one();
+    Ok(on)
+}
+
 /// Makes a one-time enrolment token for one of the lab's servers (the lab's admins or
 /// operators); returns the secret, shown once.
 pub async fn create_enrol_token(

@@ -22,6 +22,9 @@ pub struct GpuView {
 #[derive(Debug, Clone, Serialize)]
 pub struct JobView {
     pub id: i64,
+    /// The owner (not shown in the API: the caller's own jobs are listed).
+    #[serde(skip)]
+    pub user_id: i64,
     pub state: JobState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -49,6 +52,25 @@ pub struct JobView {
     /// When the checkpoint the job would resume from was stored (UTC).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_checkpoint_at: Option<NaiveDateTime>,
+    /// Seconds until the running attempt reaches the time limit (counted from when it
+    /// started running); only while the job runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_left_s: Option<i64>,
+}
+
+impl JobView {
+    /// The time left in words ("1 h 05 min"), while the job runs.
+    pub fn time_left(&self) -> Option<String> {
+        let s = self.time_left_s?;
+        let m = s / 60;
+        Some(if s < 60 {
+            "under a minute".to_string()
+        } else if m < 60 {
+            format!("{m} min")
+        } else {
+            format!("{} h {:02} min", m / 60, m % 60)
+        })
+    }
 }
 
 /// The view of one job.
@@ -87,6 +109,7 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
     let lab_ids: Vec<i64> = jobs.iter().map(|j| j.lab_id).collect();
     let lab_slugs = db::users::lab_slugs(c, &lab_ids)?;
     let checkpointed = db::checkpoints::latest_at_for_jobs(c, &ids)?;
+    let now = db::now();
     Ok(jobs
         .iter()
         .map(|job| {
@@ -104,8 +127,19 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
                 v.sort_by_key(|g| g.index);
                 v
             });
+            let running = matches!(job.state, JobState::Running | JobState::Preempting);
+            let time_left_s = attempt
+                .filter(|a| running && a.status().is_active())
+                .and_then(|a| a.started_at)
+                .map(|at| {
+                    (at - now)
+                        .num_seconds()
+                        .saturating_add(job.time_limit_s)
+                        .max(0)
+                });
             JobView {
                 id: job.id,
+                user_id: job.user_id,
                 state: job.state,
                 reason: job.reason.clone(),
                 queue_position: job.queue_position,
@@ -124,6 +158,7 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
                 started_at: job.started_at,
                 finished_at: job.finished_at,
                 last_checkpoint_at: checkpointed.get(&job.id).copied(),
+                time_left_s,
             }
         })
         .collect())
@@ -149,6 +184,22 @@ mod tests {
         });
         let views = job_views(&mut c, &jobs).unwrap();
         (count.load(Ordering::SeqCst), views)
+    }
+
+    #[test]
+    fn time_left_reads_in_hours_and_minutes() {
+        let (_d, mut c) = sqlite();
+        let job = campus(&mut c, 1).jobs.remove(0);
+        let mut v = job_view(&mut c, &job).unwrap();
+        assert_eq!(v.time_left(), None, "only while it runs");
+        for (s, text) in [
+            (30, "under a minute"),
+            (600, "10 min"),
+            (3900, "1 h 05 min"),
+        ] {
+            v.time_left_s = Some(s);
+            assert_eq!(v.time_left().as_deref(), Some(text));
+        }
     }
 
     #[test]

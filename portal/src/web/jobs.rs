@@ -1,9 +1,12 @@
-//! Job pages: my jobs, the submit form, one job (with a live status fragment), cancel.
+//! Job pages: my jobs, the submit form, one job (with a live status fragment), cancel,
+//! and extending an interactive job's time limit.
 
 use super::{number, optional, Banner};
 use crate::auth::{CsrfForm, CurrentUser, NoFields};
 use crate::db::models::JobEvent;
+use crate::domain::JobState;
 use crate::error::{AppError, WebError};
+use crate::service::extend::{self as ext, ExtendRequest};
 use crate::service::jobs;
 use crate::service::views::JobView;
 use crate::state::AppState;
@@ -24,7 +27,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/jobs/new", web::get().to(new))
         .route("/jobs/{id}", web::get().to(detail))
         .route("/jobs/{id}/status", web::get().to(status))
-        .route("/jobs/{id}/cancel", web::post().to(cancel));
+        .route("/jobs/{id}/cancel", web::post().to(cancel))
+        .route("/jobs/{id}/extend", web::post().to(extend));
 }
 
 #[derive(Template, WebTemplate)]
@@ -206,6 +210,27 @@ struct JobPage {
     status: StatusData,
     /// How to connect over SSH, when the gateway is on.
     ssh: Option<SshBlock>,
+    /// The "Extend" form, for the owner of a queued or running interactive job. Outside
+    /// the live fragment, so a refresh keeps what was typed and the error beside it.
+    extend: Option<ExtendBox>,
+}
+
+/// The extend form as shown: the minutes typed, and why they were refused.
+struct ExtendBox {
+    minutes: String,
+    error: Option<String>,
+}
+
+impl ExtendBox {
+    fn offered(user: &CurrentUser, job: &JobView) -> Option<Self> {
+        let open = matches!(job.state, JobState::Queued | JobState::Running);
+        (job.kind == JobKind::Interactive && job.user_id == user.user.id && open).then(|| {
+            ExtendBox {
+                minutes: "60".into(),
+                error: None,
+            }
+        })
+    }
 }
 
 /// The job page's SSH section.
@@ -214,6 +239,22 @@ struct SshBlock {
     config: String,
     known_hosts: String,
     fingerprint: String,
+}
+
+/// How to connect to job `job` over SSH, when the gateway is on.
+async fn ssh_block(state: &AppState, job: i64) -> Result<Option<SshBlock>, WebError> {
+    let endpoint = state
+        .config
+        .ssh
+        .public_endpoint(state.config.public_url.as_deref());
+    Ok(crate::service::ssh::gateway(state, endpoint)
+        .await?
+        .map(|g| SshBlock {
+            command: g.command(job),
+            config: g.config_block(job),
+            known_hosts: g.known_hosts.clone(),
+            fingerprint: g.fingerprint.clone(),
+        }))
 }
 
 async fn load_status(
@@ -241,22 +282,14 @@ async fn detail(
     id: web::Path<i64>,
 ) -> Result<JobPage, WebError> {
     let banner = Banner::new(&state, &session, Some(&user));
-    let status = load_status(&state, &session, user, id.into_inner()).await?;
-    let endpoint = state
-        .config
-        .ssh
-        .public_endpoint(state.config.public_url.as_deref());
-    let ssh = crate::service::ssh::gateway(&state, endpoint)
-        .await?
-        .map(|g| SshBlock {
-            command: g.command(status.job.id),
-            config: g.config_block(status.job.id),
-            known_hosts: g.known_hosts.clone(),
-            fingerprint: g.fingerprint.clone(),
-        });
+    let offer = |job: &JobView| ExtendBox::offered(&user, job);
+    let status = load_status(&state, &session, user.clone(), id.into_inner()).await?;
+    let extend = offer(&status.job);
+    let ssh = ssh_block(&state, status.job.id).await?;
     Ok(JobPage {
         banner,
         status,
+        extend,
         ssh,
     })
 }
@@ -282,4 +315,49 @@ async fn cancel(
     Ok(HttpResponse::SeeOther()
         .insert_header(("location", format!("/jobs/{id}")))
         .finish())
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ExtendForm {
+    minutes: String,
+}
+
+/// Extends the job's time limit, or shows the job page again with the reason next to
+/// the field (422).
+async fn extend(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    form: CsrfForm<ExtendForm>,
+) -> Result<HttpResponse, WebError> {
+    let id = id.into_inner();
+    let minutes = form.0.minutes;
+    let outcome = match number("minutes", &minutes) {
+        Ok(m) => ext::extend(&state, &user, id, ExtendRequest { minutes: m }).await,
+        Err(e) => Err(e),
+    };
+    let refused = match outcome {
+        Ok(_) => {
+            return Ok(HttpResponse::SeeOther()
+                .insert_header(("location", format!("/jobs/{id}")))
+                .finish())
+        }
+        Err(e @ (AppError::Invalid { .. } | AppError::Conflict { .. })) => e,
+        Err(e) => return Err(e.into()),
+    };
+    let status = refused.status();
+    let page = JobPage {
+        banner: Banner::new(&state, &session, Some(&user)),
+        status: load_status(&state, &session, user.clone(), id).await?,
+        extend: Some(ExtendBox {
+            minutes,
+            error: Some(refused.to_string()),
+        }),
+        ssh: ssh_block(&state, id).await?,
+    };
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .body(body))
 }

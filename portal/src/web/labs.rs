@@ -38,6 +38,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::post().to(post_member_default_quota),
         )
         .route("/labs/{slug}/enrol-token", web::post().to(post_enrol_token))
+        .route("/labs/{slug}/interactive", web::post().to(post_interactive))
         .route(
             "/labs/{slug}/members/{username}/quota",
             web::post().to(post_member_quota),
@@ -332,6 +333,28 @@ async fn post_member_default_quota(
             .map(|_| ()),
         Err(e) => Err(e),
     };
+    outcome(&state, &session, user, slug, result).await
+}
+
+#[derive(Deserialize)]
+struct InteractiveForm {
+    /// A checkbox: present when ticked.
+    #[serde(default)]
+    interactive_boost: Option<String>,
+}
+
+async fn post_interactive(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    slug: web::Path<String>,
+    form: CsrfForm<InteractiveForm>,
+) -> Result<HttpResponse, WebError> {
+    let slug = slug.into_inner();
+    let on = form.0.interactive_boost.is_some();
+    let result = policy::set_interactive_boost(&state, &user, slug.clone(), on)
+        .await
+        .map(|_| ());
     outcome(&state, &session, user, slug, result).await
 }
 

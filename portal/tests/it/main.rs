@@ -10,6 +10,7 @@ mod console;
 mod failures;
 mod foundations;
 mod harness;
+mod interactive;
 mod jobs;
 mod leases;
 mod migration;

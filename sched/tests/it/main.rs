@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod fairshare;
+mod interactive;
 mod lending;
 mod owner;
 mod placement;

@@ -76,10 +76,19 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                 0..2usize,
                 prop::bool::ANY,
                 0..4u8,
+                prop::bool::weighted(0.3),
             ),
             0..20,
         ),
-        prop::collection::vec((1..5i64, prop::option::of(arb_quota()), 0.0..300f64), 0..4),
+        prop::collection::vec(
+            (
+                1..5i64,
+                prop::option::of(arb_quota()),
+                0.0..300f64,
+                any::<bool>(),
+            ),
+            0..4,
+        ),
         prop::collection::vec((1..5i64, 0..3i64, arb_quota()), 0..5),
         prop::collection::vec(
             (1..5i64, 0..3i64, 0..100usize, any::<bool>(), 0..3u8),
@@ -138,8 +147,11 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                     last_checkpoint_at: ckpt.then_some(started + 500),
                 });
             }
-            for (i, (lab, user, gpus, kind, strict, limit)) in queue.into_iter().enumerate() {
+            for (i, (lab, user, gpus, kind, strict, limit, interactive)) in
+                queue.into_iter().enumerate()
+            {
                 let mut j = job(i as i64 + 1, lab, user + 10 * lab, gpus);
+                j.interactive = interactive;
                 match (strict, kind) {
                     (false, 0) => {}
                     (false, _) => j.min_memory_mb = 40 * 1024,
@@ -151,7 +163,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                 snapshot.queue.push(j);
             }
             let mut seen = BTreeSet::new();
-            for (id, quota, used) in labs {
+            for (id, quota, used, interactive_boost) in labs {
                 if seen.insert(id) {
                     snapshot.labs.push(LabInfo {
                         id,
@@ -161,6 +173,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                         used_gpu_hours: used,
                         ledger_at: NOW - 3600,
                         base_share_gpu_hours: None,
+                        interactive_boost,
                     });
                 }
             }
@@ -364,6 +377,22 @@ proptest! {
                 let usage = held(&next, now, |r| r.lab == j.lab && owners.get(&r.node) != Some(&r.lab));
                 prop_assert!(quota_ok(&l.quota, usage, l.period_gpu_hours, &[j.time_limit_s]),
                     "lab quota of {} exceeded", j.lab);
+            }
+        }
+
+        // A lab's boosted interactive job is never passed over by a batch job of the same
+        // member asking for exactly the same (so both face the same quotas and GPUs).
+        let boosting: BTreeSet<LabId> =
+            s.labs.iter().filter(|l| l.interactive_boost).map(|l| l.id).collect();
+        let starts: BTreeSet<JobId> = started(&p).into_iter().collect();
+        let same = |a: &QueuedJob, b: &QueuedJob| {
+            (a.lab, a.user, a.gpus, &a.models, a.min_memory_mb, &a.mig_profile, a.time_limit_s)
+                == (b.lab, b.user, b.gpus, &b.models, b.min_memory_mb, &b.mig_profile, b.time_limit_s)
+        };
+        for a in s.queue.iter().filter(|q| q.interactive && boosting.contains(&q.lab)) {
+            for b in s.queue.iter().filter(|b| !b.interactive && same(a, b)) {
+                prop_assert!(!starts.contains(&b.id) || starts.contains(&a.id),
+                    "batch job {} started before boosted interactive job {}", b.id, a.id);
             }
         }
 

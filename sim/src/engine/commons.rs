@@ -36,6 +36,7 @@ impl Engine<'_> {
                 used_gpu_hours: sched::decay(l.0, l.2, now, half_life),
                 lent_gpu_hours: sched::decay(l.1, l.2, now, half_life),
                 ledger_at: now,
+                interactive_boost: self.opts.policy.boosts_interactive(),
                 quota: sched::Quota {
                     max_gpus: self.campus.labs[i].max_borrowed_gpus,
                     ..Default::default()
@@ -123,7 +124,7 @@ impl Engine<'_> {
     /// the head of the campus-wide queue up to one more job than there are free GPUs
     /// (a first-come-first-served pass can start no more, as each start takes a GPU),
     /// plus the first `window_per_lab` jobs of every lab's queue (what owner priority
-    /// and fair share among labs look at).
+    /// and fair share among labs look at; boosted interactive jobs first).
     pub(super) fn window(&self) -> Vec<(i64, usize)> {
         let free: usize = (0..self.free.len())
             .filter(|&n| self.down[n] == 0)
@@ -142,7 +143,8 @@ impl Engine<'_> {
             out.push(q);
         }
         for lab_queue in &self.lab_queue {
-            out.extend(lab_queue.iter().take(self.opts.window_per_lab));
+            let head = lab_queue.iter().take(self.opts.window_per_lab);
+            out.extend(head.map(|&(_, submit, job)| (submit, job)));
         }
         out
     }
@@ -252,6 +254,7 @@ pub(super) fn queued_job(j: &crate::trace::Job, saved: i64) -> sched::QueuedJob 
         gpus: j.gpus,
         time_limit_s: j.duration - saved,
         submitted_at: j.submit,
+        interactive: j.interactive,
         ..Default::default()
     }
 }

@@ -136,7 +136,9 @@ struct Engine<'a> {
     lab_nodes: Vec<Vec<usize>>,
     jobs: Vec<Rt>,
     queue: BTreeSet<(i64, usize)>,
-    lab_queue: Vec<BTreeSet<(i64, usize)>>,
+    /// Per lab, by (tier, submission, job): tier 0 holds the interactive jobs of a policy
+    /// that boosts them (they go first in the lab's window), tier 1 every other job.
+    lab_queue: Vec<BTreeSet<(u8, i64, usize)>>,
     dirty: Vec<bool>,
     changed: bool,
     /// Labs with a job that arrived at this instant.
@@ -365,6 +367,13 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Where a job sorts in its lab's queue: boosted interactive jobs first.
+    fn lab_key(&self, job: usize) -> (u8, i64, usize) {
+        let j = &self.work.jobs[job];
+        let boosted = j.interactive && self.opts.policy.boosts_interactive();
+        (u8::from(!boosted), j.submit, job)
+    }
+
     /// The job runs the attempt an event was scheduled for.
     fn current(&self, job: usize, attempt: u32) -> bool {
         let rt = &self.jobs[job];
@@ -375,7 +384,8 @@ impl<'a> Engine<'a> {
         let j = &self.work.jobs[job];
         self.jobs[job].st = St::Queued;
         self.queue.insert((j.submit, job));
-        self.lab_queue[j.lab].insert((j.submit, job));
+        let key = self.lab_key(job);
+        self.lab_queue[j.lab].insert(key);
         self.arrived[j.lab] = true;
         self.touch(j.lab);
     }
@@ -384,7 +394,8 @@ impl<'a> Engine<'a> {
         let j = &self.work.jobs[job];
         let owner = self.campus.nodes[node].lab == j.lab;
         self.queue.remove(&(j.submit, job));
-        self.lab_queue[j.lab].remove(&(j.submit, job));
+        let key = self.lab_key(job);
+        self.lab_queue[j.lab].remove(&key);
         self.free[node].retain(|g| !gpus.contains(g));
         self.on_node[node].push(job);
         self.acct.take(gpus.len() as u64);
@@ -474,7 +485,8 @@ impl<'a> Engine<'a> {
         rt.st = St::Queued;
         let j = &self.work.jobs[job];
         self.queue.insert((j.submit, job));
-        self.lab_queue[j.lab].insert((j.submit, job));
+        let key = self.lab_key(job);
+        self.lab_queue[j.lab].insert(key);
         self.touch(j.lab);
     }
 
@@ -487,17 +499,20 @@ impl<'a> Engine<'a> {
                 for lab in 0..self.dirty.len() {
                     if self.dirty[lab] && !self.lab_nodes[lab].is_empty() {
                         let pool = self.lab_nodes[lab].clone();
-                        let queue = self.queue_head(&pool, self.lab_queue[lab].iter());
+                        let lab_jobs = self.lab_queue[lab].iter().map(|&(_, _, j)| j);
+                        let queue = self.queue_head(&pool, lab_jobs);
                         self.run_fcfs(&pool, &queue);
                     }
                 }
             }
             PolicyKind::ShareFifo => {
                 let pool: Vec<usize> = (0..self.campus.nodes.len()).collect();
-                let queue = self.queue_head(&pool, self.queue.iter());
+                let queue = self.queue_head(&pool, self.queue.iter().map(|&(_, j)| j));
                 self.run_fcfs(&pool, &queue);
             }
-            PolicyKind::Commons | PolicyKind::CommonsNoCkpt => self.run_sched(planner)?,
+            PolicyKind::Commons | PolicyKind::CommonsNoCkpt | PolicyKind::CommonsBoost => {
+                self.run_sched(planner)?
+            }
         }
         self.dirty.fill(false);
         self.arrived.fill(false);
@@ -508,11 +523,7 @@ impl<'a> Engine<'a> {
     /// The part of a queue that strict FCFS over `pool` can reach now: each start takes
     /// at least one free GPU, so no more jobs than free GPUs (plus the one that waits)
     /// matter; jobs wider than every node of the pool are skipped and do not count.
-    fn queue_head<'q>(
-        &self,
-        pool: &[usize],
-        queue: impl Iterator<Item = &'q (i64, usize)>,
-    ) -> Vec<usize> {
+    fn queue_head(&self, pool: &[usize], queue: impl Iterator<Item = usize>) -> Vec<usize> {
         let widest = pool
             .iter()
             .map(|&n| self.campus.nodes[n].gpus)
@@ -521,7 +532,7 @@ impl<'a> Engine<'a> {
         let free: usize = pool.iter().map(|&n| self.free[n].len()).sum();
         let mut out = Vec::new();
         let mut fitting = 0;
-        for &(_, job) in queue {
+        for job in queue {
             if fitting > free {
                 break;
             }

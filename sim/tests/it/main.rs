@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cli;
+mod interactive;
 mod invariants;
 mod mechanics;
 mod philly;
