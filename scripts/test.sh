@@ -2,7 +2,8 @@
 # Runs every test of GPU Commons: unit, property and integration tests, against SQLite and
 # PostgreSQL, with the real Docker Engine.
 #
-# Needs (Debian): docker, postgresql, libpq-dev, libsqlite3-dev, pkg-config, busybox-static.
+# Needs (Debian): docker, postgresql, libpq-dev, libsqlite3-dev, pkg-config, busybox-static,
+# openssh-client, openssh-sftp-server, tmux.
 # .ci/run installs them. Unless TEST_DATABASE_URL is set, a private PostgreSQL server is
 # started on a free port under target/test-pg and stopped at the end.
 set -euo pipefail

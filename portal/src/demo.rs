@@ -33,7 +33,6 @@ pub fn build_script() -> PathBuf {
 pub const DEMO_IMAGE_VERSION: &str = "2";
 
 /// Builds `commons-demo:latest` unless the Docker Engine has it, of this version.
-
 pub fn ensure_demo_image() -> anyhow::Result<()> {
     let have = std::process::Command::new("docker")
         .args([

@@ -1,0 +1,200 @@
+//! Figures of the SSH gateway, measured side by side in one run on one machine: the
+//! portal and an agent as separate processes (the agent on a network-namespace host, as
+//! in the integration tests' `cluster`), a running job of the demo image, and the real
+//! OpenSSH client.
+//!
+//! - the time from nothing to a command's first output: `ssh job-N@gateway 'echo ready'`
+//!   (a new connection each time: handshake, login, relay, exec) against `docker exec
+//!   CONTAINER echo ready` on the same machine;
+//! - the throughput of a 100 MiB copy into the container: `scp` through the gateway (SFTP
+//!   underneath) against `docker cp`.
+//!
+//! ```sh
+//! cargo run --release -p commons-portal --example ssh_figures -- --runs 10
+//! ```
+//! Needs root (network namespaces), Docker, OpenSSH's client, the demo image (built if
+//! missing).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a measuring program: a failure is a crash
+
+#[path = "../tests/it/cluster.rs"]
+#[allow(dead_code)] // the tests' helpers; this program uses some of them
+mod cluster;
+
+use cluster::{remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess};
+use serde_json::json;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().expect("a number"))
+        .unwrap_or(default)
+}
+
+fn timed(mut c: Command) -> Duration {
+    let t = Instant::now();
+    let out = c.stdin(Stdio::null()).output().unwrap();
+    let d = t.elapsed();
+    assert!(
+        out.status.success(),
+        "{c:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let runs = arg("--runs", 10).max(1);
+    let (portal, alice) = PortalProcess::start_opts(PortalOpts {
+        ssh: true,
+        lease_ttl_s: 30,
+        margin_s: 10,
+        ..Default::default()
+    });
+    let api = Api::new(portal.url(), alice);
+    let host = Host::new(240);
+    let _agent = AgentProcess::start(&host, &portal, "figures-1", "fake:1xA100-80GB");
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("id");
+    let ok = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/ssh-keys", api.url))
+        .bearer_auth(&api.token)
+        .json(&json!({ "public_key": public }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let g = api.get("/api/v1/ssh-gateway").await.unwrap();
+    std::fs::write(
+        dir.path().join("known_hosts"),
+        format!("{}\n", g["known_hosts"].as_str().unwrap()),
+    )
+    .unwrap();
+    let alias = g["host_key_alias"].as_str().unwrap().to_string();
+    let job = api
+        .submit(
+            json!({"image": "commons-demo:latest", "command": ["sleep", "3600"],
+                       "gpus": 1, "time_limit_minutes": 60}),
+        )
+        .await;
+    api.wait_job(job, Duration::from_secs(120), "running", |j| {
+        j["state"] == "running"
+    })
+    .await;
+    let container = container_of(job);
+    let port = portal.ssh_port.unwrap().to_string();
+    let opts = |port_flag: &str| -> Vec<String> {
+        vec![
+            "-F".into(),
+            "/dev/null".into(),
+            "-o".into(),
+            "BatchMode=yes".into(),
+            "-o".into(),
+            "IdentitiesOnly=yes".into(),
+            "-o".into(),
+            format!(
+                "UserKnownHostsFile={}",
+                dir.path().join("known_hosts").display()
+            ),
+            "-o".into(),
+            format!("HostKeyAlias={alias}"),
+            "-i".into(),
+            key.display().to_string(),
+            port_flag.into(),
+            port.clone(),
+        ]
+    };
+
+    // Warm both paths once (page cache, the engine's exec path).
+    let ssh_echo = || {
+        let mut c = Command::new("ssh");
+        c.args(opts("-p"))
+            .arg(format!("job-{job}@127.0.0.1"))
+            .arg("echo ready");
+        c
+    };
+    let docker_echo = || {
+        let mut c = Command::new("docker");
+        c.args(["exec", &container, "echo", "ready"]);
+        c
+    };
+    timed(ssh_echo());
+    timed(docker_echo());
+    let mut gw = Vec::new();
+    let mut de = Vec::new();
+    for _ in 0..runs {
+        gw.push(timed(ssh_echo()));
+        de.push(timed(docker_echo()));
+    }
+    let (gw, de) = (median(gw), median(de));
+
+    let file = dir.path().join("100m.bin");
+    let data: Vec<u8> = (0..100 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, &data).unwrap();
+    let copies = runs.min(3);
+    let mut scp = Vec::new();
+    let mut cp = Vec::new();
+    for _ in 0..copies {
+        let mut c = Command::new("scp");
+        c.args(opts("-P"))
+            .arg(&file)
+            .arg(format!("job-{job}@127.0.0.1:/tmp/100m.bin"));
+        scp.push(timed(c));
+        let mut c = Command::new("docker");
+        c.arg("cp")
+            .arg(&file)
+            .arg(format!("{container}:/tmp/100m-cp.bin"));
+        cp.push(timed(c));
+    }
+    let (scp, cp) = (median(scp), median(cp));
+    let mibps = |d: Duration| 100.0 / d.as_secs_f64();
+
+    println!("SSH gateway figures ({runs} runs, medians; one machine, side by side)");
+    println!("| measure | through the gateway | direct | ratio |");
+    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| new connection to a command's output (`echo ready`) | {:.0} ms | {:.0} ms (`docker exec`) | {:.1}x |",
+        gw.as_secs_f64() * 1e3,
+        de.as_secs_f64() * 1e3,
+        gw.as_secs_f64() / de.as_secs_f64()
+    );
+    println!(
+        "| 100 MiB into the container | {:.0} MiB/s (`scp`) | {:.0} MiB/s (`docker cp`) | {:.2}x |",
+        mibps(scp),
+        mibps(cp),
+        mibps(scp) / mibps(cp)
+    );
+    remove_containers(&[job]);
+    drop(portal);
+}
+
+fn container_of(job: i64) -> String {
+    let out = Command::new("docker")
+        .args(["ps", "-q", "--filter", &format!("label=commons.job={job}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("the job's container")
+        .to_string()
+}
