@@ -18,6 +18,8 @@ pub struct AgentConfig {
     pub gpus: GpuMode,
     /// Display name of the node; defaults to the host name.
     pub hostname: String,
+    /// What guests' containers may reach (`runtime::guest`).
+    pub guest_network: crate::runtime::guest::GuestNetwork,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -31,6 +33,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("state_dir", &self.state_dir)
             .field("gpus", &self.gpus)
             .field("hostname", &self.hostname)
+            .field("guest_network", &self.guest_network)
             .finish()
     }
 }
@@ -123,6 +126,7 @@ mod tests {
             state_dir: "/tmp/x".into(),
             gpus: GpuMode::Auto,
             hostname: "h".into(),
+            guest_network: Default::default(),
         };
         let shown = format!("{c:?}");
         assert!(

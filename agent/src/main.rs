@@ -38,6 +38,10 @@ enum Cmd {
         /// The node's display name (default: the host name).
         #[arg(long)]
         name: Option<String>,
+        /// What guests' containers may reach: `none` (their own loopback only) or
+        /// `egress` (the internet, never the host, other jobs or private addresses).
+        #[arg(long, env = "COMMONS_GUEST_NETWORK", default_value = "none")]
+        guest_network: commons_agent::runtime::guest::GuestNetwork,
     },
     /// Show this node's enrolment.
     Status {
@@ -99,6 +103,7 @@ fn main() -> anyhow::Result<()> {
             state_dir,
             gpus,
             name,
+            guest_network,
         } => {
             let hostname = name.unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -113,6 +118,7 @@ fn main() -> anyhow::Result<()> {
                     state_dir,
                     gpus,
                     hostname,
+                    guest_network,
                 }))
         }
         Cmd::Status { state_dir } => {

@@ -42,7 +42,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let inventory = gpus.inventory()?;
     let runtime = DockerRuntime::connect(cred.agent_id.clone())
         .await
-        .context("cannot reach the Docker Engine (is it running, and may this user use it?)")?;
+        .context("cannot reach the Docker Engine (is it running, and may this user use it?)")?
+        .with_isolation(crate::runtime::guest::Isolation {
+            network: config.guest_network,
+        })
+        .await
+        .context("setting up the guests' network")?;
     let program = guard::default_program();
     if program.is_none() {
         tracing::warn!(

@@ -105,6 +105,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
+            // Forms as long as the API's bodies (a 64 KiB command, URL-encoded).
+            .app_data(web::FormConfig::default().limit(1024 * 1024))
             // Inside the session middleware, so it can read the session.
             .wrap(actix_web::middleware::from_fn(crate::web::error_pages))
             .wrap(

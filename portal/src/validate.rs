@@ -149,7 +149,14 @@ pub struct JobRequest {
     /// upload when it is stopped).
     #[serde(default)]
     pub checkpoint_minutes: Option<i64>,
+    /// The size of `/dev/shm` in MiB (PyTorch's data loaders use it); at most the job's
+    /// memory. None: 64 MiB.
+    #[serde(default)]
+    pub shm_mb: Option<i64>,
 }
+
+/// The least CPU share the Docker Engine accepts.
+pub const MIN_CPUS: f64 = 0.01;
 
 /// The most often a job may ask for periodic checkpoints, and the least.
 pub const CHECKPOINT_MINUTES: std::ops::RangeInclusive<i64> = 1..=1440;
@@ -173,6 +180,7 @@ pub struct ValidJob {
     pub kind: JobKind,
     pub lab_id: i64,
     pub checkpoint_interval_s: Option<i64>,
+    pub shm_mb: Option<i64>,
 }
 
 /// Checks a request against the rules and the labs the user belongs to (slug -> id).
@@ -217,6 +225,19 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
                 format!("{k} is reserved: COMMONS_ variables are set by GPU Commons"),
             ));
         }
+        if k.starts_with("NVIDIA_") || k == "CUDA_VISIBLE_DEVICES" {
+            return Err(AppError::invalid(
+                "env",
+                format!("{k} is set by GPU Commons from the GPUs the job gets; leave it out"),
+            ));
+        }
+    }
+    if let Some((k, _)) = req
+        .env
+        .iter()
+        .find(|(k, v)| k.contains('\0') || v.contains('\0'))
+    {
+        return Err(AppError::invalid("env", format!("{k:?} holds a NUL byte")));
     }
     if !(1..=MAX_GPUS).contains(&req.gpus) {
         return Err(AppError::invalid(
@@ -246,10 +267,12 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         ));
     }
     let cpus = req.cpus.unwrap_or(DEFAULT_CPUS);
-    if !(cpus > 0.0 && cpus <= MAX_CPUS) {
+    if !(MIN_CPUS..=MAX_CPUS).contains(&cpus) {
         return Err(AppError::invalid(
             "cpus",
-            format!("must be more than 0 and at most {MAX_CPUS}"),
+            format!(
+                "must be at least {MIN_CPUS} (the container engine's least) and at most {MAX_CPUS}"
+            ),
         ));
     }
     let mem = req.memory_gb.unwrap_or(DEFAULT_MEMORY_GB);
@@ -274,6 +297,15 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
                     CHECKPOINT_MINUTES.start(),
                     CHECKPOINT_MINUTES.end()
                 ),
+            ));
+        }
+    }
+    let memory_mb = (mem * 1024.0).round() as i64;
+    if let Some(shm) = req.shm_mb {
+        if !(1..=memory_mb).contains(&shm) {
+            return Err(AppError::invalid(
+                "shm_mb",
+                format!("/dev/shm must be 1 to {memory_mb} MiB (the job's memory)"),
             ));
         }
     }
@@ -311,11 +343,12 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
             .collect(),
         min_gpu_memory_mb: (min_mem * 1024.0).round() as i64,
         cpus,
-        memory_mb: (mem * 1024.0).round() as i64,
+        memory_mb,
         time_limit_s: req.time_limit_minutes * 60,
         kind: req.kind,
         lab_id,
         checkpoint_interval_s: req.checkpoint_minutes.map(|m| m * 60),
+        shm_mb: req.shm_mb,
     })
 }
 
@@ -331,6 +364,38 @@ mod tests {
     }
     fn field_of(r: JobRequest) -> String {
         job(r, &labs()).unwrap_err().field().unwrap().to_string()
+    }
+
+    #[test]
+    fn gpu_selection_nul_bytes_tiny_cpus_and_big_shm_are_refused() {
+        for (k, v) in [
+            ("NVIDIA_VISIBLE_DEVICES", "all"),
+            ("NVIDIA_DRIVER_CAPABILITIES", "all"),
+            ("CUDA_VISIBLE_DEVICES", "0,1"),
+            ("OK", "a\0b"),
+        ] {
+            let mut r = req();
+            r.env.insert(k.into(), v.into());
+            let e = job(r, &labs()).unwrap_err();
+            assert_eq!(e.field(), Some("env"), "{k}");
+            assert_eq!(
+                e.status(),
+                actix_web::http::StatusCode::UNPROCESSABLE_ENTITY
+            );
+        }
+        let mut r = req();
+        r.cpus = Some(0.001);
+        assert_eq!(field_of(r), "cpus", "below the engine's least");
+        let mut r = req();
+        r.cpus = Some(0.01);
+        assert!(job(r, &labs()).is_ok());
+        let mut r = req();
+        r.memory_gb = Some(1.0);
+        r.shm_mb = Some(2048);
+        assert_eq!(field_of(r), "shm_mb", "more /dev/shm than memory");
+        let mut r = req();
+        r.shm_mb = Some(512);
+        assert_eq!(job(r, &labs()).unwrap().shm_mb, Some(512));
     }
 
     #[test]

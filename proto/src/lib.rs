@@ -299,6 +299,10 @@ pub struct JobSpec {
     pub time_limit_s: u64,
     /// The submitting user's name, for labels and logs.
     pub user: String,
+    /// The size of the container's `/dev/shm` in MiB (data loaders use it); none: the
+    /// agent's default (64 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_mb: Option<u64>,
     /// Snapshot `/checkpoint` to the portal every this many seconds while the attempt
     /// runs (besides the upload after it stops); none: only after it stops.
     #[serde(default, skip_serializing_if = "Option::is_none")]

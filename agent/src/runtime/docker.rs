@@ -13,7 +13,7 @@
 //! container is removed before it starts and the job fails with [`RuntimeError::NoShell`].
 
 use super::{
-    container_name, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
+    container_name, guest, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
     FoundContainer, RuntimeError, LABEL_AGENT,
 };
 use crate::checkpoint;
@@ -72,6 +72,10 @@ pub fn container_body(
         .collect();
     env.push(format!("NVIDIA_VISIBLE_DEVICES={visible}"));
     env.push(format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")));
+    // The image's filesystem is read-only (see `guest`): a home that can be written.
+    if !spec.env.contains_key("HOME") {
+        env.push("HOME=/tmp".into());
+    }
     env.push(format!("COMMONS_JOB_ID={job}"));
     env.push(format!("COMMONS_ATTEMPT={attempt}"));
     env.push(format!(
@@ -156,6 +160,8 @@ pub fn container_body(
 pub struct DockerRuntime {
     docker: Docker,
     agent_id: String,
+    /// The network and write caps of every container (see `guest`).
+    isolation: guest::Isolation,
 }
 
 impl DockerRuntime {
@@ -166,7 +172,19 @@ impl DockerRuntime {
             .negotiate_version()
             .await?;
         docker.ping().await?;
-        Ok(Self { docker, agent_id })
+        Ok(Self {
+            docker,
+            agent_id,
+            isolation: guest::Isolation::default(),
+        })
+    }
+
+    /// The same runtime, with containers isolated as `iso` says; makes what that needs
+    /// (the guests' bridge and its firewall rules for `egress`).
+    pub async fn with_isolation(mut self, iso: guest::Isolation) -> Result<Self, RuntimeError> {
+        guest::prepare(&self.docker, &iso).await?;
+        self.isolation = iso;
+        Ok(self)
     }
 
     /// The engine client, for what is not the executor's business (SSH relays).
@@ -237,7 +255,10 @@ impl ContainerRuntime for DockerRuntime {
                 }),
             )
             .await;
-        let body = container_body(&self.agent_id, job, attempt, spec, gpus, checkpoint);
+        let mut body = container_body(&self.agent_id, job, attempt, spec, gpus, checkpoint);
+        if let Some(h) = body.host_config.as_mut() {
+            guest::apply(h, &self.isolation, spec.shm_mb);
+        }
         let created = self
             .docker
             .create_container(
@@ -434,6 +455,7 @@ mod tests {
             time_limit_s: 60,
             user: "alice".into(),
             checkpoint_interval_s: None,
+            shm_mb: None,
             interactive: false,
         }
     }

@@ -20,6 +20,7 @@
 //!   `COMMONS_RESUME=1` exactly when the directory holds a restored checkpoint.
 
 pub mod docker;
+pub mod guest;
 
 pub use docker::{container_body, DockerRuntime, JOB_USER};
 

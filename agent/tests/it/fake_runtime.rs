@@ -383,6 +383,7 @@ pub(crate) fn spec(image: &str, time_limit_s: u64) -> JobSpec {
         time_limit_s,
         user: "alice".into(),
         checkpoint_interval_s: None,
+        shm_mb: None,
         interactive: false,
     }
 }

@@ -13,6 +13,7 @@ mod executor;
 mod extend;
 mod fake_runtime;
 mod guard;
+mod guests;
 mod portal_double;
 mod reconcile;
 mod reconcile_checkpoints;
@@ -57,6 +58,7 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
         time_limit_s,
         user: "tester".into(),
         checkpoint_interval_s: None,
+        shm_mb: None,
         interactive: false,
     }
 }

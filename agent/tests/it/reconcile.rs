@@ -29,6 +29,7 @@ fn launch() -> Arc<Launch> {
             time_limit_s: LIMIT_S,
             user: "alice".into(),
             checkpoint_interval_s: None,
+            shm_mb: None,
             interactive: false,
         },
         gpus: vec![],

@@ -65,6 +65,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
                 jobs::memory_mb.eq(v.memory_mb),
                 jobs::time_limit_s.eq(v.time_limit_s),
                 jobs::checkpoint_interval_s.eq(v.checkpoint_interval_s),
+                jobs::shm_mb.eq(v.shm_mb),
                 jobs::kind.eq(v.kind),
                 jobs::state.eq(JobState::Queued),
                 jobs::reason.eq(Some("waiting for the scheduler")),

@@ -160,6 +160,8 @@ pub struct Job {
     pub finished_at: Option<NaiveDateTime>,
     /// Periodic checkpoints while it runs; none: only when it is stopped.
     pub checkpoint_interval_s: Option<i64>,
+    /// `/dev/shm` in MiB; none: the agent's default.
+    pub shm_mb: Option<i64>,
 }
 
 impl Job {

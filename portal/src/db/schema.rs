@@ -140,6 +140,7 @@ diesel::table! {
         started_at -> Nullable<Timestamp>,
         finished_at -> Nullable<Timestamp>,
         checkpoint_interval_s -> Nullable<BigInt>,
+        shm_mb -> Nullable<BigInt>,
     }
 }
 

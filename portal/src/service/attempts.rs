@@ -155,6 +155,7 @@ fn start_msg(
             time_limit_s: job.time_limit_s.max(0) as u64,
             user: db::jobs::owner_name(c, job)?,
             checkpoint_interval_s: job.checkpoint_interval_s.map(|s| s.max(60) as u64),
+            shm_mb: job.shm_mb.and_then(|m| u64::try_from(m).ok()),
             interactive: job.kind == crate::domain::JobKind::Interactive,
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),

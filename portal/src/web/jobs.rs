@@ -72,6 +72,8 @@ pub struct JobForm {
     lab: String,
     #[serde(default)]
     checkpoint_minutes: String,
+    #[serde(default)]
+    shm_mb: String,
 }
 
 impl Default for JobForm {
@@ -89,6 +91,7 @@ impl Default for JobForm {
             kind: "batch".into(),
             lab: String::new(),
             checkpoint_minutes: String::new(),
+            shm_mb: String::new(),
         }
     }
 }
@@ -131,6 +134,7 @@ impl JobForm {
             },
             lab: (!self.lab.is_empty()).then(|| self.lab.clone()),
             checkpoint_minutes: optional("checkpoint_minutes", &self.checkpoint_minutes)?,
+            shm_mb: optional("shm_mb", &self.shm_mb)?,
         })
     }
 }

@@ -192,6 +192,7 @@ impl TestPortal {
             state_dir: dir.path().to_path_buf(),
             gpus: gpus.parse().unwrap(),
             hostname: format!("{lab}-server"),
+            guest_network: Default::default(),
         };
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {
