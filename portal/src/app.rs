@@ -54,6 +54,21 @@ impl RunningPortal {
     }
 }
 
+/// Headers on every response: the Content-Security-Policy, no MIME sniffing, no framing,
+/// no referrer outside the portal, and HSTS when the portal is served over https.
+fn security_headers(hsts: bool) -> actix_web::middleware::DefaultHeaders {
+    let h = actix_web::middleware::DefaultHeaders::new()
+        .add(("content-security-policy", crate::web::assets::CSP))
+        .add(("x-content-type-options", "nosniff"))
+        .add(("x-frame-options", "DENY"))
+        .add(("referrer-policy", "same-origin"));
+    if hsts {
+        h.add(("strict-transport-security", "max-age=31536000"))
+    } else {
+        h
+    }
+}
+
 fn session_key(config: &Config) -> anyhow::Result<Key> {
     match &config.session_key_file {
         Some(path) => {
@@ -99,6 +114,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
     };
     let data = web::Data::new(state.clone());
+    let hsts = state
+        .config
+        .public_url
+        .as_deref()
+        .is_some_and(|u| u.starts_with("https://"));
     let listener = std::net::TcpListener::bind(&state.config.listen)
         .with_context(|| format!("cannot listen on {}", state.config.listen))?;
     let addr = listener.local_addr()?;
@@ -124,6 +144,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
                     )
                     .build(),
             )
+            .wrap(security_headers(hsts))
             .wrap(actix_web::middleware::Logger::new("%r %s %Dms").exclude("/healthz"))
             .route(
                 "/healthz",

@@ -29,6 +29,9 @@ pub enum AppError {
     /// A request body over its limit (413); the message says the limit.
     #[error("{0}")]
     TooLarge(String),
+    /// A body of a type the endpoint does not take (415).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// A service we depend on is down; the message says which, in user words.
     #[error("{0}")]
     Unavailable(String),
@@ -63,6 +66,7 @@ impl AppError {
             AppError::NotFound(_) => StatusCode::NOT_FOUND,
             AppError::Conflict { .. } => StatusCode::CONFLICT,
             AppError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -76,6 +80,7 @@ impl AppError {
             AppError::NotFound(_) => "not_found",
             AppError::Conflict { code, .. } => code,
             AppError::TooLarge(_) => "too_large",
+            AppError::UnsupportedMediaType(_) => "unsupported_media_type",
             AppError::Unavailable(_) => "unavailable",
             AppError::Internal(_) => "internal",
         }

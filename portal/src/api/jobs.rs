@@ -28,8 +28,22 @@ async fn submit(
     Ok(HttpResponse::Created().json(view))
 }
 
-async fn list(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpResponse, ApiError> {
-    let views = jobs::list(&state, &user, 500).await?;
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    /// A lab's jobs (its admins and operators only) instead of the caller's own.
+    lab: Option<String>,
+}
+
+async fn list(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    q: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let views = match &q.lab {
+        Some(slug) => jobs::list_lab(&state, &user, slug, 500).await?,
+        None => jobs::list(&state, &user, 500).await?,
+    };
     Ok(HttpResponse::Ok().json(views))
 }
 

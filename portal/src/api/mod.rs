@@ -36,7 +36,25 @@ impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let bytes = web::Bytes::from_request(req, payload);
+        // JSON only: a form or text/plain body (what another site's page can send
+        // without asking) is refused before it is read.
+        let json = req
+            .headers()
+            .get("content-type")
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.split(';').next())
+            .map(|m| {
+                let m = m.trim().to_ascii_lowercase();
+                m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+            })
+            .unwrap_or(false);
         Box::pin(async move {
+            if !json {
+                return Err(AppError::UnsupportedMediaType(
+                    "send the body as JSON with Content-Type: application/json".into(),
+                )
+                .into());
+            }
             let bytes = bytes
                 .await
                 .map_err(|e| AppError::BadRequest(format!("cannot read the request body: {e}")))?;

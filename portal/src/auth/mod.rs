@@ -48,6 +48,20 @@ impl FromRequest for CurrentUser {
         let token = bearer(req);
         let session = req.get_session();
         let api = req.path().starts_with("/api/");
+        // A browser's cookie on a state-changing API call must come with the session's
+        // CSRF token in `X-CSRF-Token`: a page on another site cannot set that header
+        // (the portal allows no cross-origin requests), so it cannot ride the cookie.
+        let unsafe_method = !matches!(
+            *req.method(),
+            actix_web::http::Method::GET
+                | actix_web::http::Method::HEAD
+                | actix_web::http::Method::OPTIONS
+        );
+        let csrf_header = req
+            .headers()
+            .get("x-csrf-token")
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string);
         Box::pin(async move {
             let state = state.ok_or_else(|| AppError::Internal(anyhow::anyhow!("no state")));
             let state = match state {
@@ -58,6 +72,20 @@ impl FromRequest for CurrentUser {
                 Some(_) => None,
                 None => session.get::<i64>(SESSION_USER).ok().flatten(),
             };
+            if api && unsafe_method && uid.is_some() {
+                let expected = session.get::<String>(SESSION_CSRF).ok().flatten();
+                let ok = matches!((&expected, &csrf_header), (Some(e), Some(h)) if !e.is_empty() && e == h);
+                if !ok {
+                    return Err(as_response(
+                        api,
+                        AppError::Forbidden(
+                            "a browser session's API call needs its CSRF token in X-CSRF-Token \
+                             (scripts: use a personal access token)"
+                                .into(),
+                        ),
+                    ));
+                }
+            }
             let uid = uid.filter(|_| {
                 let login_at = session
                     .get::<i64>(SESSION_LOGIN_AT)

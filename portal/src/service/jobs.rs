@@ -48,6 +48,24 @@ pub async fn list(state: &Ctx, actor: &Actor, limit: i64) -> Result<Vec<JobView>
         .await
 }
 
+/// A lab's jobs, for its admins (and operators).
+pub async fn list_lab(
+    state: &Ctx,
+    actor: &Actor,
+    slug: &str,
+    limit: i64,
+) -> Result<Vec<JobView>, AppError> {
+    let (actor, slug) = (actor.clone(), slug.to_string());
+    state
+        .db
+        .run(move |c| {
+            let admin = super::lab_admin(c, &actor, &slug)?;
+            let jobs = db::jobs::list_for_lab(c, admin.lab().id, limit)?;
+            job_views(c, &jobs)
+        })
+        .await
+}
+
 /// One job the actor may see.
 pub async fn get(state: &Ctx, actor: &Actor, id: i64) -> Result<JobView, AppError> {
     let actor = actor.clone();

@@ -84,8 +84,9 @@ impl Actor {
     }
 
     /// May this user see `job`: their own, or any job for an operator.
+    /// Its own jobs, its lab's jobs for a lab admin, every job for an operator.
     pub fn may_see(&self, job: &Job) -> bool {
-        job.user_id == self.user.id || self.user.is_operator
+        job.user_id == self.user.id || self.admin_of(job.lab_id)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The HTML UI: askama pages, each handler beside the view it renders.
 
+pub mod assets;
 mod jobs;
 mod labs;
 mod login;
@@ -19,6 +20,7 @@ use askama::Template;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(index))
+        .configure(assets::configure)
         .configure(login::configure)
         .configure(jobs::configure)
         .configure(labs::configure)

@@ -18,6 +18,7 @@ mod migrations;
 mod oidc_provider;
 mod policy;
 mod provider_smoke;
+mod security;
 mod ssh;
 mod ssh_keys;
 mod sso;

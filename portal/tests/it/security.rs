@@ -1,0 +1,158 @@
+//! Gaps found in review, one test each: what another site's page could make a signed-in
+//! browser do through the JSON API, and the headers that keep the pages from being framed
+//! or sniffed.
+
+use crate::harness::{Backend, TestPortal};
+use crate::web::{hidden_csrf, logged_in};
+use serde_json::json;
+
+fn job() -> serde_json::Value {
+    json!({"image": "commons-demo:latest", "command": ["true"], "gpus": 1, "time_limit_minutes": 5})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_session_cannot_be_ridden_into_the_api() {
+    let p = TestPortal::start(Backend::Sqlite).await;
+    let b = logged_in(&p, "alice").await;
+    let url = format!("{}/api/v1/jobs", p.url);
+    // The cookie alone, as another site's script or form would send it: refused.
+    let r = b.post(&url).json(&job()).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("X-CSRF-Token"));
+    // A form-encoded or text/plain body (no preflight needed cross-site): refused too,
+    // with or without a token.
+    let r = b
+        .post(&url)
+        .header("content-type", "text/plain")
+        .body(job().to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(r.status(), 201);
+    let r = p
+        .http
+        .post(&url)
+        .bearer_auth(&p.alice)
+        .header("content-type", "text/plain")
+        .body(job().to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415, "JSON only, whoever asks");
+    assert_eq!(
+        p.get_json(&p.alice, "/api/v1/jobs").await,
+        json!([]),
+        "nothing was stored"
+    );
+    // The portal's own pages, which know the token, may call the API.
+    let page = b
+        .get(format!("{}/jobs/new", p.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = hidden_csrf(&page);
+    let r = b
+        .post(&url)
+        .header("x-csrf-token", csrf)
+        .json(&job())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    // Reading needs no token.
+    let r = b.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_carry_a_strict_policy_and_no_inline_script() {
+    let p = TestPortal::start(Backend::Sqlite).await;
+    let b = logged_in(&p, "alice").await;
+    let id = p.submit(&p.alice, job()).await;
+    for path in [
+        "/login".to_string(),
+        format!("/jobs/{id}"),
+        "/api/v1/jobs".into(),
+    ] {
+        let r = b.get(format!("{}{path}", p.url)).send().await.unwrap();
+        let h = r.headers();
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("script-src 'self'") && !csp.contains("script-src 'self' 'unsafe-inline'"),
+            "{path}: {csp}"
+        );
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(h["referrer-policy"], "same-origin", "{path}");
+        assert!(
+            !h.contains_key("strict-transport-security"),
+            "plain http: no HSTS"
+        );
+        if path.starts_with("/jobs/") {
+            let page = r.text().await.unwrap();
+            assert!(!page.contains("<script>"), "no inline script: {page}");
+            assert!(page.contains("src=\"/assets/job.js\""));
+        }
+    }
+    let r = b
+        .get(format!("{}/assets/job.js", p.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/javascript"));
+    assert!(r.text().await.unwrap().contains("/status"));
+}
+
+/// The README says lab admins see their lab's jobs; they could not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab_admins_see_their_labs_jobs_and_no_one_elses() {
+    let p = TestPortal::start(Backend::Sqlite).await;
+    let id = p.submit(&p.alice, job()).await;
+    let get = |token: &str, path: String| {
+        let r = p
+            .http
+            .get(format!("{}{path}", p.url))
+            .bearer_auth(token.to_string());
+        async move { r.send().await.unwrap() }
+    };
+    assert_eq!(
+        get(&p.carol, format!("/api/v1/jobs/{id}")).await.status(),
+        200,
+        "vision's admin"
+    );
+    assert_eq!(
+        get(&p.bob, format!("/api/v1/jobs/{id}")).await.status(),
+        404,
+        "another lab's member"
+    );
+    let listed: serde_json::Value = get(&p.carol, "/api/v1/jobs?lab=vision".into())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        listed.as_array().unwrap().iter().any(|j| j["id"] == id),
+        "{listed}"
+    );
+    assert_eq!(
+        get(&p.alice, "/api/v1/jobs?lab=vision".into())
+            .await
+            .status(),
+        403,
+        "a member"
+    );
+    assert_eq!(
+        get(&p.carol, "/api/v1/jobs?lab=physics".into())
+            .await
+            .status(),
+        403,
+        "another lab"
+    );
+}
