@@ -77,6 +77,8 @@ async fn serve(
     let silence = Duration::from_secs(state.config.scheduler.heartbeat_s * 3 + 5);
     // The agent process's session, from its `Hello`: leases name it.
     let mut agent_session: Option<u64> = None;
+    let mut rate = super::limits::Rate::new(std::time::Instant::now());
+    let mut refused: u64 = 0;
     loop {
         tokio::select! {
             msg = tokio::time::timeout(silence, stream.next()) => {
@@ -107,6 +109,22 @@ async fn serve(
                         return;
                     }
                     Ok(m) => {
+                        let verdict = if rate.take(std::time::Instant::now()) {
+                            super::limits::check(&m)
+                        } else {
+                            Err("over the message rate".to_string())
+                        };
+                        if let Err(why) = verdict {
+                            refused += 1;
+                            if refused.is_power_of_two() {
+                                tracing::warn!(node = node.id, refused, "agent message refused: {why}");
+                            }
+                            if refused >= super::limits::MAX_REFUSED {
+                                tracing::warn!(node = node.id, "too many refused messages: disconnected");
+                                break;
+                            }
+                            continue;
+                        }
                         if let AgentMsg::Hello { session, .. } = &m {
                             agent_session = Some(*session);
                         }
@@ -114,6 +132,15 @@ async fn serve(
                             Ok(replies) => {
                                 for r in replies {
                                     if send(&mut session, &r).await.is_err() { break }
+                                }
+                            }
+                            Err(AppError::Forbidden(why)) => {
+                                refused += 1;
+                                if refused.is_power_of_two() {
+                                    tracing::warn!(node = node.id, refused, "agent message refused: {why}");
+                                }
+                                if refused >= super::limits::MAX_REFUSED {
+                                    break;
                                 }
                             }
                             Err(e) => tracing::error!(node = node.id, "agent message failed: {e:#}"),
@@ -280,7 +307,17 @@ async fn handle(
                     job,
                     attempt,
                     chunk,
-                } => jobs::append_log(c, job, attempt, &chunk)?,
+                } => {
+                    // Only the node that runs (or ran) an attempt writes its output.
+                    let ours = crate::db::attempts::find(c, job, attempt)?
+                        .is_some_and(|a| a.node_id == node);
+                    if !ours {
+                        return Err(AppError::Forbidden(format!(
+                            "output for job {job} attempt {attempt}, which this node does not run"
+                        )));
+                    }
+                    jobs::append_log(c, job, attempt, &chunk)?
+                }
             }
             Ok((replies, wake))
         })

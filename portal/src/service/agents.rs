@@ -9,7 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
-type Conn = (u64, mpsc::UnboundedSender<PortalMsg>);
+type Conn = (u64, mpsc::Sender<PortalMsg>);
+
+/// Messages waiting for one agent at most; past it new ones are dropped (and the lease and
+/// the next `Hello` settle what they said), so a stuck agent cannot fill the portal's memory.
+pub const OUTBOX: usize = 4096;
 
 #[derive(Clone, Default)]
 pub struct Registry {
@@ -25,9 +29,9 @@ impl Registry {
     }
 
     /// Registers a new connection of `node`; returns its id and the messages to send it.
-    pub fn register(&self, node: i64) -> (u64, mpsc::UnboundedReceiver<PortalMsg>) {
+    pub fn register(&self, node: i64) -> (u64, mpsc::Receiver<PortalMsg>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(OUTBOX);
         self.conns().insert(node, (id, tx));
         (id, rx)
     }
@@ -44,10 +48,17 @@ impl Registry {
         }
     }
 
-    /// Queues a message for a node; false if it is not connected.
+    /// Queues a message for a node; false if it is not connected (or its queue is full).
     pub fn send(&self, node: i64, msg: PortalMsg) -> bool {
         match self.conns().get(&node) {
-            Some((_, tx)) => tx.send(msg).is_ok(),
+            Some((_, tx)) => match tx.try_send(msg) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::warn!(node, "the agent's outbox is full; message dropped");
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            },
             None => false,
         }
     }

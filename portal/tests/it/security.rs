@@ -156,3 +156,63 @@ async fn lab_admins_see_their_labs_jobs_and_no_one_elses() {
         "another lab"
     );
 }
+
+/// A rogue agent (a real credential, another node) writes output into a job it does
+/// not run: refused, the job's log unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cannot_write_into_another_nodes_job() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    let p = TestPortal::start(Backend::Sqlite).await;
+    let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+    let id = p
+        .submit(
+            &p.alice,
+            json!({"image": "commons-demo:latest", "command": ["sh", "-c", "echo real; sleep 30"],
+                   "gpus": 1, "time_limit_minutes": 5}),
+        )
+        .await;
+    p.wait_state(
+        &p.alice,
+        id,
+        &["running"],
+        std::time::Duration::from_secs(60),
+    )
+    .await;
+    let token = p.enrol_token("physics");
+    let enrolled: serde_json::Value = p
+        .http
+        .post(format!("{}{}", p.url, commons_proto::ENROL_PATH))
+        .json(&json!({"token": token, "hostname": "rogue", "agent_version": "0.1.0"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let credential = enrolled["credential"].as_str().unwrap();
+    let mut req = format!(
+        "{}{}",
+        p.url.replacen("http", "ws", 1),
+        commons_proto::CONNECT_PATH
+    )
+    .into_client_request()
+    .unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {credential}").parse().unwrap(),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let hello = json!({"type": "hello", "agent_version": "0.1.0", "protocol": commons_proto::PROTOCOL_VERSION,
+                       "session": 7, "seq": 1, "gpus": [], "attempts": []});
+    ws.send(Message::text(hello.to_string())).await.unwrap();
+    let forged =
+        json!({"type": "logs", "job": id, "attempt": 1, "chunk": "forged by another node\n"});
+    ws.send(Message::text(forged.to_string())).await.unwrap();
+    // Let both be handled (the Welcome shows the Hello was).
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), ws.next()).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let log = p.logs(&p.alice, id).await;
+    assert!(!log.contains("forged"), "{log}");
+    assert!(log.contains("real"), "the job's own output is there: {log}");
+}
