@@ -56,9 +56,12 @@ impl RunningPortal {
 
 /// Headers on every response: the Content-Security-Policy, no MIME sniffing, no framing,
 /// no referrer outside the portal, and HSTS when the portal is served over https.
-fn security_headers(hsts: bool) -> actix_web::middleware::DefaultHeaders {
+fn security_headers(hsts: bool, sso_origin: Option<&str>) -> actix_web::middleware::DefaultHeaders {
     let h = actix_web::middleware::DefaultHeaders::new()
-        .add(("content-security-policy", crate::web::assets::CSP))
+        .add((
+            "content-security-policy",
+            crate::web::assets::csp(sso_origin),
+        ))
         .add(("x-content-type-options", "nosniff"))
         .add(("x-frame-options", "DENY"))
         .add(("referrer-policy", "same-origin"));
@@ -119,6 +122,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         .public_url
         .as_deref()
         .is_some_and(|u| u.starts_with("https://"));
+    let sso_origin = state
+        .config
+        .oidc
+        .issuer
+        .as_deref()
+        .and_then(crate::web::assets::origin);
     let listener = std::net::TcpListener::bind(&state.config.listen)
         .with_context(|| format!("cannot listen on {}", state.config.listen))?;
     let addr = listener.local_addr()?;
@@ -144,7 +153,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
                     )
                     .build(),
             )
-            .wrap(security_headers(hsts))
+            .wrap(security_headers(hsts, sso_origin.as_deref()))
             .wrap(actix_web::middleware::Logger::new("%r %s %Dms").exclude("/healthz"))
             .route(
                 "/healthz",

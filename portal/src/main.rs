@@ -142,6 +142,14 @@ fn main() -> anyhow::Result<()> {
                 config.ssh.listen = Some(l);
             }
             config.insecure_dev_login |= insecure_dev_login;
+            // A key made at start would log everyone out at each restart, and replicas
+            // would not accept each other's cookies.
+            anyhow::ensure!(
+                config.insecure_dev_login || config.session_key_file.is_some(),
+                "session_key_file is not set: make one with `head -c 64 /dev/urandom > \
+                 /etc/commons/session.key` (mode 0600, the same file on every replica) and \
+                 set session_key_file; only --insecure-dev-login runs without one"
+            );
             runtime()?.block_on(async {
                 if config.insecure_dev_login {
                     tracing::warn!("INSECURE development login is on: anyone can log in as anyone");

@@ -17,7 +17,48 @@ async fn job_js() -> HttpResponse {
 }
 
 /// The Content-Security-Policy of every response: scripts from the portal itself only,
-/// never inline; no framing (clickjacking); forms post back to the portal only. Inline
-/// styles are allowed (the pages carry a small stylesheet).
-pub const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
-img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+/// never inline; no framing (clickjacking); forms post to the portal only, and to the
+/// campus SSO provider `sso_origin` (logging out redirects a form's answer there, which
+/// `form-action` governs too). Inline styles are allowed (the pages carry a small
+/// stylesheet).
+pub fn csp(sso_origin: Option<&str>) -> String {
+    let sso = sso_origin.map(|o| format!(" {o}")).unwrap_or_default();
+    format!(
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+         img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'{sso}; \
+         frame-ancestors 'none'"
+    )
+}
+
+/// The scheme, host and port of a URL (`https://idp.campus.edu:8443`).
+pub fn origin(url: &str) -> Option<String> {
+    let u = url::Url::parse(url).ok()?;
+    let host = u.host_str()?;
+    Some(match u.port() {
+        Some(p) => format!("{}://{host}:{p}", u.scheme()),
+        None => format!("{}://{host}", u.scheme()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_may_go_to_the_sso_provider_only_besides_the_portal() {
+        assert_eq!(
+            origin("https://idp.campus.edu:8443/realms/x/").as_deref(),
+            Some("https://idp.campus.edu:8443")
+        );
+        let p = csp(Some("https://idp.campus.edu"));
+        assert!(
+            p.contains("form-action 'self' https://idp.campus.edu;"),
+            "{p}"
+        );
+        assert!(csp(None).contains("form-action 'self';"));
+        assert!(
+            !p.contains("unsafe-inline'; img") || p.contains("style-src 'self' 'unsafe-inline'")
+        );
+        assert!(p.contains("script-src 'self';"));
+    }
+}

@@ -216,3 +216,27 @@ async fn an_agent_cannot_write_into_another_nodes_job() {
     assert!(!log.contains("forged"), "{log}");
     assert!(log.contains("real"), "the job's own output is there: {log}");
 }
+
+/// `serve` without a persistent session key (outside the development login) would log
+/// everyone out at each restart and split replicas: it refuses to start, saying why.
+#[test]
+fn serve_refuses_to_start_without_a_session_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("portal.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "database_url = \"sqlite://{}\"\nlisten = \"127.0.0.1:0\"\n",
+            dir.path().join("c.db").display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_commons-portal"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("session_key_file"), "{err}");
+}
