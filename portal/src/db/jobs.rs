@@ -116,6 +116,16 @@ pub fn list_for_user(c: &mut DbConn, user: i64, limit: i64) -> Result<Vec<Job>, 
         .load(c)?)
 }
 
+/// A lab's latest jobs, newest first (its admins' `commons ls --all`).
+pub fn list_for_lab(c: &mut DbConn, lab: i64, limit: i64) -> Result<Vec<Job>, AppError> {
+    Ok(jobs::table
+        .filter(jobs::lab_id.eq(lab))
+        .order(jobs::id.desc())
+        .limit(limit)
+        .select(Job::as_select())
+        .load(c)?)
+}
+
 /// The latest attempt of each of `jobs` (one query).
 pub fn last_attempts(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<Attempt>, AppError> {
     let all: Vec<Attempt> = job_attempts::table

@@ -48,6 +48,41 @@ pub async fn list(state: &Ctx, actor: &Actor, limit: i64) -> Result<Vec<JobView>
         .await
 }
 
+/// A job of a lab as its admins see it: the view and whose it is.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LabJobView {
+    #[serde(flatten)]
+    pub job: JobView,
+    pub user: String,
+}
+
+/// The latest jobs of lab `slug`, newest first: its admins and operators only (403 for
+/// others, 404 for an unknown lab).
+pub async fn list_lab(
+    state: &Ctx,
+    actor: &Actor,
+    slug: String,
+    limit: i64,
+) -> Result<Vec<LabJobView>, AppError> {
+    let actor = actor.clone();
+    state
+        .db
+        .run(move |c| {
+            let admin = super::lab_admin(c, &actor, &slug)?;
+            let jobs = db::jobs::list_for_lab(c, admin.lab().id, limit)?;
+            let users: Vec<i64> = jobs.iter().map(|j| j.user_id).collect();
+            let names = db::users::usernames(c, &users)?;
+            Ok(job_views(c, &jobs)?
+                .into_iter()
+                .map(|job| LabJobView {
+                    user: names.get(&job.user_id).cloned().unwrap_or_default(),
+                    job,
+                })
+                .collect())
+        })
+        .await
+}
+
 /// One job the actor may see.
 pub async fn get(state: &Ctx, actor: &Actor, id: i64) -> Result<JobView, AppError> {
     let actor = actor.clone();

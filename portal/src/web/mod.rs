@@ -1,5 +1,6 @@
 //! The HTML UI: askama pages, each handler beside the view it renders.
 
+mod cli_login;
 mod jobs;
 mod labs;
 mod login;
@@ -20,6 +21,7 @@ use askama::Template;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(index))
         .configure(login::configure)
+        .configure(cli_login::configure)
         .configure(jobs::configure)
         .configure(labs::configure)
         .configure(nodes::configure)
