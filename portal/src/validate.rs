@@ -8,12 +8,12 @@
 use crate::error::AppError;
 use std::collections::BTreeMap;
 
+pub use crate::domain::JobKind;
 pub use commons_api::job::{
     CHECKPOINT_MINUTES, DEFAULT_CPUS, DEFAULT_MEMORY_GB, MAX_COMMAND_BYTES, MAX_CPUS,
     MAX_ENV_BYTES, MAX_GPUS, MAX_GPU_MEMORY_GB, MAX_MEMORY_GB, MAX_TIME_LIMIT_MIN,
 };
 pub use commons_api::JobRequest;
-pub use crate::domain::JobKind;
 
 pub fn slug(field: &str, s: &str) -> Result<(), AppError> {
     Ok(commons_api::rules::slug(field, s)?)

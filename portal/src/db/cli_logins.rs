@@ -128,10 +128,7 @@ pub fn decide(c: &mut DbConn, id: i64, user: i64, approve: bool) -> Result<bool,
         .filter(cli_logins::expires_at.gt(t));
     let n = if approve {
         diesel::update(open)
-            .set((
-                cli_logins::user_id.eq(user),
-                cli_logins::approved_at.eq(t),
-            ))
+            .set((cli_logins::user_id.eq(user), cli_logins::approved_at.eq(t)))
             .execute(c)?
     } else {
         diesel::update(open)

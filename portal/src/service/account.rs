@@ -86,7 +86,9 @@ pub fn account(c: &mut DbConn, actor: &Actor, policy: &Policy) -> Result<Account
                 slug: lab.slug.clone(),
                 name: lab.name.clone(),
                 role: *role,
-                quota: member.map(|m| QuotaView::from(&m.quota)).unwrap_or_default(),
+                quota: member
+                    .map(|m| QuotaView::from(&m.quota))
+                    .unwrap_or_default(),
                 lab_quota: QuotaView::from(&lab.quota.0),
                 gpus_in_use: running.iter().map(|r| r.gpus.len() as u32).sum(),
                 running_jobs: running.len() as u32,

@@ -43,11 +43,7 @@ pub struct StartResponse {
 }
 
 /// Starts a sign-in; `base` is the portal's public URL (no trailing slash).
-pub async fn start(
-    ctx: &Ctx,
-    req: StartRequest,
-    base: String,
-) -> Result<StartResponse, AppError> {
+pub async fn start(ctx: &Ctx, req: StartRequest, base: String) -> Result<StartResponse, AppError> {
     let name = req.client_name.unwrap_or_default();
     let name = name.trim();
     if name.chars().count() > 100 || name.chars().any(char::is_control) {
@@ -61,10 +57,7 @@ pub async fn start(
     } else {
         name.to_string()
     };
-    let (device_code, user_code, _) = ctx
-        .db
-        .run(move |c| db::cli_logins::start(c, &name))
-        .await?;
+    let (device_code, user_code, _) = ctx.db.run(move |c| db::cli_logins::start(c, &name)).await?;
     let verification_uri = format!("{base}/cli/device");
     Ok(StartResponse {
         verification_uri_complete: format!("{verification_uri}?code={user_code}"),
@@ -135,7 +128,10 @@ pub async fn token(
                 };
                 let user = db::users::user_by_id(c, user)?;
                 let expires_at = db::now() + chrono::Duration::days(TOKEN_DAYS);
-                let name: String = format!("commons CLI on {client}").chars().take(100).collect();
+                let name: String = format!("commons CLI on {client}")
+                    .chars()
+                    .take(100)
+                    .collect();
                 let access_token =
                     db::users::create_api_token_until(c, user.id, &name, Some(expires_at))?;
                 Ok(Ok(TokenResponse {
@@ -175,7 +171,12 @@ pub async fn find(ctx: &Ctx, typed: String) -> Result<Option<Pending>, AppError>
 }
 
 /// Approves or denies the sign-in that `typed` names, for `actor` (audited).
-pub async fn decide(ctx: &Ctx, actor: &Actor, typed: String, approve: bool) -> Result<(), AppError> {
+pub async fn decide(
+    ctx: &Ctx,
+    actor: &Actor,
+    typed: String,
+    approve: bool,
+) -> Result<(), AppError> {
     let user = actor.user.clone();
     ctx.db
         .run(move |c| {
@@ -192,7 +193,11 @@ pub async fn decide(ctx: &Ctx, actor: &Actor, typed: String, approve: bool) -> R
                         "this sign-in was already approved or denied",
                     ));
                 }
-                let action = if approve { "cli.login" } else { "cli.login_denied" };
+                let action = if approve {
+                    "cli.login"
+                } else {
+                    "cli.login_denied"
+                };
                 db::audit::record(c, &user, None, action, &row.client_name, "", &row.user_code)
             })
         })
