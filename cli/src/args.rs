@@ -198,6 +198,9 @@ pub struct NotebookArgs {
     /// The port on this computer (default: the same, or a free one).
     #[arg(long)]
     pub local_port: Option<u16>,
+    /// Extra options for ssh (repeat), e.g. -o IdentityFile=~/.ssh/campus.
+    #[arg(short = 'o', value_name = "OPTION")]
+    pub options: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -179,8 +179,14 @@ pub fn notebook(a: NotebookArgs) -> Result<u8> {
         Some(p) => p,
         None => local_port(a.port)?,
     };
+    let extra: Vec<String> = a
+        .options
+        .iter()
+        .flat_map(|o| ["-o".to_string(), o.clone()])
+        .collect();
     let mut child = Command::new(ssh_program())
         .args(options(&gw, &kh))
+        .args(extra)
         .args(["-N", "-o", "ExitOnForwardFailure=yes", "-L"])
         .arg(format!("127.0.0.1:{local}:localhost:{}", a.port))
         .arg(format!("job-{}@{}", a.id, gw.host))
