@@ -1,7 +1,8 @@
 //! Following a job: its state changes (on stderr) and its output (on stdout) until it
 //! ends. `commons run --follow`, `commons submit --follow` and `commons logs -f`.
 //!
-//! 1. Every [`POLL`]: read the job; print the history entries not printed yet.
+//! 1. Every [`POLL`]: read the job; print the history entries not printed yet (the
+//!    final one only at the end, after the last output).
 //! 2. Read the output from the byte already printed on (`?offset=`), print it.
 //! 3. While the job waits and stderr is a terminal, a progress line says for how long
 //!    and why; it is cleared before anything else is printed.
@@ -52,22 +53,30 @@ impl Follower<'_> {
         Ok(())
     }
 
-    fn print_events(&mut self) -> Result<()> {
+    /// Prints the history entries not printed yet, up to the first final one (which
+    /// waits for `finals`, so that the job's last output comes before its end).
+    fn print_events(&mut self, finals: bool) -> Result<()> {
         let events: Vec<Event> = self
             .client
             .get(&format!("/api/v1/jobs/{}/events", self.id))?;
         for e in events.iter().skip(self.events_seen) {
+            let is_final = matches!(e.state.as_str(), "succeeded" | "failed" | "cancelled");
+            if is_final && !finals {
+                break;
+            }
             self.clear_progress();
             let at = output::parse_time(&e.at)
                 .map(|t| t.format("%H:%M:%S").to_string())
                 .unwrap_or_default();
+            // Padded before it is coloured: escape codes take no room on the screen.
+            let state = format!("{:<10}", e.state);
             eprintln!(
-                "[{at}] {:<10} {}",
-                output::paint_state(&e.state, &e.state, self.colour),
+                "[{at}] {} {}",
+                output::paint_state(&state, &e.state, self.colour),
                 e.message
             );
+            self.events_seen += 1;
         }
-        self.events_seen = self.events_seen.max(events.len());
         Ok(())
     }
 }
@@ -88,13 +97,16 @@ pub fn follow(client: &Client, id: i64, events: bool) -> Result<Job> {
     loop {
         let job: Job = client.get(&format!("/api/v1/jobs/{id}"))?;
         if events {
-            f.print_events()?;
+            f.print_events(false)?;
         }
         f.print_output()?;
         if job.is_final() {
             for _ in 0..2 {
                 std::thread::sleep(Duration::from_millis(300));
                 f.print_output()?;
+            }
+            if events {
+                f.print_events(true)?;
             }
             f.clear_progress();
             return Ok(job);

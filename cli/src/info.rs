@@ -131,7 +131,6 @@ pub fn only_admin_lab(client: &Client) -> Result<String> {
 #[serde(default)]
 struct NodeGpu {
     model: String,
-    memory_mb: i64,
     present: bool,
     local_use: bool,
 }
@@ -179,7 +178,7 @@ pub fn nodes(a: JsonFlag) -> Result<u8> {
             };
             let mut models: Vec<(String, usize)> = Vec::new();
             for g in n.gpus.iter().filter(|g| g.present) {
-                let label = format!("{} {}GB", g.model, (g.memory_mb + 512) / 1024);
+                let label = g.model.clone();
                 match models.iter_mut().find(|(m, _)| *m == label) {
                     Some((_, c)) => *c += 1,
                     None => models.push((label, 1)),
@@ -302,11 +301,11 @@ pub fn usage(a: UsageArgs) -> Result<u8> {
                         wk.map(|k| k.borrowed),
                         wk.map(|k| k.lent),
                     ] {
-                        row.push(format!("{:.1}", x.unwrap_or(0.0)).into());
+                        row.push(format!("{:.2}", x.unwrap_or(0.0)).into());
                     }
                 }
                 for m in &l.members {
-                    row.push(format!("{:.1}", m.gpu_hours.get(w).copied().unwrap_or(0.0)).into());
+                    row.push(format!("{:.2}", m.gpu_hours.get(w).copied().unwrap_or(0.0)).into());
                 }
                 row
             })

@@ -109,7 +109,7 @@ pub async fn refused(cli: &Cli, args: &[&str], code: i32, says: &str) -> Ran {
 
 const RES: [&str; 6] = ["--cpus", "0.5", "--memory", "0.25", "--time", "5m"];
 
-fn run_args<'a>(follow: bool, cmd: &'a str) -> Vec<&'a str> {
+fn run_args(follow: bool, cmd: &str) -> Vec<&str> {
     let mut v = vec!["run", "commons-demo:latest"];
     v.extend(RES);
     if follow {
