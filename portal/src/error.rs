@@ -98,6 +98,13 @@ impl AppError {
     }
 }
 
+/// A broken rule from the shared request rules (`commons_api`), with its field.
+impl From<commons_api::Invalid> for AppError {
+    fn from(e: commons_api::Invalid) -> Self {
+        AppError::invalid(&e.field, e.message)
+    }
+}
+
 impl From<diesel::result::Error> for AppError {
     fn from(e: diesel::result::Error) -> Self {
         AppError::Internal(e.into())

@@ -1,5 +1,7 @@
 //! The REST API (`/api/v1`), JSON in and out, authenticated by personal access tokens.
 
+mod account;
+mod cli_login;
 mod jobs;
 mod nodes;
 mod policy;
@@ -15,6 +17,8 @@ use std::pin::Pin;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::scope("/api/v1")
+            .configure(account::configure)
+            .configure(cli_login::configure)
             .configure(jobs::configure)
             .configure(nodes::configure)
             .configure(policy::configure)

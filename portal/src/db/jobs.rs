@@ -117,7 +117,7 @@ pub fn list_for_user(c: &mut DbConn, user: i64, limit: i64) -> Result<Vec<Job>, 
         .load(c)?)
 }
 
-/// A lab's jobs, newest first.
+/// A lab's latest jobs, newest first (its admins' `commons ls --all`).
 pub fn list_for_lab(c: &mut DbConn, lab: i64, limit: i64) -> Result<Vec<Job>, AppError> {
     Ok(jobs::table
         .filter(jobs::lab_id.eq(lab))

@@ -227,6 +227,21 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    cli_logins (id) {
+        id -> BigInt,
+        device_code_hash -> Text,
+        user_code -> Text,
+        client_name -> Text,
+        created_at -> Timestamp,
+        expires_at -> Timestamp,
+        user_id -> Nullable<BigInt>,
+        approved_at -> Nullable<Timestamp>,
+        denied_at -> Nullable<Timestamp>,
+        redeemed_at -> Nullable<Timestamp>,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
 diesel::joinable!(api_tokens -> users (user_id));
@@ -258,4 +273,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     ssh_host_keys,
     agent_mail,
     ssh_keys,
+    cli_logins,
 );

@@ -238,6 +238,16 @@ pub fn create_user(
     user_by_id(c, id)
 }
 
+/// User names by id (one query).
+pub fn usernames(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, String>, AppError> {
+    Ok(users::table
+        .filter(users::id.eq_any(ids))
+        .select((users::id, users::username))
+        .load::<(i64, String)>(c)?
+        .into_iter()
+        .collect())
+}
+
 pub fn user_by_id(c: &mut DbConn, id: i64) -> Result<User, AppError> {
     users::table
         .find(id)

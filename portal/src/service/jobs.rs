@@ -48,20 +48,37 @@ pub async fn list(state: &Ctx, actor: &Actor, limit: i64) -> Result<Vec<JobView>
         .await
 }
 
-/// A lab's jobs, for its admins (and operators).
+/// A job of a lab as its admins see it: the view and whose it is.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LabJobView {
+    #[serde(flatten)]
+    pub job: JobView,
+    pub user: String,
+}
+
+/// The latest jobs of lab `slug`, newest first: its admins and operators only (403 for
+/// others, 404 for an unknown lab).
 pub async fn list_lab(
     state: &Ctx,
     actor: &Actor,
-    slug: &str,
+    slug: String,
     limit: i64,
-) -> Result<Vec<JobView>, AppError> {
-    let (actor, slug) = (actor.clone(), slug.to_string());
+) -> Result<Vec<LabJobView>, AppError> {
+    let actor = actor.clone();
     state
         .db
         .run(move |c| {
             let admin = super::lab_admin(c, &actor, &slug)?;
             let jobs = db::jobs::list_for_lab(c, admin.lab().id, limit)?;
-            job_views(c, &jobs)
+            let users: Vec<i64> = jobs.iter().map(|j| j.user_id).collect();
+            let names = db::users::usernames(c, &users)?;
+            Ok(job_views(c, &jobs)?
+                .into_iter()
+                .map(|job| LabJobView {
+                    user: names.get(&job.user_id).cloned().unwrap_or_default(),
+                    job,
+                })
+                .collect())
         })
         .await
 }

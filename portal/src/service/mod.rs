@@ -9,9 +9,11 @@
 //! - Jobs a caller may not see answer "not found", never "forbidden" (which would tell
 //!   that the id exists).
 
+pub mod account;
 pub mod agents;
 pub mod attempts;
 pub mod checkpoints;
+pub mod cli_login;
 pub mod extend;
 pub mod identity;
 pub mod jobs;

@@ -128,9 +128,9 @@ impl JobForm {
             memory_gb: optional("memory_gb", &self.memory_gb)?,
             time_limit_minutes: number("time_limit_minutes", &self.time_limit_minutes)?,
             kind: if self.kind == "interactive" {
-                JobKind::Interactive
+                commons_api::JobKind::Interactive
             } else {
-                JobKind::Batch
+                commons_api::JobKind::Batch
             },
             lab: (!self.lab.is_empty()).then(|| self.lab.clone()),
             checkpoint_minutes: optional("checkpoint_minutes", &self.checkpoint_minutes)?,

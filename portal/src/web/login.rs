@@ -20,6 +20,24 @@ use serde::Deserialize;
 
 const SESSION_PENDING: &str = "oidc_pending";
 const SESSION_ID_TOKEN: &str = "id_token";
+/// A local path to go back to once signed in (kept by pages that need a login).
+const SESSION_AFTER_LOGIN: &str = "after_login";
+
+/// Sends the browser back to `path` (a local path) after the next login.
+pub(super) fn return_after_login(session: &Session, path: &str) {
+    let _ = session.insert(SESSION_AFTER_LOGIN, path);
+}
+
+/// Where to go after a login: the path kept by [`return_after_login`] (only a local one:
+/// `/x`, never `//host` or a URL), else the jobs. Read before `log_in`, which clears the
+/// session.
+fn after_login(session: &Session) -> String {
+    session
+        .remove_as::<String>(SESSION_AFTER_LOGIN)
+        .and_then(Result::ok)
+        .filter(|p| p.starts_with('/') && !p.starts_with("//") && !p.contains('\\'))
+        .unwrap_or_else(|| "/jobs".to_string())
+}
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/login", web::get().to(page))
@@ -132,6 +150,7 @@ async fn sso_callback(
     let rules = state.config.oidc.groups.clone();
     let id = identity.clone();
     let user = state.db.run(move |c| sign_in(c, &id, &rules)).await?;
+    let to = after_login(&session);
     log_in(&session, user.id)?;
     // Kept for RP-initiated logout, if it fits the cookie.
     if identity.id_token.len() < 2048 {
@@ -139,7 +158,7 @@ async fn sso_callback(
     }
     tracing::info!(user = %user.username, groups = ?identity.groups, "logged in through campus SSO");
     Ok(HttpResponse::SeeOther()
-        .insert_header(("location", "/jobs"))
+        .insert_header(("location", to))
         .finish())
 }
 
@@ -164,10 +183,11 @@ async fn dev_login(
     let Some(user) = user else {
         return Err(AppError::invalid("username", "no such user").into());
     };
+    let to = after_login(&session);
     log_in(&session, user.id)?;
     tracing::warn!(user = %user.username, "logged in through the INSECURE development login");
     Ok(HttpResponse::SeeOther()
-        .insert_header(("location", "/jobs"))
+        .insert_header(("location", to))
         .finish())
 }
 

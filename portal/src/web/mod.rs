@@ -1,6 +1,7 @@
 //! The HTML UI: askama pages, each handler beside the view it renders.
 
 pub mod assets;
+mod cli_login;
 mod jobs;
 mod labs;
 mod login;
@@ -22,6 +23,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(index))
         .configure(assets::configure)
         .configure(login::configure)
+        .configure(cli_login::configure)
         .configure(jobs::configure)
         .configure(labs::configure)
         .configure(nodes::configure)

@@ -28,13 +28,18 @@ fn run(cmd: &[&str]) {
 
 /// A workspace binary of the same profile as this test, built (once) if needed.
 fn workspace_binary(package: &str) -> PathBuf {
+    workspace_binary_named(package, package)
+}
+
+/// The same for a binary named otherwise than its package.
+fn workspace_binary_named(package: &str, name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     // target/<profile>/deps/it-<hash> or target/<profile>/examples/soak -> target/<profile>
     let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let bin = dir.join(package);
+    let bin = dir.join(name);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-p", package, "--bin", package])
+    cmd.args(["build", "-p", package, "--bin", name])
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     if dir.ends_with("release") {
         cmd.arg("--release");
@@ -53,6 +58,14 @@ pub fn agent_binary() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| workspace_binary("commons-agent"))
+        .clone()
+}
+
+/// The `commons` CLI binary (package `commons-cli`), built if missing.
+pub fn cli_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| workspace_binary_named("commons-cli", "commons"))
         .clone()
 }
 

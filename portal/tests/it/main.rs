@@ -5,6 +5,9 @@
 
 mod browser;
 mod checkpoints;
+mod cli;
+mod cli_login;
+mod cli_ssh;
 mod cluster;
 mod console;
 mod failures;

@@ -22,7 +22,7 @@ fn person(login: &str, groups: &[&str]) -> TestUser {
 
 /// A provider with dana (lab-vision) and erin (lab-vision-admins, gpu-operators), and
 /// a portal that trusts it.
-async fn sso(backend: Backend, other_issuer_name: bool) -> (TestPortal, OidcProvider) {
+pub(crate) async fn sso(backend: Backend, other_issuer_name: bool) -> (TestPortal, OidcProvider) {
     let (pport, wport) = (free_port(), free_port());
     let portal_url = format!("http://127.0.0.1:{wport}");
     let provider = OidcProvider::start(

@@ -1,0 +1,315 @@
+//! The job request: the body of `POST /api/v1/jobs` and the contents of a `commons
+//! submit` job file (the same fields; unknown ones are refused), and [`check`], every
+//! rule on it that needs no database.
+
+use crate::rules::{image_reference, slug};
+use crate::Invalid;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub const MAX_GPUS: i64 = 16;
+pub const MAX_TIME_LIMIT_MIN: i64 = 30 * 24 * 60;
+pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
+pub const MAX_ENV_BYTES: usize = 64 * 1024;
+pub const MAX_CPUS: f64 = 512.0;
+pub const MAX_MEMORY_GB: f64 = 4096.0;
+pub const MIN_MEMORY_GB: f64 = 0.0625;
+pub const MAX_GPU_MEMORY_GB: f64 = 1024.0;
+pub const DEFAULT_CPUS: f64 = 4.0;
+pub const DEFAULT_MEMORY_GB: f64 = 16.0;
+/// The most often a job may ask for periodic checkpoints, and the least.
+pub const CHECKPOINT_MINUTES: std::ops::RangeInclusive<i64> = 1..=1440;
+
+/// A batch job runs its command; an interactive one waits for its user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    #[default]
+    Batch,
+    Interactive,
+}
+
+/// A job as submitted, through the API, the form or a job file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobRequest {
+    /// The container image, `[host[:port]/]path[:tag][@sha256:...]`, from the allow-list.
+    pub image: String,
+    /// The command and its arguments (no shell unless you ask for one: `["sh", "-c", ".."]`);
+    /// empty: the image's own command.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Environment variables; `COMMONS_*` is reserved.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// GPUs, 1 to 16, all on one server.
+    pub gpus: i64,
+    /// Acceptable GPU models (any when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_models: Vec<String>,
+    /// Least memory per GPU, in GB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_gpu_memory_gb: Option<f64>,
+    /// CPUs (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Memory in GB (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gb: Option<f64>,
+    /// The time limit, 1 to 43200 minutes (30 days).
+    pub time_limit_minutes: i64,
+    /// `batch` (the default) or `interactive`.
+    #[serde(default)]
+    pub kind: JobKind,
+    /// Slug of the lab to charge; may be left out when the user is in one lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lab: Option<String>,
+    /// Snapshot `/checkpoint` every this many minutes while the job runs (besides the
+    /// upload when it is stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_minutes: Option<i64>,
+    /// The size of `/dev/shm` in MiB (PyTorch's data loaders use it), at most the job's
+    /// memory; none: 64 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_mb: Option<i64>,
+}
+
+/// The least CPU share the Docker Engine accepts.
+pub const MIN_CPUS: f64 = 0.01;
+
+impl JobRequest {
+    /// A batch request with the required fields, the rest left to their defaults.
+    pub fn new(image: &str, gpus: i64, time_limit_minutes: i64) -> JobRequest {
+        JobRequest {
+            image: image.to_string(),
+            command: Vec::new(),
+            env: BTreeMap::new(),
+            gpus,
+            gpu_models: Vec::new(),
+            min_gpu_memory_gb: None,
+            cpus: None,
+            memory_gb: None,
+            time_limit_minutes,
+            kind: JobKind::Batch,
+            lab: None,
+            checkpoint_minutes: None,
+            shm_mb: None,
+        }
+    }
+}
+
+/// Checks every rule that needs no database; the first broken one names its field.
+/// (The portal then checks that the user belongs to the lab.)
+pub fn check(req: &JobRequest) -> Result<(), Invalid> {
+    image_reference(req.image.trim())?;
+    let command_bytes: usize = req.command.iter().map(|a| a.len() + 1).sum();
+    if command_bytes > MAX_COMMAND_BYTES {
+        return Err(Invalid::new(
+            "command",
+            format!(
+                "the command is {command_bytes} bytes; at most {MAX_COMMAND_BYTES} are allowed"
+            ),
+        ));
+    }
+    if req.command.iter().any(|a| a.contains('\0')) {
+        return Err(Invalid::new("command", "the command contains a NUL byte"));
+    }
+    env(&req.env)?;
+    if !(1..=MAX_GPUS).contains(&req.gpus) {
+        return Err(Invalid::new(
+            "gpus",
+            format!(
+                "ask for 1 to {MAX_GPUS} GPUs (all on one server), not {}",
+                req.gpus
+            ),
+        ));
+    }
+    if req.gpu_models.len() > 16
+        || req
+            .gpu_models
+            .iter()
+            .any(|m| m.trim().is_empty() || m.len() > 64)
+    {
+        return Err(Invalid::new(
+            "gpu_models",
+            "list at most 16 GPU model names, each 1 to 64 characters",
+        ));
+    }
+    let min_mem = req.min_gpu_memory_gb.unwrap_or(0.0);
+    if !(0.0..=MAX_GPU_MEMORY_GB).contains(&min_mem) {
+        return Err(Invalid::new(
+            "min_gpu_memory_gb",
+            format!("must be between 0 and {MAX_GPU_MEMORY_GB}"),
+        ));
+    }
+    let cpus = req.cpus.unwrap_or(DEFAULT_CPUS);
+    if !(MIN_CPUS..=MAX_CPUS).contains(&cpus) {
+        return Err(Invalid::new(
+            "cpus",
+            format!(
+                "must be at least {MIN_CPUS} (the container engine's least) and at most {MAX_CPUS}"
+            ),
+        ));
+    }
+    let mem = req.memory_gb.unwrap_or(DEFAULT_MEMORY_GB);
+    if !(MIN_MEMORY_GB..=MAX_MEMORY_GB).contains(&mem) {
+        return Err(Invalid::new(
+            "memory_gb",
+            format!("must be between {MIN_MEMORY_GB} and {MAX_MEMORY_GB}"),
+        ));
+    }
+    if !(1..=MAX_TIME_LIMIT_MIN).contains(&req.time_limit_minutes) {
+        return Err(Invalid::new(
+            "time_limit_minutes",
+            format!("must be 1 to {MAX_TIME_LIMIT_MIN} minutes (30 days)"),
+        ));
+    }
+    if let Some(m) = req.checkpoint_minutes {
+        if !CHECKPOINT_MINUTES.contains(&m) {
+            return Err(Invalid::new(
+                "checkpoint_minutes",
+                format!(
+                    "must be {} to {} minutes between checkpoints",
+                    CHECKPOINT_MINUTES.start(),
+                    CHECKPOINT_MINUTES.end()
+                ),
+            ));
+        }
+    }
+    if let Some(shm) = req.shm_mb {
+        let memory_mb = (mem * 1024.0).round() as i64;
+        if !(1..=memory_mb).contains(&shm) {
+            return Err(Invalid::new(
+                "shm_mb",
+                format!("/dev/shm must be 1 to {memory_mb} MiB (the job's memory)"),
+            ));
+        }
+    }
+    if let Some(lab) = &req.lab {
+        slug("lab", lab)?;
+    }
+    Ok(())
+}
+
+/// The environment: identifiers for names, `COMMONS_*` reserved, 64 KiB in all.
+fn env(env: &BTreeMap<String, String>) -> Result<(), Invalid> {
+    let env_bytes: usize = env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    if env_bytes > MAX_ENV_BYTES {
+        return Err(Invalid::new(
+            "env",
+            format!("the environment is {env_bytes} bytes; at most {MAX_ENV_BYTES} are allowed"),
+        ));
+    }
+    for k in env.keys() {
+        let ok = !k.is_empty()
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !k.starts_with(|c: char| c.is_ascii_digit());
+        if !ok {
+            return Err(Invalid::new(
+                "env",
+                format!("{k:?} is not a valid variable name"),
+            ));
+        }
+        if k.starts_with("COMMONS_") {
+            return Err(Invalid::new(
+                "env",
+                format!("{k} is reserved: COMMONS_ variables are set by GPU Commons"),
+            ));
+        }
+        if k.starts_with("NVIDIA_") || k == "CUDA_VISIBLE_DEVICES" {
+            return Err(Invalid::new(
+                "env",
+                format!("{k} is set by GPU Commons from the GPUs the job gets; leave it out"),
+            ));
+        }
+    }
+    if let Some((k, _)) = env
+        .iter()
+        .find(|(k, v)| k.contains('\0') || v.contains('\0'))
+    {
+        return Err(Invalid::new("env", format!("{k:?} holds a NUL byte")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> JobRequest {
+        serde_json::from_str(r#"{"image":"commons-demo:latest","command":["sh","-c","echo hi"],"gpus":1,"time_limit_minutes":10}"#).unwrap()
+    }
+    fn field_of(r: JobRequest) -> String {
+        check(&r).unwrap_err().field
+    }
+
+    #[test]
+    fn a_good_request_passes_and_round_trips() {
+        let r = req();
+        assert_eq!(check(&r), Ok(()));
+        assert_eq!(r.kind, JobKind::Batch);
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<JobRequest>(&json).unwrap(), r);
+        assert!(!json.contains("null"), "{json}");
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let mut r = req();
+        r.image = "Not An Image".into();
+        assert_eq!(field_of(r), "image");
+        for g in [0, -1, 1000] {
+            let mut r = req();
+            r.gpus = g;
+            assert_eq!(field_of(r), "gpus");
+        }
+        let mut r = req();
+        r.time_limit_minutes = 0;
+        assert_eq!(field_of(r), "time_limit_minutes");
+        let mut r = req();
+        r.checkpoint_minutes = Some(0);
+        assert_eq!(field_of(r), "checkpoint_minutes");
+        let mut r = req();
+        r.command = vec!["x".repeat(MAX_COMMAND_BYTES + 1)];
+        assert_eq!(field_of(r), "command");
+        let mut r = req();
+        r.env.insert("COMMONS_JOB_ID".into(), "1".into());
+        assert_eq!(field_of(r), "env");
+        let mut r = req();
+        r.env.insert("1X".into(), "1".into());
+        assert_eq!(field_of(r), "env");
+        let mut r = req();
+        r.cpus = Some(f64::NAN);
+        assert_eq!(field_of(r), "cpus");
+        let mut r = req();
+        r.memory_gb = Some(0.0);
+        assert_eq!(field_of(r), "memory_gb");
+        let mut r = req();
+        r.min_gpu_memory_gb = Some(-1.0);
+        assert_eq!(field_of(r), "min_gpu_memory_gb");
+        let mut r = req();
+        r.gpu_models = vec![" ".into()];
+        assert_eq!(field_of(r), "gpu_models");
+        let mut r = req();
+        r.lab = Some("Vision Lab".into());
+        assert_eq!(field_of(r), "lab");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_in_json_and_toml() {
+        let e = serde_json::from_str::<JobRequest>(
+            r#"{"image":"x","gpus":1,"time_limit_minutes":1,"gpu":2}"#,
+        );
+        assert!(e.unwrap_err().to_string().contains("unknown field `gpu`"));
+        let e = toml::from_str::<JobRequest>(
+            "image = \"x\"\ngpus = 1\ntime_limit_minutes = 1\ntime = \"2h\"\n",
+        );
+        assert!(e.unwrap_err().to_string().contains("unknown field `time`"));
+        let ok: JobRequest = toml::from_str(
+            "image = \"x\"\ngpus = 2\ntime_limit_minutes = 60\nkind = \"interactive\"\n[env]\nA = \"1\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok.kind, JobKind::Interactive);
+        assert_eq!(ok.env["A"], "1");
+    }
+}

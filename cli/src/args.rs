@@ -1,0 +1,249 @@
+//! The command line, as clap reads it. Names and flags here are an interface that
+//! scripts rely on (see the README's "Command-line client"): add freely, rename never.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// The GPU Commons command-line client: submit container jobs to the campus's shared
+/// GPUs, watch them, read their output, SSH into them.
+#[derive(Debug, Parser)]
+#[command(name = "commons", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Sign in to a portal: through the browser (the default), or with a personal access token.
+    Login(LoginArgs),
+    /// Forget the stored credential.
+    Logout,
+    /// Who you are: your labs, roles, quotas and what you use of them now.
+    Whoami(JsonFlag),
+    /// Submit a job from the command line: `commons run IMAGE -- CMD ...`.
+    Run(RunArgs),
+    /// Submit a job file (TOML, the API's fields; unknown keys are refused).
+    Submit(SubmitArgs),
+    /// Your jobs (newest first), with state, server, GPUs and why a job waits.
+    Ls(LsArgs),
+    /// One job in full.
+    Show(IdJson),
+    /// A job's output; `-f` follows it until the job ends.
+    Logs(LogsArgs),
+    /// A job's state history.
+    Events(IdJson),
+    /// Cancel jobs.
+    Cancel(CancelArgs),
+    /// Open a shell in a running job (or run CMD there) through the portal's SSH gateway.
+    Ssh(SshArgs),
+    /// Print the block for ~/.ssh/config (`ssh job-42@gpu-commons`, VS Code Remote-SSH).
+    SshConfig(SshConfigArgs),
+    /// Forward a running job's Jupyter port to this computer and print the URL.
+    Notebook(NotebookArgs),
+    /// Your SSH public keys, which the gateway accepts for your jobs.
+    #[command(subcommand)]
+    SshKey(SshKeyCommand),
+    /// The campus's servers: their GPUs, owner lab and what they lend.
+    Nodes(JsonFlag),
+    /// GPU-hours by week: yours, or a whole lab's (its admins).
+    Usage(UsageArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
+    /// Write man pages (one per command) into a directory.
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct JsonFlag {
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LoginArgs {
+    /// The portal's URL, e.g. https://gpu.campus.edu
+    pub url: String,
+    /// A personal access token (made on the portal's Tokens page), instead of the browser.
+    /// `-` reads it from standard input.
+    #[arg(long)]
+    pub token: Option<String>,
+    /// Do not try to open a browser; print the URL to open instead.
+    #[arg(long)]
+    pub no_browser: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The container image (from the portal's allow-list).
+    pub image: String,
+    /// GPUs, all on one server.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: i64,
+    /// Acceptable GPU model (repeat for several), e.g. --gpu-model A100-80GB.
+    #[arg(long = "gpu-model", value_name = "MODEL")]
+    pub gpu_models: Vec<String>,
+    /// Least memory per GPU, in GB.
+    #[arg(long, value_name = "GB")]
+    pub gpu_memory: Option<f64>,
+    /// The time limit: 90, 90m, 2h, 1h30m, 3d (a bare number is minutes).
+    #[arg(long, default_value = "1h", value_name = "DURATION")]
+    pub time: String,
+    /// The lab to charge (needed when you are in several).
+    #[arg(long, value_name = "SLUG")]
+    pub lab: Option<String>,
+    /// An environment variable (repeat for several).
+    #[arg(long, short = 'e', value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// CPUs.
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Memory in GB.
+    #[arg(long, value_name = "GB")]
+    pub memory: Option<f64>,
+    /// An interactive job: kept up for you to SSH into (no command needed).
+    #[arg(long)]
+    pub interactive: bool,
+    /// Snapshot /checkpoint every this many minutes.
+    #[arg(long, value_name = "MINUTES")]
+    pub checkpoint_minutes: Option<i64>,
+    #[command(flatten)]
+    pub submit: SubmitFlags,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SubmitFlags {
+    /// Stream the state changes and then the output until the job ends; exit with the
+    /// job's exit code.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Print the new job as the API's JSON.
+    #[arg(long, conflicts_with = "follow")]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The job file (TOML); `-` reads standard input.
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub submit: SubmitFlags,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Every job of your lab (lab admins); with several labs, name one with --lab.
+    #[arg(long)]
+    pub all: bool,
+    /// The lab for --all.
+    #[arg(long, value_name = "SLUG", requires = "all")]
+    pub lab: Option<String>,
+    /// Only jobs in these states (comma-separated): queued,running,...
+    #[arg(long, value_delimiter = ',')]
+    pub state: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct IdJson {
+    /// The job's id.
+    pub id: i64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    pub id: i64,
+    /// Follow the output until the job ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The jobs to cancel.
+    #[arg(required = true)]
+    pub ids: Vec<i64>,
+}
+
+#[derive(Debug, Args)]
+pub struct SshArgs {
+    pub id: i64,
+    /// Extra options for ssh (repeat), e.g. -o ServerAliveInterval=30.
+    #[arg(short = 'o', value_name = "OPTION")]
+    pub options: Vec<String>,
+    /// A command to run instead of a shell, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SshConfigArgs {
+    /// Also a block naming this job (`ssh commons-job-ID`).
+    pub id: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+pub struct NotebookArgs {
+    pub id: i64,
+    /// The port Jupyter listens on inside the job.
+    #[arg(long, default_value_t = 8888)]
+    pub port: u16,
+    /// The port on this computer (default: the same, or a free one).
+    #[arg(long)]
+    pub local_port: Option<u16>,
+    /// Extra options for ssh (repeat), e.g. -o IdentityFile=~/.ssh/campus.
+    #[arg(short = 'o', value_name = "OPTION")]
+    pub options: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SshKeyCommand {
+    /// List your keys.
+    Ls(JsonFlag),
+    /// Add a public key (a file such as ~/.ssh/id_ed25519.pub).
+    Add {
+        file: PathBuf,
+        /// A name for it (default: the key's comment).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Remove a key by its id.
+    Rm { id: i64 },
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// A whole lab's usage (its admins).
+    #[arg(long, value_name = "SLUG")]
+    pub lab: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+    Elvish,
+    Powershell,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    pub shell: Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Where to write commons.1, commons-run.1, ...
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+}

@@ -1,0 +1,316 @@
+//! Who you are and what there is: `whoami`, `nodes`, `usage`.
+
+use crate::args::{JsonFlag, UsageArgs};
+use crate::client::Client;
+use crate::error::{CliError, Result};
+use crate::output::{self, Cell};
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Quota {
+    max_gpus: Option<u32>,
+    max_gpu_hours: Option<f64>,
+    max_time_limit_minutes: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct LabAccount {
+    slug: String,
+    role: String,
+    quota: Quota,
+    gpus_in_use: u32,
+    running_jobs: u32,
+    queued_jobs: u32,
+    gpu_hours_in_period: f64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Account {
+    username: String,
+    email: String,
+    name: String,
+    operator: bool,
+    quota_period_days: i64,
+    labs: Vec<LabAccount>,
+}
+
+fn of_limit<T: std::fmt::Display>(used: String, limit: Option<T>) -> String {
+    match limit {
+        Some(l) => format!("{used} / {l}"),
+        None => format!("{used} (no limit)"),
+    }
+}
+
+pub fn whoami(a: JsonFlag) -> Result<u8> {
+    let client = Client::signed_in()?;
+    let v: Value = client.get("/api/v1/me")?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(0);
+    }
+    let me: Account = serde_json::from_value(v).unwrap_or_default();
+    let name = if me.name.is_empty() || me.name == me.username {
+        String::new()
+    } else {
+        format!(" ({})", me.name)
+    };
+    println!(
+        "{}{name} <{}> on {}{}",
+        me.username,
+        me.email,
+        client.url,
+        if me.operator { ", operator" } else { "" }
+    );
+    if me.labs.is_empty() {
+        println!("not a member of any lab yet: ask a lab admin to add you");
+        return Ok(0);
+    }
+    let period = format!("GPU-HOURS ({} DAYS)", me.quota_period_days);
+    let rows = me
+        .labs
+        .iter()
+        .map(|l| {
+            vec![
+                Cell::from(l.slug.as_str()),
+                l.role.as_str().into(),
+                of_limit(l.gpus_in_use.to_string(), l.quota.max_gpus).into(),
+                of_limit(
+                    format!("{:.1}", l.gpu_hours_in_period),
+                    l.quota.max_gpu_hours,
+                )
+                .into(),
+                l.quota
+                    .max_time_limit_minutes
+                    .map(|m| output::duration(m * 60))
+                    .unwrap_or_else(|| "30d (campus)".into())
+                    .into(),
+                format!("{} running, {} queued", l.running_jobs, l.queued_jobs).into(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        output::table(
+            &["LAB", "ROLE", "GPUS", &period, "LONGEST JOB", "JOBS"],
+            rows,
+            output::colour_stdout()
+        )
+    );
+    Ok(0)
+}
+
+/// The one lab the caller administers (for `ls --all` without `--lab`).
+pub fn only_admin_lab(client: &Client) -> Result<String> {
+    let me: Account = client.get("/api/v1/me")?;
+    let admin: Vec<&str> = me
+        .labs
+        .iter()
+        .filter(|l| l.role == "admin")
+        .map(|l| l.slug.as_str())
+        .collect();
+    match admin.as_slice() {
+        [one] => Ok(one.to_string()),
+        [] if me.operator => Err(CliError::Usage(
+            "name the lab with --lab SLUG (operators see every lab's jobs)".into(),
+        )),
+        [] => Err(CliError::Forbidden(
+            "--all lists a lab's jobs for its admins, and you administer no lab".into(),
+        )),
+        many => Err(CliError::Usage(format!(
+            "you administer several labs ({}): name one with --lab",
+            many.join(", ")
+        ))),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct NodeGpu {
+    model: String,
+    present: bool,
+    local_use: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Lending {
+    mode: String,
+    max_lent_gpus: Option<u32>,
+    max_guest_time_limit_s: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Node {
+    id: i64,
+    name: String,
+    lab: String,
+    online: bool,
+    draining: bool,
+    reclaim: bool,
+    gpus: Vec<NodeGpu>,
+    lending: Lending,
+}
+
+pub fn nodes(a: JsonFlag) -> Result<u8> {
+    let client = Client::signed_in()?;
+    let v: Value = client.get("/api/v1/nodes")?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(0);
+    }
+    let nodes: Vec<Node> = serde_json::from_value(v).unwrap_or_default();
+    if nodes.is_empty() {
+        eprintln!("no servers enrolled yet");
+        return Ok(0);
+    }
+    let rows = nodes
+        .iter()
+        .map(|n| {
+            let state = match (n.online, n.draining) {
+                (false, _) => "offline",
+                (true, true) => "draining",
+                (true, false) => "online",
+            };
+            let mut models: Vec<(String, usize)> = Vec::new();
+            for g in n.gpus.iter().filter(|g| g.present) {
+                let label = g.model.clone();
+                match models.iter_mut().find(|(m, _)| *m == label) {
+                    Some((_, c)) => *c += 1,
+                    None => models.push((label, 1)),
+                }
+            }
+            let gpus = models
+                .iter()
+                .map(|(m, c)| format!("{c}x {m}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let owner_use = n.gpus.iter().filter(|g| g.local_use).count();
+            let mut lends = match n.lending.mode.as_str() {
+                "" => "?".to_string(),
+                m => m.to_string(),
+            };
+            if let Some(max) = n.lending.max_lent_gpus {
+                lends.push_str(&format!(", at most {max} GPUs"));
+            }
+            if let Some(s) = n.lending.max_guest_time_limit_s {
+                lends.push_str(&format!(", guest jobs <= {}", output::duration(s)));
+            }
+            if n.reclaim {
+                lends.push_str(", reclaiming");
+            }
+            let state_cell = Cell {
+                text: state.to_string(),
+                state: Some(if n.online { "running" } else { "cancelled" }.to_string()),
+            };
+            vec![
+                n.id.to_string().into(),
+                n.name.as_str().into(),
+                n.lab.as_str().into(),
+                state_cell,
+                gpus.into(),
+                if owner_use > 0 {
+                    format!("{owner_use} in local use")
+                } else {
+                    String::new()
+                }
+                .into(),
+                lends.into(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        output::table(
+            &["ID", "NAME", "LAB", "STATE", "GPUS", "OWNER USE", "LENDS"],
+            rows,
+            output::colour_stdout()
+        )
+    );
+    Ok(0)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Week {
+    used: f64,
+    borrowed: f64,
+    lent: f64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Member {
+    username: String,
+    gpu_hours: Vec<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct LabUsage {
+    lab: String,
+    week_starts: Vec<String>,
+    weeks: Option<Vec<Week>>,
+    members: Vec<Member>,
+}
+
+pub fn usage(a: UsageArgs) -> Result<u8> {
+    let client = Client::signed_in()?;
+    let path = match &a.lab {
+        Some(l) => {
+            commons_api::rules::slug("lab", l)?;
+            format!("/api/v1/usage?lab={l}")
+        }
+        None => "/api/v1/usage".to_string(),
+    };
+    let v: Value = client.get(&path)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(0);
+    }
+    let labs: Vec<LabUsage> = serde_json::from_value(v).unwrap_or_default();
+    let colour = output::colour_stdout();
+    for (i, l) in labs.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        println!(
+            "lab {}: GPU-hours by week (Monday, UTC), newest first",
+            l.lab
+        );
+        let mut headers = vec!["WEEK"];
+        if l.weeks.is_some() {
+            headers.extend(["USED", "BORROWED", "LENT"]);
+        }
+        let names: Vec<&str> = l.members.iter().map(|m| m.username.as_str()).collect();
+        headers.extend(names.iter().copied());
+        let rows = l
+            .week_starts
+            .iter()
+            .enumerate()
+            .map(|(w, start)| {
+                let mut row: Vec<Cell> = vec![start.as_str().into()];
+                if let Some(weeks) = &l.weeks {
+                    let wk = weeks.get(w);
+                    for x in [
+                        wk.map(|k| k.used),
+                        wk.map(|k| k.borrowed),
+                        wk.map(|k| k.lent),
+                    ] {
+                        row.push(format!("{:.2}", x.unwrap_or(0.0)).into());
+                    }
+                }
+                for m in &l.members {
+                    row.push(format!("{:.2}", m.gpu_hours.get(w).copied().unwrap_or(0.0)).into());
+                }
+                row
+            })
+            .collect();
+        print!("{}", output::table(&headers, rows, colour));
+    }
+    Ok(0)
+}

@@ -1,0 +1,470 @@
+//! Jobs: `run` and `submit` (checked with the portal's own rules before sending), `ls`,
+//! `show`, `events`, `cancel`. Following a job is in `follow.rs`.
+
+use crate::args::{CancelArgs, IdJson, LsArgs, RunArgs, SubmitArgs, SubmitFlags};
+use crate::client::Client;
+use crate::error::{CliError, Result};
+use crate::follow;
+use crate::output::{self, Cell};
+use commons_api::{JobKind, JobRequest};
+use serde::Deserialize;
+use serde_json::Value;
+use std::io::Read;
+
+/// A job as the API shows it (what this client reads of it; `--json` prints all).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Job {
+    pub id: i64,
+    pub state: String,
+    pub reason: Option<String>,
+    pub queue_position: Option<i32>,
+    pub node: Option<String>,
+    pub gpus: Option<Vec<Gpu>>,
+    pub exit_code: Option<i64>,
+    pub attempts: i32,
+    pub image: String,
+    pub command: Vec<String>,
+    pub gpus_requested: i32,
+    pub gpu_models: Vec<String>,
+    pub time_limit_minutes: i64,
+    pub kind: String,
+    pub lab: String,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub last_checkpoint_at: Option<String>,
+    pub time_left_s: Option<i64>,
+    /// Whose job (lab listings only).
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Gpu {
+    pub uuid: String,
+    pub index: i32,
+    pub model: String,
+}
+
+impl Job {
+    pub fn is_final(&self) -> bool {
+        matches!(self.state.as_str(), "succeeded" | "failed" | "cancelled")
+    }
+
+    /// What `ls` says beside the state: why it waits, time left, how it ended.
+    fn info(&self) -> String {
+        match self.state.as_str() {
+            "queued" => {
+                let pos = self
+                    .queue_position
+                    .map(|p| format!("#{p} in queue"))
+                    .unwrap_or_default();
+                match (&self.reason, pos.is_empty()) {
+                    (Some(r), false) => format!("{r} ({pos})"),
+                    (Some(r), true) => r.clone(),
+                    (None, _) => pos,
+                }
+            }
+            "running" | "preempting" => self
+                .time_left_s
+                .map(|s| format!("{} left", output::duration(s)))
+                .unwrap_or_default(),
+            "failed" => match (self.exit_code, &self.reason) {
+                (Some(c), _) => format!("exit code {c}"),
+                (None, Some(r)) => r.clone(),
+                (None, None) => String::new(),
+            },
+            "cancelled" => self.reason.clone().unwrap_or_default(),
+            _ => String::new(),
+        }
+    }
+
+    fn gpu_text(&self) -> String {
+        match &self.gpus {
+            Some(g) if !g.is_empty() && !self.is_final() => {
+                let idx: Vec<String> = g.iter().map(|g| g.index.to_string()).collect();
+                format!("{}x {} [{}]", g.len(), g[0].model, idx.join(","))
+            }
+            _ => {
+                let models = if self.gpu_models.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", self.gpu_models.join("|"))
+                };
+                format!("{}{models}", self.gpus_requested)
+            }
+        }
+    }
+}
+
+/// A job's exit status as this program's: the job's own exit code, 0 for success, and
+/// 125 for a job that ended without one (cancelled, could not start).
+pub fn exit_status(job: &Job) -> u8 {
+    match (job.state.as_str(), job.exit_code) {
+        ("succeeded", _) => 0,
+        ("failed", Some(c)) => match c.rem_euclid(256) {
+            0 => 1,
+            n => n as u8,
+        },
+        _ => crate::error::exit::NO_EXIT_CODE,
+    }
+}
+
+/// `KEY=VALUE` pairs into a map; a pair without `=` names the field `env`.
+fn env_pairs(pairs: &[String]) -> Result<std::collections::BTreeMap<String, String>> {
+    pairs
+        .iter()
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| CliError::Invalid {
+                    field: "env".into(),
+                    message: format!("{p:?} is not KEY=VALUE (--env)"),
+                })
+        })
+        .collect()
+}
+
+/// The request `commons run` makes of its flags.
+pub fn run_request(a: &RunArgs) -> Result<JobRequest> {
+    let mut req = JobRequest::new(&a.image, a.gpus, output::parse_minutes(&a.time)?);
+    req.command = a.command.clone();
+    req.env = env_pairs(&a.env)?;
+    req.gpu_models = a.gpu_models.clone();
+    req.min_gpu_memory_gb = a.gpu_memory;
+    req.cpus = a.cpus;
+    req.memory_gb = a.memory;
+    req.lab = a.lab.clone();
+    req.checkpoint_minutes = a.checkpoint_minutes;
+    req.kind = if a.interactive {
+        JobKind::Interactive
+    } else {
+        JobKind::Batch
+    };
+    Ok(req)
+}
+
+/// Reads a job file (TOML, the API's fields; unknown keys refused), naming the line and
+/// the key at fault.
+pub fn read_job_file(name: &str, text: &str) -> Result<JobRequest> {
+    toml::from_str(text).map_err(|e| {
+        let mut place = String::new();
+        if let Some(span) = e.span() {
+            let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or_default();
+            place = format!(" line {line_no}");
+            if let Some((key, _)) = line.split_once('=') {
+                let key = key.trim();
+                if !key.is_empty() && !e.message().contains(&format!("`{key}`")) {
+                    place.push_str(&format!(" ({key})"));
+                }
+            }
+        }
+        CliError::Usage(format!("{name}{place}: {}", e.message().trim()))
+    })
+}
+
+fn submit_request(client: &Client, req: &JobRequest, flags: &SubmitFlags) -> Result<u8> {
+    // The portal's own rules, before anything is sent.
+    commons_api::job::check(req)?;
+    let created: Value = client.post("/api/v1/jobs", req)?;
+    let job: Job = serde_json::from_value(created.clone()).unwrap_or_default();
+    if flags.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&created).unwrap_or_default()
+        );
+        return Ok(0);
+    }
+    if flags.follow {
+        eprintln!(
+            "job {} submitted; Ctrl-C stops following (the job keeps running; `commons cancel {}` stops it)",
+            job.id, job.id
+        );
+        let end = follow::follow(client, job.id, true)?;
+        return Ok(exit_status(&end));
+    }
+    eprintln!("job {} submitted ({})", job.id, job.state);
+    println!("{}", job.id);
+    Ok(0)
+}
+
+pub fn run(a: RunArgs) -> Result<u8> {
+    let req = run_request(&a)?;
+    commons_api::job::check(&req)?;
+    let client = Client::signed_in()?;
+    submit_request(&client, &req, &a.submit)
+}
+
+pub fn submit(a: SubmitArgs) -> Result<u8> {
+    let (name, text) = if a.file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).map_err(|e| {
+            CliError::Usage(format!("cannot read the job from standard input: {e}"))
+        })?;
+        ("standard input".to_string(), s)
+    } else {
+        let name = a.file.display().to_string();
+        let text = std::fs::read_to_string(&a.file)
+            .map_err(|e| CliError::Usage(format!("cannot read {name}: {e}")))?;
+        (name, text)
+    };
+    let req = read_job_file(&name, &text)?;
+    commons_api::job::check(&req)?;
+    let client = Client::signed_in()?;
+    submit_request(&client, &req, &a.submit)
+}
+
+pub fn ls(a: LsArgs) -> Result<u8> {
+    let client = Client::signed_in()?;
+    let path = if a.all {
+        let lab = match a.lab {
+            Some(l) => l,
+            None => crate::info::only_admin_lab(&client)?,
+        };
+        commons_api::rules::slug("lab", &lab)?;
+        format!("/api/v1/jobs?lab={lab}")
+    } else {
+        "/api/v1/jobs".to_string()
+    };
+    let all: Vec<Value> = client.get(&path)?;
+    let shown: Vec<Value> = all
+        .into_iter()
+        .filter(|j| {
+            a.state.is_empty()
+                || a.state
+                    .iter()
+                    .any(|s| j["state"].as_str() == Some(s.as_str()))
+        })
+        .collect();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&shown).unwrap_or_default()
+        );
+        return Ok(0);
+    }
+    if shown.is_empty() {
+        eprintln!("no jobs");
+        return Ok(0);
+    }
+    let colour = output::colour_stdout();
+    let mut headers = vec!["ID"];
+    if a.all {
+        headers.push("USER");
+    }
+    headers.extend(["STATE", "AGE", "IMAGE", "GPUS", "NODE", "LAB", "INFO"]);
+    let rows = shown
+        .into_iter()
+        .map(|v| {
+            let j: Job = serde_json::from_value(v).unwrap_or_default();
+            let mut row: Vec<Cell> = vec![j.id.to_string().into()];
+            if a.all {
+                row.push(j.user.clone().unwrap_or_default().into());
+            }
+            row.extend([
+                Cell::state(&j.state),
+                output::ago(&j.created_at).trim_end_matches(" ago").into(),
+                j.image.as_str().into(),
+                j.gpu_text().into(),
+                j.node.clone().unwrap_or_default().into(),
+                j.lab.as_str().into(),
+                j.info().into(),
+            ]);
+            row
+        })
+        .collect();
+    print!("{}", output::table(&headers, rows, colour));
+    Ok(0)
+}
+
+pub fn show(a: IdJson) -> Result<u8> {
+    let client = Client::signed_in()?;
+    let v: Value = client.get(&format!("/api/v1/jobs/{}", a.id))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(0);
+    }
+    let j: Job = serde_json::from_value(v).unwrap_or_default();
+    let colour = output::colour_stdout();
+    let mut lines: Vec<(&str, String)> = vec![
+        ("job", j.id.to_string()),
+        ("state", output::paint_state(&j.state, &j.state, colour)),
+    ];
+    if let Some(r) = &j.reason {
+        lines.push(("reason", r.clone()));
+    }
+    if let Some(p) = j.queue_position {
+        lines.push(("queue position", p.to_string()));
+    }
+    lines.push(("kind", j.kind.clone()));
+    lines.push(("image", j.image.clone()));
+    if !j.command.is_empty() {
+        lines.push(("command", shell_words(&j.command)));
+    }
+    lines.push(("lab", j.lab.clone()));
+    lines.push(("gpus", j.gpu_text()));
+    if let Some(n) = &j.node {
+        lines.push(("node", n.clone()));
+    }
+    lines.push(("time limit", output::duration(j.time_limit_minutes * 60)));
+    if let Some(s) = j.time_left_s {
+        lines.push(("time left", output::duration(s)));
+    }
+    lines.push(("attempts", j.attempts.to_string()));
+    if let Some(c) = j.exit_code {
+        lines.push(("exit code", c.to_string()));
+    }
+    lines.push(("submitted", output::when(&j.created_at)));
+    if let Some(t) = &j.started_at {
+        lines.push(("started", output::when(t)));
+    }
+    if let Some(t) = &j.finished_at {
+        lines.push(("finished", output::when(t)));
+    }
+    if let Some(t) = &j.last_checkpoint_at {
+        lines.push(("last checkpoint", output::when(t)));
+    }
+    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in lines {
+        println!("{k:width$}  {v}");
+    }
+    Ok(0)
+}
+
+/// A command as a shell would need it typed.
+fn shell_words(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| {
+            if !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+            {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Event {
+    pub at: String,
+    pub state: String,
+    pub message: String,
+}
+
+pub fn events(a: IdJson) -> Result<u8> {
+    let client = Client::signed_in()?;
+    let v: Value = client.get(&format!("/api/v1/jobs/{}/events", a.id))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(0);
+    }
+    let events: Vec<Event> = serde_json::from_value(v).unwrap_or_default();
+    let colour = output::colour_stdout();
+    let rows = events
+        .into_iter()
+        .map(|e| {
+            vec![
+                output::when(&e.at).into(),
+                Cell::state(&e.state),
+                e.message.into(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        output::table(&["AT", "STATE", "MESSAGE"], rows, colour)
+    );
+    Ok(0)
+}
+
+pub fn cancel(a: CancelArgs) -> Result<u8> {
+    let client = Client::signed_in()?;
+    let mut worst: Option<CliError> = None;
+    for id in a.ids {
+        match client.post::<Job>(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({})) {
+            Ok(j) => println!("job {id} {}", j.state),
+            // One that cannot be cancelled does not stop the others.
+            Err(e @ (CliError::Api { .. } | CliError::Forbidden(_))) => {
+                eprintln!("commons: job {id}: {e}");
+                worst = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match worst {
+        Some(e) => Ok(e.exit_code()),
+        None => Ok(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_files_refuse_unknown_keys_and_name_the_key() {
+        let ok = read_job_file(
+            "job.toml",
+            "image = \"commons-demo:latest\"\ncommand = [\"sh\", \"-c\", \"echo hi\"]\ngpus = 1\ntime_limit_minutes = 10\n",
+        )
+        .unwrap();
+        assert_eq!(ok.gpus, 1);
+        let e = read_job_file(
+            "job.toml",
+            "image = \"x\"\ngpus = 1\ntime_limit_minutes = 1\ngpu = 2\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 4") && e.contains("unknown field `gpu`"),
+            "{e}"
+        );
+        let e = read_job_file(
+            "job.toml",
+            "image = \"x\"\ngpus = \"two\"\ntime_limit_minutes = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("line 2 (gpus)"), "{e}");
+        let e = read_job_file("job.toml", "image = \"x\"\ngpus = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("time_limit_minutes"), "{e}");
+    }
+
+    #[test]
+    fn exit_status_is_the_jobs() {
+        let j = |state: &str, code: Option<i64>| Job {
+            state: state.into(),
+            exit_code: code,
+            ..Default::default()
+        };
+        assert_eq!(exit_status(&j("succeeded", Some(0))), 0);
+        assert_eq!(exit_status(&j("failed", Some(3))), 3);
+        assert_eq!(exit_status(&j("failed", Some(256))), 1);
+        assert_eq!(exit_status(&j("failed", None)), 125);
+        assert_eq!(exit_status(&j("cancelled", None)), 125);
+    }
+
+    #[test]
+    fn env_pairs_need_an_equals_sign() {
+        assert_eq!(env_pairs(&["A=1=2".into()]).unwrap()["A"], "1=2");
+        assert!(
+            matches!(env_pairs(&["A".into()]), Err(CliError::Invalid { field, .. }) if field == "env")
+        );
+    }
+
+    #[test]
+    fn commands_are_quoted_for_a_shell() {
+        let w = vec!["sh".into(), "-c".into(), "echo 'hi' there".into()];
+        assert_eq!(shell_words(&w), r"sh -c 'echo '\''hi'\'' there'");
+    }
+}

@@ -1,0 +1,267 @@
+//! `commons login URL` through the browser (the device authorization grant): approved
+//! and denied over HTTP with the development login on both backends, and through the
+//! real campus SSO (LemonLDAP::NG) in headless Chromium.
+
+use crate::browser::Browser;
+use crate::cli::{refused, Cli};
+use crate::harness::{Backend, TestPortal, BACKENDS};
+use crate::web::{browser, hidden_csrf};
+use fantoccini::Locator;
+use serde_json::{json, Value};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// A `commons login URL` that runs on; `link` is the page it asked the user to open.
+struct PendingLogin {
+    child: tokio::process::Child,
+    link: String,
+    code: String,
+}
+
+async fn start_login(cli: &Cli, url: &str) -> PendingLogin {
+    let mut child = cli
+        .command(&["login", url, "--no-browser"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = String::new();
+    let link = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            said.push_str(&line);
+            said.push('\n');
+            if let Some(at) = line.find("http") {
+                return line[at..].split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("commons login printed no link: {said}")
+    })
+    .await
+    .expect("commons login prints a link within 30 s");
+    let code = link.rsplit_once("code=").unwrap().1.to_string();
+    // Keep reading stderr so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    PendingLogin { child, link, code }
+}
+
+async fn finish(p: PendingLogin) -> i32 {
+    let status = tokio::time::timeout(Duration::from_secs(30), p.child.wait_with_output())
+        .await
+        .expect("commons login ends after the decision")
+        .unwrap();
+    status.status.code().unwrap_or(-1)
+}
+
+/// Signs `user` in with the development login in a cookie-keeping HTTP client, starting
+/// from `link` (which sends a visitor without a session to the login and back).
+async fn approve_over_http(
+    p: &TestPortal,
+    link: &str,
+    user: &str,
+    decision: &str,
+) -> reqwest::Response {
+    let b = browser();
+    let r = b.get(link).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        r.headers()["location"],
+        "/login",
+        "a visitor is sent to the login first"
+    );
+    let login = b
+        .get(format!("{}/login", p.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let r = b
+        .post(format!("{}/login", p.url))
+        .form(&[("username", user), ("csrf", &hidden_csrf(&login))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let back = r.headers()["location"].to_str().unwrap().to_string();
+    assert!(
+        back.starts_with("/cli/device?code="),
+        "back to the approval page: {back}"
+    );
+    let page = b
+        .get(format!("{}{back}", p.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let code = back.rsplit_once('=').unwrap().1;
+    assert!(page.contains(code), "the page shows the code");
+    b.post(format!("{}/cli/device", p.url))
+        .form(&[
+            ("csrf", hidden_csrf(&page).as_str()),
+            ("user_code", code),
+            ("decision", decision),
+        ])
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_login_by_the_device_grant_approved_or_denied() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let cli = Cli::new();
+        let pending = start_login(&cli, &p.url).await;
+        assert!(pending
+            .link
+            .starts_with(&format!("{}/cli/device?code=", p.url)));
+        let link = pending.link.clone();
+        let code = pending.code.clone();
+        let r = approve_over_http(&p, &link, "alice", "approve").await;
+        assert_eq!(r.status(), 200);
+        assert!(r.text().await.unwrap().contains("Signed in"));
+        assert_eq!(finish(pending).await, 0, "[{backend:?}]");
+        let me: Value = serde_json::from_str(&cli.ok(&["whoami", "--json"]).await.stdout).unwrap();
+        assert_eq!(me["username"], "alice", "[{backend:?}]");
+        let stored = std::fs::read_to_string(cli.credentials()).unwrap();
+        assert!(
+            stored.contains("expires_at"),
+            "a browser sign-in's token expires: {stored}"
+        );
+        // The token is on alice's Tokens page (revocable), named after the computer.
+        let db = p.portal.state.db.clone();
+        let names: Vec<String> = db
+            .run_blocking(|c| {
+                let a = commons_portal::db::users::user_by_name(c, "alice")?.unwrap();
+                commons_portal::db::users::tokens_of(c, a.id)
+            })
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert!(
+            names.iter().any(|n| n.starts_with("commons CLI on")),
+            "{names:?}"
+        );
+
+        // The code is spent: approving it again is refused, and so is a replayed poll.
+        let b = browser();
+        let login = b
+            .get(format!("{}/login", p.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        b.post(format!("{}/login", p.url))
+            .form(&[("username", "bob"), ("csrf", &hidden_csrf(&login))])
+            .send()
+            .await
+            .unwrap();
+        let page = b.get(&link).send().await.unwrap().text().await.unwrap();
+        assert!(page.contains("already approved or denied"), "{page}");
+        let r = b
+            .post(format!("{}/cli/device", p.url))
+            .form(&[
+                ("csrf", hidden_csrf(&page).as_str()),
+                ("user_code", code.as_str()),
+                ("decision", "approve"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 409);
+        let r = p
+            .http
+            .post(format!("{}/api/v1/cli/token", p.url))
+            .json(&json!({"device_code": "gcd_0000"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        assert_eq!(r.json::<Value>().await.unwrap()["error"], "invalid_grant");
+
+        // Denied in the browser: the CLI says so in one line and stores nothing.
+        let other = Cli::new();
+        let pending = start_login(&other, &p.url).await;
+        let link = pending.link.clone();
+        let r = approve_over_http(&p, &link, "bob", "deny").await;
+        assert!(r.text().await.unwrap().contains("Denied"));
+        assert_eq!(finish(pending).await, 5, "[{backend:?}] denied");
+        assert!(!other.credentials().exists());
+
+        // Unknown fields and a bad code are refused.
+        let r = p
+            .http
+            .post(format!("{}/api/v1/cli/device", p.url))
+            .json(&json!({"client": "x"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 422);
+        p.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_login_through_campus_sso_in_a_browser() {
+    let (p, _provider) = crate::sso::sso(Backend::Sqlite, false).await;
+    let cli = Cli::new();
+    let pending = start_login(&cli, &p.url).await;
+    let b = Browser::start().await;
+    // Not signed in to the portal: the link leads through the campus login and back.
+    b.client.goto(&pending.link).await.unwrap();
+    b.client
+        .find(Locator::Id("sso-login"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.login_at_provider("dana", "dana-pw").await;
+    let code = match b
+        .client
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("cli-code"))
+        .await
+    {
+        Ok(e) => e,
+        Err(e) => panic!(
+            "no approval page ({e}) at {}: {}",
+            b.url().await,
+            b.page_text().await
+        ),
+    };
+    assert_eq!(code.text().await.unwrap(), pending.code);
+    b.client
+        .find(Locator::Id("cli-approve"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.client
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("cli-done"))
+        .await
+        .unwrap();
+    assert_eq!(finish(pending).await, 0);
+    let me: Value = serde_json::from_str(&cli.ok(&["whoami", "--json"]).await.stdout).unwrap();
+    assert_eq!(me["username"], "dana");
+    assert_eq!(
+        me["labs"][0]["slug"], "vision",
+        "the groups claim made dana a member"
+    );
+    // Without SSO or a token nothing else gets in.
+    refused(&Cli::new(), &["whoami"], 4, "not signed in").await;
+    b.close().await;
+    p.stop().await;
+}
