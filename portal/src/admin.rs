@@ -49,6 +49,17 @@ pub fn api_token(db: &Db, username: &str) -> anyhow::Result<String> {
     .map_err(plain)
 }
 
+/// Ends every browser session of `username`; says how many were live.
+pub fn sign_out(db: &Db, username: &str) -> anyhow::Result<String> {
+    db.run_blocking(|c| {
+        let user = users::user_by_name(c, username)?
+            .ok_or_else(|| AppError::invalid("USERNAME", format!("no user {username:?}")))?;
+        let n = crate::db::web_sessions::delete_for_user(c, user.id)?;
+        Ok::<_, AppError>(format!("ended {n} browser session(s) of {username}"))
+    })
+    .map_err(plain)
+}
+
 pub fn enrol_token(db: &Db, slug: &str) -> anyhow::Result<String> {
     db.run_blocking(|c| {
         let lab = users::lab_by_slug(c, slug)?;

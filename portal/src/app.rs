@@ -4,7 +4,7 @@ use crate::config::Config;
 use crate::db::Db;
 use crate::state::AppState;
 use actix_session::config::{CookieContentSecurity, PersistentSession, TtlExtensionPolicy};
-use actix_session::{storage::CookieSessionStore, SessionMiddleware};
+use actix_session::SessionMiddleware;
 use actix_web::cookie::{Key, SameSite};
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context;
@@ -116,6 +116,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         config: Arc::new(config.clone()),
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
     };
+    let sessions = crate::auth::store::DbSessionStore::new(state.db.clone());
     let data = web::Data::new(state.clone());
     let hsts = state
         .config
@@ -139,7 +140,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             // Inside the session middleware, so it can read the session.
             .wrap(actix_web::middleware::from_fn(crate::web::error_pages))
             .wrap(
-                SessionMiddleware::builder(CookieSessionStore::default(), key.clone())
+                SessionMiddleware::builder(sessions.clone(), key.clone())
                     .cookie_name("commons_session".into())
                     .cookie_secure(secure_cookies)
                     .cookie_http_only(true)

@@ -89,6 +89,9 @@ enum AdminCmd {
     ApiToken { username: String },
     /// Prints a one-time agent enrolment token for a lab.
     EnrolToken { slug: String },
+    /// Ends every browser session of a user, on every replica (a lost laptop, a copied
+    /// cookie); their personal access tokens are not touched.
+    SignOut { username: String },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -124,6 +127,7 @@ fn main() -> anyhow::Result<()> {
                 )?,
                 AdminCmd::ApiToken { username } => admin::api_token(&db, &username)?,
                 AdminCmd::EnrolToken { slug } => admin::enrol_token(&db, &slug)?,
+                AdminCmd::SignOut { username } => admin::sign_out(&db, &username)?,
             };
             println!("{out}");
             Ok(())

@@ -11,7 +11,8 @@ use serde::Deserialize;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/me", web::get().to(me))
-        .route("/usage", web::get().to(usage));
+        .route("/usage", web::get().to(usage))
+        .route("/users/{username}/sign-out", web::post().to(sign_out));
 }
 
 async fn me(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpResponse, ApiError> {
@@ -37,4 +38,15 @@ async fn usage(
 ) -> Result<HttpResponse, ApiError> {
     let view = account::usage(&state, &user, query.into_inner().lab).await?;
     Ok(HttpResponse::Ok().json(view))
+}
+
+/// `POST /api/v1/users/{username}/sign-out`: ends every browser session of the user (the
+/// caller's own, or anyone's for an operator) -> `{sessions_ended}`.
+async fn sign_out(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let n = crate::service::sessions::sign_out_everywhere(&state, &user, &path).await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "sessions_ended": n })))
 }

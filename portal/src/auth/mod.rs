@@ -8,6 +8,7 @@
 //! without the check.
 
 pub mod oidc;
+pub mod store;
 
 use crate::error::{AppError, WebError};
 use crate::service::Actor;
@@ -19,7 +20,7 @@ use serde::Deserialize;
 use std::future::Future;
 use std::pin::Pin;
 
-const SESSION_USER: &str = "uid";
+pub(crate) const SESSION_USER: &str = "uid";
 const SESSION_CSRF: &str = "csrf";
 const SESSION_LOGIN_AT: &str = "login_at";
 

@@ -23,6 +23,7 @@ pub mod ssh_keys;
 pub mod types;
 pub mod usage;
 pub mod users;
+pub mod web_sessions;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;

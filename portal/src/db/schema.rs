@@ -242,6 +242,16 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    web_sessions (id_hash) {
+        id_hash -> Text,
+        user_id -> Nullable<BigInt>,
+        state -> Text,
+        created_at -> Timestamp,
+        expires_at -> Timestamp,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
 diesel::joinable!(api_tokens -> users (user_id));
@@ -274,4 +284,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     agent_mail,
     ssh_keys,
     cli_logins,
+    web_sessions,
 );

@@ -23,6 +23,7 @@ pub mod nodes;
 pub mod policy;
 pub mod relays;
 pub mod ssh;
+pub mod sessions;
 pub mod ssh_keys;
 #[cfg(test)]
 pub(crate) mod testkit;

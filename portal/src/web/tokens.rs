@@ -15,7 +15,8 @@ use serde::Deserialize;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/tokens", web::get().to(page))
         .route("/tokens", web::post().to(create))
-        .route("/tokens/{id}/revoke", web::post().to(revoke));
+        .route("/tokens/{id}/revoke", web::post().to(revoke))
+        .route("/sessions/sign-out-everywhere", web::post().to(sign_out_everywhere));
 }
 
 #[derive(Template, WebTemplate)]
@@ -23,6 +24,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 struct TokensPage {
     banner: Banner,
     tokens: Vec<TokenInfo>,
+    /// The user's live browser sessions (this one included).
+    sessions: i64,
     /// A token just made: shown this once.
     new_secret: Option<String>,
     error: Option<String>,
@@ -37,10 +40,19 @@ async fn render(
 ) -> Result<TokensPage, WebError> {
     let banner = Banner::new(state, session, Some(&user));
     let id = user.user.id;
-    let tokens = state.db.run(move |c| users::tokens_of(c, id)).await?;
+    let (tokens, sessions) = state
+        .db
+        .run(move |c| {
+            Ok::<_, AppError>((
+                users::tokens_of(c, id)?,
+                crate::db::web_sessions::count_for_user(c, id)?,
+            ))
+        })
+        .await?;
     Ok(TokensPage {
         banner,
         tokens,
+        sessions,
         new_secret,
         error,
     })
@@ -118,5 +130,20 @@ async fn revoke(
         .await?;
     Ok(HttpResponse::SeeOther()
         .insert_header(("location", "/tokens"))
+        .finish())
+}
+
+/// Ends every browser session of the user, this one included (a cookie copied from any
+/// of them is worth nothing afterwards), and goes to the login page.
+async fn sign_out_everywhere(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    _form: CsrfForm<NoFields>,
+) -> Result<HttpResponse, WebError> {
+    crate::service::sessions::sign_out_everywhere(&state, &user, &user.user.username).await?;
+    crate::auth::log_out(&session);
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("location", "/login"))
         .finish())
 }

@@ -22,6 +22,7 @@ mod oidc_provider;
 mod policy;
 mod provider_smoke;
 mod security;
+mod sessions;
 mod ssh;
 mod ssh_keys;
 mod sso;
