@@ -21,6 +21,9 @@ pub struct Identity {
     pub subject: String,
     pub username: String,
     pub email: String,
+    /// The provider vouches for the e-mail (`email_verified`); only then may the login
+    /// take over an account the operators made by hand for that address.
+    pub email_verified: bool,
     pub name: String,
     pub groups: Vec<String>,
     /// For RP-initiated logout.

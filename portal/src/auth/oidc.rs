@@ -207,6 +207,7 @@ impl Oidc {
         let verifier = client.id_token_verifier();
         let claims = verify_id_token(id_token, &verifier, &pending.nonce)?;
         let mut email = claims.email().map(|e| e.as_str().to_string());
+        let mut email_verified = claims.email_verified();
         let mut name = claims
             .name()
             .and_then(|n| n.get(None))
@@ -223,7 +224,10 @@ impl Oidc {
                     .await
                 {
                     Ok(info) => {
-                        email = email.or(info.email().map(|e| e.as_str().to_string()));
+                        if email.is_none() {
+                            email = info.email().map(|e| e.as_str().to_string());
+                            email_verified = info.email_verified();
+                        }
                         name = name.or(info
                             .name()
                             .and_then(|n| n.get(None))
@@ -251,6 +255,7 @@ impl Oidc {
             name: name.unwrap_or_else(|| username.clone()),
             username,
             email,
+            email_verified: email_verified.unwrap_or(false),
             groups: groups.unwrap_or_default(),
             id_token: id_token.to_string(),
         })

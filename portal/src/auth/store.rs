@@ -116,7 +116,9 @@ impl SessionStore for DbSessionStore {
         // An anonymous session keeps its shorter life: touch never lengthens it past
         // what `save` gave.
         self.db
-            .run(move |c| web_sessions::touch(c, &k, secs, secs.min(ANONYMOUS_TTL_S), TOUCH_SLACK_S))
+            .run(move |c| {
+                web_sessions::touch(c, &k, secs, secs.min(ANONYMOUS_TTL_S), TOUCH_SLACK_S)
+            })
             .await
             .map_err(other)
     }

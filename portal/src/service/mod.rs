@@ -22,8 +22,8 @@ pub mod members;
 pub mod nodes;
 pub mod policy;
 pub mod relays;
-pub mod ssh;
 pub mod sessions;
+pub mod ssh;
 pub mod ssh_keys;
 #[cfg(test)]
 pub(crate) mod testkit;

@@ -16,7 +16,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/tokens", web::get().to(page))
         .route("/tokens", web::post().to(create))
         .route("/tokens/{id}/revoke", web::post().to(revoke))
-        .route("/sessions/sign-out-everywhere", web::post().to(sign_out_everywhere));
+        .route(
+            "/sessions/sign-out-everywhere",
+            web::post().to(sign_out_everywhere),
+        );
 }
 
 #[derive(Template, WebTemplate)]

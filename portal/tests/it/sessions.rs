@@ -132,18 +132,30 @@ async fn sign_out_everywhere_ends_every_session_of_the_user_and_no_other() {
 
         // Refusals first: a member for another user, an unknown user.
         let (s, body) = p
-            .post_json(&p.bob, "/api/v1/users/alice/sign-out", &serde_json::json!({}))
+            .post_json(
+                &p.bob,
+                "/api/v1/users/alice/sign-out",
+                &serde_json::json!({}),
+            )
             .await;
         assert_eq!(s, 403, "{backend:?}: {body}");
         let (s, body) = p
-            .post_json(&p.olga, "/api/v1/users/nobody/sign-out", &serde_json::json!({}))
+            .post_json(
+                &p.olga,
+                "/api/v1/users/nobody/sign-out",
+                &serde_json::json!({}),
+            )
             .await;
         assert_eq!(s, 404, "{backend:?}: {body}");
         assert_eq!(jobs_status(&p, &a1).await, 200, "{backend:?}: untouched");
 
         // The operator signs alice out everywhere.
         let (s, body) = p
-            .post_json(&p.olga, "/api/v1/users/alice/sign-out", &serde_json::json!({}))
+            .post_json(
+                &p.olga,
+                "/api/v1/users/alice/sign-out",
+                &serde_json::json!({}),
+            )
             .await;
         assert_eq!(s, 200, "{backend:?}: {body}");
         assert_eq!(body["sessions_ended"], 2, "{backend:?}: {body}");
@@ -202,8 +214,10 @@ async fn idle_and_absolute_expiry_are_the_servers() {
     assert_eq!(jobs_status(&p, &cookie).await, 200);
     sql(&p, |c| {
         diesel::update(web_sessions::table)
-            .set(web_sessions::expires_at.eq(chrono::Utc::now().naive_utc()
-                - chrono::Duration::seconds(1)))
+            .set(
+                web_sessions::expires_at
+                    .eq(chrono::Utc::now().naive_utc() - chrono::Duration::seconds(1)),
+            )
             .execute(c)
     })
     .await;
@@ -222,8 +236,7 @@ async fn idle_and_absolute_expiry_are_the_servers() {
     .await;
     assert_eq!(states.len(), 1);
     let (hash, state) = states[0].clone();
-    let mut map: std::collections::HashMap<String, String> =
-        serde_json::from_str(&state).unwrap();
+    let mut map: std::collections::HashMap<String, String> = serde_json::from_str(&state).unwrap();
     assert_eq!(jobs_status(&p, &cookie).await, 200, "fresh login");
     map.insert("login_at".into(), old.to_string());
     let state = serde_json::to_string(&map).unwrap();
@@ -236,7 +249,11 @@ async fn idle_and_absolute_expiry_are_the_servers() {
     assert_eq!(jobs_status(&p, &cookie).await, 303, "logged in 25 h ago");
 
     // A visitor who never signs in holds a row for at most an hour.
-    let r = plain().get(format!("{}/login", p.url)).send().await.unwrap();
+    let r = plain()
+        .get(format!("{}/login", p.url))
+        .send()
+        .await
+        .unwrap();
     assert!(r.headers().contains_key("set-cookie"));
     let anon: Vec<chrono::NaiveDateTime> = sql(&p, |c| {
         web_sessions::table
