@@ -12,6 +12,9 @@ mod cluster;
 mod console;
 mod failures;
 mod foundations;
+mod fuzz_http;
+#[path = "../fuzzkit.rs"]
+mod fuzzkit;
 mod harness;
 mod interactive;
 mod jobs;

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 /// Makes a key pair with `ssh-keygen`; returns (public line, private key file).
-fn keygen(dir: &Path, file: &str, args: &[&str]) -> (String, String) {
+pub(crate) fn keygen(dir: &Path, file: &str, args: &[&str]) -> (String, String) {
     let path = dir.join(file);
     let out = Command::new("ssh-keygen")
         .args(["-q", "-N", "", "-f"])

@@ -3,6 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cli;
+mod fuzz;
+#[path = "../../../portal/tests/fuzzkit.rs"]
+mod fuzzkit;
 mod interactive;
 mod invariants;
 mod mechanics;
