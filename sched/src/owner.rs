@@ -227,6 +227,9 @@ pub(crate) fn place_owner_jobs(
             Reason::WaitingForOwnJobs { node: name }
         };
         let r = round.wait(j, reason);
+        if offers[chosen].at < Time::MAX {
+            round.estimate(j, offers[chosen].at);
+        }
         if offers
             .iter()
             .all(|o| matches!(o.kind, Kind::Wait) && o.usable.is_empty())
