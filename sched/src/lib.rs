@@ -57,4 +57,4 @@ pub use plan::plan;
 pub(crate) use plan::Round;
 pub use policy::{GpuClassWeight, LendMode, Lending, Policy, WeeklyWindow, WEEK_MINUTES};
 pub use reason::{QuotaScope, Reason};
-pub use risk::WEEK_HOURS;
+pub use risk::{hour_of_week, smooth_return_rate, WEEK_HOURS};

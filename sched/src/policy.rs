@@ -35,7 +35,7 @@ pub struct Policy {
     pub gpu_class_weights: Vec<GpuClassWeight>,
     /// Place a guest where its node's owner is least likely to come back within the
     /// guest's time limit ([`crate::Node::owner_return_rate`]): nodes are compared by
-    /// that chance in tenths first, then by best fit.
+    /// the expected take-backs in tenths first, then by best fit.
     pub return_risk_placement: bool,
     /// Among an owner's possible victims, stop guests of labs that used more than their
     /// fair share (usage over share, see `fairshare`) before the others; inside each
@@ -48,6 +48,17 @@ pub struct Policy {
     /// Take-backs per hour from which the owner "tends to come back" (see
     /// [`Policy::relend_delay_s`]).
     pub relend_min_rate: f64,
+    /// An owner job that would preempt guests on its own nodes starts instead on free
+    /// GPUs of another lab's node, as a guest, when the chance that that node's owner
+    /// takes them back within its time limit is under 20 % (known return rates only).
+    /// Off by default: on the simulator's Philly campus it multiplied preemptions (the
+    /// moved owner jobs were taken back where they went, see the README).
+    pub owner_borrows_before_preempting: bool,
+    /// Patience: an owner job does not preempt guests when the lab's own jobs on one
+    /// of its nodes free enough GPUs within this many seconds (by their time limits);
+    /// it waits for them instead. 0 (the default) turns it off: on the simulator's
+    /// Philly campus it made owners wait longer than it saved (see the README).
+    pub owner_patience_s: i64,
 }
 
 impl Default for Policy {
@@ -63,8 +74,10 @@ impl Default for Policy {
             gpu_class_weights: Vec::new(),
             return_risk_placement: true,
             victims_over_share_first: true,
-            relend_delay_s: 600,
-            relend_min_rate: 0.05,
+            relend_delay_s: 3600,
+            relend_min_rate: 0.02,
+            owner_borrows_before_preempting: false,
+            owner_patience_s: 0,
         }
     }
 }
@@ -77,6 +90,8 @@ impl Policy {
             return_risk_placement: false,
             victims_over_share_first: false,
             relend_delay_s: 0,
+            owner_borrows_before_preempting: false,
+            owner_patience_s: 0,
             ..self
         }
     }

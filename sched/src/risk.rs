@@ -69,8 +69,34 @@ impl Returns {
     }
 }
 
+/// Hour of the week of `t` in campus local time (0 = Monday 00:00-01:00), the index
+/// into [`Node::owner_return_rate`].
+pub fn hour_of_week(t: Time, utc_offset_s: i32) -> usize {
+    ((second_of_week(t, utc_offset_s) / 3600) as usize).min(WEEK_HOURS - 1)
+}
+
+/// Owner return rates from a node's history: `counts[h]` take-backs (guests stopped
+/// for the owner) seen in hour `h` of the week over `weeks` weeks. Take-backs are
+/// sparse (a few a week), so each hour's rate is half the node's mean over the week
+/// and half its count in the five hours around `h`, per week. The portal and the
+/// simulator both learn rates this way.
+pub fn smooth_return_rate(counts: &[f64], weeks: f64) -> Vec<f64> {
+    let weeks = weeks.max(1.0);
+    let at = |h: usize| counts.get(h % WEEK_HOURS).copied().unwrap_or(0.0);
+    let mean = (0..WEEK_HOURS).map(at).sum::<f64>() / WEEK_HOURS as f64;
+    (0..WEEK_HOURS)
+        .map(|h| {
+            let around: f64 = (0..5).map(|d| at(h + WEEK_HOURS + d - 2)).sum();
+            (0.5 * mean + 0.5 * around / 5.0) / weeks
+        })
+        .collect()
+}
+
 /// The risk class of a guest of `time_limit_s` seconds (0: unknown, counted as one week)
-/// on a node: the chance of a take-back in tenths, 0..=10.
+/// on a node: the expected take-backs while it runs, in tenths (0 below 0.1, that is a
+/// chance of a take-back under about 10 %). Expected take-backs rather than the chance
+/// keep long jobs apart: a 3-day guest has a chance near 1 on most nodes, but expects
+/// 2 take-backs on one and 20 on another.
 pub(crate) fn risk_class(
     returns: Option<&Returns>,
     now: Time,
@@ -85,8 +111,8 @@ pub(crate) fn risk_class(
     } else {
         7 * 86_400
     };
-    let p = 1.0 - (-r.expected(now, d, policy.utc_offset_s)).exp();
-    (p * 10.0).floor().clamp(0.0, 10.0) as u32
+    let expected = r.expected(now, d, policy.utc_offset_s);
+    (expected * 10.0).floor().clamp(0.0, 1e9) as u32
 }
 
 /// Seconds a free GPU of the node must have been free of owner work before a guest
@@ -130,17 +156,30 @@ mod tests {
     }
 
     #[test]
+    fn smoothing_spreads_sparse_take_backs() {
+        let mut counts = vec![0.0; WEEK_HOURS];
+        counts[10] = 168.0;
+        let r = smooth_return_rate(&counts, 2.0);
+        assert!((r[10] - (0.5 * 1.0 + 0.5 * 168.0 / 5.0) / 2.0).abs() < 1e-9);
+        assert_eq!(r[8], r[12]);
+        assert!((r[100] - 0.25).abs() < 1e-9);
+        // Monday 1970-01-05 01:30 UTC is hour 1; an hour east it is hour 2.
+        assert_eq!(hour_of_week(4 * 86_400 + 5400, 0), 1);
+        assert_eq!(hour_of_week(4 * 86_400 + 5400, 3600), 2);
+    }
+
+    #[test]
     fn risk_classes_and_hysteresis() {
         let monday = 4 * 86_400;
         let r = Returns::new(&node(vec![1.0; WEEK_HOURS])).unwrap();
         let p = Policy::default();
         assert_eq!(risk_class(Some(&r), monday, 60, &p), 0);
-        assert_eq!(risk_class(Some(&r), monday, 3600, &p), 6);
-        assert_eq!(risk_class(Some(&r), monday, 0, &p), 10);
+        assert_eq!(risk_class(Some(&r), monday, 3600, &p), 10);
+        assert_eq!(risk_class(Some(&r), monday, 0, &p), 1680);
         assert_eq!(risk_class(None, monday, 3600, &p), 0);
         let off = p.clone().without_churn_knobs();
         assert_eq!(risk_class(Some(&r), monday, 3600, &off), 0);
-        assert_eq!(min_idle_s(&Node::default(), Some(&r), monday, &p), 600);
+        assert_eq!(min_idle_s(&Node::default(), Some(&r), monday, &p), 3600);
         assert_eq!(min_idle_s(&Node::default(), None, monday, &p), 0);
         assert_eq!(min_idle_s(&Node::default(), Some(&r), monday, &off), 0);
     }

@@ -75,9 +75,70 @@ fn a_gpu_the_owner_just_released_is_not_lent_at_once() {
     assert!(p.start.is_empty());
     assert!(matches!(reason(&p, 1), Reason::NotLent { .. }), "{p:?}");
     // After the delay it is lent.
-    assert_eq!(started(&plan(&s, &Policy::default(), NOW + 480)), vec![1]);
+    assert_eq!(started(&plan(&s, &Policy::default(), NOW + 3600)), vec![1]);
     // An owner that rarely comes back: lent at once.
     n.owner_return_rate = rates(0.01);
     let s = snap(vec![n], vec![], vec![job(1, 1, 10, 1)]);
     assert_eq!(started(&plan(&s, &Policy::default(), NOW)), vec![1]);
+}
+
+#[test]
+fn an_owner_job_borrows_a_safe_free_gpu_instead_of_preempting() {
+    let own = node(1, 1, 10, 1, "A100", 80);
+    let mut safe = node(2, 3, 20, 1, "A100", 80);
+    safe.owner_return_rate = rates(0.001);
+    let guest = run(100, 2, 1, &[10], NOW - 2 * H);
+    let s = snap(
+        vec![own.clone(), safe.clone()],
+        vec![guest.clone()],
+        vec![job(1, 1, 10, 1)],
+    );
+    // Off by default (it raised preemptions in the simulator, see the README).
+    assert_eq!(preempted(&plan(&s, &Policy::default(), NOW)), vec![100]);
+    let on = Policy {
+        owner_borrows_before_preempting: true,
+        ..Policy::default()
+    };
+    let p = plan(&s, &on, NOW);
+    assert!(p.preempt.is_empty(), "{p:?}");
+    assert_eq!(p.start[0].node, 2);
+    // The same campus under the old policy preempts the guest.
+    let old = Policy::default().without_churn_knobs();
+    assert_eq!(preempted(&plan(&s, &old, NOW)), vec![100]);
+    // A risky node is no way out: the owner preempts on its own node.
+    safe.owner_return_rate = rates(1.0);
+    let s = snap(vec![own, safe], vec![guest], vec![job(1, 1, 10, 1)]);
+    assert_eq!(preempted(&plan(&s, &on, NOW)), vec![100]);
+}
+
+#[test]
+fn an_owner_job_waits_for_its_own_job_that_ends_soon_instead_of_preempting() {
+    let campus = vec![node(1, 1, 10, 2, "A100", 80)];
+    let mut own = run(100, 1, 1, &[10], NOW - H);
+    own.time_limit_s = H + 300;
+    let guest = run(101, 2, 1, &[11], NOW - 2 * H);
+    let s = snap(
+        campus.clone(),
+        vec![own.clone(), guest.clone()],
+        vec![job(1, 1, 10, 1)],
+    );
+    let patient = Policy {
+        owner_patience_s: 600,
+        ..Policy::default()
+    };
+    // Off by default (it made owners wait longer in the simulator, see the README).
+    assert_eq!(preempted(&plan(&s, &Policy::default(), NOW)), vec![101]);
+    let p = plan(&s, &patient, NOW);
+    assert!(p.preempt.is_empty() && p.start.is_empty(), "{p:?}");
+    assert_eq!(
+        reason(&p, 1),
+        Reason::WaitingForOwnJobs { node: "n1".into() }
+    );
+    assert_eq!(p.pending[0].estimated_start, Some(NOW + 300));
+    let old = Policy::default().without_churn_knobs();
+    assert_eq!(preempted(&plan(&s, &old, NOW)), vec![101]);
+    // An own job that ends in 20 minutes is too far off: the guest is preempted.
+    own.time_limit_s = H + 1200;
+    let s = snap(campus, vec![own, guest], vec![job(1, 1, 10, 1)]);
+    assert_eq!(preempted(&plan(&s, &patient, NOW)), vec![101]);
 }
