@@ -10,7 +10,7 @@
 //! - `commons`: the real policy, [`commons_sched::plan`], with the campus' checkpoints
 //!   and the churn knobs of issue 16 (return-risk placement, victims over their fair
 //!   share first, re-lending hysteresis, each node's owner take-back rate learned from
-//!   the replay so far).
+//!   the replay so far), and its stopped guests checkpoint within the grace period.
 //! - `commons-old`: `commons` as it was before issue 16 (no churn knobs).
 //! - `old+place`, `old+victims`, `old+hysteresis`, `old+patience`, `old+elsewhere`,
 //!   `old+stopckpt`: `commons-old` with one knob each (`old+patience`: an owner job
