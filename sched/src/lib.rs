@@ -37,6 +37,7 @@
 //! victims are chosen in `preemption`, reasons worded in `reason`, and the working
 //! copy of the snapshot lives in `state`.
 
+mod estimate;
 mod fairshare;
 mod lending;
 mod model;
@@ -47,6 +48,7 @@ mod policy;
 mod preemption;
 mod quota;
 mod reason;
+mod risk;
 mod state;
 
 pub use fairshare::decay;
@@ -55,3 +57,4 @@ pub use plan::plan;
 pub(crate) use plan::Round;
 pub use policy::{GpuClassWeight, LendMode, Lending, Policy, WeeklyWindow, WEEK_MINUTES};
 pub use reason::{QuotaScope, Reason};
+pub use risk::{hour_of_week, smooth_return_rate, WEEK_HOURS};

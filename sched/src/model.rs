@@ -62,6 +62,15 @@ pub struct Node {
     /// The owner reclaims the whole node now (`commons-agent reclaim --now`): every
     /// guest is preempted and nothing is lent.
     pub reclaim: bool,
+    /// How often the owner lab takes this node's GPUs back from guests, as expected
+    /// take-backs per hour for each hour of the week in campus local time (168 values,
+    /// index 0 = Monday 00:00-01:00; [`crate::Policy::utc_offset_s`]). The caller learns
+    /// it from the node's history (the portal's ledger, the simulator's replay); empty
+    /// means unknown and counts as zero. Guests are placed where the owner is least
+    /// likely to come back within their time limit, and a GPU the owner just released
+    /// is not lent again for [`crate::Policy::relend_delay_s`] while the owner tends to
+    /// come back ([`crate::Policy::relend_min_rate`]).
+    pub owner_return_rate: Vec<f64>,
 }
 
 /// One schedulable GPU: a whole GPU or a MIG instance (a GPU of its own size).
@@ -245,4 +254,9 @@ pub struct Pending {
     pub reason: crate::Reason,
     /// 1-based place in the queue among the jobs that wait.
     pub position: u32,
+    /// When the job is expected to start: its reservation (guests), its expected start
+    /// on its own lab's nodes (owner jobs), or else a bound from the jobs ahead of it
+    /// and the time limits of the running jobs (see `estimate`). `None` when nothing
+    /// bounds it (a rule or quota blocks it, or a job ahead has no time limit).
+    pub estimated_start: Option<Time>,
 }

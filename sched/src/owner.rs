@@ -16,9 +16,11 @@
 
 use crate::model::{QueuedJob, Time};
 use crate::placement::end_of;
+use crate::placement::search;
 use crate::preemption::victims;
-use crate::quota::member_block;
+use crate::quota::{lab_block, member_block};
 use crate::reason::Reason;
+use crate::risk::risk_class;
 use crate::state::{gpu_matches, World};
 use crate::Round;
 
@@ -65,6 +67,8 @@ fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
     let mut usable = Vec::new();
     let mut guest_held = 0usize;
     let mut times: Vec<Time> = Vec::new();
+    // When the GPUs come free without stopping a guest (free ones and the lab's own).
+    let mut own_times: Vec<Time> = Vec::new();
     for g in nw.gpus.clone() {
         let gw = &world.gpus[g];
         if gw.gpu.local_use || !gpu_matches(job, gw.gpu) {
@@ -75,6 +79,7 @@ fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
                 if gw.claim.is_none_or(|c| ends.is_some_and(|e| e <= c.until)) {
                     usable.push(g);
                     times.push(now);
+                    own_times.push(now);
                 }
             }
             Some(r) if gw.claim.is_none() => {
@@ -84,13 +89,17 @@ fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
                     times.push(now.saturating_add(i64::from(nw.grace_s)));
                 } else if let Some(end) = run.expected_end(now, nw.grace_s) {
                     times.push(end);
+                    own_times.push(end);
                 }
             }
             Some(_) => {}
         }
     }
     times.sort_unstable();
-    let at = times.get(want - 1).copied().unwrap_or(Time::MAX);
+    own_times.sort_unstable();
+    let mut at = times.get(want - 1).copied().unwrap_or(Time::MAX);
+    let own_at = own_times.get(want - 1).copied().unwrap_or(Time::MAX);
+    let patience = world.policy.owner_patience_s;
     let kind = if usable.len() >= want {
         let mut gpus = usable.clone();
         gpus.sort_by_key(|&g| {
@@ -105,6 +114,10 @@ fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
             left: nw.free.saturating_sub(job.gpus),
             gpus,
         }
+    } else if patience > 0 && own_at <= now.saturating_add(patience) {
+        // The lab's own jobs free the GPUs soon enough: wait for them, stop nobody.
+        at = own_at;
+        Kind::Wait
     } else if usable.len() + guest_held >= want {
         let need = (want - usable.len()) as u32;
         match victims(world, job, n, need) {
@@ -144,6 +157,22 @@ pub(crate) fn owner_order(world: &World, mut jobs: Vec<usize>) -> Vec<usize> {
     jobs
 }
 
+/// With [`crate::Policy::owner_borrows_before_preempting`]: free GPUs on another lab's
+/// node where the owner job, as a guest there, runs with a low chance of being taken
+/// back ([`crate::risk::risk_class`] at most 1: under 0.2 expected take-backs, a chance
+/// under 20 %) and within the lab's
+/// borrowing quota and the node's lending rules. Starting there stops nobody.
+fn safe_elsewhere(world: &World, j: usize) -> Option<(usize, Vec<usize>)> {
+    if !world.policy.owner_borrows_before_preempting || lab_block(world, j).is_some() {
+        return None;
+    }
+    let job = world.queue[j];
+    let (n, gpus) = search(world, job, false).fit?;
+    let returns = world.nodes[n].returns.as_ref();
+    (returns.is_some() && risk_class(returns, world.now, job.time_limit_s, world.policy) <= 1)
+        .then_some((n, gpus))
+}
+
 /// Place the owner jobs `jobs` (queue indices, in [`owner_order`]) on their labs' nodes;
 /// returns the ones that wait for their own nodes and may run elsewhere meanwhile.
 ///
@@ -151,7 +180,10 @@ pub(crate) fn owner_order(world: &World, mut jobs: Vec<usize>) -> Vec<usize> {
 /// 2. A job over its member quota waits with that reason.
 /// 3. Every own node that could hold the job (`own_nodes`, by shape) makes an offer: start now (best fit wins:
 ///    fewest free GPUs left), else preempt guests (the cheapest set wins), else wait
-///    (the earliest expected start wins). Ties go to the lowest node id.
+///    (the earliest expected start wins). Ties go to the lowest node id. With
+///    [`crate::Policy::owner_patience_s`], waiting for the lab's own jobs that end
+///    within that time beats preempting. Before it preempts, it may start on another
+///    lab's free GPUs where that is safe ([`safe_elsewhere`]).
 /// 4. Preempting: the victims are told to stop and the job claims their GPUs and the
 ///    free ones of that node. Waiting for its own jobs: it may also run elsewhere as a
 ///    guest (returned). Either way it claims the free matching GPUs of every other own
@@ -183,11 +215,17 @@ pub(crate) fn place_owner_jobs(
             .collect();
         // Start now (best fit), else preempt (cheapest), else wait (earliest); ties go
         // to the lowest node id (offers are in node order and comparisons are strict).
+        // With patience, waiting for the lab's own jobs that free the GPUs soon beats
+        // preempting (its key is negative, costs are not).
+        let patient = world.now.saturating_add(world.policy.owner_patience_s);
         let mut best: Option<(u8, i64, usize)> = None;
         for (i, o) in offers.iter().enumerate() {
             let key = match &o.kind {
                 Kind::Start { left, .. } => (0, i64::from(*left)),
                 Kind::Preempt { cost, .. } => (1, *cost),
+                Kind::Wait if o.at <= patient && world.policy.owner_patience_s > 0 => {
+                    (1, o.at.saturating_sub(patient).saturating_sub(1))
+                }
                 Kind::Wait => (2, o.at),
             };
             if best.is_none_or(|b| key < (b.0, b.1)) {
@@ -200,6 +238,13 @@ pub(crate) fn place_owner_jobs(
             round.starts.push(world.start(j, n, gpus));
             round.started.push(j);
             continue;
+        }
+        if matches!(offers[chosen].kind, Kind::Preempt { .. }) {
+            if let Some((n, gpus)) = safe_elsewhere(world, j) {
+                round.starts.push(world.start(j, n, gpus));
+                round.started.push(j);
+                continue;
+            }
         }
         // The job waits. It claims the free GPUs it could use on every own node, so that
         // no guest lands where it waits, whichever node frees first.
@@ -227,6 +272,9 @@ pub(crate) fn place_owner_jobs(
             Reason::WaitingForOwnJobs { node: name }
         };
         let r = round.wait(j, reason);
+        if offers[chosen].at < Time::MAX {
+            round.estimate(j, offers[chosen].at);
+        }
         if offers
             .iter()
             .all(|o| matches!(o.kind, Kind::Wait) && o.usable.is_empty())

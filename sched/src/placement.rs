@@ -13,6 +13,7 @@
 
 use crate::lending::{guest_block, LendBlock};
 use crate::model::{JobId, QueuedJob, Time};
+use crate::risk::risk_class;
 use crate::state::{gpu_matches, Reservation, World};
 
 /// Why a node does not take a job now, most hopeful first (the order of the variants
@@ -75,7 +76,7 @@ pub(crate) fn guest_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
         return Err(Verdict::Busy);
     }
     let ends = end_of(world.now, job);
-    let idle_before = world.now.saturating_sub(node.lending.min_idle_s);
+    let idle_before = world.now.saturating_sub(nw.min_idle_s);
     let (mut usable, mut behind, mut claimed, mut idle) = (Vec::new(), 0, 0, 0);
     let mut behind_job = None;
     for g in nw.gpus.clone() {
@@ -128,11 +129,14 @@ pub(crate) struct Search {
 ///
 /// 1. With `full` false the caller only wants a fit: nodes with fewer free GPUs than
 ///    asked are skipped. With `full` true the caller wants a reason.
-/// 2. Every node that fits is scored by the free GPUs it keeps; the lowest wins.
+/// 2. Every node that fits is scored by how often its owner is expected to take it
+///    back within the job's time limit, in tenths ([`risk_class`], 0 when the policy
+///    or the node has no return rates), then by the free GPUs it keeps; the lowest
+///    wins.
 /// 3. Refusals keep the most hopeful verdict, for the job's reason; a `Busy` node is as
 ///    hopeful as it gets, so a full search that finds no fit stops there.
 pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
-    let mut fit: Option<(u32, usize, Vec<usize>)> = None;
+    let mut fit: Option<((u32, u32), usize, Vec<usize>)> = None;
     let mut best: Option<(Verdict, usize)> = None;
     for n in 0..world.nodes.len() {
         if !full && world.nodes[n].free < job.gpus {
@@ -140,7 +144,14 @@ pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
         }
         match guest_fit(world, job, n) {
             Ok(gpus) => {
-                let left = world.nodes[n].free - job.gpus;
+                let nw = &world.nodes[n];
+                let risk = risk_class(
+                    nw.returns.as_ref(),
+                    world.now,
+                    job.time_limit_s,
+                    world.policy,
+                );
+                let left = (risk, nw.free - job.gpus);
                 if fit.as_ref().is_none_or(|(l, _, _)| left < *l) {
                     fit = Some((left, n, gpus));
                 }
@@ -169,8 +180,9 @@ pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
 ///    already reserved, in local use or held without a known end never count.
 /// 2. The node's earliest start is when its `gpus`-th GPU comes free; the earliest node
 ///    wins (ties: lowest id).
-/// 3. Those GPUs are reserved from that start; returns whether anything was reserved.
-pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> bool {
+/// 3. Those GPUs are reserved from that start; returns the start, if anything was
+///    reserved.
+pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> Option<Time> {
     let want = job.gpus as usize;
     let now = world.now;
     let mut best: Option<(Time, usize, Vec<usize>)> = None;
@@ -181,7 +193,7 @@ pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> bool {
             continue;
         }
         let nw = &world.nodes[n];
-        let idle_min = nw.node.lending.min_idle_s;
+        let idle_min = nw.min_idle_s;
         times.clear();
         for g in nw.gpus.clone() {
             let gw = &world.gpus[g];
@@ -208,11 +220,9 @@ pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> bool {
             best = Some((at, n, times[..want].iter().map(|&(_, g)| g).collect()));
         }
     }
-    let Some((at, _, gpus)) = best else {
-        return false;
-    };
+    let (at, _, gpus) = best?;
     for g in gpus {
         world.gpus[g].reserved = Some(Reservation { at, job: job.id });
     }
-    true
+    Some(at)
 }

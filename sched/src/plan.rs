@@ -29,6 +29,9 @@ pub(crate) struct Round {
     /// share one reason, so a round clones no strings per waiting job.
     pub pending: Vec<(usize, usize)>,
     pub reasons: Vec<Reason>,
+    /// Expected start per queue index, where the round found one (a reservation, an
+    /// owner job's expected start on its own nodes).
+    pub estimates: Vec<Option<Time>>,
 }
 
 impl Round {
@@ -36,6 +39,13 @@ impl Round {
     pub fn reason(&mut self, reason: Reason) -> usize {
         self.reasons.push(reason);
         self.reasons.len() - 1
+    }
+
+    /// Queue job `j` is expected to start at `at` (the earliest of what it was told).
+    pub fn estimate(&mut self, j: usize, at: Time) {
+        if let Some(e) = self.estimates.get_mut(j) {
+            *e = Some(e.map_or(at, |e: Time| e.min(at)));
+        }
     }
 
     /// Queue job `j` waits for `reason`; returns the reason's index for sharing.
@@ -96,14 +106,17 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Time) -> Plan {
         world.new_round();
         let r = round(&mut world, &own, &own_nodes, &owners, &fair_order, &started);
         if r.starts.is_empty() && r.preempts.is_empty() {
+            let estimates = crate::estimate::estimates(&world, &r);
             out.pending = r
                 .pending
                 .iter()
+                .zip(estimates)
                 .zip(1..)
-                .map(|(&(j, reason), position)| Pending {
+                .map(|((&(j, reason), estimated_start), position)| Pending {
                     job: world.queue[j].id,
                     reason: r.reasons[reason].clone(),
                     position,
+                    estimated_start,
                 })
                 .collect();
             return out;
@@ -134,7 +147,10 @@ fn round(
     fair_order: &[usize],
     started: &[bool],
 ) -> Round {
-    let mut out = Round::default();
+    let mut out = Round {
+        estimates: vec![None; world.queue.len()],
+        ..Round::default()
+    };
     for (r, why) in reclaims(world) {
         out.preempts.push(world.preempt(r, why));
     }
@@ -206,8 +222,11 @@ fn place_guest(
         }
     }
     let best = search(world, job, true).best;
-    if *depth > 0 && best.is_some_and(|(v, _)| v.transient()) && reserve(world, job) {
-        *depth -= 1;
+    if *depth > 0 && best.is_some_and(|(v, _)| v.transient()) {
+        if let Some(at) = reserve(world, job) {
+            *depth -= 1;
+            out.estimate(j, at);
+        }
     }
     let reason = explain(world, job, best);
     let r = if owner {
@@ -241,7 +260,7 @@ fn explain(world: &World, job: &QueuedJob, best: Option<(Verdict, usize)>) -> Re
         Verdict::IdleWait => Reason::NotLent {
             detail: format!(
                 "node {node} lends a GPU only after it was idle {}",
-                crate::reason::hours(rules.min_idle_s)
+                crate::reason::hours(world.nodes[n].min_idle_s)
             ),
         },
         Verdict::LendLimit => Reason::NotLent {

@@ -33,6 +33,32 @@ pub struct Policy {
     pub backfill_depth: u32,
     /// Weights of GPU classes for the ledgers (first matching prefix wins; others 1.0).
     pub gpu_class_weights: Vec<GpuClassWeight>,
+    /// Place a guest where its node's owner is least likely to come back within the
+    /// guest's time limit ([`crate::Node::owner_return_rate`]): nodes are compared by
+    /// the expected take-backs in tenths first, then by best fit.
+    pub return_risk_placement: bool,
+    /// Among an owner's possible victims, stop guests of labs that used more than their
+    /// fair share (usage over share, see `fairshare`) before the others; inside each
+    /// group the least work lost goes first, as before.
+    pub victims_over_share_first: bool,
+    /// Hysteresis: a GPU whose owner work ended less than this many seconds ago is not
+    /// lent while the node's owner return rate this hour is at least
+    /// [`Policy::relend_min_rate`]. 0 turns it off.
+    pub relend_delay_s: i64,
+    /// Take-backs per hour from which the owner "tends to come back" (see
+    /// [`Policy::relend_delay_s`]).
+    pub relend_min_rate: f64,
+    /// An owner job that would preempt guests on its own nodes starts instead on free
+    /// GPUs of another lab's node, as a guest, when the chance that that node's owner
+    /// takes them back within its time limit is under 20 % (known return rates only).
+    /// Off by default: on the simulator's Philly campus it multiplied preemptions (the
+    /// moved owner jobs were taken back where they went, see the README).
+    pub owner_borrows_before_preempting: bool,
+    /// Patience: an owner job does not preempt guests when the lab's own jobs on one
+    /// of its nodes free enough GPUs within this many seconds (by their time limits);
+    /// it waits for them instead. 0 (the default) turns it off: on the simulator's
+    /// Philly campus it made owners wait longer than it saved (see the README).
+    pub owner_patience_s: i64,
 }
 
 impl Default for Policy {
@@ -46,11 +72,30 @@ impl Default for Policy {
             running_charge_gpu_hours: 1.0,
             backfill_depth: 64,
             gpu_class_weights: Vec::new(),
+            return_risk_placement: true,
+            victims_over_share_first: true,
+            relend_delay_s: 3600,
+            relend_min_rate: 0.02,
+            owner_borrows_before_preempting: false,
+            owner_patience_s: 0,
         }
     }
 }
 
 impl Policy {
+    /// The policy as it was before issue 16: no return-risk placement, no fair-share
+    /// preference among victims, no re-lending hysteresis.
+    pub fn without_churn_knobs(self) -> Policy {
+        Policy {
+            return_risk_placement: false,
+            victims_over_share_first: false,
+            relend_delay_s: 0,
+            owner_borrows_before_preempting: false,
+            owner_patience_s: 0,
+            ..self
+        }
+    }
+
     /// Weight of one GPU-hour on `model` in the ledgers. The portal uses it when it
     /// books usage and contribution, so lending an H100 earns more than a T4.
     pub fn gpu_weight(&self, model: &str) -> f64 {

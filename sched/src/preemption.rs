@@ -45,7 +45,9 @@ pub(crate) fn reclaims(world: &World) -> Vec<(usize, String)> {
 ///
 /// 1. Tally, per guest on the node, the matching GPUs it holds that nobody claimed.
 /// 2. Rank guests: already stopping first (free), then outside the minimum runtime
-///    before inside it, then by work lost, then by job id.
+///    before inside it, then (with [`crate::Policy::victims_over_share_first`]) guests
+///    of labs over their fair share before the others, then by work lost (the latest
+///    checkpoint counts), then by job id.
 /// 3. Take guests in that order until `need` GPUs are covered.
 /// 4. Walk the chosen ones from the last back and drop any that is not needed.
 pub(crate) fn victims(
@@ -68,18 +70,27 @@ pub(crate) fn victims(
             }
         }
     }
-    let mut ranked: Vec<(bool, bool, i64, i64, usize, u32)> = held
+    let mut ranked: Vec<(bool, bool, bool, i64, i64, usize, u32)> = held
         .into_iter()
         .map(|(r, count)| {
             let run = &world.running[r];
             let young = now.saturating_sub(run.started_at) < world.policy.min_runtime_s;
-            (!run.preempting, young, cost_of(world, r), run.job, r, count)
+            let under = world.policy.victims_over_share_first && !over_share(world, run.lab);
+            (
+                !run.preempting,
+                young,
+                under,
+                cost_of(world, r),
+                run.job,
+                r,
+                count,
+            )
         })
         .collect();
     ranked.sort_unstable();
     let mut chosen = Vec::new();
     let mut got = 0;
-    for &(_, _, _, _, r, count) in &ranked {
+    for &(_, _, _, _, _, r, count) in &ranked {
         if got >= need {
             break;
         }
@@ -102,6 +113,14 @@ pub(crate) fn victims(
         .map(|&(r, _)| cost_of(world, r))
         .fold(0, i64::saturating_add);
     Some((chosen.into_iter().map(|(r, _)| r).collect(), cost))
+}
+
+/// Whether lab slot `lab` used more than its fair share: decayed usage above its base
+/// share plus decayed contribution (the standing `fairshare` orders labs by). It
+/// depends only on the snapshot, so the choice is the same in every round.
+fn over_share(world: &World, lab: usize) -> bool {
+    let l = &world.labs[lab];
+    l.usage > l.share
 }
 
 /// GPU-seconds a preemption of running job `r` loses, for ranking and choosing.

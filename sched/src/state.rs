@@ -44,6 +44,11 @@ pub(crate) struct NodeW<'a> {
     /// Distinct kinds of GPU on the node (model, memory, MIG profile) with their
     /// counts, so hardware checks compare a kind once instead of every GPU.
     pub kinds: Vec<(&'a Gpu, u32)>,
+    /// The owner's return rates, if the caller gave any (see `risk`).
+    pub returns: Option<crate::risk::Returns>,
+    /// Seconds a free GPU must have been free of owner work before it is lent: the
+    /// lending rule or the re-lending hysteresis ([`crate::risk::min_idle_s`]).
+    pub min_idle_s: i64,
 }
 
 impl NodeW<'_> {
@@ -252,7 +257,11 @@ impl<'a> World<'a> {
             } else {
                 policy.default_grace_s
             };
+            let returns = crate::risk::Returns::new(node);
+            let min_idle_s = crate::risk::min_idle_s(node, returns.as_ref(), now, policy);
             nodes.push(NodeW {
+                returns,
+                min_idle_s,
                 node,
                 gpus: first..gpus.len(),
                 lend_until: node.lending.lend_until(now, policy.utc_offset_s),

@@ -30,8 +30,13 @@ pub struct ReplayArgs {
     /// Campus TOML file (labs, tenants, nodes, grace, checkpoints, departures).
     #[arg(long)]
     pub campus: PathBuf,
-    /// Comma-separated policies: isolated, share-fifo, commons, commons-nockpt.
-    #[arg(long, default_value = "isolated,share-fifo,commons,commons-nockpt")]
+    /// Comma-separated policies: isolated, share-fifo, share-backfill, share-fairshare,
+    /// commons, commons-old, commons-nockpt (default), old+place, old+victims,
+    /// old+hysteresis, old+patience, old+elsewhere, old+stopckpt, commons-boost.
+    #[arg(
+        long,
+        default_value = "isolated,share-fifo,share-backfill,share-fairshare,commons,commons-old,commons-nockpt"
+    )]
     pub policies: String,
     /// Write the figures as JSON to this file ("-" for stdout).
     #[arg(long)]
@@ -55,6 +60,13 @@ pub struct ReplayArgs {
     /// Seconds between runs of the scheduler loop (0: plan at the instant of every change).
     #[arg(long, default_value_t = 30)]
     pub tick: i64,
+    /// Users' time limits: "exact" (each job's true run time) or "overestimate" (the
+    /// run time times a random factor, see --limit-seed).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "overestimate"])]
+    pub limits: String,
+    /// Seed of the overestimated time limits.
+    #[arg(long, default_value_t = 1)]
+    pub limit_seed: u64,
     /// No progress on stderr.
     #[arg(long, short)]
     pub quiet: bool,

@@ -11,8 +11,10 @@
 //! - [`report`]: the HTML page with SVG plots.
 
 pub mod accounting;
+pub mod backfill;
 pub mod campus;
 pub mod engine;
+pub mod limits;
 pub mod metrics;
 pub mod policy;
 pub mod replay;

@@ -48,6 +48,7 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
         seed: args.seed,
         random_departures: args.random_departures,
         tick_s: args.tick.max(0),
+        limit_seed: (args.limits == "overestimate").then_some(args.limit_seed),
     };
     let span = (work.span.1 - work.span.0).max(1) as f64;
     let quiet = args.quiet;
@@ -127,7 +128,7 @@ fn print_table(s: &commons_sim::RunSummary) {
     let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.0}"));
     let _ = writeln!(
         err,
-        "{:<15} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>5}",
+        "{:<15} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>5} {:>8} {:>6}",
         "policy",
         "util",
         "goodput",
@@ -139,12 +140,14 @@ fn print_table(s: &commons_sim::RunSummary) {
         "int_p95",
         "preempt",
         "lost_gpuh",
-        "worse"
+        "worse",
+        "est_med",
+        "est_2x"
     );
     for (name, m) in &s.policies {
         let _ = writeln!(
             err,
-            "{:<15} {:>6.3} {:>7.3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9.1} {:>5}",
+            "{:<15} {:>6.3} {:>7.3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9.1} {:>5} {:>8} {:>6}",
             name,
             m.utilization,
             m.goodput,
@@ -156,7 +159,10 @@ fn print_table(s: &commons_sim::RunSummary) {
             opt(m.interactive_wait_p95_s),
             m.preemptions,
             m.lost_gpu_hours,
-            m.labs_worse_off.map_or("-".into(), |n| n.to_string())
+            m.labs_worse_off.map_or("-".into(), |n| n.to_string()),
+            opt(m.estimate_abs_error_median_s),
+            m.estimate_within_2x
+                .map_or("-".into(), |v| format!("{v:.3}"))
         );
     }
     for t in &s.targets {

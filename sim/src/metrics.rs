@@ -13,6 +13,12 @@
 //!   period above their mean JCT under `isolated` (a lab that completes nothing under
 //!   `isolated`, e.g. one without nodes, cannot be worse off).
 //!
+//! - `estimate_*`: over the completed jobs that got a start-time estimate from the
+//!   scheduler before their first start (`commons` policies): the absolute error of the
+//!   first estimate (first start - estimated start), and the share of jobs whose wait
+//!   from that estimate was within 2x of the predicted wait (both at least one minute:
+//!   `max(actual, 60) <= 2 max(predicted, 60)` and the other way round).
+//!
 //! Means and percentiles of empty sets are `null` in JSON. Percentiles are nearest-rank.
 
 use crate::campus::Campus;
@@ -53,6 +59,12 @@ pub struct PolicyMetrics {
     /// Virtual seconds from the first submission to the last event.
     pub simulated_s: i64,
     pub plan_calls: u64,
+    /// Completed jobs that got a start-time estimate before their first start.
+    pub estimated_jobs: u64,
+    pub estimate_abs_error_median_s: Option<f64>,
+    pub estimate_abs_error_p95_s: Option<f64>,
+    /// Share of `estimated_jobs` that started within 2x of their first estimate.
+    pub estimate_within_2x: Option<f64>,
     pub per_lab: BTreeMap<String, LabMetrics>,
 }
 
@@ -168,7 +180,24 @@ pub fn summarize(campus: &Campus, work: &Workload, out: &SimOutput) -> PolicyMet
             },
         );
     }
+    let (mut errors, mut within) = (Vec::new(), 0u64);
+    for o in &out.jobs {
+        if let (Some((at, est)), Some(start), Some(_)) = (o.first_estimate, o.first_start, o.finish)
+        {
+            errors.push((start - est).abs() as f64);
+            let (actual, predicted) = ((start - at).max(60), (est - at).max(60));
+            if actual <= 2 * predicted && predicted <= 2 * actual {
+                within += 1;
+            }
+        }
+    }
+    errors.sort_by(f64::total_cmp);
     PolicyMetrics {
+        estimated_jobs: errors.len() as u64,
+        estimate_abs_error_median_s: percentile(&errors, 50.0),
+        estimate_abs_error_p95_s: percentile(&errors, 95.0),
+        estimate_within_2x: (!errors.is_empty())
+            .then(|| round(within as f64 / errors.len() as f64, 4)),
         utilization: ratio(acct.busy_gpu_s),
         goodput: ratio(acct.busy_gpu_s - acct.lost_in_span_gpu_s),
         jct_mean_s: mean(&s.jct),
@@ -277,6 +306,37 @@ pub fn targets(all: &BTreeMap<String, PolicyMetrics>, grace_s: i64) -> Vec<Targe
         push("goodput_vs_share_fifo_at_least", goodput, 0.99, true);
         let jct = ratio(c.jct_mean_s, f.jct_mean_s);
         push("jct_mean_vs_share_fifo_at_most", jct, 0.8, false);
+    }
+    if let Some(f) = all.get(PolicyKind::ShareFairshare.name()) {
+        let jct = ratio(c.jct_mean_s, f.jct_mean_s);
+        push("jct_mean_vs_share_fairshare_at_most", jct, 1.0, false);
+    }
+    if let Some(o) = all.get(PolicyKind::CommonsOld.name()) {
+        let count = |a: f64, b: f64| {
+            Some(if b > 0.0 {
+                round(a / b, 4)
+            } else if a > 0.0 {
+                f64::INFINITY
+            } else {
+                0.0
+            })
+        };
+        let preempt = count(c.preemptions as f64, o.preemptions as f64);
+        push("preemptions_vs_commons_old_at_most", preempt, 0.5, false);
+        let lost = count(c.lost_gpu_hours, o.lost_gpu_hours);
+        push("lost_gpu_hours_vs_commons_old_at_most", lost, 0.5, false);
+        let jct = ratio(c.jct_mean_s, o.jct_mean_s);
+        push("jct_mean_vs_commons_old_at_most", jct, 1.05, false);
+        let owner = match (c.owner_wait_mean_s, o.owner_wait_mean_s) {
+            (Some(c), Some(o)) => Some(round(c - o, 1)),
+            _ => None,
+        };
+        push(
+            "owner_wait_mean_minus_commons_old_s_at_most",
+            owner,
+            0.0,
+            false,
+        );
     }
     if let Some(n) = all.get(PolicyKind::CommonsNoCkpt.name()) {
         let lost = if n.lost_gpu_hours > 0.0 {

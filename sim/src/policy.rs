@@ -1,17 +1,33 @@
-//! The policies the simulator compares, and the two baselines it implements itself.
+//! The policies the simulator compares, and the baselines it implements itself.
 //!
 //! - `isolated`: each lab runs only on its own nodes, first come first served (FCFS).
 //! - `share-fifo`: one campus-wide FCFS queue over every node, no owners, no preemption.
-//! - `commons`: the real policy, [`commons_sched::plan`], with the campus' checkpoints.
-//! - `commons-nockpt`: the same policy with checkpoints switched off (a stopped job
-//!   restarts from scratch).
+//! - `share-backfill`: one campus-wide queue, no owners, EASY backfill (the head job
+//!   reserves its earliest start; later jobs start now only if they do not delay it),
+//!   best fit (see [`crate::backfill`]).
+//! - `share-fairshare`: `share-backfill` with the queue in Slurm-like fair-share order:
+//!   labs with the least decayed usage against equal shares first.
+//! - `commons`: the real policy, [`commons_sched::plan`], with the campus' checkpoints
+//!   and the churn knobs of issue 16 (return-risk placement, victims over their fair
+//!   share first, re-lending hysteresis, each node's owner take-back rate learned from
+//!   the replay so far), and its stopped guests checkpoint within the grace period.
+//! - `commons-old`: `commons` as it was before issue 16 (no churn knobs).
+//! - `old+place`, `old+victims`, `old+hysteresis`, `old+patience`, `old+elsewhere`,
+//!   `old+stopckpt`: `commons-old` with one knob each (`old+patience`: an owner job
+//!   waits for its lab's own jobs that end within 10 minutes instead of preempting;
+//!   `old+elsewhere`: an owner job that would preempt
+//!   starts on safe free GPUs of another lab instead; `old+stopckpt`: every stopped
+//!   guest checkpoints within its grace period, `checkpoint_on_stop`), to measure each
+//!   knob alone. Not in the default list.
+//! - `commons-nockpt`: `commons` with checkpoints switched off (a stopped job restarts
+//!   from scratch).
 //! - `commons-boost`: `commons` with every lab's interactive boost on
 //!   (`LabInfo::interactive_boost`): each lab's interactive jobs go ahead of its batch
 //!   jobs. Not in the default list; add it to compare interactive waits.
 //!
-//! The baselines live here rather than in `sched` so that they stay exactly "strict
-//! FCFS" while `sched` grows (backfill, fair share, ...). Their placement matches
-//! `sched`'s: all GPUs of a job on one node, the node whose free GPUs fit it most tightly.
+//! The baselines live here rather than in `sched` so that they stay exactly what they
+//! are while `sched` grows. Their placement matches `sched`'s: all GPUs of a job on one
+//! node, the node whose free GPUs fit it most tightly.
 
 use std::fmt;
 
@@ -20,32 +36,70 @@ use std::fmt;
 pub enum PolicyKind {
     Isolated,
     ShareFifo,
+    ShareBackfill,
+    ShareFairshare,
     Commons,
+    CommonsOld,
+    OldPlace,
+    OldVictims,
+    OldHysteresis,
+    OldStopCkpt,
+    OldElsewhere,
+    OldPatience,
     CommonsNoCkpt,
     CommonsBoost,
+}
+
+/// The churn knobs of `sched` (issue 16) a policy turns on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Knobs {
+    /// `Policy::return_risk_placement`.
+    pub place: bool,
+    /// `Policy::victims_over_share_first`.
+    pub victims: bool,
+    /// `Policy::relend_delay_s` (on at its default, off at 0).
+    pub hysteresis: bool,
+    /// Every stopped job checkpoints within its grace period.
+    pub stop_ckpt: bool,
+    /// `Policy::owner_borrows_before_preempting`.
+    pub elsewhere: bool,
+    /// `Policy::owner_patience_s` (on at its default, off at 0).
+    pub patience: bool,
 }
 
 /// A policy name that does not exist.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown policy \"{0}\" (known: isolated, share-fifo, commons, commons-nockpt, commons-boost)"
+    "unknown policy \"{0}\" (known: isolated, share-fifo, share-backfill, share-fairshare, commons, commons-old, old+place, old+victims, old+hysteresis, old+patience, old+elsewhere, old+stopckpt, commons-nockpt, commons-boost)"
 )]
 pub struct UnknownPolicy(pub String);
 
 impl PolicyKind {
     /// The policies a replay compares by default.
-    pub const ALL: [PolicyKind; 4] = [
+    pub const ALL: [PolicyKind; 7] = [
         PolicyKind::Isolated,
         PolicyKind::ShareFifo,
+        PolicyKind::ShareBackfill,
+        PolicyKind::ShareFairshare,
         PolicyKind::Commons,
+        PolicyKind::CommonsOld,
         PolicyKind::CommonsNoCkpt,
     ];
     /// Every policy there is, the default ones first.
-    pub const KNOWN: [PolicyKind; 5] = [
+    pub const KNOWN: [PolicyKind; 14] = [
         PolicyKind::Isolated,
         PolicyKind::ShareFifo,
+        PolicyKind::ShareBackfill,
+        PolicyKind::ShareFairshare,
         PolicyKind::Commons,
+        PolicyKind::CommonsOld,
         PolicyKind::CommonsNoCkpt,
+        PolicyKind::OldPlace,
+        PolicyKind::OldVictims,
+        PolicyKind::OldHysteresis,
+        PolicyKind::OldPatience,
+        PolicyKind::OldElsewhere,
+        PolicyKind::OldStopCkpt,
         PolicyKind::CommonsBoost,
     ];
 
@@ -53,7 +107,16 @@ impl PolicyKind {
         match self {
             PolicyKind::Isolated => "isolated",
             PolicyKind::ShareFifo => "share-fifo",
+            PolicyKind::ShareBackfill => "share-backfill",
+            PolicyKind::ShareFairshare => "share-fairshare",
             PolicyKind::Commons => "commons",
+            PolicyKind::CommonsOld => "commons-old",
+            PolicyKind::OldPlace => "old+place",
+            PolicyKind::OldVictims => "old+victims",
+            PolicyKind::OldHysteresis => "old+hysteresis",
+            PolicyKind::OldStopCkpt => "old+stopckpt",
+            PolicyKind::OldElsewhere => "old+elsewhere",
+            PolicyKind::OldPatience => "old+patience",
             PolicyKind::CommonsNoCkpt => "commons-nockpt",
             PolicyKind::CommonsBoost => "commons-boost",
         }
@@ -76,9 +139,12 @@ impl PolicyKind {
 
     /// Whether the policy calls the real scheduler.
     pub fn uses_sched(self) -> bool {
-        matches!(
+        !matches!(
             self,
-            PolicyKind::Commons | PolicyKind::CommonsNoCkpt | PolicyKind::CommonsBoost
+            PolicyKind::Isolated
+                | PolicyKind::ShareFifo
+                | PolicyKind::ShareBackfill
+                | PolicyKind::ShareFairshare
         )
     }
 
@@ -90,6 +156,46 @@ impl PolicyKind {
     /// Whether jobs keep checkpoints under this policy.
     pub fn checkpoints(self) -> bool {
         self != PolicyKind::CommonsNoCkpt
+    }
+
+    /// The churn knobs of a `sched` policy (all off for the baselines).
+    pub fn knobs(self) -> Knobs {
+        let all = Knobs {
+            place: true,
+            victims: true,
+            hysteresis: true,
+            stop_ckpt: true,
+            elsewhere: false,
+            patience: false,
+        };
+        match self {
+            PolicyKind::Commons | PolicyKind::CommonsNoCkpt | PolicyKind::CommonsBoost => all,
+            PolicyKind::OldPlace => Knobs {
+                place: true,
+                ..Knobs::default()
+            },
+            PolicyKind::OldVictims => Knobs {
+                victims: true,
+                ..Knobs::default()
+            },
+            PolicyKind::OldHysteresis => Knobs {
+                hysteresis: true,
+                ..Knobs::default()
+            },
+            PolicyKind::OldPatience => Knobs {
+                patience: true,
+                ..Knobs::default()
+            },
+            PolicyKind::OldElsewhere => Knobs {
+                elsewhere: true,
+                ..Knobs::default()
+            },
+            PolicyKind::OldStopCkpt => Knobs {
+                stop_ckpt: true,
+                ..Knobs::default()
+            },
+            _ => Knobs::default(),
+        }
     }
 }
 
@@ -152,7 +258,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for p in PolicyKind::ALL {
+        for p in PolicyKind::KNOWN {
             assert_eq!(p.name().parse::<PolicyKind>().unwrap(), p);
         }
         assert_eq!(

@@ -24,6 +24,8 @@ pub struct ReplaySettings {
     pub random_departures: u32,
     /// See [`SimOptions::tick_s`].
     pub tick_s: i64,
+    /// See [`SimOptions::limit_seed`].
+    pub limit_seed: Option<u64>,
 }
 
 impl Default for ReplaySettings {
@@ -34,6 +36,7 @@ impl Default for ReplaySettings {
             seed: 1,
             random_departures: 0,
             tick_s: 30,
+            limit_seed: None,
         }
     }
 }
@@ -62,6 +65,8 @@ pub struct RunSummary {
     pub random_departures: u32,
     pub window_per_lab: usize,
     pub tick_s: i64,
+    /// `null`: time limits are the true run times; else the seed of the overestimates.
+    pub limit_seed: Option<u64>,
     pub campus: CampusSummary,
     pub policies: BTreeMap<String, PolicyMetrics>,
     pub targets: Vec<Target>,
@@ -95,6 +100,7 @@ pub fn replay(
             policy: p,
             window_per_lab: settings.window_per_lab,
             tick_s: settings.tick_s,
+            limit_seed: settings.limit_seed,
         };
         let out = simulate(&campus, work, &opts, &mut |t| progress(p, t))?;
         policies.insert(
@@ -113,6 +119,7 @@ pub fn replay(
         random_departures: settings.random_departures,
         window_per_lab: settings.window_per_lab,
         tick_s: settings.tick_s,
+        limit_seed: settings.limit_seed,
         campus: CampusSummary {
             labs: campus.labs.len(),
             nodes: campus.nodes.len(),

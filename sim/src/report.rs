@@ -26,6 +26,15 @@ fn color(p: PolicyKind) -> RGBColor {
         PolicyKind::Commons => RGBColor(0, 90, 200),
         PolicyKind::CommonsNoCkpt => RGBColor(0, 160, 80),
         PolicyKind::CommonsBoost => RGBColor(150, 40, 170),
+        PolicyKind::ShareBackfill => RGBColor(200, 160, 0),
+        PolicyKind::ShareFairshare => RGBColor(200, 30, 30),
+        PolicyKind::CommonsOld => RGBColor(110, 170, 240),
+        PolicyKind::OldPlace => RGBColor(60, 200, 200),
+        PolicyKind::OldVictims => RGBColor(90, 90, 200),
+        PolicyKind::OldHysteresis => RGBColor(160, 110, 60),
+        PolicyKind::OldStopCkpt => RGBColor(230, 120, 180),
+        PolicyKind::OldElsewhere => RGBColor(120, 200, 80),
+        PolicyKind::OldPatience => RGBColor(250, 180, 60),
     }
 }
 

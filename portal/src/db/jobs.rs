@@ -38,6 +38,7 @@ pub fn set_state(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Re
             .set((
                 jobs::finished_at.eq(t),
                 jobs::queue_position.eq(None::<i32>),
+                jobs::estimated_start_at.eq(None::<chrono::NaiveDateTime>),
             ))
             .execute(c)?;
     }
@@ -235,6 +236,7 @@ pub fn set_placed(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(
             jobs::node_id.eq(node),
             jobs::reason.eq(None::<String>),
             jobs::queue_position.eq(None::<i32>),
+            jobs::estimated_start_at.eq(None::<chrono::NaiveDateTime>),
         ))
         .execute(c)?;
     Ok(())
@@ -272,9 +274,15 @@ pub fn set_first_start(
     Ok(())
 }
 
-/// Why a queued job waits, and its place in the queue (a job no longer queued keeps
-/// what it has).
-pub fn set_waiting(c: &mut DbConn, job: i64, reason: &str, position: i32) -> Result<(), AppError> {
+/// Why a queued job waits, its place in the queue and its estimated start (a job no
+/// longer queued keeps what it has).
+pub fn set_waiting(
+    c: &mut DbConn,
+    job: i64,
+    reason: &str,
+    position: i32,
+    estimated_start: Option<chrono::NaiveDateTime>,
+) -> Result<(), AppError> {
     diesel::update(
         jobs::table
             .find(job)
@@ -283,6 +291,7 @@ pub fn set_waiting(c: &mut DbConn, job: i64, reason: &str, position: i32) -> Res
     .set((
         jobs::reason.eq(Some(reason)),
         jobs::queue_position.eq(Some(position)),
+        jobs::estimated_start_at.eq(estimated_start),
     ))
     .execute(c)?;
     Ok(())

@@ -162,6 +162,9 @@ pub struct Job {
     pub checkpoint_interval_s: Option<i64>,
     /// `/dev/shm` in MiB; none: the agent's default.
     pub shm_mb: Option<i64>,
+    /// When the scheduler's latest plan expects the waiting job to start; none:
+    /// unknown, or not waiting.
+    pub estimated_start_at: Option<NaiveDateTime>,
 }
 
 impl Job {

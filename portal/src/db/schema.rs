@@ -141,6 +141,7 @@ diesel::table! {
         finished_at -> Nullable<Timestamp>,
         checkpoint_interval_s -> Nullable<BigInt>,
         shm_mb -> Nullable<BigInt>,
+        estimated_start_at -> Nullable<Timestamp>,
     }
 }
 

@@ -144,6 +144,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                 m.period_gpu_hours += in_period;
             }
         }
+        let return_rates = owner_return_rates(&used, &node_lab, policy.utc_offset_s);
         // Lab, user and time limit of the jobs whose attempts hold GPUs, in one query.
         let active_jobs: Vec<i64> = active.iter().map(|a| a.job_id).collect();
         let job_of: BTreeMap<i64, (i64, i64, i64)> = jobs::table
@@ -169,6 +170,7 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                     lending: n.lending_rules(),
                     grace_s: n.grace_s.max(0) as u32,
                     reclaim: n.reclaim || n.draining,
+                    owner_return_rate: return_rates.get(&n.id).cloned().unwrap_or_default(),
                     gpus: gpus
                         .iter()
                         .filter(|g| g.node_id == n.id && g.present)
@@ -223,4 +225,43 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             members: member_info.into_values().collect(),
         })
     })
+}
+
+/// Each node's owner take-backs by hour of the week, from the attempts in the ledgers'
+/// reach: a guest attempt (its job's lab is not the node's) that was stopped and run
+/// again later (a later attempt of the same job exists) was taken back by the owner
+/// (or moved off a drained node). Rates are per week of the lookback, smoothed with
+/// [`commons_sched::smooth_return_rate`]; nodes without take-backs get none.
+fn owner_return_rates(
+    used: &[(Attempt, i64, i64)],
+    node_lab: &BTreeMap<i64, i64>,
+    utc_offset_s: i32,
+) -> BTreeMap<i64, Vec<f64>> {
+    let mut last: BTreeMap<i64, i32> = BTreeMap::new();
+    for (a, _, _) in used {
+        let e = last.entry(a.job_id).or_insert(a.attempt);
+        *e = (*e).max(a.attempt);
+    }
+    let mut counts: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    for (a, job_lab, _) in used {
+        let guest = node_lab.get(&a.node_id).is_some_and(|l| l != job_lab);
+        let rerun = last.get(&a.job_id).is_some_and(|&l| l > a.attempt);
+        let (true, true, true, Some(end)) = (
+            guest,
+            rerun,
+            a.status() == super::models::AttemptStatus::Stopped,
+            a.ended_at,
+        ) else {
+            continue;
+        };
+        let h = commons_sched::hour_of_week(secs(end), utc_offset_s);
+        counts
+            .entry(a.node_id)
+            .or_insert_with(|| vec![0.0; commons_sched::WEEK_HOURS])[h] += 1.0;
+    }
+    let weeks = LEDGER_LOOKBACK_S as f64 / (7.0 * 86_400.0);
+    counts
+        .into_iter()
+        .map(|(node, c)| (node, commons_sched::smooth_return_rate(&c, weeks)))
+        .collect()
 }

@@ -50,7 +50,7 @@ pub struct Order {
 /// 1. Preemptions first: the job must still run its attempt; the attempt goes to
 ///    `stopping`, the job to `preempting`, and the node gets a `Stop` with the grace.
 /// 2. Starts: the job must still be queued, its node online and its GPUs free.
-/// 3. Waiting jobs get their reason and place in the queue.
+/// 3. Waiting jobs get their reason, place in the queue and estimated start.
 pub fn apply_plan(
     c: &mut DbConn,
     plan: &commons_sched::Plan,
@@ -129,7 +129,11 @@ pub fn apply_plan(
             });
         }
         for p in &plan.pending {
-            db::jobs::set_waiting(c, p.job, &p.reason.to_string(), p.position as i32)?;
+            let estimate = p
+                .estimated_start
+                .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+                .map(|t| t.naive_utc());
+            db::jobs::set_waiting(c, p.job, &p.reason.to_string(), p.position as i32, estimate)?;
         }
         Ok(orders)
     })

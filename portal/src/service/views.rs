@@ -30,6 +30,10 @@ pub struct JobView {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i32>,
+    /// While the job waits: when the scheduler expects it to start (UTC), `null` when
+    /// it cannot tell. Absent for jobs that do not wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimated_start_at: Option<Option<NaiveDateTime>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -59,6 +63,14 @@ pub struct JobView {
 }
 
 impl JobView {
+    /// The estimated start in words, while the job waits: a UTC time, or "unknown".
+    pub fn estimated_start(&self) -> Option<String> {
+        let at = self.estimated_start_at?;
+        Some(at.map_or("unknown".to_string(), |t| {
+            t.format("%Y-%m-%d %H:%M UTC").to_string()
+        }))
+    }
+
     /// The time left in words ("1 h 05 min"), while the job runs.
     pub fn time_left(&self) -> Option<String> {
         let s = self.time_left_s?;
@@ -143,6 +155,8 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
                 state: job.state,
                 reason: job.reason.clone(),
                 queue_position: job.queue_position,
+                estimated_start_at: (job.state == JobState::Queued)
+                    .then_some(job.estimated_start_at),
                 node,
                 gpus,
                 exit_code: job.exit_code,
@@ -184,6 +198,31 @@ mod tests {
         });
         let views = job_views(&mut c, &jobs).unwrap();
         (count.load(Ordering::SeqCst), views)
+    }
+
+    #[test]
+    fn estimated_start_reads_as_a_time_or_unknown() {
+        let (_d, mut c) = sqlite();
+        let mut job = campus(&mut c, 1).jobs.remove(0);
+        job.state = JobState::Queued;
+        job.estimated_start_at = None;
+        let v = job_view(&mut c, &job).unwrap();
+        assert_eq!(v.estimated_start().as_deref(), Some("unknown"));
+        assert_eq!(
+            serde_json::to_value(&v).unwrap()["estimated_start_at"],
+            serde_json::Value::Null
+        );
+        job.estimated_start_at =
+            chrono::DateTime::from_timestamp(1_800_000_000, 0).map(|t| t.naive_utc());
+        let v = job_view(&mut c, &job).unwrap();
+        assert_eq!(v.estimated_start().as_deref(), Some("2027-01-15 08:00 UTC"));
+        job.state = JobState::Running;
+        let v = job_view(&mut c, &job).unwrap();
+        assert_eq!(v.estimated_start(), None, "only while it waits");
+        assert!(serde_json::to_value(&v)
+            .unwrap()
+            .get("estimated_start_at")
+            .is_none());
     }
 
     #[test]

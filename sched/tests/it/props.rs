@@ -104,6 +104,11 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                 n.schedulable = schedulable;
                 n.reclaim = reclaim;
                 n.grace_s = (i as u32) * 60;
+                // Every other node has owner return rates: risk placement and the
+                // re-lending hysteresis take part in every invariant below.
+                if i % 2 == 0 {
+                    n.owner_return_rate = (0..168).map(|h| f64::from(h % 3) * 0.2).collect();
+                }
                 for (m, local, idle) in gpus {
                     gpu_id += 1;
                     // Kind 2 is a MIG slice of an A100.
@@ -360,6 +365,8 @@ proptest! {
             prop_assert_eq!(pe.position as usize, i + 1);
             prop_assert!(decided.insert(pe.job), "job {} decided twice", pe.job);
             prop_assert!(!pe.reason.to_string().is_empty());
+            // An estimated start is never in the past.
+            prop_assert!(pe.estimated_start.is_none_or(|e| e >= now), "{:?}", pe);
         }
         prop_assert_eq!(decided, queued);
 

@@ -86,9 +86,13 @@ impl Engine<'_> {
             let truncated = queue.len() < self.queue.len();
             self.snap.queue = queue
                 .into_iter()
-                .map(|(_, job)| queued_job(&self.work.jobs[job], self.jobs[job].saved))
+                .map(|(_, job)| {
+                    let limit = self.limits[job] - self.jobs[job].saved;
+                    queued_job(&self.work.jobs[job], limit)
+                })
                 .collect();
             self.refresh_snapshot();
+            self.refresh_rates();
             let plan = planner(&self.snap, &policy, self.now);
             self.plan_calls += 1;
             for s in &plan.start {
@@ -103,6 +107,19 @@ impl Engine<'_> {
                 }
                 if !self.jobs[job].preempting {
                     self.begin_stop(job, i64::from(p.grace_s));
+                    self.took_back(self.jobs[job].node);
+                }
+            }
+            for w in &plan.pending {
+                let Some(at) = w.estimated_start else {
+                    continue;
+                };
+                let out = usize::try_from(w.job)
+                    .ok()
+                    .and_then(|j| self.jobs.get_mut(j))
+                    .map(|rt| &mut rt.out);
+                if let Some(o) = out.filter(|o| o.first_start.is_none()) {
+                    o.first_estimate.get_or_insert((self.now, at));
                 }
             }
             if !truncated || plan.start.is_empty() {
@@ -193,11 +210,24 @@ impl Engine<'_> {
     }
 }
 
-/// The scheduler's policy knobs for this campus: the defaults, with the campus' grace.
-pub(super) fn sched_policy(campus: &Campus) -> sched::Policy {
+/// The scheduler's policy knobs for this campus and policy: the defaults, with the
+/// campus' grace and the policy's churn knobs.
+pub(super) fn sched_policy(campus: &Campus, kind: crate::PolicyKind) -> sched::Policy {
+    let knobs = kind.knobs();
+    let on = sched::Policy::default();
     sched::Policy {
         default_grace_s: u32::try_from(campus.grace_s).unwrap_or(u32::MAX),
-        ..Default::default()
+        return_risk_placement: knobs.place,
+        victims_over_share_first: knobs.victims,
+        relend_delay_s: if knobs.hysteresis {
+            on.relend_delay_s
+        } else {
+            0
+        },
+        owner_borrows_before_preempting: knobs.elsewhere,
+        // Patience is off by default; the knob turns it on at 10 minutes.
+        owner_patience_s: if knobs.patience { 600 } else { 0 },
+        ..on
     }
 }
 
@@ -246,13 +276,13 @@ pub(super) fn initial_snapshot(campus: &Campus) -> sched::Snapshot {
 }
 
 #[allow(clippy::needless_update)]
-pub(super) fn queued_job(j: &crate::trace::Job, saved: i64) -> sched::QueuedJob {
+pub(super) fn queued_job(j: &crate::trace::Job, limit: i64) -> sched::QueuedJob {
     sched::QueuedJob {
         id: j.idx as i64,
         user: j.lab as i64,
         lab: j.lab as i64,
         gpus: j.gpus,
-        time_limit_s: j.duration - saved,
+        time_limit_s: limit,
         submitted_at: j.submit,
         interactive: j.interactive,
         ..Default::default()
@@ -265,7 +295,7 @@ pub(super) fn running_job(
     node: usize,
     gpus: Vec<sched::GpuId>,
     now: i64,
-    remaining: i64,
+    limit: i64,
 ) -> sched::RunningJob {
     sched::RunningJob {
         id: j.idx as i64,
@@ -274,7 +304,7 @@ pub(super) fn running_job(
         node: node as i64,
         gpus,
         started_at: now,
-        time_limit_s: remaining,
+        time_limit_s: limit,
         preempting: false,
         ..Default::default()
     }

@@ -18,11 +18,13 @@
 //! queued; the snapshot's `running` list mirrors the running jobs. Everything is
 //! iterated in index order, so a run is a pure function of its inputs.
 
+mod churn;
 mod commons;
+mod share;
 
 use crate::accounting::Accounting;
 use crate::campus::Campus;
-use crate::policy::{fcfs, PolicyKind};
+use crate::policy::{Knobs, PolicyKind};
 use crate::trace::Workload;
 use commons::{initial_snapshot, running_job, sched_policy};
 use commons_sched as sched;
@@ -47,6 +49,10 @@ pub struct SimOptions {
     /// (like the portal's loop); changes in between wait for the next tick. 0: the
     /// policy is asked at the very instant of every change.
     pub tick_s: i64,
+    /// `None`: every job's time limit is its true run time. `Some(seed)`: users
+    /// overestimate, each limit is the run time times a factor drawn with this seed
+    /// (see [`crate::limits`]).
+    pub limit_seed: Option<u64>,
 }
 
 impl SimOptions {
@@ -55,6 +61,7 @@ impl SimOptions {
             policy,
             window_per_lab: 8,
             tick_s: 0,
+            limit_seed: None,
         }
     }
 }
@@ -67,6 +74,8 @@ pub struct JobOutcome {
     /// The first attempt ran on a node of the job's own lab.
     pub owner_start: bool,
     pub attempts: u32,
+    /// The first start-time estimate the scheduler gave: (when, estimated start).
+    pub first_estimate: Option<(i64, i64)>,
 }
 
 /// The raw result of one simulation; [`crate::metrics`] summarises it.
@@ -88,11 +97,19 @@ pub struct SimOutput {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
-    Finish { job: usize, attempt: u32 },
-    GraceEnd { job: usize, attempt: u32 },
+    Finish {
+        job: usize,
+        attempt: u32,
+    },
+    GraceEnd {
+        job: usize,
+        attempt: u32,
+    },
     Leave(usize),
     Return(usize),
     Tick,
+    /// Plan again (a GPU held back by the re-lending hysteresis may be lent now).
+    Wake,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +130,8 @@ struct Rt {
     gpus: Vec<sched::GpuId>,
     preempting: bool,
     displaced: bool,
+    /// When the running attempt reaches its time limit.
+    limit_end: i64,
     out: JobOutcome,
 }
 
@@ -157,6 +176,18 @@ struct Engine<'a> {
     migrations_ok: u64,
     migrations_failed: u64,
     plan_calls: u64,
+    /// Each job's time limit (its run time, or an overestimate of it).
+    limits: Vec<i64>,
+    knobs: Knobs,
+    /// A stopped job checkpoints within its grace period.
+    ckpt_on_stop: bool,
+    /// Owner take-backs per node and hour of the week (see `churn`).
+    takebacks: Vec<Vec<u32>>,
+    /// The hour (since the start) the snapshot's return rates were computed for.
+    rates_hour: Option<i64>,
+    /// Per lab: decayed GPU-hours of every finished attempt, and when (fair share of
+    /// the `share-fairshare` baseline).
+    fs_usage: Vec<(f64, i64)>,
 }
 
 /// The function that plans for the `commons` policies: [`sched::plan`] in production,
@@ -288,6 +319,7 @@ impl<'a> Engine<'a> {
                     gpus: Vec::new(),
                     preempting: false,
                     displaced: false,
+                    limit_end: 0,
                     out: JobOutcome::default(),
                 };
                 work.jobs.len()
@@ -302,13 +334,19 @@ impl<'a> Engine<'a> {
             guests: 0,
             snap,
             run_pos: vec![usize::MAX; work.jobs.len()],
-            policy: sched_policy(campus),
+            policy: sched_policy(campus, opts.policy),
             ledgers: vec![(0.0, 0.0, work.span.0); campus.labs.len()],
             acct: Accounting::new(work.span.0, work.span.1),
             preemptions: 0,
             migrations_ok: 0,
             migrations_failed: 0,
             plan_calls: 0,
+            limits: crate::limits::time_limits(work, opts.limit_seed),
+            knobs: opts.policy.knobs(),
+            ckpt_on_stop: campus.checkpoint_on_stop || opts.policy.knobs().stop_ckpt,
+            takebacks: vec![vec![0; commons_sched::WEEK_HOURS]; n],
+            rates_hour: None,
+            fs_usage: vec![(0.0, work.span.0); campus.labs.len()],
             opts,
         }
     }
@@ -355,6 +393,10 @@ impl<'a> Engine<'a> {
                 }
             }
             Ev::Tick => self.tick_pending = false,
+            Ev::Wake => {
+                self.other_change = true;
+                self.changed = true;
+            }
             Ev::Return(d) => {
                 let node = self.campus.departures[d].node;
                 self.down[node] -= 1;
@@ -413,13 +455,15 @@ impl<'a> Engine<'a> {
             rt.out.owner_start = owner;
         }
         let remaining = j.duration - rt.saved;
+        let limit = (self.limits[job] - rt.saved).max(remaining);
+        rt.limit_end = self.now + limit;
         let attempt = rt.out.attempts;
         rt.gpus = gpus.clone();
         self.push(self.now + remaining, Ev::Finish { job, attempt });
         self.run_pos[job] = self.snap.running.len();
         self.snap
             .running
-            .push(running_job(j, node, gpus, self.now, remaining));
+            .push(running_job(j, node, gpus, self.now, limit));
     }
 
     /// Free the GPUs of a running job (it finished or stopped).
@@ -431,6 +475,7 @@ impl<'a> Engine<'a> {
         self.free[node].sort_unstable();
         self.on_node[node].retain(|&j| j != job);
         let (owner, borrower) = (self.campus.nodes[node].lab, self.work.jobs[job].lab);
+        self.released(job, node, &gpus);
         if owner != borrower {
             self.guests -= 1;
             let gpu_h = gpus.len() as f64 * (self.now - self.jobs[job].start) as f64 / 3600.0;
@@ -463,7 +508,7 @@ impl<'a> Engine<'a> {
         let progress = rt.saved + elapsed;
         let saved = match self.ckpt {
             None => 0,
-            Some(_) if graceful && self.campus.checkpoint_on_stop => progress,
+            Some(_) if graceful && self.ckpt_on_stop => progress,
             Some(i) => rt.saved + elapsed / i * i,
         };
         let lost = progress - saved;
@@ -495,65 +540,15 @@ impl<'a> Engine<'a> {
             return Ok(());
         }
         match self.opts.policy {
-            PolicyKind::Isolated => {
-                for lab in 0..self.dirty.len() {
-                    if self.dirty[lab] && !self.lab_nodes[lab].is_empty() {
-                        let pool = self.lab_nodes[lab].clone();
-                        let lab_jobs = self.lab_queue[lab].iter().map(|&(_, _, j)| j);
-                        let queue = self.queue_head(&pool, lab_jobs);
-                        self.run_fcfs(&pool, &queue);
-                    }
-                }
-            }
-            PolicyKind::ShareFifo => {
-                let pool: Vec<usize> = (0..self.campus.nodes.len()).collect();
-                let queue = self.queue_head(&pool, self.queue.iter().map(|&(_, j)| j));
-                self.run_fcfs(&pool, &queue);
-            }
-            PolicyKind::Commons | PolicyKind::CommonsNoCkpt | PolicyKind::CommonsBoost => {
-                self.run_sched(planner)?
-            }
+            PolicyKind::Isolated => self.run_isolated(),
+            PolicyKind::ShareFifo => self.run_share_fifo(),
+            PolicyKind::ShareBackfill => self.run_backfill(false),
+            PolicyKind::ShareFairshare => self.run_backfill(true),
+            _ => self.run_sched(planner)?,
         }
         self.dirty.fill(false);
         self.arrived.fill(false);
         self.other_change = false;
         Ok(())
-    }
-
-    /// The part of a queue that strict FCFS over `pool` can reach now: each start takes
-    /// at least one free GPU, so no more jobs than free GPUs (plus the one that waits)
-    /// matter; jobs wider than every node of the pool are skipped and do not count.
-    fn queue_head(&self, pool: &[usize], queue: impl Iterator<Item = usize>) -> Vec<usize> {
-        let widest = pool
-            .iter()
-            .map(|&n| self.campus.nodes[n].gpus)
-            .max()
-            .unwrap_or(0);
-        let free: usize = pool.iter().map(|&n| self.free[n].len()).sum();
-        let mut out = Vec::new();
-        let mut fitting = 0;
-        for job in queue {
-            if fitting > free {
-                break;
-            }
-            if self.work.jobs[job].gpus <= widest {
-                fitting += 1;
-            }
-            out.push(job);
-        }
-        out
-    }
-
-    fn run_fcfs(&mut self, pool: &[usize], queue: &[usize]) {
-        let free: Vec<u32> = pool.iter().map(|&n| self.free[n].len() as u32).collect();
-        let size: Vec<u32> = pool.iter().map(|&n| self.campus.nodes[n].gpus).collect();
-        let up: Vec<bool> = pool.iter().map(|&n| self.down[n] == 0).collect();
-        let jobs = queue.iter().map(|&j| (j, self.work.jobs[j].gpus));
-        for (job, i) in fcfs(jobs, &free, &size, &up) {
-            let node = pool[i];
-            let take = self.work.jobs[job].gpus as usize;
-            let gpus = self.free[node][..take].to_vec();
-            self.start(job, node, gpus);
-        }
     }
 }

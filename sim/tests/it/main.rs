@@ -2,6 +2,7 @@
 // Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod baselines;
 mod cli;
 mod fuzz;
 #[path = "../../../portal/tests/fuzzkit.rs"]

@@ -65,7 +65,7 @@ fn owner_arriving_while_a_guest_runs() {
     // With checkpoints every 600 s the guest keeps 600 s of its 1060 s and loses 460.
     // Without, it loses all 1060 s and runs its 3000 s again.
     for (policy, b1_finish, lost_h, goodput) in [
-        (PolicyKind::Commons, 1560 + 2400, 0.13, 0.8),
+        (PolicyKind::CommonsOld, 1560 + 2400, 0.13, 0.8),
         (PolicyKind::CommonsNoCkpt, 1560 + 3000, 0.29, 0.5),
     ] {
         let opts = SimOptions::new(policy);

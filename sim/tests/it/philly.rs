@@ -58,7 +58,7 @@ fn philly_slice_replays_under_every_policy() {
         assert!(m.labs_worse_off.is_some());
     }
     assert_eq!(r.summary.policies["isolated"].labs_worse_off, Some(0));
-    assert_eq!(r.summary.targets.len(), 6);
+    assert_eq!(r.summary.targets.len(), 11);
 }
 
 #[test]

@@ -179,8 +179,12 @@ fn owner_arriving_while_a_guest_runs_under_the_real_policy() {
             (1000, 500, 1, "va"),
         ],
     );
+    // `commons` also checkpoints within the grace period (`checkpoint_on_stop`) and
+    // loses nothing.
     for (policy, lost_h) in [
-        (PolicyKind::Commons, 0.13),
+        (PolicyKind::Commons, 0.0),
+        (PolicyKind::CommonsOld, 0.13),
+        (PolicyKind::OldStopCkpt, 0.0),
         (PolicyKind::CommonsNoCkpt, 0.29),
     ] {
         let (out, m) = run(&c, &w, policy);

@@ -1,0 +1,89 @@
+//! Start-time estimates for the jobs that wait.
+//!
+//! A waiting job's estimate is, in order of preference:
+//! 1. its reservation (a guest that reserved GPUs for its earliest start), or its
+//!    expected start on its own lab's nodes (an owner job), as the round found them;
+//! 2. else a bound from the jobs ahead of it: the campus' GPUs as one pool, the
+//!    running jobs handing theirs back at the end of their time limits (a stopping
+//!    guest at the end of its grace), and every waiting job ahead of it, in queue
+//!    order, taking its GPUs for its own time limit as soon as the pool has them.
+//!
+//! The pool ignores which node a GPU is on, so the bound is optimistic for wide jobs
+//! and pessimistic where backfill lets a job overtake. A job that waits for a rule or
+//! a quota (not for GPUs) gets no estimate and takes nothing from the pool; once the
+//! pool cannot supply a job (GPUs held without a time limit), that job gets none.
+//!
+//! Invariants: pure; one pass over the waiting jobs and one heap of releases, so
+//! O((waiting + running) log running).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::model::Time;
+use crate::plan::Round;
+use crate::reason::Reason;
+use crate::state::World;
+
+/// Whether a job waiting for `reason` waits only for GPUs to come free.
+fn waits_for_gpus(reason: &Reason) -> bool {
+    matches!(
+        reason,
+        Reason::WaitingForGpus { .. }
+            | Reason::BehindEarlierJob { .. }
+            | Reason::NoFreeMatchingGpu { .. }
+            | Reason::OwnerReserved { .. }
+            | Reason::WaitingForGuestsToLeave { .. }
+            | Reason::WaitingForOwnJobs { .. }
+    )
+}
+
+/// The estimates of the round's waiting jobs, in the order of `round.pending`.
+pub(crate) fn estimates(world: &World, round: &Round) -> Vec<Option<Time>> {
+    let now = world.now;
+    let mut free: u64 = 0;
+    for g in &world.gpus {
+        if g.holder.is_none() && !g.gpu.local_use && world.nodes[g.node].node.schedulable {
+            free += 1;
+        }
+    }
+    let mut releases: BinaryHeap<Reverse<(Time, u64)>> = world
+        .running
+        .iter()
+        .filter_map(|r| {
+            let n = r.node?;
+            if !world.nodes[n].node.schedulable {
+                return None;
+            }
+            let end = r.expected_end(now, world.nodes[n].grace_s)?;
+            Some(Reverse((end, u64::from(r.gpu_count))))
+        })
+        .collect();
+    let mut t = now;
+    let mut out = Vec::with_capacity(round.pending.len());
+    for &(j, reason) in &round.pending {
+        let known = round.estimates.get(j).copied().flatten();
+        if !waits_for_gpus(&round.reasons[reason]) {
+            out.push(known);
+            continue;
+        }
+        let job = world.queue[j];
+        let need = u64::from(job.gpus);
+        while free < need {
+            let Some(Reverse((at, gpus))) = releases.pop() else {
+                break;
+            };
+            t = t.max(at);
+            free += gpus;
+        }
+        if free < need {
+            out.push(known);
+            continue;
+        }
+        free -= need;
+        if job.time_limit_s > 0 {
+            releases.push(Reverse((t.saturating_add(job.time_limit_s), need)));
+        }
+        out.push(Some(known.unwrap_or(t)));
+    }
+    out
+}
