@@ -32,6 +32,29 @@ pub struct Config {
     pub checkpoints: CheckpointsConfig,
     /// The SSH gateway into running jobs.
     pub ssh: SshConfig,
+    /// `/metrics` for Prometheus.
+    pub metrics: MetricsConfig,
+}
+
+/// `/metrics` (Prometheus text format) on the portal's own listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Serve `/metrics` at all.
+    pub enabled: bool,
+    /// File holding a bearer token that scrapers must send (`Authorization: Bearer ...`);
+    /// unset: `/metrics` answers anyone who reaches the listener (block it at the reverse
+    /// proxy then).
+    pub bearer_token_file: Option<PathBuf>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            bearer_token_file: None,
+        }
+    }
 }
 
 /// The SSH gateway (off unless `listen` is set).
@@ -337,6 +360,7 @@ impl Default for Config {
             session_absolute_hours: 7 * 24,
             checkpoints: CheckpointsConfig::default(),
             ssh: SshConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }

@@ -9,8 +9,18 @@ use std::path::PathBuf;
 #[derive(Parser)]
 #[command(name = "commons-portal", version, about = "GPU Commons portal")]
 struct Cli {
+    /// Log lines for people (`text`) or one JSON object a line with the span fields
+    /// (request, job, attempt and node ids) for a log pipeline (`json`).
+    #[arg(long, global = true, value_enum, default_value = "text", env = "COMMONS_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(clap::Args)]
@@ -92,14 +102,16 @@ enum AdminCmd {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,actix_server=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,actix_server=warn".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).init(),
+    }
     match cli.cmd {
         Cmd::Admin { db, cmd } => {
             let config = db.config()?;

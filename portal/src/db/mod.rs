@@ -171,6 +171,12 @@ impl Db {
         .map_err(|_| E::from(DbError::Join))?
     }
 
+    /// The pool's connections: (open, idle, most allowed).
+    pub fn pool_state(&self) -> (u32, u32, u32) {
+        let s = self.pool.state();
+        (s.connections, s.idle_connections, self.pool.max_size())
+    }
+
     /// The same, for code that is already on a blocking thread (the CLI).
     pub fn run_blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where

@@ -18,6 +18,7 @@ mod jobs;
 mod leases;
 mod migration;
 mod migrations;
+mod observability;
 mod oidc_provider;
 mod policy;
 mod provider_smoke;
