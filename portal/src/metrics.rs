@@ -40,6 +40,12 @@ pub struct JobLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub node: String,
+    pub lab: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuLabels {
     pub node: String,
     pub lab: String,
@@ -104,6 +110,7 @@ pub struct Metrics {
     pub queue_oldest: Family<LabLabel, Gauge>,
     pub gpus: Family<GpuLabels, Gauge>,
     pub jobs: Family<JobLabels, Gauge>,
+    pub node_up: Family<NodeLabels, Gauge>,
     pub agents_connected: Gauge,
     pub agent_messages: Family<MessageLabels, Counter>,
     pub agent_message_duration: HistogramFamily<KindLabel>,
@@ -139,6 +146,7 @@ impl Metrics {
             queue_oldest: Family::default(),
             gpus: Family::default(),
             jobs: Family::default(),
+            node_up: Family::default(),
             agents_connected: Gauge::default(),
             agent_messages: Family::default(),
             agent_message_duration: Family::new_with_constructor(latency_histogram),
@@ -215,6 +223,11 @@ impl Metrics {
             m.gpus.clone(),
         );
         r.register("jobs", "Jobs by lab and state", m.jobs.clone());
+        r.register(
+            "node_up",
+            "1 when the node's agent is connected (to any replica), by node and lab",
+            m.node_up.clone(),
+        );
         r.register(
             "agents_connected",
             "Agents connected to this replica",

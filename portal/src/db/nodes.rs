@@ -339,3 +339,11 @@ pub fn node_by_id(c: &mut DbConn, id: i64) -> Result<Node, AppError> {
         .optional()?
         .ok_or(AppError::NotFound("node"))
 }
+
+/// Every node's (name, lab id, online), for the metrics.
+pub fn online_by_node(c: &mut DbConn) -> Result<Vec<(String, i64, bool)>, AppError> {
+    Ok(nodes::table
+        .select((nodes::name, nodes::lab_id, nodes::online))
+        .order_by(nodes::id)
+        .load(c)?)
+}

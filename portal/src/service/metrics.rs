@@ -3,18 +3,33 @@
 //! it happens.
 
 use super::Ctx;
-use crate::db::{jobs, users};
+use crate::db::{jobs, nodes, users};
 use crate::error::AppError;
-use crate::metrics::{JobLabels, PoolLabel};
+use crate::metrics::{JobLabels, NodeLabels, PoolLabel};
 
 /// Refreshes the scrape-time gauges and returns the whole registry as text.
 pub async fn scrape(ctx: &Ctx) -> Result<String, AppError> {
-    let (counts, labs) = ctx
+    let (counts, labs, online) = ctx
         .db
-        .run(|c| Ok::<_, AppError>((jobs::count_by_lab_and_state(c)?, users::all_lab_slugs(c)?)))
+        .run(|c| {
+            Ok::<_, AppError>((
+                jobs::count_by_lab_and_state(c)?,
+                users::all_lab_slugs(c)?,
+                nodes::online_by_node(c)?,
+            ))
+        })
         .await?;
     let m = &ctx.metrics;
     m.set_labs(labs);
+    m.node_up.clear();
+    for (node, lab, up) in online {
+        m.node_up
+            .get_or_create(&NodeLabels {
+                node,
+                lab: m.lab(lab),
+            })
+            .set(i64::from(up));
+    }
     m.jobs.clear();
     for (lab, state, n) in counts {
         m.jobs

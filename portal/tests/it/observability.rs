@@ -117,6 +117,13 @@ async fn metrics_move_after_a_job(backend: Backend, host_n: u8) {
         "{raw}"
     );
     assert!(get(&after, "commons_db_pool_max_connections") >= 1.0);
+    assert_eq!(
+        get(
+            &after,
+            &format!(r#"commons_node_up{{node="{node}",lab="vision"}}"#)
+        ),
+        1.0
+    );
 
     let agent_after = scrape(&agent_metrics).await;
     let starts = "commons_agent_container_starts_total";
@@ -201,4 +208,136 @@ async fn metrics_can_need_a_token_and_be_off() {
         .await
         .unwrap();
     assert_eq!(res.status(), 404);
+}
+
+/// Every series name the portal and the agent can expose, from their registries' TYPE
+/// lines (a family shows only once it has a child, so each gets one first).
+fn exposed_names() -> std::collections::BTreeSet<String> {
+    use commons_portal::metrics as pm;
+    let m = pm::Metrics::new();
+    let kind = pm::KindLabel { kind: "x" };
+    let lab = pm::LabLabel { lab: "x".into() };
+    m.http_requests.get_or_create(&pm::HttpLabels {
+        method: "GET".into(),
+        route: "x".into(),
+        status: 200,
+    });
+    m.tick_phase.get_or_create(&pm::PhaseLabel { phase: "x" });
+    m.plan_size.get_or_create(&kind);
+    m.preemptions.get_or_create(&pm::CauseLabel { cause: "x" });
+    m.starts.get_or_create(&lab);
+    m.queue_wait.get_or_create(&lab);
+    m.queue_jobs.get_or_create(&lab);
+    m.queue_oldest.get_or_create(&lab);
+    m.gpus.get_or_create(&pm::GpuLabels {
+        node: "x".into(),
+        lab: "x".into(),
+        state: "x",
+    });
+    m.jobs.get_or_create(&pm::JobLabels {
+        lab: "x".into(),
+        state: "x".into(),
+    });
+    m.node_up.get_or_create(&pm::NodeLabels {
+        node: "x".into(),
+        lab: "x".into(),
+    });
+    m.message("in", "x");
+    m.agent_message_duration.get_or_create(&kind);
+    m.db_pool.get_or_create(&pm::PoolLabel { state: "x" });
+    let a = &commons_agent::metrics::METRICS;
+    let gpu = commons_agent::metrics::GpuLabels {
+        gpu: 0,
+        uuid: "x".into(),
+    };
+    a.gpu_utilization.get_or_create(&gpu);
+    a.gpu_memory_used.get_or_create(&gpu);
+    a.gpu_memory_total.get_or_create(&gpu);
+    a.gpu_local_use.get_or_create(&gpu);
+    a.messages.get_or_create(&commons_agent::metrics::MessageLabels {
+        direction: "in",
+        kind: "x",
+    });
+    a.checkpoint_uploads
+        .get_or_create(&commons_agent::metrics::ResultLabel { result: "x" });
+    let text = m.encode() + &a.encode();
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').unwrap();
+        match kind {
+            "counter" => {
+                names.insert(format!("{name}_total"));
+            }
+            "histogram" => {
+                for s in ["_bucket", "_count", "_sum"] {
+                    names.insert(format!("{name}{s}"));
+                }
+            }
+            _ => {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+fn commons_names(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("commons_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// The dashboard and the alert rules name only metrics that exist; the rules pass
+/// `promtool check rules` and their unit tests (`promtool test rules`).
+#[test]
+fn dashboard_and_alert_rules_use_real_metrics() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana");
+    let names = exposed_names();
+    assert!(names.contains("commons_jobs") && names.contains("commons_agent_connected"));
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("dashboard.json")).unwrap())
+            .unwrap();
+    let mut exprs = Vec::new();
+    for p in dashboard["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(exprs.len() > 20);
+    let rules = std::fs::read_to_string(dir.join("alerts.yml")).unwrap();
+    exprs.push(rules);
+    for e in &exprs {
+        for n in commons_names(e) {
+            assert!(names.contains(&n), "{n} is not a metric (in {e})");
+        }
+    }
+    for args in [
+        vec!["check", "rules", "alerts.yml"],
+        vec!["test", "rules", "alerts.test.yml"],
+    ] {
+        let out = std::process::Command::new("promtool")
+            .args(&args)
+            .current_dir(&dir)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("promtool not runnable ({e}): apt-get install prometheus (Debian)")
+            });
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
