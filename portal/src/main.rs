@@ -99,6 +99,22 @@ enum AdminCmd {
     ApiToken { username: String },
     /// Prints a one-time agent enrolment token for a lab.
     EnrolToken { slug: String },
+    /// Copies everything from a SQLite database into an empty PostgreSQL one, and
+    /// verifies it (row counts and checksums per table). The portal must be stopped.
+    MigrateDb {
+        /// sqlite://PATH
+        #[arg(long)]
+        from: String,
+        /// postgres://... (an empty database)
+        #[arg(long)]
+        to: String,
+    },
+    /// An online backup of the SQLite database into a new file (the portal may keep
+    /// running). For PostgreSQL use pg_dump.
+    Backup {
+        #[arg(long)]
+        to: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -113,6 +129,30 @@ fn main() -> anyhow::Result<()> {
         LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).init(),
     }
     match cli.cmd {
+        Cmd::Admin {
+            cmd: AdminCmd::MigrateDb { from, to },
+            ..
+        } => {
+            let copied = commons_portal::db::copy::sqlite_to_postgres(&from, &to)?;
+            for (table, rows, sum) in &copied.tables {
+                println!("{table:<28} {rows:>9} rows  sha256 {sum}");
+            }
+            println!(
+                "copied and verified {} tables, {} rows",
+                copied.tables.len(),
+                copied.tables.iter().map(|t| t.1).sum::<usize>()
+            );
+            Ok(())
+        }
+        Cmd::Admin {
+            db,
+            cmd: AdminCmd::Backup { to },
+        } => {
+            let config = db.config()?;
+            let bytes = commons_portal::db::copy::sqlite_backup(&config.database_url, &to)?;
+            println!("backed up {} to {} ({bytes} bytes)", config.database_url, to.display());
+            Ok(())
+        }
         Cmd::Admin { db, cmd } => {
             let config = db.config()?;
             config.validate()?;
@@ -136,6 +176,9 @@ fn main() -> anyhow::Result<()> {
                 )?,
                 AdminCmd::ApiToken { username } => admin::api_token(&db, &username)?,
                 AdminCmd::EnrolToken { slug } => admin::enrol_token(&db, &slug)?,
+                AdminCmd::MigrateDb { .. } | AdminCmd::Backup { .. } => {
+                    anyhow::bail!("handled above")
+                }
             };
             println!("{out}");
             Ok(())

@@ -12,6 +12,7 @@
 pub mod attempts;
 pub mod audit;
 pub mod checkpoints;
+pub mod copy;
 pub mod cli_logins;
 pub mod gateway;
 pub mod jobs;

@@ -217,48 +217,48 @@ fn exposed_names() -> std::collections::BTreeSet<String> {
     let m = pm::Metrics::new();
     let kind = pm::KindLabel { kind: "x" };
     let lab = pm::LabLabel { lab: "x".into() };
-    m.http_requests.get_or_create(&pm::HttpLabels {
+    let _ = m.http_requests.get_or_create(&pm::HttpLabels {
         method: "GET".into(),
         route: "x".into(),
         status: 200,
     });
-    m.tick_phase.get_or_create(&pm::PhaseLabel { phase: "x" });
-    m.plan_size.get_or_create(&kind);
-    m.preemptions.get_or_create(&pm::CauseLabel { cause: "x" });
-    m.starts.get_or_create(&lab);
-    m.queue_wait.get_or_create(&lab);
-    m.queue_jobs.get_or_create(&lab);
-    m.queue_oldest.get_or_create(&lab);
-    m.gpus.get_or_create(&pm::GpuLabels {
+    let _ = m.tick_phase.get_or_create(&pm::PhaseLabel { phase: "x" });
+    let _ = m.plan_size.get_or_create(&kind);
+    let _ = m.preemptions.get_or_create(&pm::CauseLabel { cause: "x" });
+    let _ = m.starts.get_or_create(&lab);
+    let _ = m.queue_wait.get_or_create(&lab);
+    let _ = m.queue_jobs.get_or_create(&lab);
+    let _ = m.queue_oldest.get_or_create(&lab);
+    let _ = m.gpus.get_or_create(&pm::GpuLabels {
         node: "x".into(),
         lab: "x".into(),
         state: "x",
     });
-    m.jobs.get_or_create(&pm::JobLabels {
+    let _ = m.jobs.get_or_create(&pm::JobLabels {
         lab: "x".into(),
         state: "x".into(),
     });
-    m.node_up.get_or_create(&pm::NodeLabels {
+    let _ = m.node_up.get_or_create(&pm::NodeLabels {
         node: "x".into(),
         lab: "x".into(),
     });
     m.message("in", "x");
-    m.agent_message_duration.get_or_create(&kind);
-    m.db_pool.get_or_create(&pm::PoolLabel { state: "x" });
+    let _ = m.agent_message_duration.get_or_create(&kind);
+    let _ = m.db_pool.get_or_create(&pm::PoolLabel { state: "x" });
     let a = &commons_agent::metrics::METRICS;
     let gpu = commons_agent::metrics::GpuLabels {
         gpu: 0,
         uuid: "x".into(),
     };
-    a.gpu_utilization.get_or_create(&gpu);
-    a.gpu_memory_used.get_or_create(&gpu);
-    a.gpu_memory_total.get_or_create(&gpu);
-    a.gpu_local_use.get_or_create(&gpu);
-    a.messages.get_or_create(&commons_agent::metrics::MessageLabels {
+    let _ = a.gpu_utilization.get_or_create(&gpu);
+    let _ = a.gpu_memory_used.get_or_create(&gpu);
+    let _ = a.gpu_memory_total.get_or_create(&gpu);
+    let _ = a.gpu_local_use.get_or_create(&gpu);
+    let _ = a.messages.get_or_create(&commons_agent::metrics::MessageLabels {
         direction: "in",
         kind: "x",
     });
-    a.checkpoint_uploads
+    let _ = a.checkpoint_uploads
         .get_or_create(&commons_agent::metrics::ResultLabel { result: "x" });
     let text = m.encode() + &a.encode();
     let mut names = std::collections::BTreeSet::new();
