@@ -294,11 +294,10 @@ async fn handle(
                     };
                     nodes::set_agent_clock(c, node, &clock)?;
                     wake |= nodes::update_gpu_stats(c, node, &gpu_stats)?;
-                    for r in &reports {
-                        let out = attempts::apply_report(c, node, r, timing)?;
-                        wake |= out.freed;
-                        replies.extend(out.stop);
-                    }
+                    let (stops, freed) =
+                        crate::service::reports::apply_reports(c, node, &reports, timing)?;
+                    wake |= freed;
+                    replies.extend(stops);
                     replies.push(attempts::renew(c, node, &clock, lease_ttl_s)?);
                     replies.extend(attempts::undelivered_starts(
                         c, node, &reports, &clock, timing,

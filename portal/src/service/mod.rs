@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod policy;
 pub mod relays;
+pub mod reports;
 pub mod ssh;
 pub mod ssh_keys;
 #[cfg(test)]
