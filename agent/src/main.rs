@@ -17,7 +17,13 @@ use std::path::PathBuf;
 struct Cli {
     /// Log lines for people (`text`) or one JSON object a line with the span fields
     /// (`json`).
-    #[arg(long, global = true, value_enum, default_value = "text", env = "COMMONS_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "COMMONS_LOG_FORMAT"
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
@@ -103,7 +109,11 @@ fn main() -> anyhow::Result<()> {
         );
     match cli.log_format {
         LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
     }
     match cli.cmd {
         // One thread is plenty for polling a file; a server may run many guards.
@@ -139,13 +149,13 @@ fn main() -> anyhow::Result<()> {
                 rt.spawn(commons_agent::metrics::serve(listener));
             }
             rt.block_on(commons_agent::run(AgentConfig {
-                    portal,
-                    enrol_token,
-                    state_dir,
-                    gpus,
-                    hostname,
-                    guest_network,
-                }))
+                portal,
+                enrol_token,
+                state_dir,
+                gpus,
+                hostname,
+                guest_network,
+            }))
         }
         Cmd::Status { state_dir } => {
             match state::load_credential(&state_dir)? {

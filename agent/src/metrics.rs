@@ -187,18 +187,19 @@ pub async fn serve(listener: tokio::net::TcpListener) {
             }
         };
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
-                let res = if req.uri().path() == "/metrics" {
-                    Response::builder()
-                        .header("content-type", OPENMETRICS)
-                        .body(Full::new(Bytes::from(METRICS.encode())))
-                } else {
-                    Response::builder()
-                        .status(StatusCode::NOT_FOUND)
-                        .body(Full::new(Bytes::from_static(b"only /metrics here\n")))
-                };
-                res.map_err(|e| std::io::Error::other(e.to_string()))
-            });
+            let svc =
+                hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                    let res = if req.uri().path() == "/metrics" {
+                        Response::builder()
+                            .header("content-type", OPENMETRICS)
+                            .body(Full::new(Bytes::from(METRICS.encode())))
+                    } else {
+                        Response::builder()
+                            .status(StatusCode::NOT_FOUND)
+                            .body(Full::new(Bytes::from_static(b"only /metrics here\n")))
+                    };
+                    res.map_err(|e| std::io::Error::other(e.to_string()))
+                });
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(io, svc)

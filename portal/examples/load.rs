@@ -39,7 +39,10 @@ fn arg(name: &str, default: u64) -> u64 {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} takes a number")))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} takes a number"))
+        })
         .unwrap_or(default)
 }
 
@@ -144,7 +147,8 @@ async fn main() {
         ),
     )
     .unwrap();
-    let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/commons-portal");
+    let bin =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/commons-portal");
     assert!(
         bin.exists(),
         "{} is missing: cargo build --release -p commons-portal",
@@ -165,7 +169,10 @@ async fn main() {
         url: format!("http://127.0.0.1:{port}"),
     };
     let deadline = Instant::now() + Duration::from_secs(60);
-    while reqwest::get(format!("{}/healthz", portal.url)).await.is_err() {
+    while reqwest::get(format!("{}/healthz", portal.url))
+        .await
+        .is_err()
+    {
         assert!(Instant::now() < deadline, "the portal did not start");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -176,14 +183,22 @@ async fn main() {
     let began = Instant::now();
     let (campus, _tasks) = connect_agents(&portal.url, enrol, gpus, 64).await;
     let errors = campus.errors.lock().unwrap().clone();
-    assert!(errors.is_empty(), "{} agents failed: {:?}", errors.len(), &errors[..errors.len().min(3)]);
+    assert!(
+        errors.is_empty(),
+        "{} agents failed: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(3)]
+    );
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let m = scrape(&portal.url).await;
         if total(&m, "commons_agents_connected") as usize >= agents {
             break;
         }
-        assert!(Instant::now() < deadline, "the portal does not see every agent");
+        assert!(
+            Instant::now() < deadline,
+            "the portal does not see every agent"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     println!(
@@ -249,7 +264,14 @@ async fn main() {
 
     // 4. Sustained submissions (jobs that hold their GPUs).
     let (c0, _) = usage(pid);
-    let s = submit(&portal.url, &user_tokens, submissions, concurrency, job(None)).await;
+    let s = submit(
+        &portal.url,
+        &user_tokens,
+        submissions,
+        concurrency,
+        job(None),
+    )
+    .await;
     let (c1, _) = usage(pid);
     println!(
         "4. {} submissions ({} errors), {concurrency} in flight: {:.0}/s, p50 {}, p99 {}, \
@@ -275,9 +297,13 @@ async fn main() {
     let mean = |k: &str| 1000.0 * d(&format!("{k}_sum")) / ticks.max(1.0);
     let phase = |p: &str| {
         1000.0
-            * d(&format!("commons_scheduler_tick_phase_duration_seconds_sum{{phase=\"{p}\"}}"))
-            / d(&format!("commons_scheduler_tick_phase_duration_seconds_count{{phase=\"{p}\"}}"))
-                .max(1.0)
+            * d(&format!(
+                "commons_scheduler_tick_phase_duration_seconds_sum{{phase=\"{p}\"}}"
+            ))
+            / d(&format!(
+                "commons_scheduler_tick_phase_duration_seconds_count{{phase=\"{p}\"}}"
+            ))
+            .max(1.0)
     };
     println!(
         "5. scheduler with {:.0} queued and {} started on {} GPUs: {ticks:.0} ticks in {tick_s} s, \

@@ -343,6 +343,10 @@ pub struct SchedulerConfig {
     /// takes longer than a lease stops no running job. A server that does not come back
     /// within it has its jobs requeued this much later.
     pub shutdown_lease_s: u64,
+    /// Most jobs one scheduler round starts; the rest start in the next round, which
+    /// follows at once. Keeps a round short when thousands of GPUs free up together (the
+    /// load test measured a round starting about 5,000 jobs at over 20 s).
+    pub max_starts_per_tick: usize,
 }
 
 impl Default for Config {
@@ -373,6 +377,7 @@ impl Default for SchedulerConfig {
             lease_ttl_s: 120,
             lease_margin_s: 30,
             shutdown_lease_s: 1800,
+            max_starts_per_tick: 256,
         }
     }
 }

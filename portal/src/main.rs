@@ -11,7 +11,13 @@ use std::path::PathBuf;
 struct Cli {
     /// Log lines for people (`text`) or one JSON object a line with the span fields
     /// (request, job, attempt and node ids) for a log pipeline (`json`).
-    #[arg(long, global = true, value_enum, default_value = "text", env = "COMMONS_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "COMMONS_LOG_FORMAT"
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
@@ -126,7 +132,11 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
     }
     match cli.cmd {
         Cmd::Admin {
@@ -150,7 +160,11 @@ fn main() -> anyhow::Result<()> {
         } => {
             let config = db.config()?;
             let bytes = commons_portal::db::copy::sqlite_backup(&config.database_url, &to)?;
-            println!("backed up {} to {} ({bytes} bytes)", config.database_url, to.display());
+            println!(
+                "backed up {} to {} ({bytes} bytes)",
+                config.database_url,
+                to.display()
+            );
             Ok(())
         }
         Cmd::Admin { db, cmd } => {

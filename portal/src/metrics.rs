@@ -357,7 +357,11 @@ pub fn preemption_cause(reason: &str) -> &'static str {
 }
 
 /// GPUs counted by (node name, owning lab, state); see the `gpus` metric's help.
-pub fn gpu_states(s: &Snapshot, now: Time, utc_offset_s: i32) -> BTreeMap<(String, i64, &'static str), i64> {
+pub fn gpu_states(
+    s: &Snapshot,
+    now: Time,
+    utc_offset_s: i32,
+) -> BTreeMap<(String, i64, &'static str), i64> {
     let mut holder: HashMap<i64, i64> = HashMap::new();
     for r in &s.running {
         for g in &r.gpus {
@@ -450,7 +454,10 @@ mod tests {
 
     #[test]
     fn preemption_causes_match_the_schedulers_words() {
-        assert_eq!(preemption_cause("the owner of node g1 reclaimed it"), "reclaim");
+        assert_eq!(
+            preemption_cause("the owner of node g1 reclaimed it"),
+            "reclaim"
+        );
         assert_eq!(
             preemption_cause("the owner of node g1 is using the GPU directly"),
             "local_use"

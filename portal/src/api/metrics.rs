@@ -63,7 +63,8 @@ pub async fn track(
     let id = request_id(&req);
     let method = req.method().to_string();
     let state = req.app_data::<web::Data<AppState>>().cloned();
-    let span = tracing::info_span!("request", request_id = %id, method = %method, path = %req.path());
+    let span =
+        tracing::info_span!("request", request_id = %id, method = %method, path = %req.path());
     let res = next.call(req).instrument(span).await;
     let (status, route) = match &res {
         Ok(r) => (r.status().as_u16(), r.request().match_pattern()),

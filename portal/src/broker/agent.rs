@@ -63,9 +63,10 @@ async fn connect(
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream = stream.max_frame_size(4 << 20);
     let span = tracing::info_span!("agent", node = node.id);
-    actix_web::rt::spawn(
-        tracing::Instrument::instrument(serve(state.into_inner(), node, session, stream), span),
-    );
+    actix_web::rt::spawn(tracing::Instrument::instrument(
+        serve(state.into_inner(), node, session, stream),
+        span,
+    ));
     Ok(response)
 }
 
@@ -183,9 +184,7 @@ async fn send(
     session: &mut actix_ws::Session,
     msg: &PortalMsg,
 ) -> Result<(), actix_ws::Closed> {
-    state
-        .metrics
-        .message("out", msg.kind());
+    state.metrics.message("out", msg.kind());
     match serde_json::to_string(msg) {
         Ok(text) => session.text(text).await,
         Err(e) => {

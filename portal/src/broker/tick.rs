@@ -185,8 +185,14 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
         return Ok(());
     }
     let planning = Instant::now();
-    let plan = commons_sched::plan(&snapshot, &state.config.policy, now_s);
+    let mut plan = commons_sched::plan(&snapshot, &state.config.policy, now_s);
     phase(&metrics, "plan", planning);
+    // A bounded commit: the starts left out are planned again in the next round, at once.
+    let cap = state.config.scheduler.max_starts_per_tick.max(1);
+    if plan.start.len() > cap {
+        plan.start.truncate(cap);
+        state.wake.notify_one();
+    }
     for (kind, n) in [
         ("start", plan.start.len()),
         ("preempt", plan.preempt.len()),
@@ -234,7 +240,10 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
             } => {
                 let cause = preemption_cause(detail.as_deref().unwrap_or(""));
                 tracing::info!(job, attempt, node = o.node, cause, "attempt preempted");
-                metrics.preemptions.get_or_create(&CauseLabel { cause }).inc();
+                metrics
+                    .preemptions
+                    .get_or_create(&CauseLabel { cause })
+                    .inc();
             }
             _ => {}
         }

@@ -87,7 +87,9 @@ pub fn sqlite_to_postgres(from: &str, to: &str) -> Result<Copied, CopyError> {
     if super::backend_of(from).ok() != Some(super::Backend::Sqlite)
         || super::backend_of(to).ok() != Some(super::Backend::Postgres)
     {
-        return Err(CopyError::Urls(format!("--from {from:?} --to <postgres url>")));
+        return Err(CopyError::Urls(format!(
+            "--from {from:?} --to <postgres url>"
+        )));
     }
     if !std::path::Path::new(from.trim_start_matches("sqlite://")).exists() {
         return Err(CopyError::Data(format!("{from}: no such database file")));
@@ -193,16 +195,19 @@ fn sqlite_tables(c: &mut diesel::SqliteConnection) -> Result<Vec<String>, CopyEr
 }
 
 fn sqlite_columns(c: &mut diesel::SqliteConnection, t: &str) -> Result<Vec<String>, CopyError> {
-    Ok(
-        diesel::sql_query(format!("SELECT name FROM pragma_table_info('{t}') ORDER BY cid"))
-            .load::<Name>(c)?
-            .into_iter()
-            .map(|n| n.name)
-            .collect(),
-    )
+    Ok(diesel::sql_query(format!(
+        "SELECT name FROM pragma_table_info('{t}') ORDER BY cid"
+    ))
+    .load::<Name>(c)?
+    .into_iter()
+    .map(|n| n.name)
+    .collect())
 }
 
-fn pg_columns(c: &mut diesel::PgConnection, t: &str) -> Result<BTreeMap<String, String>, CopyError> {
+fn pg_columns(
+    c: &mut diesel::PgConnection,
+    t: &str,
+) -> Result<BTreeMap<String, String>, CopyError> {
     Ok(diesel::sql_query(
         "SELECT column_name::text AS name, data_type::text AS kind FROM information_schema.columns \
          WHERE table_schema = current_schema() AND table_name = $1",
@@ -215,7 +220,10 @@ fn pg_columns(c: &mut diesel::PgConnection, t: &str) -> Result<BTreeMap<String, 
 }
 
 /// Tables ordered so that every table comes after those its foreign keys name.
-fn parents_first(c: &mut diesel::SqliteConnection, tables: &[String]) -> Result<Vec<String>, CopyError> {
+fn parents_first(
+    c: &mut diesel::SqliteConnection,
+    tables: &[String],
+) -> Result<Vec<String>, CopyError> {
     let mut parents: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for t in tables {
         let p = diesel::sql_query(format!(

@@ -12,8 +12,8 @@
 pub mod attempts;
 pub mod audit;
 pub mod checkpoints;
-pub mod copy;
 pub mod cli_logins;
+pub mod copy;
 pub mod gateway;
 pub mod jobs;
 pub mod models;

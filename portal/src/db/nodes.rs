@@ -190,7 +190,12 @@ pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<
         let known: std::collections::BTreeMap<String, (bool, i32, Option<chrono::NaiveDateTime>)> =
             gpus::table
                 .filter(gpus::node_id.eq(node))
-                .select((gpus::uuid, gpus::local_use, gpus::utilization_pct, gpus::idle_since))
+                .select((
+                    gpus::uuid,
+                    gpus::local_use,
+                    gpus::utilization_pct,
+                    gpus::idle_since,
+                ))
                 .load::<(String, bool, i32, Option<chrono::NaiveDateTime>)>(c)?
                 .into_iter()
                 .map(|(uuid, local, util, idle)| (uuid, (local, util, idle)))
@@ -384,7 +389,11 @@ mod tests {
             }
         });
         assert!(!update_gpu_stats(&mut c, node.id, &[stat(10, false)]).unwrap());
-        assert!(writes.lock().unwrap().is_empty(), "{:?}", writes.lock().unwrap());
+        assert!(
+            writes.lock().unwrap().is_empty(),
+            "{:?}",
+            writes.lock().unwrap()
+        );
         // A change is still written: utilisation, and the owner's direct use.
         update_gpu_stats(&mut c, node.id, &[stat(90, false)]).unwrap();
         assert!(update_gpu_stats(&mut c, node.id, &[stat(90, true)]).unwrap());

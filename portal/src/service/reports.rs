@@ -24,11 +24,10 @@ pub fn apply_reports(
     if reports.is_empty() {
         return Ok((stops, freed));
     }
-    let running: BTreeSet<(i64, i32)> =
-        db::attempts::on_node(c, node, &[AttemptStatus::Running])?
-            .into_iter()
-            .map(|a| (a.job_id, a.attempt))
-            .collect();
+    let running: BTreeSet<(i64, i32)> = db::attempts::on_node(c, node, &[AttemptStatus::Running])?
+        .into_iter()
+        .map(|a| (a.job_id, a.attempt))
+        .collect();
     for r in reports {
         if r.state == AttemptState::Running && running.contains(&(r.job, r.attempt)) {
             continue;

@@ -46,11 +46,16 @@ pub async fn connect_agents(
     let mut tasks = Vec::new();
     let n = tokens.len();
     for (i, token) in tokens.into_iter().enumerate() {
-        let (url, campus, gate, http) = (url.to_string(), campus.clone(), gate.clone(), http.clone());
+        let (url, campus, gate, http) =
+            (url.to_string(), campus.clone(), gate.clone(), http.clone());
         tasks.push(tokio::spawn(async move {
             let permit = gate.acquire_owned().await.ok();
             if let Err(e) = agent(&http, &url, &token, i, gpus, &campus, permit).await {
-                campus.errors.lock().unwrap().push(format!("agent {i}: {e:#}"));
+                campus
+                    .errors
+                    .lock()
+                    .unwrap()
+                    .push(format!("agent {i}: {e:#}"));
             }
         }));
     }
@@ -126,7 +131,11 @@ async fn agent(
     heartbeat.tick().await;
     let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
     loop {
-        let next = running.values().filter_map(|r| r.until).min().unwrap_or(far);
+        let next = running
+            .values()
+            .filter_map(|r| r.until)
+            .min()
+            .unwrap_or(far);
         tokio::select! {
             msg = stream.next() => {
                 let Some(msg) = msg else { return Ok(()) };
@@ -201,7 +210,12 @@ async fn agent(
     }
 }
 
-fn event(job: i64, attempt: commons_proto::Attempt, state: AttemptState, exit_code: Option<i64>) -> AgentMsg {
+fn event(
+    job: i64,
+    attempt: commons_proto::Attempt,
+    state: AttemptState,
+    exit_code: Option<i64>,
+) -> AgentMsg {
     AgentMsg::AttemptEvent {
         job,
         attempt,
@@ -281,7 +295,8 @@ pub async fn submit(
                     }
                     Ok(r) => {
                         let status = r.status();
-                        out.errors.push(format!("{status}: {}", r.text().await.unwrap_or_default()))
+                        out.errors
+                            .push(format!("{status}: {}", r.text().await.unwrap_or_default()))
                     }
                     Err(e) => out.errors.push(e.to_string()),
                 }

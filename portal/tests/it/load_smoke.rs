@@ -16,10 +16,18 @@ async fn smoke(backend: Backend) {
         .map(|lab| p.enrol_token(lab))
         .collect();
     let (campus, tasks) = connect_agents(&p.url, tokens, 4, 4).await;
-    assert!(campus.errors.lock().unwrap().is_empty(), "{:?}", campus.errors);
+    assert!(
+        campus.errors.lock().unwrap().is_empty(),
+        "{:?}",
+        campus.errors
+    );
     let users = [p.alice.clone(), p.bob.clone()];
     let s = submit(&p.url, &users, JOBS, 8, job(Some(0.2))).await;
-    assert!(s.errors.is_empty(), "{:?}", &s.errors[..s.errors.len().min(5)]);
+    assert!(
+        s.errors.is_empty(),
+        "{:?}",
+        &s.errors[..s.errors.len().min(5)]
+    );
     assert_eq!(s.jobs.len(), JOBS);
     let deadline = Instant::now() + Duration::from_secs(90);
     while campus.finished.load(Ordering::SeqCst) < JOBS as u64 {
@@ -53,7 +61,9 @@ async fn smoke(backend: Backend) {
     );
     assert_eq!(campus.stops.load(Ordering::SeqCst), restarted.len() as u64);
     for (j, _) in &restarted {
-        let events = p.get_json(&p.olga, &format!("/api/v1/jobs/{j}/events")).await;
+        let events = p
+            .get_json(&p.olga, &format!("/api/v1/jobs/{j}/events"))
+            .await;
         assert!(events.to_string().contains("preempting"), "{events}");
     }
     eprintln!(

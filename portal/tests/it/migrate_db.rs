@@ -41,7 +41,11 @@ async fn campus_with_history() -> (TestPortal, Vec<Value>) {
     // Queued for good: the agent is gone.
     p.submit(&p.bob, job(None)).await;
     let (status, _) = p
-        .put_json(&p.olga, "/api/v1/labs/physics/quota", &json!({"max_gpus": 4}))
+        .put_json(
+            &p.olga,
+            "/api/v1/labs/physics/quota",
+            &json!({"max_gpus": 4}),
+        )
         .await;
     assert!(status < 300, "quota: {status}");
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -71,7 +75,15 @@ async fn migrate_db_moves_a_sqlite_campus_to_postgres_and_refuses_a_full_target(
     let from = format!("sqlite://{copy_s}");
     let (ok, out, err) = admin(&["migrate-db", "--from", &from, "--to", &pg.url]);
     assert!(ok, "{out}{err}");
-    for table in ["jobs", "job_attempts", "job_events", "nodes", "gpus", "api_tokens", "audit_log"] {
+    for table in [
+        "jobs",
+        "job_attempts",
+        "job_events",
+        "nodes",
+        "gpus",
+        "api_tokens",
+        "audit_log",
+    ] {
         let line = out
             .lines()
             .find(|l| l.split_whitespace().next() == Some(table))

@@ -71,8 +71,10 @@ async fn metrics_move_after_a_job(backend: Backend, host_n: u8) {
     let agent_before = scrape(&agent_metrics).await;
 
     let job = api
-        .submit(json!({"image": "commons-demo:latest", "command": ["sh", "-c", "echo hi"],
-                       "gpus": 1, "time_limit_minutes": 5}))
+        .submit(
+            json!({"image": "commons-demo:latest", "command": ["sh", "-c", "echo hi"],
+                       "gpus": 1, "time_limit_minutes": 5}),
+        )
         .await;
     api.wait_job(job, Duration::from_secs(60), "the job to succeed", |j| {
         j["state"] == "succeeded"
@@ -81,7 +83,12 @@ async fn metrics_move_after_a_job(backend: Backend, host_n: u8) {
     assert!(api.get(&format!("/api/v1/jobs/{job}")).await.is_some());
     // One more heartbeat, so the agent's GPU figures and the portal's view settle.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let raw = reqwest::get(&portal_metrics).await.unwrap().text().await.unwrap();
+    let raw = reqwest::get(&portal_metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(
         !raw.contains(&job.to_string()),
         "a job id in the metrics (unbounded labels):\n{raw}"
@@ -150,9 +157,9 @@ async fn metrics_move_after_a_job(backend: Backend, host_n: u8) {
         .collect();
     assert!(!lines.is_empty(), "{log}");
     assert!(
-        lines
-            .iter()
-            .any(|l| l["span"]["request_id"].as_str().is_some_and(|id| id.len() == 16)),
+        lines.iter().any(|l| l["span"]["request_id"]
+            .as_str()
+            .is_some_and(|id| id.len() == 16)),
         "no request id in the JSON log:\n{log}"
     );
     assert!(
@@ -254,11 +261,14 @@ fn exposed_names() -> std::collections::BTreeSet<String> {
     let _ = a.gpu_memory_used.get_or_create(&gpu);
     let _ = a.gpu_memory_total.get_or_create(&gpu);
     let _ = a.gpu_local_use.get_or_create(&gpu);
-    let _ = a.messages.get_or_create(&commons_agent::metrics::MessageLabels {
-        direction: "in",
-        kind: "x",
-    });
-    let _ = a.checkpoint_uploads
+    let _ = a
+        .messages
+        .get_or_create(&commons_agent::metrics::MessageLabels {
+            direction: "in",
+            kind: "x",
+        });
+    let _ = a
+        .checkpoint_uploads
         .get_or_create(&commons_agent::metrics::ResultLabel { result: "x" });
     let text = m.encode() + &a.encode();
     let mut names = std::collections::BTreeSet::new();
