@@ -15,8 +15,24 @@ use std::path::PathBuf;
     about = "Lends this server's idle GPUs to GPU Commons"
 )]
 struct Cli {
+    /// Log lines for people (`text`) or one JSON object a line with the span fields
+    /// (`json`).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "COMMONS_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -42,6 +58,11 @@ enum Cmd {
         /// `egress` (the internet, never the host, other jobs or private addresses).
         #[arg(long, env = "COMMONS_GUEST_NETWORK", default_value = "none")]
         guest_network: commons_agent::runtime::guest::GuestNetwork,
+        /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9108 (off when
+        /// unset; the metrics carry no secrets, but keep it on loopback or a management
+        /// network).
+        #[arg(long, env = "COMMONS_AGENT_METRICS_LISTEN")]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Show this node's enrolment.
     Status {
@@ -79,14 +100,22 @@ enum OnOff {
 
 fn main() -> anyhow::Result<()> {
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         // Colour only on a terminal: guards log to guard.log, the service to the journal.
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
-    match Cli::parse().cmd {
+        );
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
+    match cli.cmd {
         // One thread is plenty for polling a file; a server may run many guards.
         Cmd::Guard {
             state_dir,
@@ -104,22 +133,29 @@ fn main() -> anyhow::Result<()> {
             gpus,
             name,
             guest_network,
+            metrics_listen,
         } => {
             let hostname = name.unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
                     .unwrap_or_else(|_| "server".into())
             });
-            tokio::runtime::Runtime::new()
-                .context("starting the agent's runtime")?
-                .block_on(commons_agent::run(AgentConfig {
-                    portal,
-                    enrol_token,
-                    state_dir,
-                    gpus,
-                    hostname,
-                    guest_network,
-                }))
+            let rt = tokio::runtime::Runtime::new().context("starting the agent's runtime")?;
+            if let Some(addr) = metrics_listen {
+                let listener = rt
+                    .block_on(tokio::net::TcpListener::bind(addr))
+                    .with_context(|| format!("--metrics-listen {addr}"))?;
+                tracing::info!("metrics at http://{addr}/metrics");
+                rt.spawn(commons_agent::metrics::serve(listener));
+            }
+            rt.block_on(commons_agent::run(AgentConfig {
+                portal,
+                enrol_token,
+                state_dir,
+                gpus,
+                hostname,
+                guest_network,
+            }))
         }
         Cmd::Status { state_dir } => {
             match state::load_credential(&state_dir)? {

@@ -14,6 +14,7 @@ use crate::checkpoint::{CheckpointClient, Policy};
 use crate::executor::{Admission, Executor};
 use crate::gpu::{self, GpuSource};
 use crate::guard;
+use crate::metrics::METRICS;
 use crate::reconcile::Launch;
 use crate::relay::{self, RelayContext, Relays};
 use crate::runtime::{AssignedGpu, DockerRuntime};
@@ -38,6 +39,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         None => enrol(&config).await?,
     };
     tracing::info!(node = cred.node_id, name = %cred.node_name, lab = %cred.lab, "node credential loaded");
+    // Every line this agent logs from here on names its node (a field of the span).
+    let span = tracing::info_span!("agent", node = cred.node_id);
+    tracing::Instrument::instrument(serve(config, cred), span).await
+}
+
+/// Serves the portal with the node's credential, reconnecting until the task is dropped.
+async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> {
     let gpus = gpu::from_mode(&config.gpus, &config.state_dir)?;
     let inventory = gpus.inventory()?;
     let runtime = DockerRuntime::connect(cred.agent_id.clone())
@@ -210,8 +218,10 @@ async fn connect_once(
         format!("Bearer {}", cred.credential).parse()?,
     );
     let (ws, _) = tokio_tungstenite::connect_async(req).await?;
+    let _connected = Connected::new();
     let (mut sink, mut stream) = ws.split();
     let send = |m: &AgentMsg| -> Result<Message, serde_json::Error> {
+        METRICS.message("out", m.kind());
         Ok(Message::text(serde_json::to_string(m)?))
     };
     // Numbered and timed as late as possible: leases count from this moment.
@@ -238,6 +248,7 @@ async fn connect_once(
                                 continue;
                             }
                         };
+                        METRICS.message("in", msg.kind());
                         if let Some(period) = handle(msg, exec, relay, inventory) {
                             heartbeat = tokio::time::interval(period);
                         }
@@ -258,9 +269,27 @@ async fn connect_once(
                         Vec::new()
                     }
                 };
+                METRICS.gpus(inventory, &gpu_stats);
                 sink.send(send(&exec.heartbeat(gpu_stats))?).await?;
             }
         }
+    }
+}
+
+/// `commons_agent_connected` is 1 while this lives.
+struct Connected;
+
+impl Connected {
+    fn new() -> Self {
+        METRICS.connections.inc();
+        METRICS.connected.set(1);
+        Connected
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        METRICS.connected.set(0);
     }
 }
 
@@ -338,6 +367,7 @@ fn handle(
             time_limits,
         } => {
             exec.set_time_limits(&time_limits);
+            METRICS.lease_renewals.inc();
             exec.renew(lease, &attempts);
         }
         PortalMsg::OpenRelay(open) => relay::open(relay, exec, open),

@@ -112,6 +112,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             wake: Default::default(),
             checkpoints: crate::service::checkpoints::Store::from_config(&config)?,
             relays: Default::default(),
+            metrics: Default::default(),
         },
         config: Arc::new(config.clone()),
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
@@ -156,10 +157,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             )
             .wrap(security_headers(hsts, sso_origin.as_deref()))
             .wrap(actix_web::middleware::Logger::new("%r %s %Dms").exclude("/healthz"))
+            // Outermost: times every request and gives it an id (the span around the rest).
+            .wrap(actix_web::middleware::from_fn(crate::api::metrics::track))
             .route(
                 "/healthz",
                 web::get().to(|| async { HttpResponse::Ok().body("ok") }),
             )
+            .configure(crate::api::metrics::configure)
             .configure(crate::broker::agent::configure)
             .configure(crate::broker::checkpoints::configure)
             .configure(crate::broker::relay::configure)

@@ -5,7 +5,7 @@
 //! (HTTP handlers); `broker` (agents' WebSocket, scheduler tick); `auth` (who is asking,
 //! CSRF); `service` (use cases and read models); `db` (schema, typed rows, queries);
 //! domain types any layer may use (`domain`, `identity`, `pubkey`, `validate`, `config`,
-//! `error`).
+//! `error`, `metrics`).
 
 pub mod admin;
 pub mod api;
@@ -18,6 +18,7 @@ pub mod demo;
 pub mod domain;
 pub mod error;
 pub mod identity;
+pub mod metrics;
 pub mod pubkey;
 pub mod service;
 pub mod ssh;

@@ -9,8 +9,24 @@ use std::path::PathBuf;
 #[derive(Parser)]
 #[command(name = "commons-portal", version, about = "GPU Commons portal")]
 struct Cli {
+    /// Log lines for people (`text`) or one JSON object a line with the span fields
+    /// (request, job, attempt and node ids) for a log pipeline (`json`).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "COMMONS_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(clap::Args)]
@@ -92,18 +108,68 @@ enum AdminCmd {
     /// Ends every browser session of a user, on every replica (a lost laptop, a copied
     /// cookie); their personal access tokens are not touched.
     SignOut { username: String },
+    /// Copies everything from a SQLite database into an empty PostgreSQL one, and
+    /// verifies it (row counts and checksums per table). The portal must be stopped.
+    MigrateDb {
+        /// sqlite://PATH
+        #[arg(long)]
+        from: String,
+        /// postgres://... (an empty database)
+        #[arg(long)]
+        to: String,
+    },
+    /// An online backup of the SQLite database into a new file (the portal may keep
+    /// running). For PostgreSQL use pg_dump.
+    Backup {
+        #[arg(long)]
+        to: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,actix_server=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,actix_server=warn".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
     match cli.cmd {
+        Cmd::Admin {
+            cmd: AdminCmd::MigrateDb { from, to },
+            ..
+        } => {
+            let copied = commons_portal::db::copy::sqlite_to_postgres(&from, &to)?;
+            for (table, rows, sum) in &copied.tables {
+                println!("{table:<28} {rows:>9} rows  sha256 {sum}");
+            }
+            println!(
+                "copied and verified {} tables, {} rows",
+                copied.tables.len(),
+                copied.tables.iter().map(|t| t.1).sum::<usize>()
+            );
+            Ok(())
+        }
+        Cmd::Admin {
+            db,
+            cmd: AdminCmd::Backup { to },
+        } => {
+            let config = db.config()?;
+            let bytes = commons_portal::db::copy::sqlite_backup(&config.database_url, &to)?;
+            println!(
+                "backed up {} to {} ({bytes} bytes)",
+                config.database_url,
+                to.display()
+            );
+            Ok(())
+        }
         Cmd::Admin { db, cmd } => {
             let config = db.config()?;
             config.validate()?;
@@ -128,6 +194,9 @@ fn main() -> anyhow::Result<()> {
                 AdminCmd::ApiToken { username } => admin::api_token(&db, &username)?,
                 AdminCmd::EnrolToken { slug } => admin::enrol_token(&db, &slug)?,
                 AdminCmd::SignOut { username } => admin::sign_out(&db, &username)?,
+                AdminCmd::MigrateDb { .. } | AdminCmd::Backup { .. } => {
+                    anyhow::bail!("handled above")
+                }
             };
             println!("{out}");
             Ok(())

@@ -429,6 +429,31 @@ pub enum PortalMsg {
     OpenRelay(RelayOpen),
 }
 
+impl AgentMsg {
+    /// The message's type, as on the wire (for metrics and logs).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AgentMsg::Hello { .. } => "hello",
+            AgentMsg::Heartbeat { .. } => "heartbeat",
+            AgentMsg::AttemptEvent { .. } => "attempt_event",
+            AgentMsg::Logs { .. } => "logs",
+        }
+    }
+}
+
+impl PortalMsg {
+    /// The message's type, as on the wire (for metrics and logs).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PortalMsg::Welcome { .. } => "welcome",
+            PortalMsg::Start { .. } => "start",
+            PortalMsg::Stop { .. } => "stop",
+            PortalMsg::Renew { .. } => "renew",
+            PortalMsg::OpenRelay(_) => "open_relay",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

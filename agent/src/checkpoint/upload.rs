@@ -191,6 +191,26 @@ impl From<ApiError> for RoundError {
 /// the module's list).
 pub async fn upload(
     client: &CheckpointClient,
+    key: (JobId, Attempt),
+    attempt_dir: &Path,
+    budget: Budget,
+    cancel: Arc<AtomicBool>,
+    alive: Alive<'_>,
+) -> Outcome {
+    let out = upload_once(client, key, attempt_dir, budget, cancel, alive).await;
+    let result = match &out {
+        Outcome::Stored { .. } => "stored",
+        Outcome::Nothing(_) => "nothing",
+        Outcome::Refused(_) => "refused",
+        Outcome::Unarchivable(_) | Outcome::Failed(_) => "failed",
+        Outcome::Abandoned => "abandoned",
+    };
+    crate::metrics::METRICS.checkpoint_upload(result);
+    out
+}
+
+async fn upload_once(
+    client: &CheckpointClient,
     (job, attempt): (JobId, Attempt),
     attempt_dir: &Path,
     budget: Budget,

@@ -261,9 +261,11 @@ async fn start_task<R: ContainerRuntime>(
         match created {
             Err(e) => {
                 tracing::warn!(job, attempt, "cannot start: {e}");
+                crate::metrics::METRICS.container_start_failures.inc();
                 h.phase = Phase::NotCreated { error: e };
             }
             Ok(id) => {
+                crate::metrics::METRICS.container_starts.inc();
                 h.phase = Phase::Running {
                     container: id.clone(),
                 };

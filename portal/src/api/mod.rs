@@ -3,6 +3,7 @@
 mod account;
 mod cli_login;
 mod jobs;
+pub mod metrics;
 mod nodes;
 mod policy;
 mod ssh_gateway;

@@ -62,7 +62,11 @@ async fn connect(
         })?;
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream = stream.max_frame_size(4 << 20);
-    actix_web::rt::spawn(serve(state.into_inner(), node, session, stream));
+    let span = tracing::info_span!("agent", node = node.id);
+    actix_web::rt::spawn(tracing::Instrument::instrument(
+        serve(state.into_inner(), node, session, stream),
+        span,
+    ));
     Ok(response)
 }
 
@@ -109,12 +113,15 @@ async fn serve(
                         return;
                     }
                     Ok(m) => {
+                        let kind = m.kind();
+                        state.metrics.message("in", kind);
                         let verdict = if rate.take(std::time::Instant::now()) {
                             super::limits::check(&m)
                         } else {
                             Err("over the message rate".to_string())
                         };
                         if let Err(why) = verdict {
+                            state.metrics.agent_messages_refused.inc();
                             refused += 1;
                             if refused.is_power_of_two() {
                                 tracing::warn!(node = node.id, refused, "agent message refused: {why}");
@@ -128,13 +135,21 @@ async fn serve(
                         if let AgentMsg::Hello { session, .. } = &m {
                             agent_session = Some(*session);
                         }
-                        match handle(&state, node.id, agent_session, m).await {
+                        let began = std::time::Instant::now();
+                        let handled = handle(&state, node.id, agent_session, m).await;
+                        state
+                            .metrics
+                            .agent_message_duration
+                            .get_or_create(&crate::metrics::KindLabel { kind })
+                            .observe(began.elapsed().as_secs_f64());
+                        match handled {
                             Ok(replies) => {
                                 for r in replies {
-                                    if send(&mut session, &r).await.is_err() { break }
+                                    if send(&state, &mut session, &r).await.is_err() { break }
                                 }
                             }
                             Err(AppError::Forbidden(why)) => {
+                                state.metrics.agent_messages_refused.inc();
                                 refused += 1;
                                 if refused.is_power_of_two() {
                                     tracing::warn!(node = node.id, refused, "agent message refused: {why}");
@@ -151,7 +166,7 @@ async fn serve(
             }
             out = outbox.recv() => {
                 let Some(out) = out else { break };
-                if send(&mut session, &out).await.is_err() { break }
+                if send(&state, &mut session, &out).await.is_err() { break }
             }
         }
     }
@@ -164,7 +179,12 @@ async fn serve(
     let _ = session.close(None).await;
 }
 
-async fn send(session: &mut actix_ws::Session, msg: &PortalMsg) -> Result<(), actix_ws::Closed> {
+async fn send(
+    state: &AppState,
+    session: &mut actix_ws::Session,
+    msg: &PortalMsg,
+) -> Result<(), actix_ws::Closed> {
+    state.metrics.message("out", msg.kind());
     match serde_json::to_string(msg) {
         Ok(text) => session.text(text).await,
         Err(e) => {
@@ -273,11 +293,10 @@ async fn handle(
                     };
                     nodes::set_agent_clock(c, node, &clock)?;
                     wake |= nodes::update_gpu_stats(c, node, &gpu_stats)?;
-                    for r in &reports {
-                        let out = attempts::apply_report(c, node, r, timing)?;
-                        wake |= out.freed;
-                        replies.extend(out.stop);
-                    }
+                    let (stops, freed) =
+                        crate::service::reports::apply_reports(c, node, &reports, timing)?;
+                    wake |= freed;
+                    replies.extend(stops);
                     replies.push(attempts::renew(c, node, &clock, lease_ttl_s)?);
                     replies.extend(attempts::undelivered_starts(
                         c, node, &reports, &clock, timing,

@@ -19,11 +19,14 @@
 //! lock [`LEADER_LOCK`] ticks (the lock lives as long as its connection). SQLite
 //! deployments run one portal.
 
-use crate::db::{nodes, now, snapshot};
+use crate::db::{nodes, now, snapshot, users};
 use crate::error::AppError;
+use crate::metrics::{preemption_cause, CauseLabel, KindLabel, LabLabel, Metrics, PhaseLabel};
 use crate::service::attempts;
 use crate::state::AppState;
-use std::time::Duration;
+use commons_proto::{PortalMsg, StopReason};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 /// How often the leader prunes the checkpoints of jobs that ended (it lists the store).
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
@@ -107,12 +110,18 @@ pub async fn run(state: AppState) {
         };
         if !lead {
             leading_since = None;
+            state.metrics.not_leading();
         }
         if lead {
+            state.metrics.scheduler_leader.set(1);
             let since = *leading_since.get_or_insert_with(std::time::Instant::now);
             let judge_leases = since.elapsed() >= watch;
-            if let Err(e) = tick(&state, judge_leases).await {
-                tracing::error!("scheduler tick failed: {e:#}");
+            match tick(&state, judge_leases).await {
+                Ok(()) => {
+                    let at = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
+                    state.metrics.last_tick.set(at);
+                }
+                Err(e) => tracing::error!("scheduler tick failed: {e:#}"),
             }
             if last_prune.elapsed() >= PRUNE_EVERY {
                 last_prune = std::time::Instant::now();
@@ -130,10 +139,14 @@ pub async fn run(state: AppState) {
     }
 }
 
-/// One round; leases are judged only when `judge_leases` (see the module docs).
+/// One round; leases are judged only when `judge_leases` (see the module docs). Its
+/// phases and what it saw go to the metrics.
 pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> {
+    let began = Instant::now();
     let cfg = state.config.scheduler.clone();
     let policy = state.config.policy.clone();
+    let metrics = std::sync::Arc::clone(&state.metrics);
+    let m = std::sync::Arc::clone(&metrics);
     let snapshot = state
         .db
         .run(move |c| {
@@ -150,28 +163,90 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
             if lost > 0 {
                 tracing::warn!(lost, "attempts lost with their servers; jobs requeued");
             }
-            snapshot::read(c, &policy)
+            let snapshot = snapshot::read(c, &policy)?;
+            let labs = snapshot.nodes.iter().map(|n| n.lab);
+            if !m.knows_labs(labs.chain(snapshot.queue.iter().map(|q| q.lab))) {
+                m.set_labs(users::all_lab_slugs(c)?);
+            }
+            Ok::<_, AppError>(snapshot)
         })
         .await?;
+    let now_s = chrono::Utc::now().timestamp();
+    metrics.observe_snapshot(&snapshot, now_s, state.config.policy.utc_offset_s);
+    phase(&metrics, "read", began);
     if snapshot.queue.is_empty()
         && !snapshot
             .nodes
             .iter()
             .any(|n| n.reclaim || n.gpus.iter().any(|g| g.local_use))
     {
+        metrics.plan_size.clear();
+        metrics.tick_duration.observe(began.elapsed().as_secs_f64());
         return Ok(());
     }
-    let plan = commons_sched::plan(
-        &snapshot,
-        &state.config.policy,
-        chrono::Utc::now().timestamp(),
-    );
+    let planning = Instant::now();
+    let mut plan = commons_sched::plan(&snapshot, &state.config.policy, now_s);
+    phase(&metrics, "plan", planning);
+    // A bounded commit: the starts left out are planned again in the next round, at once.
+    let cap = state.config.scheduler.max_starts_per_tick.max(1);
+    if plan.start.len() > cap {
+        plan.start.truncate(cap);
+        state.wake.notify_one();
+    }
+    for (kind, n) in [
+        ("start", plan.start.len()),
+        ("preempt", plan.preempt.len()),
+        ("pending", plan.pending.len()),
+    ] {
+        metrics
+            .plan_size
+            .get_or_create(&KindLabel { kind })
+            .set(n as i64);
+    }
+    let committing = Instant::now();
     let timing = crate::broker::agent::timing(state);
     let orders = state
         .db
         .run(move |c| attempts::apply_plan(c, &plan, timing))
         .await?;
+    phase(&metrics, "commit", committing);
+    let sending = Instant::now();
+    let queued: HashMap<i64, (i64, i64)> = snapshot
+        .queue
+        .iter()
+        .map(|q| (q.id, (q.lab, q.submitted_at)))
+        .collect();
     for o in orders {
+        match &o.msg {
+            PortalMsg::Start { job, attempt, .. } => {
+                tracing::info!(job, attempt, node = o.node, "attempt started");
+                if let Some(&(lab, submitted)) = queued.get(job) {
+                    let lab = LabLabel {
+                        lab: metrics.lab(lab),
+                    };
+                    metrics.starts.get_or_create(&lab).inc();
+                    metrics
+                        .queue_wait
+                        .get_or_create(&lab)
+                        .observe((now_s - submitted).max(0) as f64);
+                }
+            }
+            PortalMsg::Stop {
+                job,
+                attempt,
+                reason: StopReason::Preempted,
+                detail,
+                ..
+            } => {
+                let cause = preemption_cause(detail.as_deref().unwrap_or(""));
+                tracing::info!(job, attempt, node = o.node, cause, "attempt preempted");
+                metrics
+                    .preemptions
+                    .get_or_create(&CauseLabel { cause })
+                    .inc();
+            }
+            _ => {}
+        }
         // Straight down the socket when this replica holds the agent, else through the
         // mailbox to the replica that does.
         if let Err(e) = crate::service::agents::deliver(state, o.node, o.msg).await {
@@ -181,5 +256,14 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
             );
         }
     }
+    phase(&metrics, "send", sending);
+    metrics.tick_duration.observe(began.elapsed().as_secs_f64());
     Ok(())
+}
+
+fn phase(metrics: &Metrics, phase: &'static str, since: Instant) {
+    metrics
+        .tick_phase
+        .get_or_create(&PhaseLabel { phase })
+        .observe(since.elapsed().as_secs_f64());
 }

@@ -338,3 +338,12 @@ pub fn cancel(c: &mut DbConn, job: &Job, by: &str) -> Result<Option<Attempt>, Ap
         Ok(active)
     })
 }
+
+/// How many jobs each lab has in each state: (lab id, state, count).
+pub fn count_by_lab_and_state(c: &mut DbConn) -> Result<Vec<(i64, String, i64)>, AppError> {
+    Ok(jobs::table
+        .group_by((jobs::lab_id, jobs::state))
+        .select((jobs::lab_id, jobs::state, diesel::dsl::count_star()))
+        .order_by((jobs::lab_id, jobs::state))
+        .load(c)?)
+}

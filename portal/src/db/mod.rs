@@ -13,6 +13,7 @@ pub mod attempts;
 pub mod audit;
 pub mod checkpoints;
 pub mod cli_logins;
+pub mod copy;
 pub mod gateway;
 pub mod jobs;
 pub mod models;
@@ -170,6 +171,12 @@ impl Db {
         })
         .await
         .map_err(|_| E::from(DbError::Join))?
+    }
+
+    /// The pool's connections: (open, idle, most allowed).
+    pub fn pool_state(&self) -> (u32, u32, u32) {
+        let s = self.pool.state();
+        (s.connections, s.idle_connections, self.pool.max_size())
     }
 
     /// The same, for code that is already on a blocking thread (the CLI).

@@ -184,23 +184,31 @@ pub fn upsert_gpus(
 /// scheduler should look again).
 pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<bool, AppError> {
     c.transaction(|c| {
-        diesel::update(nodes::table.find(node))
-            .set((nodes::online.eq(true), nodes::last_seen_at.eq(now())))
-            .execute(c)?;
-        // What the portal knew before this heartbeat, read once for the whole node.
-        let known: std::collections::BTreeMap<String, (bool, Option<chrono::NaiveDateTime>)> =
+        // What the portal knew before this heartbeat, read once for the whole node. Only
+        // GPUs whose figures changed are written: at rest a heartbeat writes no GPU row
+        // (the node's row, with its clock, is written by `set_agent_clock`).
+        let known: std::collections::BTreeMap<String, (bool, i32, Option<chrono::NaiveDateTime>)> =
             gpus::table
                 .filter(gpus::node_id.eq(node))
-                .select((gpus::uuid, gpus::local_use, gpus::idle_since))
-                .load::<(String, bool, Option<chrono::NaiveDateTime>)>(c)?
+                .select((
+                    gpus::uuid,
+                    gpus::local_use,
+                    gpus::utilization_pct,
+                    gpus::idle_since,
+                ))
+                .load::<(String, bool, i32, Option<chrono::NaiveDateTime>)>(c)?
                 .into_iter()
-                .map(|(uuid, local, idle)| (uuid, (local, idle)))
+                .map(|(uuid, local, util, idle)| (uuid, (local, util, idle)))
                 .collect();
         let mut changed = false;
         for s in stats {
-            let Some((was_local, idle_since)) = known.get(&s.uuid).copied() else {
+            let Some((was_local, was_util, idle_since)) = known.get(&s.uuid).copied() else {
                 continue;
             };
+            let util = s.utilization_pct.min(100) as i32;
+            if !s.local_use && !was_local && util == was_util {
+                continue;
+            }
             changed |= was_local != s.local_use;
             // Idle time counts from the owner's last direct use.
             let idle_since = if s.local_use || was_local {
@@ -215,7 +223,7 @@ pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<
             )
             .set((
                 gpus::local_use.eq(s.local_use),
-                gpus::utilization_pct.eq(s.utilization_pct.min(100) as i32),
+                gpus::utilization_pct.eq(util),
                 gpus::idle_since.eq(idle_since),
             ))
             .execute(c)?;
@@ -338,4 +346,64 @@ pub fn node_by_id(c: &mut DbConn, id: i64) -> Result<Node, AppError> {
         .first(c)
         .optional()?
         .ok_or(AppError::NotFound("node"))
+}
+
+/// Every node's (name, lab id, online), for the metrics.
+pub fn online_by_node(c: &mut DbConn) -> Result<Vec<(String, i64, bool)>, AppError> {
+    Ok(nodes::table
+        .select((nodes::name, nodes::lab_id, nodes::online))
+        .order_by(nodes::id)
+        .load(c)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::testkit::{campus, sqlite};
+    use diesel::connection::{Connection, InstrumentationEvent};
+    use std::sync::{Arc, Mutex};
+
+    fn stat(util: u32, local_use: bool) -> GpuStat {
+        GpuStat {
+            uuid: "GPU-1".into(),
+            utilization_pct: util,
+            memory_used_mb: 0,
+            local_use,
+        }
+    }
+
+    /// The load test showed every heartbeat rewriting every GPU row; at rest it writes none.
+    #[test]
+    fn a_heartbeat_at_rest_writes_no_gpu_row() {
+        let (_d, mut c) = sqlite();
+        let node = campus(&mut c, 0).node;
+        update_gpu_stats(&mut c, node.id, &[stat(10, false)]).unwrap();
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let w = writes.clone();
+        c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = e {
+                let q = query.to_string();
+                if q.starts_with("UPDATE") {
+                    w.lock().unwrap().push(q);
+                }
+            }
+        });
+        assert!(!update_gpu_stats(&mut c, node.id, &[stat(10, false)]).unwrap());
+        assert!(
+            writes.lock().unwrap().is_empty(),
+            "{:?}",
+            writes.lock().unwrap()
+        );
+        // A change is still written: utilisation, and the owner's direct use.
+        update_gpu_stats(&mut c, node.id, &[stat(90, false)]).unwrap();
+        assert!(update_gpu_stats(&mut c, node.id, &[stat(90, true)]).unwrap());
+        assert_eq!(writes.lock().unwrap().len(), 2);
+        let (local, util): (bool, i32) = gpus::table
+            .filter(gpus::node_id.eq(node.id))
+            .select((gpus::local_use, gpus::utilization_pct))
+            .first(&mut c)
+            .unwrap();
+        assert!(local);
+        assert_eq!(util, 90);
+    }
 }

@@ -19,10 +19,12 @@ pub mod identity;
 pub mod jobs;
 pub mod labs;
 pub mod members;
+pub mod metrics;
 pub mod nodes;
 pub mod policy;
 pub mod relays;
 pub mod sessions;
+pub mod reports;
 pub mod ssh;
 pub mod ssh_keys;
 #[cfg(test)]
@@ -48,6 +50,8 @@ pub struct Ctx {
     pub checkpoints: checkpoints::Store,
     /// SSH relays this replica asked agents for.
     pub relays: relays::Hub,
+    /// This process's Prometheus metrics.
+    pub metrics: crate::metrics::SharedMetrics,
 }
 
 /// Who is asking: a signed-in user and their labs. `auth::CurrentUser` is the HTTP

@@ -159,6 +159,7 @@ pub struct PortalProcess {
     child: Option<Child>,
     config: PathBuf,
     db_url: String,
+    json_logs: bool,
 }
 
 /// How to start a portal process.
@@ -173,11 +174,14 @@ pub struct PortalOpts {
     /// This machine's address as the agents' host sees it: the replica tells agents to
     /// dial it there for SSH relays (`[ssh] relay_url`). None: agents dial their portal.
     pub relay_host: Option<String>,
+    /// `--log-format json`.
+    pub json_logs: bool,
 }
 
 impl Default for PortalOpts {
     fn default() -> Self {
         Self {
+            json_logs: false,
             lease_ttl_s: 8,
             margin_s: 3,
             db_url: None,
@@ -295,6 +299,7 @@ impl PortalProcess {
             child: None,
             config,
             db_url,
+            json_logs: o.json_logs,
         }
     }
 
@@ -314,8 +319,9 @@ impl PortalProcess {
 
     fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("portal.log")).unwrap();
+        let format = if self.json_logs { "json" } else { "text" };
         let child = Command::new(portal_binary())
-            .args(["serve", "--config"])
+            .args(["--log-format", format, "serve", "--config"])
             .arg(&self.config)
             .stdout(Stdio::null())
             .stderr(log)
@@ -399,6 +405,8 @@ pub struct AgentProcess {
     ns: String,
     name: String,
     child: Option<Child>,
+    /// More arguments for `commons-agent run`.
+    extra: Vec<String>,
 }
 
 impl AgentProcess {
@@ -414,6 +422,18 @@ impl AgentProcess {
         name: &str,
         gpus: &str,
     ) -> AgentProcess {
+        Self::start_with(host, portal, lab, name, gpus, &[])
+    }
+
+    /// An agent started with more arguments.
+    pub fn start_with(
+        host: &Host,
+        portal: &PortalProcess,
+        lab: &str,
+        name: &str,
+        gpus: &str,
+        extra: &[&str],
+    ) -> AgentProcess {
         demo_image();
         let mut a = AgentProcess {
             state: tempfile::tempdir().unwrap(),
@@ -421,6 +441,7 @@ impl AgentProcess {
             ns: host.ns.clone(),
             name: name.to_string(),
             child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         let token = portal.admin(&["enrol-token", lab]);
         a.spawn(Some(&token), gpus);
@@ -439,6 +460,7 @@ impl AgentProcess {
             .args(["run", "--portal", &self.portal, "--state-dir"])
             .arg(self.state.path())
             .args(["--gpus", gpus, "--name", &self.name])
+            .args(&self.extra)
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         if let Some(t) = token {
