@@ -23,8 +23,8 @@ pub mod metrics;
 pub mod nodes;
 pub mod policy;
 pub mod relays;
-pub mod sessions;
 pub mod reports;
+pub mod sessions;
 pub mod ssh;
 pub mod ssh_keys;
 #[cfg(test)]
