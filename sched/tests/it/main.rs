@@ -3,6 +3,7 @@
 // Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod capacity;
 mod fairshare;
 mod interactive;
 mod lending;
