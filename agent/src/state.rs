@@ -112,6 +112,9 @@ pub struct FakeOverride {
     pub local_use: bool,
     #[serde(default)]
     pub util_pct: u32,
+    /// A fault to report (as NVML would: "Xid 79: fallen off the bus"); none: healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
 }
 
 pub fn load_fake_overrides(dir: &Path) -> BTreeMap<u32, FakeOverride> {
@@ -180,6 +183,7 @@ mod tests {
             FakeOverride {
                 local_use: true,
                 util_pct: 80,
+                fault: None,
             },
         );
         save_fake_overrides(dir.path(), &o).unwrap();

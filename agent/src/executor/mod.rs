@@ -187,6 +187,7 @@ impl<R: ContainerRuntime> Executor<R> {
             seq,
             gpus,
             attempts: reports_of(&t),
+            capacity: None,
         }
     }
 
@@ -198,6 +199,7 @@ impl<R: ContainerRuntime> Executor<R> {
             seq,
             gpu_stats,
             attempts: reports_of(&t),
+            capacity: None,
         }
     }
 

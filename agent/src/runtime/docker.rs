@@ -457,6 +457,8 @@ mod tests {
             checkpoint_interval_s: None,
             shm_mb: None,
             interactive: false,
+            guest: false,
+            lab: None,
         }
     }
 

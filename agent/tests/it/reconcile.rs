@@ -31,6 +31,8 @@ fn launch() -> Arc<Launch> {
             checkpoint_interval_s: None,
             shm_mb: None,
             interactive: false,
+            guest: false,
+            lab: None,
         },
         gpus: vec![],
         resume: false,

@@ -143,6 +143,11 @@ fn start_msg(
     gpus: &[Gpu],
     lease: Lease,
 ) -> Result<PortalMsg, AppError> {
+    let lab = db::users::lab_by_id(c, job.lab_id)?;
+    let node_lab = match gpus.first() {
+        Some(g) => Some(db::nodes::node_by_id(c, g.node_id)?.lab_id),
+        None => None,
+    };
     Ok(PortalMsg::Start {
         job: job.id,
         attempt,
@@ -157,6 +162,8 @@ fn start_msg(
             checkpoint_interval_s: job.checkpoint_interval_s.map(|s| s.max(60) as u64),
             shm_mb: job.shm_mb.and_then(|m| u64::try_from(m).ok()),
             interactive: job.kind == crate::domain::JobKind::Interactive,
+            guest: node_lab.is_some_and(|l| l != job.lab_id),
+            lab: Some(lab.slug),
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,

@@ -20,6 +20,7 @@ pub mod jobs;
 pub mod labs;
 pub mod members;
 pub mod nodes;
+pub mod owner;
 pub mod policy;
 pub mod relays;
 pub mod ssh;
