@@ -28,6 +28,7 @@ pub mod config;
 pub mod executor;
 pub mod gpu;
 pub mod guard;
+pub mod owner;
 pub mod reconcile;
 pub mod relay;
 pub mod runtime;

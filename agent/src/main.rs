@@ -4,7 +4,9 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use commons_agent::owner::socket::{self, Reply, Request};
 use commons_agent::{guard, state, AgentConfig, GpuMode};
+use std::time::Duration;
 use commons_proto::{Attempt, JobId};
 use std::path::PathBuf;
 
@@ -42,9 +44,53 @@ enum Cmd {
         /// `egress` (the internet, never the host, other jobs or private addresses).
         #[arg(long, env = "COMMONS_GUEST_NETWORK", default_value = "none")]
         guest_network: commons_agent::runtime::guest::GuestNetwork,
+        /// Stop a guest whose GPUs stay under 5% this long (60m, 90s, 2h, or off); it is
+        /// warned in its log first. Interactive guests are cancelled, batch ones requeued.
+        #[arg(long, env = "COMMONS_IDLE_GUEST", default_value = "60m", value_parser = commons_agent::config::parse_idle)]
+        idle_guest: Option<std::time::Duration>,
+        /// The group whose members may use `commons-agent status|lend|drain|...` (the
+        /// socket STATE_DIR/agent.sock is mode 0660).
+        #[arg(long, env = "COMMONS_SOCKET_GROUP")]
+        socket_group: Option<String>,
     },
-    /// Show this node's enrolment.
+    /// The running agent's view: GPUs, what runs on each, what is lent and why, the
+    /// portal link. Exits non-zero when the agent is not running.
     Status {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// The lending rule: never, always, or windows "mon-fri 19:00-07:00" ["sat,sun 00:00-24:00" ...].
+    Lend {
+        /// never | always | windows
+        rule: String,
+        /// With `windows`: one or more "DAYS HH:MM-HH:MM".
+        windows: Vec<String>,
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// No new guests; running guests are checkpointed and move elsewhere; owner jobs finish.
+    Drain {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// Take jobs again after a drain.
+    Undrain {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// Stop every job here (requeued elsewhere), deregister the node (its credential is
+    /// revoked) and stop the agent.
+    Leave {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// The kill switch: `--now` stops every guest (SIGTERM, the grace, then killed) and
+    /// lends nothing; `--off` lends again under the rule.
+    Reclaim {
+        #[arg(long, conflicts_with = "off")]
+        now: bool,
+        #[arg(long)]
+        off: bool,
         #[arg(long, default_value = "/var/lib/commons-agent")]
         state_dir: PathBuf,
     },
@@ -104,6 +150,8 @@ fn main() -> anyhow::Result<()> {
             gpus,
             name,
             guest_network,
+            idle_guest,
+            socket_group,
         } => {
             let hostname = name.unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -119,20 +167,54 @@ fn main() -> anyhow::Result<()> {
                     gpus,
                     hostname,
                     guest_network,
+                    idle_guest,
+                    socket_group,
                 }))
         }
         Cmd::Status { state_dir } => {
-            match state::load_credential(&state_dir)? {
-                Some(c) => println!(
+            let enrolled = match state::load_credential(&state_dir)? {
+                Some(c) => format!(
                     "node {} ({}) of lab {}, enrolled; state dir {}",
                     c.node_id,
                     c.node_name,
                     c.lab,
                     state_dir.display()
                 ),
-                None => println!("not enrolled (no credential in {})", state_dir.display()),
+                None => format!("not enrolled (no credential in {})", state_dir.display()),
+            };
+            match socket::call(&state_dir, &Request::Status, Duration::from_secs(15)) {
+                Ok(r) => finish(r),
+                Err(e) => {
+                    println!("{enrolled}");
+                    fail(&e.to_string())
+                }
             }
-            Ok(())
+        }
+        Cmd::Lend {
+            rule,
+            windows,
+            state_dir,
+        } => match socket::lend_request(&rule, &windows) {
+            Ok(req) => command(&state_dir, req, Duration::from_secs(30)),
+            Err(e) => fail(&e.to_string()),
+        },
+        Cmd::Drain { state_dir } => command(&state_dir, Request::Drain, Duration::from_secs(30)),
+        Cmd::Undrain { state_dir } => {
+            command(&state_dir, Request::Undrain, Duration::from_secs(30))
+        }
+        Cmd::Leave { state_dir } => {
+            // Waits for every job's grace period.
+            command(&state_dir, Request::Leave, Duration::from_secs(3 * 3600))
+        }
+        Cmd::Reclaim {
+            now,
+            off,
+            state_dir,
+        } => {
+            if !now && !off {
+                return fail("reclaim needs --now (take every GPU back) or --off (lend again)");
+            }
+            command(&state_dir, Request::Reclaim { on: now }, Duration::from_secs(30))
         }
         Cmd::Fake {
             state_dir,
@@ -157,4 +239,26 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Sends one command to the running agent; exits non-zero with its words when it refuses.
+fn command(state_dir: &std::path::Path, req: Request, wait: Duration) -> anyhow::Result<()> {
+    match socket::call(state_dir, &req, wait) {
+        Ok(r) => finish(r),
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn finish(r: Reply) -> anyhow::Result<()> {
+    if r.ok {
+        println!("{}", r.message);
+        Ok(())
+    } else {
+        fail(&r.message)
+    }
+}
+
+fn fail(message: &str) -> anyhow::Result<()> {
+    eprintln!("commons-agent: {message}");
+    std::process::exit(1)
 }

@@ -14,6 +14,7 @@ use crate::checkpoint::{CheckpointClient, Policy};
 use crate::executor::{Admission, Executor};
 use crate::gpu::{self, GpuSource};
 use crate::guard;
+use crate::owner::{self, OwnerState};
 use crate::reconcile::Launch;
 use crate::relay::{self, RelayContext, Relays};
 use crate::runtime::{AssignedGpu, DockerRuntime};
@@ -38,8 +39,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         None => enrol(&config).await?,
     };
     tracing::info!(node = cred.node_id, name = %cred.node_name, lab = %cred.lab, "node credential loaded");
-    let gpus = gpu::from_mode(&config.gpus, &config.state_dir)?;
+    let gpus: std::sync::Arc<dyn GpuSource> =
+        std::sync::Arc::from(gpu::from_mode(&config.gpus, &config.state_dir)?);
     let inventory = gpus.inventory()?;
+    // Bound before anything else runs: a second agent on this state dir stops here.
+    let listener = owner::server::bind(&config.state_dir, config.socket_group.as_deref())?;
     let runtime = DockerRuntime::connect(cred.agent_id.clone())
         .await
         .context("cannot reach the Docker Engine (is it running, and may this user use it?)")?
@@ -68,19 +72,51 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let exec = Executor::with_checkpoints(runtime, tx, store, Some(checkpoints));
     exec.adopt().await?;
+    let owner = OwnerState::new(owner::IdleRule {
+        after: config.idle_guest,
+    });
+    tokio::spawn(owner::run_watch(exec.clone(), gpus.clone(), owner.clone()));
+    tokio::spawn(owner::server::serve(
+        listener,
+        owner::server::Control {
+            exec: exec.clone(),
+            gpus: gpus.clone(),
+            inventory: inventory.clone(),
+            owner: owner.clone(),
+            portal: config.portal.clone(),
+            credential: cred.credential.clone(),
+            node_name: cred.node_name.clone(),
+            http: reqwest::Client::new(),
+        },
+    ));
 
     let mut backoff = Duration::from_secs(1);
     loop {
         let started = std::time::Instant::now();
-        match connect_once(&config, &cred, &*gpus, &inventory, &exec, &relay, &mut rx).await {
-            Ok(()) => {}
+        let session = connect_once(&config, &cred, &*gpus, &inventory, &exec, &relay, &owner, &mut rx);
+        let outcome = tokio::select! {
+            r = session => r,
+            _ = owner.left.notified() => {
+                let _ = std::fs::remove_file(owner::socket::socket_path(&config.state_dir));
+                state::remove_credential(&config.state_dir)
+                    .context("forgetting the revoked credential")?;
+                tracing::info!("this server left GPU Commons; the agent stops");
+                return Ok(());
+            }
+        };
+        match outcome {
+            Ok(()) => owner.set_link(false, Some("the portal closed the connection".into())),
             Err(e) if is_unauthorized(&e) => {
+                let _ = std::fs::remove_file(owner::socket::socket_path(&config.state_dir));
                 bail!("the portal refused this node's credential (revoked?); enrol again with a new token")
             }
-            Err(e) => match refusal(&e) {
-                Some(why) => tracing::error!("the portal refused the connection: {why}"),
-                None => tracing::warn!("connection to the portal failed: {e:#}"),
-            },
+            Err(e) => {
+                owner.set_link(false, Some(format!("{e:#}")));
+                match refusal(&e) {
+                    Some(why) => tracing::error!("the portal refused the connection: {why}"),
+                    None => tracing::warn!("connection to the portal failed: {e:#}"),
+                }
+            }
         }
         if started.elapsed() > MAX_BACKOFF {
             backoff = Duration::from_secs(1);
@@ -202,6 +238,7 @@ async fn connect_once(
     inventory: &[GpuInfo],
     exec: &Executor,
     relay: &RelayContext,
+    owner: &OwnerState,
     rx: &mut mpsc::UnboundedReceiver<AgentMsg>,
 ) -> anyhow::Result<()> {
     let mut req = ws_url(&config.portal).into_client_request()?;
@@ -215,8 +252,12 @@ async fn connect_once(
         Ok(Message::text(serde_json::to_string(m)?))
     };
     // Numbered and timed as late as possible: leases count from this moment.
-    sink.send(send(&exec.hello(AGENT_VERSION, inventory.to_vec()))?)
-        .await?;
+    let mut hello = exec.hello(AGENT_VERSION, inventory.to_vec());
+    if let AgentMsg::Hello { capacity, .. } = &mut hello {
+        *capacity = Some(owner::capacity::measure(&config.state_dir));
+    }
+    sink.send(send(&hello)?).await?;
+    owner.set_link(true, None);
     tracing::info!("connected to {}", config.portal);
 
     // Leases and time limits need no tick here: the executor checks them every second,
@@ -258,7 +299,11 @@ async fn connect_once(
                         Vec::new()
                     }
                 };
-                sink.send(send(&exec.heartbeat(gpu_stats))?).await?;
+                let mut beat = exec.heartbeat(gpu_stats);
+                if let AgentMsg::Heartbeat { capacity, .. } = &mut beat {
+                    *capacity = Some(owner::capacity::measure(&config.state_dir));
+                }
+                sink.send(send(&beat)?).await?;
             }
         }
     }

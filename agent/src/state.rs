@@ -78,6 +78,14 @@ pub fn load_credential(dir: &Path) -> Result<Option<NodeCredential>, StateError>
 }
 
 /// Writes the credential with mode 0600, atomically (a temporary file, then a rename).
+/// Forgets the node credential (after `leave`: the portal revoked it).
+pub fn remove_credential(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(dir.join(NODE_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 pub fn save_credential(dir: &Path, cred: &NodeCredential) -> Result<(), StateError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;

@@ -330,6 +330,10 @@ pub struct JobSpec {
     /// The lab the job is charged to (for `commons-agent status`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lab: Option<String>,
+    /// The node's grace period for a guest the agent stops on its own (local use,
+    /// `reclaim --now`, idle GPUs); absent: the agent's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_s: Option<u64>,
 }
 
 fn is_false(b: &bool) -> bool {

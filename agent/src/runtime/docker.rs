@@ -459,6 +459,7 @@ mod tests {
             interactive: false,
             guest: false,
             lab: None,
+            grace_s: None,
         }
     }
 

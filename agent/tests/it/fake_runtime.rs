@@ -387,6 +387,7 @@ pub(crate) fn spec(image: &str, time_limit_s: u64) -> JobSpec {
         interactive: false,
         guest: false,
         lab: None,
+        grace_s: None,
     }
 }
 

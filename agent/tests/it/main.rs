@@ -62,6 +62,7 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
         interactive: false,
         guest: false,
         lab: None,
+        grace_s: None,
     }
 }
 

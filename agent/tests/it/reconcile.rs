@@ -33,6 +33,7 @@ fn launch() -> Arc<Launch> {
             interactive: false,
             guest: false,
             lab: None,
+            grace_s: None,
         },
         gpus: vec![],
         resume: false,

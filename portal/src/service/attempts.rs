@@ -125,7 +125,7 @@ pub fn apply_plan(
             )?;
             orders.push(Order {
                 node: node.id,
-                msg: start_msg(c, &job, attempt, &gpus, clock.lease(timing.lease_ttl_s))?,
+                msg: start_msg(c, &job, attempt, &gpus, clock.lease(timing.lease_ttl_s), timing)?,
             });
         }
         for p in &plan.pending {
@@ -142,12 +142,15 @@ fn start_msg(
     attempt: i32,
     gpus: &[Gpu],
     lease: Lease,
+    timing: Timing,
 ) -> Result<PortalMsg, AppError> {
     let lab = db::users::lab_by_id(c, job.lab_id)?;
-    let node_lab = match gpus.first() {
-        Some(g) => Some(db::nodes::node_by_id(c, g.node_id)?.lab_id),
+    let node = match gpus.first() {
+        Some(g) => Some(db::nodes::node_by_id(c, g.node_id)?),
         None => None,
     };
+    let node_lab = node.as_ref().map(|n| n.lab_id);
+    let grace_s = node.as_ref().map(|n| timing.grace_on(n.grace_s));
     Ok(PortalMsg::Start {
         job: job.id,
         attempt,
@@ -164,6 +167,7 @@ fn start_msg(
             interactive: job.kind == crate::domain::JobKind::Interactive,
             guest: node_lab.is_some_and(|l| l != job.lab_id),
             lab: Some(lab.slug),
+            grace_s,
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,
@@ -198,6 +202,7 @@ pub fn undelivered_starts(
             a.attempt,
             &gpus,
             clock.lease(timing.lease_ttl_s),
+            timing,
         )?);
     }
     Ok(out)
