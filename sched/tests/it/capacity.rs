@@ -95,3 +95,18 @@ fn owner_jobs_respect_capacity_and_unknown_capacity_means_no_limit() {
     );
     assert_eq!(started(&go(&s)), vec![1], "a node without capacity figures limits nothing");
 }
+
+#[test]
+fn guests_leave_when_the_node_stops_lending() {
+    // A window that closed (or a rule turned to never): guests go, the owner's job stays.
+    let mut n = node(1, 1, 10, 2, "A100-80GB", 80);
+    n.lending.mode = LendMode::Never;
+    let s = snap(
+        vec![n],
+        vec![run(7, 2, 1, &[10], NOW - 600), run(8, 1, 1, &[11], NOW - 600)],
+        vec![],
+    );
+    let p = go(&s);
+    assert_eq!(preempted(&p), vec![7], "{p:?}");
+    assert!(p.preempt[0].reason.contains("no longer lends"), "{p:?}");
+}
