@@ -399,9 +399,49 @@ pub struct AgentProcess {
     ns: String,
     name: String,
     child: Option<Child>,
+    /// More `run` flags (`--idle-guest 10s`).
+    extra: Vec<String>,
 }
 
 impl AgentProcess {
+    /// An agent of `lab`'s server with more `run` flags.
+    pub fn start_with(
+        host: &Host,
+        portal: &PortalProcess,
+        lab: &str,
+        name: &str,
+        gpus: &str,
+        extra: &[&str],
+    ) -> AgentProcess {
+        demo_image();
+        let mut a = AgentProcess {
+            state: tempfile::tempdir().unwrap(),
+            portal: format!("http://{}:{}", host.gateway, portal.port),
+            ns: host.ns.clone(),
+            name: name.to_string(),
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        let token = portal.admin(&["enrol-token", lab]);
+        a.spawn(Some(&token), gpus);
+        a
+    }
+
+    /// Waits up to `within` for the process to end by itself; its exit status.
+    pub fn exited_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn start(host: &Host, portal: &PortalProcess, name: &str, gpus: &str) -> AgentProcess {
         Self::start_for(host, portal, "vision", name, gpus)
     }
@@ -421,6 +461,7 @@ impl AgentProcess {
             ns: host.ns.clone(),
             name: name.to_string(),
             child: None,
+            extra: Vec::new(),
         };
         let token = portal.admin(&["enrol-token", lab]);
         a.spawn(Some(&token), gpus);
@@ -439,6 +480,7 @@ impl AgentProcess {
             .args(["run", "--portal", &self.portal, "--state-dir"])
             .arg(self.state.path())
             .args(["--gpus", gpus, "--name", &self.name])
+            .args(&self.extra)
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         if let Some(t) = token {

@@ -193,6 +193,8 @@ impl TestPortal {
             gpus: gpus.parse().unwrap(),
             hostname: format!("{lab}-server"),
             guest_network: Default::default(),
+            idle_guest: None,
+            socket_group: None,
         };
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {

@@ -18,6 +18,7 @@ mod jobs;
 mod leases;
 mod migration;
 mod migrations;
+mod owner;
 mod oidc_provider;
 mod policy;
 mod provider_smoke;
