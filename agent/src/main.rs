@@ -6,9 +6,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use commons_agent::owner::socket::{self, Reply, Request};
 use commons_agent::{guard, state, AgentConfig, GpuMode};
-use std::time::Duration;
 use commons_proto::{Attempt, JobId};
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -46,12 +46,16 @@ enum Cmd {
         guest_network: commons_agent::runtime::guest::GuestNetwork,
         /// Stop a guest whose GPUs stay under 5% this long (60m, 90s, 2h, or off); it is
         /// warned in its log first. Interactive guests are cancelled, batch ones requeued.
-        #[arg(long, env = "COMMONS_IDLE_GUEST", default_value = "60m", value_parser = commons_agent::config::parse_idle)]
-        idle_guest: Option<std::time::Duration>,
+        #[arg(long, env = "COMMONS_IDLE_GUEST", default_value = "60m")]
+        idle_guest: String,
         /// The group whose members may use `commons-agent status|lend|drain|...` (the
         /// socket STATE_DIR/agent.sock is mode 0660).
         #[arg(long, env = "COMMONS_SOCKET_GROUP")]
         socket_group: Option<String>,
+        /// The CPUs and memory (GiB) jobs may use here, e.g. 32,256; `auto`: measured
+        /// (with fake GPUs: not reported, so not limited).
+        #[arg(long, env = "COMMONS_CAPACITY", default_value = "auto")]
+        capacity: commons_agent::config::CapacityMode,
     },
     /// The running agent's view: GPUs, what runs on each, what is lent and why, the
     /// portal link. Exits non-zero when the agent is not running.
@@ -152,7 +156,10 @@ fn main() -> anyhow::Result<()> {
             guest_network,
             idle_guest,
             socket_group,
+            capacity,
         } => {
+            let idle_guest = commons_agent::config::parse_idle(&idle_guest)
+                .map_err(|e| anyhow::anyhow!("--idle-guest: {e}"))?;
             let hostname = name.unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
@@ -169,6 +176,7 @@ fn main() -> anyhow::Result<()> {
                     guest_network,
                     idle_guest,
                     socket_group,
+                    capacity,
                 }))
         }
         Cmd::Status { state_dir } => {
@@ -214,7 +222,11 @@ fn main() -> anyhow::Result<()> {
             if !now && !off {
                 return fail("reclaim needs --now (take every GPU back) or --off (lend again)");
             }
-            command(&state_dir, Request::Reclaim { on: now }, Duration::from_secs(30))
+            command(
+                &state_dir,
+                Request::Reclaim { on: now },
+                Duration::from_secs(30),
+            )
         }
         Cmd::Fake {
             state_dir,

@@ -93,7 +93,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut backoff = Duration::from_secs(1);
     loop {
         let started = std::time::Instant::now();
-        let session = connect_once(&config, &cred, &*gpus, &inventory, &exec, &relay, &owner, &mut rx);
+        let session = connect_once(
+            &config, &cred, &*gpus, &inventory, &exec, &relay, &owner, &mut rx,
+        );
         let outcome = tokio::select! {
             r = session => r,
             _ = owner.left.notified() => {
@@ -251,10 +253,11 @@ async fn connect_once(
     let send = |m: &AgentMsg| -> Result<Message, serde_json::Error> {
         Ok(Message::text(serde_json::to_string(m)?))
     };
+    let fake = matches!(config.gpus, crate::GpuMode::Fake(_));
     // Numbered and timed as late as possible: leases count from this moment.
     let mut hello = exec.hello(AGENT_VERSION, inventory.to_vec());
     if let AgentMsg::Hello { capacity, .. } = &mut hello {
-        *capacity = Some(owner::capacity::measure(&config.state_dir));
+        *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
     }
     sink.send(send(&hello)?).await?;
     owner.set_link(true, None);
@@ -301,7 +304,7 @@ async fn connect_once(
                 };
                 let mut beat = exec.heartbeat(gpu_stats);
                 if let AgentMsg::Heartbeat { capacity, .. } = &mut beat {
-                    *capacity = Some(owner::capacity::measure(&config.state_dir));
+                    *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
                 }
                 sink.send(send(&beat)?).await?;
             }

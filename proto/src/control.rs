@@ -52,13 +52,22 @@ pub enum NodeCommand {
         by: String,
     },
     /// No new guests; running guests move elsewhere; owner jobs finish.
-    Drain { by: String },
-    Undrain { by: String },
+    Drain {
+        by: String,
+    },
+    Undrain {
+        by: String,
+    },
     /// Take every GPU back now (`on`), or lend again (`on: false`).
-    Reclaim { on: bool, by: String },
+    Reclaim {
+        on: bool,
+        by: String,
+    },
     /// Leave GPU Commons: every job here is stopped and requeued, the node and its GPUs
     /// vanish, its credential is revoked.
-    Leave { by: String },
+    Leave {
+        by: String,
+    },
 }
 
 /// The portal's answer to a command: what it did, in words, and the node's state after.
@@ -181,8 +190,14 @@ mod tests {
         let w = parse_window("mon-fri 19:00-07:00").unwrap();
         assert_eq!(w.days, vec![0, 1, 2, 3, 4]);
         assert_eq!((w.from.as_str(), w.to.as_str()), ("19:00", "07:00"));
-        assert_eq!(parse_window("Sat,sun 00:00-24:00").unwrap().days, vec![5, 6]);
-        assert_eq!(parse_window("fri-mon 20:00-08:00").unwrap().days, vec![0, 4, 5, 6]);
+        assert_eq!(
+            parse_window("Sat,sun 00:00-24:00").unwrap().days,
+            vec![5, 6]
+        );
+        assert_eq!(
+            parse_window("fri-mon 20:00-08:00").unwrap().days,
+            vec![0, 4, 5, 6]
+        );
         assert_eq!(parse_window("daily 22:00-06:00").unwrap().days.len(), 7);
     }
 
@@ -219,7 +234,9 @@ mod tests {
         let hb = r#"{"type":"heartbeat","seq":1,"gpu_stats":[{"uuid":"g","utilization_pct":1,"memory_used_mb":0,"local_use":false}],"attempts":[]}"#;
         let m: crate::AgentMsg = serde_json::from_str(hb).unwrap();
         let crate::AgentMsg::Heartbeat {
-            capacity, gpu_stats, ..
+            capacity,
+            gpu_stats,
+            ..
         } = m
         else {
             panic!("not a heartbeat")

@@ -438,7 +438,18 @@ impl<R: ContainerRuntime> Executor<R> {
             .iter()
             .filter_map(|(key, w)| {
                 let h = t.have.get(key);
-                if h.is_some_and(|h| h.result.is_some()) {
+                let over = |h: &ContainerObs| {
+                    h.result.is_some()
+                        || matches!(
+                            h.phase,
+                            Phase::Ended { .. }
+                                | Phase::Removed
+                                | Phase::Removing { .. }
+                                | Phase::Lost { .. }
+                                | Phase::NotCreated { .. }
+                        )
+                };
+                if h.is_some_and(over) || (h.is_none() && w.stop.is_some()) {
                     return None;
                 }
                 let launch = w.launch.as_deref();

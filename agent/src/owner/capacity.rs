@@ -25,6 +25,23 @@ fn free_disk_gb(path: &Path) -> u64 {
     (st.f_bavail as u64).saturating_mul(st.f_frsize as u64) >> 30
 }
 
+/// What to report under `mode` (`None`: nothing, see [`crate::config::CapacityMode`]).
+pub fn report(
+    mode: crate::config::CapacityMode,
+    fake_gpus: bool,
+    state_dir: &Path,
+) -> Option<NodeCapacity> {
+    match mode {
+        crate::config::CapacityMode::Given { cpus, memory_gb } => Some(NodeCapacity {
+            cpus,
+            memory_mb: memory_gb * 1024,
+            disk_gb: measure(state_dir).disk_gb,
+        }),
+        crate::config::CapacityMode::Auto if fake_gpus => None,
+        crate::config::CapacityMode::Auto => Some(measure(state_dir)),
+    }
+}
+
 /// What this server has now. Disk is measured where Docker keeps containers when that
 /// exists, else where the agent keeps its state.
 pub fn measure(state_dir: &Path) -> NodeCapacity {

@@ -6,7 +6,9 @@
 //! name. `reclaim --now` stops the guests here first and tells the portal after; `leave`
 //! stops every job here, waits for them to go, then deregisters and ends the agent.
 
-use super::socket::{gid_of, socket_path, user_of, Greeting, Reply, Request, AGENT_NAME, MAX_REQUEST};
+use super::socket::{
+    gid_of, socket_path, user_of, Greeting, Reply, Request, AGENT_NAME, MAX_REQUEST,
+};
 use super::OwnerState;
 use crate::executor::Executor;
 use crate::gpu::GpuSource;
@@ -45,7 +47,8 @@ pub fn bind(state_dir: &std::path::Path, group: Option<&str>) -> anyhow::Result<
                 path.display()
             );
         }
-        std::fs::remove_file(&path).with_context(|| format!("removing the stale {}", path.display()))?;
+        std::fs::remove_file(&path)
+            .with_context(|| format!("removing the stale {}", path.display()))?;
     }
     let listener =
         UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
@@ -169,7 +172,12 @@ async fn reclaim(ctl: &Control, on: bool, by: String) -> anyhow::Result<String> 
     ctl.owner.reclaimed.store(on, Ordering::SeqCst);
     let mut lines = Vec::new();
     if on {
-        let guests: Vec<_> = ctl.exec.active().into_iter().filter(|a| a.guest()).collect();
+        let guests: Vec<_> = ctl
+            .exec
+            .active()
+            .into_iter()
+            .filter(|a| a.guest())
+            .collect();
         for g in &guests {
             let grace = g
                 .spec
@@ -199,9 +207,11 @@ async fn reclaim(ctl: &Control, on: bool, by: String) -> anyhow::Result<String> 
     Ok(lines.join("\n"))
 }
 
-/// Stops every job here, waits for them to go (their grace, plus a minute), then
-/// deregisters the node and ends the agent.
+/// Drains the node, stops every job here, waits for them to go (their grace, plus a
+/// minute), then deregisters the node and ends the agent.
 async fn leave(ctl: &Control, by: String) -> anyhow::Result<String> {
+    // Drained first, so nothing starts here again while the jobs go.
+    send(ctl, &NodeCommand::Drain { by: by.clone() }).await?;
     let active = ctl.exec.active();
     let mut longest = 0;
     for a in &active {
@@ -265,7 +275,11 @@ async fn status(ctl: &Control) -> anyhow::Result<String> {
         out,
         "portal {}: {}{}",
         ctl.portal,
-        if link.connected { "connected" } else { "NOT connected" },
+        if link.connected {
+            "connected"
+        } else {
+            "NOT connected"
+        },
         if link.since.is_empty() {
             String::new()
         } else {
@@ -281,7 +295,11 @@ async fn status(ctl: &Control) -> anyhow::Result<String> {
                 out,
                 "lending: {}{}{}{}",
                 p.lending,
-                if p.lending_now { ", lending now" } else { ", not lending now" },
+                if p.lending_now {
+                    ", lending now"
+                } else {
+                    ", not lending now"
+                },
                 if p.draining { ", DRAINED" } else { "" },
                 if p.reclaim { ", RECLAIMED" } else { "" },
             );
@@ -312,7 +330,11 @@ async fn status(ctl: &Control) -> anyhow::Result<String> {
             g.memory_mb / 1024,
             s.map(|s| s.utilization_pct).unwrap_or(0),
             s.map(|s| s.memory_used_mb).unwrap_or(0),
-            if s.is_some_and(|s| s.local_use) { ", LOCAL USE by the owner" } else { "" },
+            if s.is_some_and(|s| s.local_use) {
+                ", LOCAL USE by the owner"
+            } else {
+                ""
+            },
             s.and_then(|s| s.fault.as_ref())
                 .map(|f| format!(", FAULT: {f}"))
                 .unwrap_or_default(),

@@ -153,10 +153,7 @@ pub fn call(state_dir: &Path, req: &Request, wait: Duration) -> Result<Reply, Cl
     w.write_all(text.as_bytes()).map_err(io)?;
     stream.set_read_timeout(Some(wait)).map_err(io)?;
     line.clear();
-    reader
-        .take(16 << 20)
-        .read_line(&mut line)
-        .map_err(io)?;
+    reader.take(16 << 20).read_line(&mut line).map_err(io)?;
     serde_json::from_str(line.trim()).map_err(|_| {
         ClientError::NotAgent(
             socket_path(state_dir),
@@ -207,8 +204,16 @@ mod tests {
         for (rule, w, says) in [
             ("sometimes", vec![], "unknown lending rule \"sometimes\""),
             ("windows", vec![], "needs at least one window"),
-            ("windows", vec!["weekdays 9-5".to_string()], "DAYS HH:MM-HH:MM"),
-            ("always", vec!["mon 10:00-11:00".to_string()], "takes no windows"),
+            (
+                "windows",
+                vec!["weekdays 9-5".to_string()],
+                "DAYS HH:MM-HH:MM",
+            ),
+            (
+                "always",
+                vec!["mon 10:00-11:00".to_string()],
+                "takes no windows",
+            ),
         ] {
             let e = lend_request(rule, &w).unwrap_err().to_string();
             assert!(e.contains(says), "{rule} {w:?}: {e}");

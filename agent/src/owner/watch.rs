@@ -110,7 +110,10 @@ pub fn decide(
         if let Some(f) = gpus.iter().find_map(|g| g.fault.as_ref().map(|f| (g, f))) {
             out.push(stop(
                 StopReason::Preempted,
-                format!("its GPU {} failed ({}); it resumes on another GPU", f.0.uuid, f.1),
+                format!(
+                    "its GPU {} failed ({}); it resumes on another GPU",
+                    f.0.uuid, f.1
+                ),
             ));
             continue;
         }
@@ -144,11 +147,7 @@ pub fn decide(
         let idle_for = now.saturating_sub(*since);
         let interactive = a.spec.as_ref().is_some_and(|s| s.interactive);
         if idle_for >= after {
-            let what = if interactive {
-                "cancelled"
-            } else {
-                "requeued"
-            };
+            let what = if interactive { "cancelled" } else { "requeued" };
             out.push(stop(
                 if interactive {
                     StopReason::Cancelled
@@ -237,7 +236,14 @@ mod tests {
     fn local_use_stops_the_guest_not_the_owner() {
         let atts = [att(1, true, "G0"), att(2, false, "G1")];
         let stats = [stat("G0", 90, true, None), stat("G1", 90, true, None)];
-        let d = decide(S(5), &atts, &stats, false, NO_IDLE, &mut IdleTrack::default());
+        let d = decide(
+            S(5),
+            &atts,
+            &stats,
+            false,
+            NO_IDLE,
+            &mut IdleTrack::default(),
+        );
         assert_eq!(stopped(&d), vec![1]);
         let Decision::Stop {
             grace_s, reason, ..
@@ -245,7 +251,11 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!((*grace_s, *reason), (20, StopReason::Preempted), "the node's grace");
+        assert_eq!(
+            (*grace_s, *reason),
+            (20, StopReason::Preempted),
+            "the node's grace"
+        );
     }
 
     #[test]
@@ -255,17 +265,29 @@ mod tests {
             stat("G0", 0, false, Some("Xid 79: fallen off the bus")),
             stat("G1", 50, false, None),
         ];
-        let d = decide(S(5), &atts, &stats, false, NO_IDLE, &mut IdleTrack::default());
+        let d = decide(
+            S(5),
+            &atts,
+            &stats,
+            false,
+            NO_IDLE,
+            &mut IdleTrack::default(),
+        );
         assert_eq!(stopped(&d), vec![1, 2]);
-        let d = decide(S(5), &atts[2..], &stats, true, NO_IDLE, &mut IdleTrack::default());
+        let d = decide(
+            S(5),
+            &atts[2..],
+            &stats,
+            true,
+            NO_IDLE,
+            &mut IdleTrack::default(),
+        );
         assert_eq!(stopped(&d), vec![3]);
     }
 
     #[test]
     fn idle_guests_are_warned_then_stopped_and_use_resets_the_clock() {
-        let rule = IdleRule {
-            after: Some(S(60)),
-        };
+        let rule = IdleRule { after: Some(S(60)) };
         let mut track = IdleTrack::default();
         let mut inter = att(2, true, "G1");
         inter.spec = Some(spec(true, true));
@@ -287,7 +309,14 @@ mod tests {
         );
         let d = decide(S(60), &atts, &idle, false, rule, &mut track);
         assert!(
-            matches!(&d[..], [Decision::Stop { job: 2, reason: StopReason::Cancelled, .. }]),
+            matches!(
+                &d[..],
+                [Decision::Stop {
+                    job: 2,
+                    reason: StopReason::Cancelled,
+                    ..
+                }]
+            ),
             "an interactive guest is cancelled: {d:?}"
         );
         // Job 1 has been seen idle since 50 s.
@@ -298,9 +327,19 @@ mod tests {
         );
         let d = decide(S(110), &atts, &idle, false, rule, &mut track);
         assert!(
-            d.iter().any(|d| matches!(d, Decision::Stop { job: 1, reason: StopReason::Preempted, .. })),
+            d.iter().any(|d| matches!(
+                d,
+                Decision::Stop {
+                    job: 1,
+                    reason: StopReason::Preempted,
+                    ..
+                }
+            )),
             "a batch guest is requeued after 60 s idle: {d:?}"
         );
-        assert!(!stopped(&d).contains(&3), "the owner's idle job is left alone");
+        assert!(
+            !stopped(&d).contains(&3),
+            "the owner's idle job is left alone"
+        );
     }
 }

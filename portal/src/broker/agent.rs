@@ -283,7 +283,9 @@ async fn handle(
                         .ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
                     // Revoked on any replica: refused here too, and nothing is renewed.
                     if nodes::is_revoked(c, node)? {
-                        return Err(AppError::Unauthenticated("the node's credential was revoked".into()));
+                        return Err(AppError::Unauthenticated(
+                            "the node's credential was revoked".into(),
+                        ));
                     }
                     if let Some(cap) = &capacity {
                         nodes::set_capacity(c, node, cap)?;

@@ -42,4 +42,3 @@ async fn command(
     let answer = owner::command(&state, node, cmd, offset).await?;
     Ok(HttpResponse::Ok().json(answer))
 }
-

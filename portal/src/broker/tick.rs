@@ -153,11 +153,20 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
             snapshot::read(c, &policy)
         })
         .await?;
+    // Nothing queued and nothing to take back (reclaim, local use, a node that stopped
+    // lending while guests run on it): nothing to plan.
+    let now_s = chrono::Utc::now().timestamp();
+    let offset = state.config.policy.utc_offset_s;
     if snapshot.queue.is_empty()
-        && !snapshot
-            .nodes
-            .iter()
-            .any(|n| n.reclaim || n.gpus.iter().any(|g| g.local_use))
+        && !snapshot.nodes.iter().any(|n| {
+            n.reclaim
+                || n.gpus.iter().any(|g| g.local_use)
+                || (n.lending.lend_until(now_s, offset).is_none()
+                    && snapshot
+                        .running
+                        .iter()
+                        .any(|r| r.node == n.id && r.lab != n.lab))
+        })
     {
         return Ok(());
     }

@@ -125,7 +125,14 @@ pub fn apply_plan(
             )?;
             orders.push(Order {
                 node: node.id,
-                msg: start_msg(c, &job, attempt, &gpus, clock.lease(timing.lease_ttl_s), timing)?,
+                msg: start_msg(
+                    c,
+                    &job,
+                    attempt,
+                    &gpus,
+                    clock.lease(timing.lease_ttl_s),
+                    timing,
+                )?,
             });
         }
         for p in &plan.pending {

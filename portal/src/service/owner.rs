@@ -31,13 +31,18 @@ pub fn state_of(c: &mut DbConn, node: &Node, utc_offset_s: i32) -> Result<NodeSt
     let now_s = now.and_utc().timestamp();
     let lending_now = !node.reclaim
         && !node.draining
-        && rules.lend_until(now_s, utc_offset_s).is_some_and(|u| u > now_s);
+        && rules
+            .lend_until(now_s, utc_offset_s)
+            .is_some_and(|u| u > now_s);
     let node_why = if node.reclaim {
         Some("the owner took every GPU back (reclaim)".to_string())
     } else if node.draining {
         Some("the server is drained".to_string())
     } else if !lending_now {
-        Some(format!("the lending rule ({}) does not lend now", describe(&rules)))
+        Some(format!(
+            "the lending rule ({}) does not lend now",
+            describe(&rules)
+        ))
     } else {
         None
     };
@@ -120,7 +125,10 @@ pub async fn command(
 fn by_field(by: &str) -> Result<String, AppError> {
     let by = by.trim();
     if by.is_empty() || by.len() > 64 || by.chars().any(char::is_control) {
-        return Err(AppError::invalid("by", "a local user name, 1 to 64 characters"));
+        return Err(AppError::invalid(
+            "by",
+            "a local user name, 1 to 64 characters",
+        ));
     }
     Ok(by.to_string())
 }
@@ -129,7 +137,11 @@ fn by_field(by: &str) -> Result<String, AppError> {
 fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand) -> Result<String, AppError> {
     let target = format!("node {}", node.name);
     let actor = |by: &str| -> Result<String, AppError> {
-        Ok(format!("{} on {} (on the server)", by_field(by)?, node.name))
+        Ok(format!(
+            "{} on {} (on the server)",
+            by_field(by)?,
+            node.name
+        ))
     };
     let lab = Some(node.lab_id);
     match cmd {

@@ -195,6 +195,7 @@ impl TestPortal {
             guest_network: Default::default(),
             idle_guest: None,
             socket_group: None,
+            capacity: Default::default(),
         };
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {

@@ -77,7 +77,7 @@ fn campus(backend: Backend) -> Campus {
 }
 
 /// The node called `name`, once it is online: its JSON.
-async fn node(api: &Api, name: &str) -> Value {
+async fn node(api: &Api, name: &str, agent: &AgentProcess) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(nodes) = api.get("/api/v1/nodes").await {
@@ -88,7 +88,11 @@ async fn node(api: &Api, name: &str) -> Value {
                 return n.clone();
             }
         }
-        assert!(Instant::now() < deadline, "node {name} online");
+        assert!(
+            Instant::now() < deadline,
+            "node {name} online: {}",
+            agent.log()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -115,10 +119,39 @@ async fn gone_within(job: i64, within: Duration) -> f64 {
 
 async fn local_use_takes_the_gpu_back(backend: Backend, host: u8) {
     let c = campus(backend);
-    let agent = AgentProcess::start(&Host::new(host), &c.portal, "host-lu", "fake:1xA100-80GB");
-    let n = node(&c.alice, "host-lu").await;
-    assert!(n["cpus"].as_f64().unwrap() >= 1.0, "capacity reported: {n}");
-    assert!(n["memory_mb"].as_i64().unwrap() > 0, "{n}");
+    let host = Host::new(host);
+    let agent = AgentProcess::start_with(
+        &host,
+        &c.portal,
+        "vision",
+        "host-lu",
+        "fake:1xA100-80GB",
+        &["--capacity", "16,64"],
+    );
+    let n = node(&c.alice, "host-lu", &agent).await;
+    assert_eq!(n["cpus"].as_f64(), Some(16.0), "capacity reported: {n}");
+    assert_eq!(n["memory_mb"].as_i64(), Some(64 * 1024), "{n}");
+    // A job larger than the server waits with that reason, never gets less.
+    let big = c
+        .bob
+        .submit(
+            json!({"image": "commons-demo:latest", "command": ["true"], "gpus": 1,
+                       "cpus": 32, "time_limit_minutes": 30}),
+        )
+        .await;
+    let j = c
+        .bob
+        .wait_job(big, Duration::from_secs(20), "a reason", |j| {
+            j["reason"].as_str().is_some_and(|r| r.contains("32 CPUs"))
+        })
+        .await;
+    assert_eq!(j["state"], "queued");
+    reqwest::Client::new()
+        .post(format!("{}/api/v1/jobs/{big}/cancel", c.portal.url()))
+        .bearer_auth(&c.bob.token)
+        .send()
+        .await
+        .unwrap();
     let id = n["id"].as_i64().unwrap();
     // Lent only after a minute of idleness.
     let status = c
@@ -133,32 +166,49 @@ async fn local_use_takes_the_gpu_back(backend: Backend, host: u8) {
     running(&c.bob, job).await;
 
     let t0 = Instant::now();
-    let (ok, out) = ctl(&agent, &["fake", "--gpu", "0", "--local-use", "on", "--util", "90"]);
+    let (ok, out) = ctl(
+        &agent,
+        &["fake", "--gpu", "0", "--local-use", "on", "--util", "90"],
+    );
     assert!(ok, "{out}");
     gone_within(job, Duration::from_secs(GRACE_S + 5)).await;
     let took = t0.elapsed().as_secs_f64();
     let j = c
         .bob
-        .wait_job(job, Duration::from_secs(10), "requeued", |j| j["state"] == "queued")
+        .wait_job(job, Duration::from_secs(10), "requeued", |j| {
+            j["state"] == "queued"
+        })
         .await;
-    let events = c.bob.get(&format!("/api/v1/jobs/{job}/events")).await.unwrap();
+    let events = c
+        .bob
+        .get(&format!("/api/v1/jobs/{job}/events"))
+        .await
+        .unwrap();
     assert!(
         events.to_string().contains("using this GPU directly")
             || events.to_string().contains("using the GPU directly"),
         "the reason says the owner took it back: {events}\n{j}"
     );
     // The owner stops; the GPU is not lent again until it was idle a minute.
-    let (ok, out) = ctl(&agent, &["fake", "--gpu", "0", "--local-use", "off", "--util", "0"]);
+    let (ok, out) = ctl(
+        &agent,
+        &["fake", "--gpu", "0", "--local-use", "off", "--util", "0"],
+    );
     assert!(ok, "{out}");
     tokio::time::sleep(Duration::from_secs(8)).await;
     let j = c.bob.get(&format!("/api/v1/jobs/{job}")).await.unwrap();
-    assert_eq!(j["state"], "queued", "not lent again before the idle minute: {j}");
+    assert_eq!(
+        j["state"], "queued",
+        "not lent again before the idle minute: {j}"
+    );
     assert!(containers(job).is_empty());
     assert!(
         j["reason"].as_str().unwrap_or("").contains("idle"),
         "waits for the idle time: {j}"
     );
-    println!("FIGURE local use -> guest container gone: {took:.2} s (grace {GRACE_S} s, {backend:?})");
+    println!(
+        "FIGURE local use -> guest container gone: {took:.2} s (grace {GRACE_S} s, {backend:?})"
+    );
     remove_containers(&[job]);
 }
 
@@ -175,9 +225,9 @@ async fn local_use_takes_the_gpu_back_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reclaim_now_status_and_refusals() {
     let c = campus(Backend::Sqlite);
-    let agent =
-        AgentProcess::start(&Host::new(152), &c.portal, "host-rc", "fake:1xA100-80GB");
-    node(&c.alice, "host-rc").await;
+    let host = Host::new(152);
+    let agent = AgentProcess::start(&host, &c.portal, "host-rc", "fake:1xA100-80GB");
+    node(&c.alice, "host-rc", &agent).await;
     let job = c.bob.submit(sleeper()).await;
     running(&c.bob, job).await;
 
@@ -215,15 +265,17 @@ async fn reclaim_now_status_and_refusals() {
     gone_within(job, Duration::from_secs(GRACE_S + 5)).await;
     let took = t0.elapsed().as_secs_f64();
     c.bob
-        .wait_job(job, Duration::from_secs(10), "requeued", |j| j["state"] == "queued")
+        .wait_job(job, Duration::from_secs(10), "requeued", |j| {
+            j["state"] == "queued"
+        })
         .await;
     let audit = c.portal.audit("reclaim");
     assert!(
-        audit
-            .iter()
-            .any(|(actor, target, after)| actor.contains("on host-rc (on the server)")
+        audit.iter().any(
+            |(actor, target, after)| actor.contains("on host-rc (on the server)")
                 && target == "node host-rc"
-                && after == "true"),
+                && after == "true"
+        ),
         "{audit:?}"
     );
     let (ok, out) = ctl(&agent, &["status"]);
@@ -241,9 +293,9 @@ async fn reclaim_now_status_and_refusals() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_moves_guests_and_keeps_the_owner_job() {
     let c = campus(Backend::Sqlite);
-    let agent =
-        AgentProcess::start(&Host::new(153), &c.portal, "host-dr", "fake:2xA100-80GB");
-    node(&c.alice, "host-dr").await;
+    let host = Host::new(153);
+    let agent = AgentProcess::start(&host, &c.portal, "host-dr", "fake:2xA100-80GB");
+    node(&c.alice, "host-dr", &agent).await;
     let own = c.alice.submit(sleeper()).await;
     let guest = c.bob.submit(sleeper()).await;
     running(&c.alice, own).await;
@@ -271,9 +323,9 @@ async fn drain_moves_guests_and_keeps_the_owner_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lending_window_closing_preempts_guests() {
     let c = campus(Backend::Sqlite);
-    let agent =
-        AgentProcess::start(&Host::new(154), &c.portal, "host-lw", "fake:1xA100-80GB");
-    node(&c.alice, "host-lw").await;
+    let host = Host::new(154);
+    let agent = AgentProcess::start(&host, &c.portal, "host-lw", "fake:1xA100-80GB");
+    node(&c.alice, "host-lw", &agent).await;
     let job = c.bob.submit(sleeper()).await;
     running(&c.bob, job).await;
     // A window on every day but today: lending is closed now.
@@ -283,10 +335,20 @@ async fn a_lending_window_closing_preempts_guests() {
     let window = format!("{} 00:00-24:00", others.join(","));
     let (ok, out) = ctl(&agent, &["lend", "windows", &window]);
     assert!(ok, "{out}");
-    gone_within(job, Duration::from_secs(GRACE_S + 10)).await;
+    let t0 = Instant::now();
+    while !containers(job).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(GRACE_S + 10),
+            "the guest still runs after the window closed ({window}): {out}\n{}",
+            c.portal.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let j = c
         .bob
-        .wait_job(job, Duration::from_secs(10), "requeued", |j| j["state"] == "queued")
+        .wait_job(job, Duration::from_secs(10), "requeued", |j| {
+            j["state"] == "queued"
+        })
         .await;
     assert!(
         j["reason"].as_str().unwrap_or("").contains("not lent"),
@@ -294,7 +356,9 @@ async fn a_lending_window_closing_preempts_guests() {
     );
     let audit = c.portal.audit("set_lending");
     assert!(
-        audit.iter().any(|(a, _, after)| a.contains("(on the server)") && after.starts_with("windows")),
+        audit
+            .iter()
+            .any(|(a, _, after)| a.contains("(on the server)") && after.starts_with("windows")),
         "{audit:?}"
     );
     remove_containers(&[job]);
@@ -303,24 +367,30 @@ async fn a_lending_window_closing_preempts_guests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leave_deregisters_the_node() {
     let c = campus(Backend::Sqlite);
-    let mut agent =
-        AgentProcess::start(&Host::new(155), &c.portal, "host-lv", "fake:1xA100-80GB");
-    node(&c.alice, "host-lv").await;
+    let host = Host::new(155);
+    let mut agent = AgentProcess::start(&host, &c.portal, "host-lv", "fake:1xA100-80GB");
+    node(&c.alice, "host-lv", &agent).await;
     let job = c.bob.submit(sleeper()).await;
     running(&c.bob, job).await;
     let (ok, out) = ctl(&agent, &["leave"]);
-    assert!(ok, "{out}");
+    assert!(ok, "{out}\n{}", agent.log());
     assert!(out.contains("left GPU Commons"), "{out}");
     assert!(containers(job).is_empty());
     let status = agent.exited_within(Duration::from_secs(10));
-    assert!(status.is_some_and(|s| s.success()), "the agent ends: {}", agent.log());
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the agent ends: {}",
+        agent.log()
+    );
     let nodes = c.alice.get("/api/v1/nodes").await.unwrap();
     assert!(
         !nodes.to_string().contains("host-lv"),
         "the node and its GPUs vanish: {nodes}"
     );
     c.bob
-        .wait_job(job, Duration::from_secs(10), "requeued", |j| j["state"] == "queued")
+        .wait_job(job, Duration::from_secs(10), "requeued", |j| {
+            j["state"] == "queued"
+        })
         .await;
     assert!(!c.portal.audit("leave").is_empty());
     // The state dir no longer holds a credential: starting again needs a new token.
@@ -332,9 +402,11 @@ async fn leave_deregisters_the_node() {
 
 async fn a_revoked_node_is_refused(backend: Backend, host: u8) {
     let c = campus(backend);
-    let mut agent =
-        AgentProcess::start(&Host::new(host), &c.portal, "host-rv", "fake:1xA100-80GB");
-    let id = node(&c.alice, "host-rv").await["id"].as_i64().unwrap();
+    let host = Host::new(host);
+    let mut agent = AgentProcess::start(&host, &c.portal, "host-rv", "fake:1xA100-80GB");
+    let id = node(&c.alice, "host-rv", &agent).await["id"]
+        .as_i64()
+        .unwrap();
     // Only the lab's admins may revoke.
     let r = reqwest::Client::new()
         .post(format!("{}/api/v1/nodes/{id}/revoke", c.portal.url()))
@@ -357,7 +429,11 @@ async fn a_revoked_node_is_refused(backend: Backend, host: u8) {
         "the agent is refused: {}",
         agent.log()
     );
-    assert!(agent.log().contains("refused this node's credential"), "{}", agent.log());
+    assert!(
+        agent.log().contains("refused this node's credential"),
+        "{}",
+        agent.log()
+    );
     let nodes = c.alice.get("/api/v1/nodes").await.unwrap();
     assert!(!nodes.to_string().contains("host-rv"), "{nodes}");
     assert!(!c.portal.audit("revoke_node").is_empty());
@@ -376,26 +452,35 @@ async fn a_revoked_node_is_refused_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_guest_is_warned_then_stopped() {
     let c = campus(Backend::Sqlite);
-    let _agent = AgentProcess::start_with(
-        &Host::new(158),
+    let host = Host::new(158);
+    let agent = AgentProcess::start_with(
+        &host,
         &c.portal,
         "vision",
         "host-id",
         "fake:1xA100-80GB",
         &["--idle-guest", "12s"],
     );
-    node(&c.alice, "host-id").await;
+    node(&c.alice, "host-id", &agent).await;
     let job = c.bob.submit(sleeper()).await;
     running(&c.bob, job).await;
     let t0 = Instant::now();
     // Fake GPUs sit at 0% unless told otherwise.
     gone_within(job, Duration::from_secs(12 + GRACE_S + 10)).await;
-    assert!(t0.elapsed() >= Duration::from_secs(9), "not before its idle time");
+    assert!(
+        t0.elapsed() >= Duration::from_secs(9),
+        "not before its idle time"
+    );
     // Requeued (and, idle as it is, placed again: the events tell).
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let events = c.bob.get(&format!("/api/v1/jobs/{job}/events")).await.unwrap();
-        if events.to_string().contains("requeued") && events.to_string().contains("stayed under 5%") {
+        let events = c
+            .bob
+            .get(&format!("/api/v1/jobs/{job}/events"))
+            .await
+            .unwrap();
+        if events.to_string().contains("requeued") && events.to_string().contains("stayed under 5%")
+        {
             break;
         }
         assert!(Instant::now() < deadline, "requeued as idle: {events}");

@@ -66,16 +66,26 @@ fn cpus_in_use_are_not_given_twice() {
     let s = snap(
         vec![sized(node(1, 1, 10, 4, "A100-80GB", 80), 16.0, 128)],
         vec![r],
-        vec![asking(job(1, 2, 20, 1), 8.0, 8), asking(job(2, 2, 21, 1), 4.0, 8)],
+        vec![
+            asking(job(1, 2, 20, 1), 8.0, 8),
+            asking(job(2, 2, 21, 1), 4.0, 8),
+        ],
     );
     let p = go(&s);
-    assert_eq!(started(&p), vec![2], "the job that fits in what is left starts");
+    assert_eq!(
+        started(&p),
+        vec![2],
+        "the job that fits in what is left starts"
+    );
     assert!(matches!(reason(&p, 1), Reason::WaitingForGpus { .. }));
     // Two jobs that each fit do not both start when together they do not.
     let s = snap(
         vec![sized(node(1, 1, 10, 4, "A100-80GB", 80), 16.0, 128)],
         vec![],
-        vec![asking(job(1, 2, 20, 1), 10.0, 8), asking(job(2, 2, 21, 1), 10.0, 8)],
+        vec![
+            asking(job(1, 2, 20, 1), 10.0, 8),
+            asking(job(2, 2, 21, 1), 10.0, 8),
+        ],
     );
     assert_eq!(go(&s).start.len(), 1);
 }
@@ -85,7 +95,10 @@ fn owner_jobs_respect_capacity_and_unknown_capacity_means_no_limit() {
     let s = snap(
         vec![sized(node(1, 1, 10, 2, "A100-80GB", 80), 8.0, 64)],
         vec![],
-        vec![asking(job(1, 1, 10, 1), 6.0, 8), asking(job(2, 1, 11, 1), 6.0, 8)],
+        vec![
+            asking(job(1, 1, 10, 1), 6.0, 8),
+            asking(job(2, 1, 11, 1), 6.0, 8),
+        ],
     );
     assert_eq!(started(&go(&s)), vec![1]);
     let s = snap(
@@ -93,7 +106,11 @@ fn owner_jobs_respect_capacity_and_unknown_capacity_means_no_limit() {
         vec![],
         vec![asking(job(1, 2, 20, 1), 600.0, 4096)],
     );
-    assert_eq!(started(&go(&s)), vec![1], "a node without capacity figures limits nothing");
+    assert_eq!(
+        started(&go(&s)),
+        vec![1],
+        "a node without capacity figures limits nothing"
+    );
 }
 
 #[test]
@@ -103,7 +120,10 @@ fn guests_leave_when_the_node_stops_lending() {
     n.lending.mode = LendMode::Never;
     let s = snap(
         vec![n],
-        vec![run(7, 2, 1, &[10], NOW - 600), run(8, 1, 1, &[11], NOW - 600)],
+        vec![
+            run(7, 2, 1, &[10], NOW - 600),
+            run(8, 1, 1, &[11], NOW - 600),
+        ],
         vec![],
     );
     let p = go(&s);
