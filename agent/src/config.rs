@@ -20,6 +20,63 @@ pub struct AgentConfig {
     pub hostname: String,
     /// What guests' containers may reach (`runtime::guest`).
     pub guest_network: crate::runtime::guest::GuestNetwork,
+    /// Stop a guest whose GPUs stay under 5% this long; `None`: never.
+    pub idle_guest: Option<std::time::Duration>,
+    /// The group that may use the control socket (mode 0660); `None`: the agent's own.
+    pub socket_group: Option<String>,
+    /// The capacity to report (`--capacity`).
+    pub capacity: CapacityMode,
+}
+
+/// What the agent reports as the server's CPUs and memory.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum CapacityMode {
+    /// Measured, on servers with real GPUs; not reported with fake GPUs (a simulated
+    /// server's capacity is not the machine's), so nothing is limited there.
+    #[default]
+    Auto,
+    /// Given: CPUs and memory in GiB (a fake server of a certain size, or to keep some of
+    /// the machine for the owner's own work).
+    Given { cpus: f64, memory_gb: u64 },
+}
+
+impl std::str::FromStr for CapacityMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(Self::Auto);
+        }
+        let bad =
+            || format!("--capacity: expected auto or CPUS,MEMORY_GB (e.g. 32,256), got {s:?}");
+        let (c, m) = s.split_once(',').ok_or_else(bad)?;
+        let cpus: f64 = c.trim().parse().map_err(|_| bad())?;
+        let memory_gb: u64 = m.trim().trim_end_matches("GB").parse().map_err(|_| bad())?;
+        if !(cpus > 0.0 && cpus <= 4096.0) || memory_gb == 0 {
+            return Err(bad());
+        }
+        Ok(Self::Given { cpus, memory_gb })
+    }
+}
+
+/// Parses a duration like `60m`, `90s`, `2h` or `off` (`--idle-guest`).
+pub fn parse_idle(s: &str) -> Result<Option<std::time::Duration>, String> {
+    if s == "off" || s == "never" {
+        return Ok(None);
+    }
+    let bad = || format!("{s:?} is not a duration: write e.g. 60m, 90s, 2h, or off");
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(bad()),
+    };
+    if secs == 0 {
+        return Err(bad());
+    }
+    Ok(Some(std::time::Duration::from_secs(secs)))
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -34,6 +91,8 @@ impl std::fmt::Debug for AgentConfig {
             .field("gpus", &self.gpus)
             .field("hostname", &self.hostname)
             .field("guest_network", &self.guest_network)
+            .field("idle_guest", &self.idle_guest)
+            .field("socket_group", &self.socket_group)
             .finish()
     }
 }
@@ -127,12 +186,52 @@ mod tests {
             gpus: GpuMode::Auto,
             hostname: "h".into(),
             guest_network: Default::default(),
+            idle_guest: None,
+            socket_group: None,
+            capacity: Default::default(),
         };
         let shown = format!("{c:?}");
         assert!(
             !shown.contains("secret-token") && shown.contains("<hidden>"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn capacity_flags() {
+        assert_eq!("auto".parse::<CapacityMode>(), Ok(CapacityMode::Auto));
+        assert_eq!(
+            "32,256".parse::<CapacityMode>(),
+            Ok(CapacityMode::Given {
+                cpus: 32.0,
+                memory_gb: 256
+            })
+        );
+        for bad in ["32", "x,1", "0,10", "4,0"] {
+            assert!(bad
+                .parse::<CapacityMode>()
+                .unwrap_err()
+                .contains("CPUS,MEMORY_GB"));
+        }
+    }
+
+    #[test]
+    fn idle_durations() {
+        assert_eq!(
+            parse_idle("60m").unwrap(),
+            Some(std::time::Duration::from_secs(3600))
+        );
+        assert_eq!(
+            parse_idle("20s").unwrap(),
+            Some(std::time::Duration::from_secs(20))
+        );
+        assert_eq!(parse_idle("off").unwrap(), None);
+        for bad in ["", "60", "m", "0m", "5d", "-1m"] {
+            assert!(
+                parse_idle(bad).unwrap_err().contains("not a duration"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

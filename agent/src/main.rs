@@ -4,9 +4,11 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use commons_agent::owner::socket::{self, Reply, Request};
 use commons_agent::{guard, state, AgentConfig, GpuMode};
 use commons_proto::{Attempt, JobId};
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -63,9 +65,57 @@ enum Cmd {
         /// network).
         #[arg(long, env = "COMMONS_AGENT_METRICS_LISTEN")]
         metrics_listen: Option<std::net::SocketAddr>,
+        /// Stop a guest whose GPUs stay under 5% this long (60m, 90s, 2h, or off); it is
+        /// warned in its log first. Interactive guests are cancelled, batch ones requeued.
+        #[arg(long, env = "COMMONS_IDLE_GUEST", default_value = "60m")]
+        idle_guest: String,
+        /// The group whose members may use `commons-agent status|lend|drain|...` (the
+        /// socket STATE_DIR/agent.sock is mode 0660).
+        #[arg(long, env = "COMMONS_SOCKET_GROUP")]
+        socket_group: Option<String>,
+        /// The CPUs and memory (GiB) jobs may use here, e.g. 32,256; `auto`: measured
+        /// (with fake GPUs: not reported, so not limited).
+        #[arg(long, env = "COMMONS_CAPACITY", default_value = "auto")]
+        capacity: commons_agent::config::CapacityMode,
     },
-    /// Show this node's enrolment.
+    /// The running agent's view: GPUs, what runs on each, what is lent and why, the
+    /// portal link. Exits non-zero when the agent is not running.
     Status {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// The lending rule: never, always, or windows "mon-fri 19:00-07:00" ["sat,sun 00:00-24:00" ...].
+    Lend {
+        /// never | always | windows
+        rule: String,
+        /// With `windows`: one or more "DAYS HH:MM-HH:MM".
+        windows: Vec<String>,
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// No new guests; running guests are checkpointed and move elsewhere; owner jobs finish.
+    Drain {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// Take jobs again after a drain.
+    Undrain {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// Stop every job here (requeued elsewhere), deregister the node (its credential is
+    /// revoked) and stop the agent.
+    Leave {
+        #[arg(long, default_value = "/var/lib/commons-agent")]
+        state_dir: PathBuf,
+    },
+    /// The kill switch: `--now` stops every guest (SIGTERM, the grace, then killed) and
+    /// lends nothing; `--off` lends again under the rule.
+    Reclaim {
+        #[arg(long, conflicts_with = "off")]
+        now: bool,
+        #[arg(long)]
+        off: bool,
         #[arg(long, default_value = "/var/lib/commons-agent")]
         state_dir: PathBuf,
     },
@@ -134,7 +184,12 @@ fn main() -> anyhow::Result<()> {
             name,
             guest_network,
             metrics_listen,
+            idle_guest,
+            socket_group,
+            capacity,
         } => {
+            let idle_guest = commons_agent::config::parse_idle(&idle_guest)
+                .map_err(|e| anyhow::anyhow!("--idle-guest: {e}"))?;
             let hostname = name.unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
@@ -155,20 +210,59 @@ fn main() -> anyhow::Result<()> {
                 gpus,
                 hostname,
                 guest_network,
+                idle_guest,
+                socket_group,
+                capacity,
             }))
         }
         Cmd::Status { state_dir } => {
-            match state::load_credential(&state_dir)? {
-                Some(c) => println!(
+            let enrolled = match state::load_credential(&state_dir)? {
+                Some(c) => format!(
                     "node {} ({}) of lab {}, enrolled; state dir {}",
                     c.node_id,
                     c.node_name,
                     c.lab,
                     state_dir.display()
                 ),
-                None => println!("not enrolled (no credential in {})", state_dir.display()),
+                None => format!("not enrolled (no credential in {})", state_dir.display()),
+            };
+            match socket::call(&state_dir, &Request::Status, Duration::from_secs(15)) {
+                Ok(r) => finish(r),
+                Err(e) => {
+                    println!("{enrolled}");
+                    fail(&e.to_string())
+                }
             }
-            Ok(())
+        }
+        Cmd::Lend {
+            rule,
+            windows,
+            state_dir,
+        } => match socket::lend_request(&rule, &windows) {
+            Ok(req) => command(&state_dir, req, Duration::from_secs(30)),
+            Err(e) => fail(&e.to_string()),
+        },
+        Cmd::Drain { state_dir } => command(&state_dir, Request::Drain, Duration::from_secs(30)),
+        Cmd::Undrain { state_dir } => {
+            command(&state_dir, Request::Undrain, Duration::from_secs(30))
+        }
+        Cmd::Leave { state_dir } => {
+            // Waits for every job's grace period.
+            command(&state_dir, Request::Leave, Duration::from_secs(3 * 3600))
+        }
+        Cmd::Reclaim {
+            now,
+            off,
+            state_dir,
+        } => {
+            if !now && !off {
+                return fail("reclaim needs --now (take every GPU back) or --off (lend again)");
+            }
+            command(
+                &state_dir,
+                Request::Reclaim { on: now },
+                Duration::from_secs(30),
+            )
         }
         Cmd::Fake {
             state_dir,
@@ -193,4 +287,26 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Sends one command to the running agent; exits non-zero with its words when it refuses.
+fn command(state_dir: &std::path::Path, req: Request, wait: Duration) -> anyhow::Result<()> {
+    match socket::call(state_dir, &req, wait) {
+        Ok(r) => finish(r),
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn finish(r: Reply) -> anyhow::Result<()> {
+    if r.ok {
+        println!("{}", r.message);
+        Ok(())
+    } else {
+        fail(&r.message)
+    }
+}
+
+fn fail(message: &str) -> anyhow::Result<()> {
+    eprintln!("commons-agent: {message}");
+    std::process::exit(1)
 }

@@ -15,6 +15,7 @@ use crate::executor::{Admission, Executor};
 use crate::gpu::{self, GpuSource};
 use crate::guard;
 use crate::metrics::METRICS;
+use crate::owner::{self, OwnerState};
 use crate::reconcile::Launch;
 use crate::relay::{self, RelayContext, Relays};
 use crate::runtime::{AssignedGpu, DockerRuntime};
@@ -46,8 +47,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
 /// Serves the portal with the node's credential, reconnecting until the task is dropped.
 async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> {
-    let gpus = gpu::from_mode(&config.gpus, &config.state_dir)?;
+    let gpus: std::sync::Arc<dyn GpuSource> =
+        std::sync::Arc::from(gpu::from_mode(&config.gpus, &config.state_dir)?);
     let inventory = gpus.inventory()?;
+    // Bound before anything else runs: a second agent on this state dir stops here.
+    let listener = owner::server::bind(&config.state_dir, config.socket_group.as_deref())?;
     let runtime = DockerRuntime::connect(cred.agent_id.clone())
         .await
         .context("cannot reach the Docker Engine (is it running, and may this user use it?)")?
@@ -76,19 +80,53 @@ async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> 
     let (tx, mut rx) = mpsc::unbounded_channel();
     let exec = Executor::with_checkpoints(runtime, tx, store, Some(checkpoints));
     exec.adopt().await?;
+    let owner = OwnerState::new(owner::IdleRule {
+        after: config.idle_guest,
+    });
+    tokio::spawn(owner::run_watch(exec.clone(), gpus.clone(), owner.clone()));
+    tokio::spawn(owner::server::serve(
+        listener,
+        owner::server::Control {
+            exec: exec.clone(),
+            gpus: gpus.clone(),
+            inventory: inventory.clone(),
+            owner: owner.clone(),
+            portal: config.portal.clone(),
+            credential: cred.credential.clone(),
+            node_name: cred.node_name.clone(),
+            http: reqwest::Client::new(),
+        },
+    ));
 
     let mut backoff = Duration::from_secs(1);
     loop {
         let started = std::time::Instant::now();
-        match connect_once(&config, &cred, &*gpus, &inventory, &exec, &relay, &mut rx).await {
-            Ok(()) => {}
+        let session = connect_once(
+            &config, &cred, &*gpus, &inventory, &exec, &relay, &owner, &mut rx,
+        );
+        let outcome = tokio::select! {
+            r = session => r,
+            _ = owner.left.notified() => {
+                let _ = std::fs::remove_file(owner::socket::socket_path(&config.state_dir));
+                state::remove_credential(&config.state_dir)
+                    .context("forgetting the revoked credential")?;
+                tracing::info!("this server left GPU Commons; the agent stops");
+                return Ok(());
+            }
+        };
+        match outcome {
+            Ok(()) => owner.set_link(false, Some("the portal closed the connection".into())),
             Err(e) if is_unauthorized(&e) => {
+                let _ = std::fs::remove_file(owner::socket::socket_path(&config.state_dir));
                 bail!("the portal refused this node's credential (revoked?); enrol again with a new token")
             }
-            Err(e) => match refusal(&e) {
-                Some(why) => tracing::error!("the portal refused the connection: {why}"),
-                None => tracing::warn!("connection to the portal failed: {e:#}"),
-            },
+            Err(e) => {
+                owner.set_link(false, Some(format!("{e:#}")));
+                match refusal(&e) {
+                    Some(why) => tracing::error!("the portal refused the connection: {why}"),
+                    None => tracing::warn!("connection to the portal failed: {e:#}"),
+                }
+            }
         }
         if started.elapsed() > MAX_BACKOFF {
             backoff = Duration::from_secs(1);
@@ -203,6 +241,8 @@ fn ws_url(portal: &str) -> String {
     format!("{base}{CONNECT_PATH}")
 }
 
+// One connection needs all of the agent's parts; a struct for one call site adds nothing.
+#[allow(clippy::too_many_arguments)]
 async fn connect_once(
     config: &AgentConfig,
     cred: &NodeCredential,
@@ -210,6 +250,7 @@ async fn connect_once(
     inventory: &[GpuInfo],
     exec: &Executor,
     relay: &RelayContext,
+    owner: &OwnerState,
     rx: &mut mpsc::UnboundedReceiver<AgentMsg>,
 ) -> anyhow::Result<()> {
     let mut req = ws_url(&config.portal).into_client_request()?;
@@ -224,9 +265,14 @@ async fn connect_once(
         METRICS.message("out", m.kind());
         Ok(Message::text(serde_json::to_string(m)?))
     };
+    let fake = matches!(config.gpus, crate::GpuMode::Fake(_));
     // Numbered and timed as late as possible: leases count from this moment.
-    sink.send(send(&exec.hello(AGENT_VERSION, inventory.to_vec()))?)
-        .await?;
+    let mut hello = exec.hello(AGENT_VERSION, inventory.to_vec());
+    if let AgentMsg::Hello { capacity, .. } = &mut hello {
+        *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
+    }
+    sink.send(send(&hello)?).await?;
+    owner.set_link(true, None);
     tracing::info!("connected to {}", config.portal);
 
     // Leases and time limits need no tick here: the executor checks them every second,
@@ -270,7 +316,11 @@ async fn connect_once(
                     }
                 };
                 METRICS.gpus(inventory, &gpu_stats);
-                sink.send(send(&exec.heartbeat(gpu_stats))?).await?;
+                let mut beat = exec.heartbeat(gpu_stats);
+                if let AgentMsg::Heartbeat { capacity, .. } = &mut beat {
+                    *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
+                }
+                sink.send(send(&beat)?).await?;
             }
         }
     }

@@ -78,6 +78,14 @@ pub fn load_credential(dir: &Path) -> Result<Option<NodeCredential>, StateError>
 }
 
 /// Writes the credential with mode 0600, atomically (a temporary file, then a rename).
+/// Forgets the node credential (after `leave`: the portal revoked it).
+pub fn remove_credential(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(dir.join(NODE_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 pub fn save_credential(dir: &Path, cred: &NodeCredential) -> Result<(), StateError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -112,6 +120,9 @@ pub struct FakeOverride {
     pub local_use: bool,
     #[serde(default)]
     pub util_pct: u32,
+    /// A fault to report (as NVML would: "Xid 79: fallen off the bus"); none: healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
 }
 
 pub fn load_fake_overrides(dir: &Path) -> BTreeMap<u32, FakeOverride> {
@@ -180,6 +191,7 @@ mod tests {
             FakeOverride {
                 local_use: true,
                 util_pct: 80,
+                fault: None,
             },
         );
         save_fake_overrides(dir.path(), &o).unwrap();

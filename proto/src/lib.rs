@@ -35,7 +35,9 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub mod control;
 pub mod relay;
+pub use control::{NodeCapacity, NodeCommand, NodeControlAnswer, NodeState, NODE_CONTROL_PATH};
 pub use relay::RelayOpen;
 
 /// Protocol version spoken by this build; sent in `Hello`.
@@ -186,6 +188,11 @@ pub struct GpuStat {
     pub memory_used_mb: u64,
     /// A process that GPU Commons did not start uses this GPU (the owner, directly).
     pub local_use: bool,
+    /// The GPU is faulty (Xid or uncorrected ECC errors, fallen off the bus), in words
+    /// for the lab admin: the portal withdraws it and requeues its jobs. Absent: healthy
+    /// (and what an agent that predates this field sends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
 }
 
 /// Where an attempt stands on the agent.
@@ -314,6 +321,19 @@ pub struct JobSpec {
     /// the image's default command.
     #[serde(default, skip_serializing_if = "is_false")]
     pub interactive: bool,
+    /// The job is a guest here (charged to another lab than the server's owner): the
+    /// agent takes the GPU back from it at once when the owner uses it directly, stops it
+    /// when its GPUs sit idle, and `reclaim --now` stops it. Absent: an owner job (what
+    /// an older portal sends; the portal still preempts guests itself).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub guest: bool,
+    /// The lab the job is charged to (for `commons-agent status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lab: Option<String>,
+    /// The node's grace period for a guest the agent stops on its own (local use,
+    /// `reclaim --now`, idle GPUs); absent: the agent's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_s: Option<u64>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -349,12 +369,19 @@ pub enum AgentMsg {
         seq: u64,
         gpus: Vec<GpuInfo>,
         attempts: Vec<AttemptReport>,
+        /// The server's CPUs, memory and disk (absent from agents that predate it: the
+        /// portal then places no CPU or memory limits there).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        capacity: Option<NodeCapacity>,
     },
     Heartbeat {
         /// Increases with every `Hello` and `Heartbeat` of the agent process.
         seq: u64,
         gpu_stats: Vec<GpuStat>,
         attempts: Vec<AttemptReport>,
+        /// As in `Hello`, when it changed (CPUs taken offline, memory resized).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        capacity: Option<NodeCapacity>,
     },
     /// An attempt changed state.
     AttemptEvent {

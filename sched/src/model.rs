@@ -71,6 +71,10 @@ pub struct Node {
     /// is not lent again for [`crate::Policy::relend_delay_s`] while the owner tends to
     /// come back ([`crate::Policy::relend_min_rate`]).
     pub owner_return_rate: Vec<f64>,
+    /// CPUs of the server (from its agent); 0: unknown, no limit.
+    pub cpus: f64,
+    /// Memory of the server in MiB (from its agent); 0: unknown, no limit.
+    pub memory_mb: u64,
 }
 
 /// One schedulable GPU: a whole GPU or a MIG instance (a GPU of its own size).
@@ -122,6 +126,10 @@ pub struct QueuedJob {
     /// An interactive job (someone waits for it at the screen); goes ahead of its lab's
     /// batch jobs when the lab sets [`LabInfo::interactive_boost`].
     pub interactive: bool,
+    /// CPUs the job asks for; placed against the node's [`Node::cpus`].
+    pub cpus: f64,
+    /// Memory the job asks for in MiB; placed against the node's [`Node::memory_mb`].
+    pub memory_mb: u64,
 }
 
 /// A job that holds GPUs now (starting, running or preempting).
@@ -147,6 +155,10 @@ pub struct RunningJob {
     /// When its latest checkpoint was stored; `None` if it has none in this attempt.
     /// Work since then is what a preemption loses.
     pub last_checkpoint_at: Option<Time>,
+    /// CPUs it was given (counted against its node's capacity).
+    pub cpus: f64,
+    /// Memory it was given in MiB (counted against its node's capacity).
+    pub memory_mb: u64,
 }
 
 /// A quota; every limit is optional and `None` means no limit.

@@ -100,7 +100,10 @@ fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
     let mut at = times.get(want - 1).copied().unwrap_or(Time::MAX);
     let own_at = own_times.get(want - 1).copied().unwrap_or(Time::MAX);
     let patience = world.policy.owner_patience_s;
-    let kind = if usable.len() >= want {
+    let kind = if usable.len() >= want && !nw.capacity_free_for(job) {
+        // The GPUs are there but the server's CPUs or memory are taken: wait for them.
+        Kind::Wait
+    } else if usable.len() >= want {
         let mut gpus = usable.clone();
         gpus.sort_by_key(|&g| {
             (

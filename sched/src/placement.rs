@@ -72,7 +72,7 @@ pub(crate) fn guest_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
             return Err(Verdict::LendLimit);
         }
     }
-    if (nw.free as usize) < want {
+    if (nw.free as usize) < want || !nw.capacity_free_for(job) {
         return Err(Verdict::Busy);
     }
     let ends = end_of(world.now, job);

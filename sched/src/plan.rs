@@ -16,7 +16,7 @@ use crate::policy::Policy;
 use crate::preemption::reclaims;
 use crate::quota::{lab_block, member_block};
 use crate::reason::Reason;
-use crate::state::{describe_request, World};
+use crate::state::{describe_request, gpu_matches, World};
 
 /// What one round decided.
 #[derive(Default)]
@@ -241,7 +241,7 @@ fn place_guest(
 /// The reason for a guest job that no node takes, from the most hopeful refusal.
 fn explain(world: &World, job: &QueuedJob, best: Option<(Verdict, usize)>) -> Reason {
     let Some((verdict, n)) = best else {
-        return no_fit(job);
+        return no_fit(world, job);
     };
     let node = world.node_name(n);
     let rules = &world.nodes[n].node.lending;
@@ -275,11 +275,30 @@ fn explain(world: &World, job: &QueuedJob, best: Option<(Verdict, usize)>) -> Re
         Verdict::NotLent(block) => Reason::NotLent {
             detail: block.describe(&node, job, rules),
         },
-        Verdict::NoHardware => no_fit(job),
+        Verdict::NoHardware => no_fit(world, job),
     }
 }
 
-fn no_fit(job: &QueuedJob) -> Reason {
+/// No node can ever take the job: too few matching GPUs anywhere, or the servers that
+/// have the GPUs have fewer CPUs or less memory than it asks for.
+fn no_fit(world: &World, job: &QueuedJob) -> Reason {
+    let gpus_somewhere = world.nodes.iter().any(|nw| {
+        nw.kinds
+            .iter()
+            .filter(|(g, _)| gpu_matches(job, g))
+            .map(|(_, c)| c)
+            .sum::<u32>()
+            >= job.gpus
+    });
+    if gpus_somewhere && job.gpus > 0 {
+        return Reason::NoNodeCapacity {
+            detail: format!(
+                "{} CPUs and {} GB of memory",
+                job.cpus,
+                job.memory_mb.div_ceil(1024)
+            ),
+        };
+    }
     Reason::NoNodeFits {
         gpus: job.gpus,
         detail: describe_request(job),

@@ -18,7 +18,9 @@ use crate::model::QueuedJob;
 use crate::state::{gpu_matches, World};
 
 /// Guests the owner takes back regardless of the queue: on a node the owner reclaims,
-/// or holding a GPU the owner now uses directly. Returns (running index, reason).
+/// holding a GPU the owner now uses directly (or that failed), or on a node whose
+/// lending rule does not lend now (a window closed, the rule became "never").
+/// Returns (running index, reason).
 pub(crate) fn reclaims(world: &World) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     for (i, r) in world.running.iter().enumerate() {
@@ -33,6 +35,11 @@ pub(crate) fn reclaims(world: &World) -> Vec<(usize, String)> {
             out.push((
                 i,
                 format!("the owner of node {name} is using the GPU directly"),
+            ));
+        } else if world.nodes[n].lend_until.is_none() {
+            out.push((
+                i,
+                format!("node {name} no longer lends now (its lending window closed or its rule changed)"),
             ));
         }
     }

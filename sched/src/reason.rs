@@ -36,6 +36,12 @@ pub enum Reason {
         /// What they must be, e.g. "model A100, at least 80 GB each".
         detail: String,
     },
+    /// The servers that have the GPUs it needs have fewer CPUs or less memory than it
+    /// asks for (it is never given less than it asked).
+    NoNodeCapacity {
+        /// What it asks for, e.g. "64 CPUs and 512 GB of memory".
+        detail: String,
+    },
     /// A node could run it, but its GPUs are busy now.
     WaitingForGpus {
         /// GPUs asked for.
@@ -128,6 +134,10 @@ impl fmt::Display for Reason {
             Reason::NoNodeFits { gpus, detail } => {
                 write!(f, "no server on campus has {gpus} matching GPUs ({detail})")
             }
+            Reason::NoNodeCapacity { detail } => write!(
+                f,
+                "no server on campus with the GPUs it needs has {detail}; ask for fewer CPUs or less memory"
+            ),
             Reason::WaitingForGpus { gpus } => write!(f, "waiting for {gpus} free GPUs"),
             Reason::BehindEarlierJob { job } => {
                 write!(f, "waiting behind job {job}, which needs the same GPUs")

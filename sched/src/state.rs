@@ -49,6 +49,10 @@ pub(crate) struct NodeW<'a> {
     /// Seconds a free GPU must have been free of owner work before it is lent: the
     /// lending rule or the re-lending hysteresis ([`crate::risk::min_idle_s`]).
     pub min_idle_s: i64,
+    /// CPUs not given to running jobs (infinite when the node's capacity is unknown).
+    pub cpus_free: f64,
+    /// Memory in MiB not given to running jobs (`u64::MAX` when unknown).
+    pub memory_free_mb: u64,
 }
 
 impl NodeW<'_> {
@@ -62,8 +66,24 @@ impl NodeW<'_> {
                 .map(|(_, c)| c)
                 .sum::<u32>()
                 >= job.gpus
+            && self.has_capacity_for(job)
+    }
+
+    /// Whether the server has the CPUs and memory the job asks for at all, busy or not.
+    pub fn has_capacity_for(&self, job: &QueuedJob) -> bool {
+        let n = self.node;
+        (n.cpus <= 0.0 || job.cpus <= n.cpus + CPU_SLACK)
+            && (n.memory_mb == 0 || job.memory_mb <= n.memory_mb)
+    }
+
+    /// Whether the CPUs and memory the job asks for are free now.
+    pub fn capacity_free_for(&self, job: &QueuedJob) -> bool {
+        job.cpus <= self.cpus_free + CPU_SLACK && job.memory_mb <= self.memory_free_mb
     }
 }
+
+/// Rounding room when comparing CPU counts (fractions of CPUs add up inexactly).
+const CPU_SLACK: f64 = 1e-6;
 
 pub(crate) struct GpuW<'a> {
     pub gpu: &'a Gpu,
@@ -89,6 +109,8 @@ pub(crate) struct RunW {
     /// Started by this plan: never a victim in it (no start-then-preempt loops).
     pub new: bool,
     pub guest: bool,
+    pub cpus: f64,
+    pub memory_mb: u64,
 }
 
 impl RunW {
@@ -269,6 +291,16 @@ impl<'a> World<'a> {
                 guest_gpus: 0,
                 free: 0,
                 kinds,
+                cpus_free: if node.cpus > 0.0 {
+                    node.cpus
+                } else {
+                    f64::INFINITY
+                },
+                memory_free_mb: if node.memory_mb > 0 {
+                    node.memory_mb
+                } else {
+                    u64::MAX
+                },
             });
         }
         let running_ids: std::collections::BTreeSet<JobId> =
@@ -408,6 +440,8 @@ impl<'a> World<'a> {
                 preempting: r.preempting,
                 new: false,
                 guest: owner_lab.is_some_and(|l| l != r.lab),
+                cpus: r.cpus,
+                memory_mb: r.memory_mb,
             });
         }
         for g in 0..world.gpus.len() {
@@ -423,6 +457,11 @@ impl<'a> World<'a> {
         let idx = self.running.len();
         for &g in &run.gpus {
             self.gpus[g].holder = Some(idx);
+        }
+        if let Some(n) = run.node {
+            let nw = &mut self.nodes[n];
+            nw.cpus_free = (nw.cpus_free - run.cpus.max(0.0)).max(0.0);
+            nw.memory_free_mb = nw.memory_free_mb.saturating_sub(run.memory_mb);
         }
         if run.guest {
             if let Some(n) = run.node {
@@ -479,6 +518,8 @@ impl<'a> World<'a> {
             preempting: false,
             new: true,
             guest,
+            cpus: job.cpus,
+            memory_mb: job.memory_mb,
         });
         Start {
             job: job.id,
@@ -535,7 +576,15 @@ pub(crate) fn boost_tier(job: &QueuedJob, lab_boosts: bool) -> u8 {
 }
 
 /// The key under which identical requests of one lab share a result.
-pub(crate) type Shape<'a> = (LabId, u32, &'a [String], u64, Option<&'a str>, i64);
+pub(crate) type Shape<'a> = (
+    LabId,
+    u32,
+    &'a [String],
+    u64,
+    Option<&'a str>,
+    i64,
+    (u64, u64),
+);
 
 fn shape(job: &QueuedJob) -> Shape<'_> {
     (
@@ -545,6 +594,7 @@ fn shape(job: &QueuedJob) -> Shape<'_> {
         job.min_memory_mb,
         job.mig_profile.as_deref(),
         job.time_limit_s,
+        (job.cpus.to_bits(), job.memory_mb),
     )
 }
 

@@ -187,6 +187,7 @@ impl<R: ContainerRuntime> Executor<R> {
             seq,
             gpus,
             attempts: reports_of(&t),
+            capacity: None,
         }
     }
 
@@ -198,6 +199,7 @@ impl<R: ContainerRuntime> Executor<R> {
             seq,
             gpu_stats,
             attempts: reports_of(&t),
+            capacity: None,
         }
     }
 
@@ -428,6 +430,53 @@ impl<R: ContainerRuntime> Executor<R> {
         }
     }
 
+    /// The attempts that hold GPUs here (not yet ended), for the owner's controls and
+    /// `commons-agent status`, in (job, attempt) order.
+    pub fn active(&self) -> Vec<ActiveAttempt> {
+        let t = self.table();
+        t.want
+            .iter()
+            .filter_map(|(key, w)| {
+                let h = t.have.get(key);
+                let over = |h: &ContainerObs| {
+                    h.result.is_some()
+                        || matches!(
+                            h.phase,
+                            Phase::Ended { .. }
+                                | Phase::Removed
+                                | Phase::Removing { .. }
+                                | Phase::Lost { .. }
+                                | Phase::NotCreated { .. }
+                        )
+                };
+                if h.is_some_and(over) || (h.is_none() && w.stop.is_some()) {
+                    return None;
+                }
+                let launch = w.launch.as_deref();
+                let started = h.and_then(|h| Some(h.deadline? - h.time_limit?));
+                Some(ActiveAttempt {
+                    job: key.0,
+                    attempt: key.1,
+                    spec: launch.map(|l| l.spec.clone()),
+                    gpus: launch
+                        .map(|l| l.gpus.iter().map(|g| g.uuid.clone()).collect())
+                        .unwrap_or_default(),
+                    started,
+                    stopping: w.stop.is_some() || h.is_some_and(|h| h.stopping.is_some()),
+                })
+            })
+            .collect()
+    }
+
+    /// Adds a line to an attempt's output (what its owner reads on the job's page).
+    pub fn note(&self, job: JobId, attempt: Attempt, line: &str) {
+        let _ = self.inner.events.send(AgentMsg::Logs {
+            job,
+            attempt,
+            chunk: format!("{line}\n"),
+        });
+    }
+
     /// Host pids inside our containers.
     pub async fn our_pids(&self) -> BTreeSet<u32> {
         let ids: Vec<String> = self
@@ -468,6 +517,29 @@ impl<R: ContainerRuntime> Executor<R> {
             last = actions;
         }
         tracing::error!("reconcile did not settle in {MAX_PASSES} passes; continuing next tick");
+    }
+}
+
+/// An attempt that holds GPUs here, as [`Executor::active`] lists it.
+#[derive(Debug, Clone)]
+pub struct ActiveAttempt {
+    pub job: JobId,
+    pub attempt: Attempt,
+    /// What the portal sent; `None` for an attempt re-adopted after an agent restart
+    /// (then it counts as the owner's: the portal still preempts guests itself).
+    pub spec: Option<JobSpec>,
+    /// UUIDs of its GPUs.
+    pub gpus: Vec<String>,
+    /// When its container started (boot clock), once known.
+    pub started: Option<Duration>,
+    /// A stop is under way.
+    pub stopping: bool,
+}
+
+impl ActiveAttempt {
+    /// A guest here (charged to another lab than the server's).
+    pub fn guest(&self) -> bool {
+        self.spec.as_ref().is_some_and(|s| s.guest)
     }
 }
 

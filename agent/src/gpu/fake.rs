@@ -47,6 +47,7 @@ impl GpuSource for FakeGpus {
                     utilization_pct: o.util_pct.min(100),
                     memory_used_mb: if o.local_use { g.memory_mb / 4 } else { 0 },
                     local_use: o.local_use,
+                    fault: o.fault.clone(),
                 }
             })
             .collect())
@@ -82,6 +83,7 @@ mod tests {
             FakeOverride {
                 local_use: true,
                 util_pct: 90,
+                fault: None,
             },
         );
         save_fake_overrides(dir.path(), &o).unwrap();

@@ -95,6 +95,7 @@ impl GpuSource for NvmlGpus {
                 utilization_pct: dev.utilization_rates().map(|u| u.gpu).unwrap_or(0),
                 memory_used_mb: mem.used / (1024 * 1024),
                 local_use: pids.iter().any(|p| !our_pids.contains(p)),
+                fault: None,
             });
         }
         Ok(out)

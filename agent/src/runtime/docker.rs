@@ -457,6 +457,9 @@ mod tests {
             checkpoint_interval_s: None,
             shm_mb: None,
             interactive: false,
+            guest: false,
+            lab: None,
+            grace_s: None,
         }
     }
 

@@ -363,6 +363,7 @@ impl GpuSource for OneGpu {
             utilization_pct: 50,
             memory_used_mb: 1,
             local_use: self.pids.iter().any(|p| !our_pids.contains(p)),
+            fault: None,
         }])
     }
 }

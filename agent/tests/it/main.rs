@@ -60,6 +60,9 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
         checkpoint_interval_s: None,
         shm_mb: None,
         interactive: false,
+        guest: false,
+        lab: None,
+        grace_s: None,
     }
 }
 

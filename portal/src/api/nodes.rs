@@ -9,7 +9,18 @@ use actix_web::{web, HttpResponse};
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/nodes", web::get().to(list))
         .route("/nodes/{id}/drain", web::post().to(drain))
-        .route("/nodes/{id}/undrain", web::post().to(undrain));
+        .route("/nodes/{id}/undrain", web::post().to(undrain))
+        .route("/nodes/{id}/revoke", web::post().to(revoke));
+}
+
+/// Revokes the node's credential (its lab's admins, operators): 204.
+async fn revoke(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    crate::service::owner::revoke(&state, &user, id.into_inner()).await?;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 async fn drain(

@@ -148,6 +148,16 @@ async fn serve(
                                     if send(&state, &mut session, &r).await.is_err() { break }
                                 }
                             }
+                            Err(AppError::Unauthenticated(why)) => {
+                                tracing::warn!(node = node.id, "agent disconnected: {why}");
+                                let close = actix_ws::CloseReason {
+                                    code: actix_ws::CloseCode::Policy,
+                                    description: Some(why),
+                                };
+                                let _ = session.close(Some(close)).await;
+                                state.agents.unregister(node.id, conn);
+                                return;
+                            }
                             Err(AppError::Forbidden(why)) => {
                                 state.metrics.agent_messages_refused.inc();
                                 refused += 1;
@@ -253,8 +263,12 @@ async fn handle(
                     seq,
                     gpus,
                     attempts: reports,
+                    capacity,
                     ..
                 } => {
+                    if let Some(cap) = &capacity {
+                        nodes::set_capacity(c, node, cap)?;
+                    }
                     let clock = AgentClock {
                         session,
                         seq,
@@ -283,9 +297,19 @@ async fn handle(
                     seq,
                     gpu_stats,
                     attempts: reports,
+                    capacity,
                 } => {
                     let session = session
                         .ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
+                    // Revoked on any replica: refused here too, and nothing is renewed.
+                    if nodes::is_revoked(c, node)? {
+                        return Err(AppError::Unauthenticated(
+                            "the node's credential was revoked".into(),
+                        ));
+                    }
+                    if let Some(cap) = &capacity {
+                        nodes::set_capacity(c, node, cap)?;
+                    }
                     let clock = AgentClock {
                         session,
                         seq,

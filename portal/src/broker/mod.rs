@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod checkpoints;
+pub mod control;
 pub mod limits;
 pub mod relay;
 pub mod tick;

@@ -172,13 +172,21 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
         })
         .await?;
     let now_s = chrono::Utc::now().timestamp();
-    metrics.observe_snapshot(&snapshot, now_s, state.config.policy.utc_offset_s);
+    let offset = state.config.policy.utc_offset_s;
+    metrics.observe_snapshot(&snapshot, now_s, offset);
     phase(&metrics, "read", began);
+    // Nothing queued and nothing to take back (reclaim, local use, a node that stopped
+    // lending while guests run on it): nothing to plan.
     if snapshot.queue.is_empty()
-        && !snapshot
-            .nodes
-            .iter()
-            .any(|n| n.reclaim || n.gpus.iter().any(|g| g.local_use))
+        && !snapshot.nodes.iter().any(|n| {
+            n.reclaim
+                || n.gpus.iter().any(|g| g.local_use)
+                || (n.lending.lend_until(now_s, offset).is_none()
+                    && snapshot
+                        .running
+                        .iter()
+                        .any(|r| r.node == n.id && r.lab != n.lab))
+        })
     {
         metrics.plan_size.clear();
         metrics.tick_duration.observe(began.elapsed().as_secs_f64());

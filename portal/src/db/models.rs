@@ -73,6 +73,10 @@ pub struct Node {
     pub agent_seq_at: Option<NaiveDateTime>,
     /// Drained: no new job starts here, guests move elsewhere, owner jobs finish.
     pub draining: bool,
+    /// CPUs, memory and free disk its agent reports (0: unknown).
+    pub cpus: f64,
+    pub memory_mb: i64,
+    pub disk_gb: i64,
 }
 
 impl Node {
@@ -130,6 +134,8 @@ pub struct Gpu {
     pub utilization_pct: i32,
     /// Last time the owner used it directly.
     pub idle_since: Option<NaiveDateTime>,
+    /// Why the agent reports it faulty; withdrawn while set.
+    pub fault: Option<String>,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable)]

@@ -180,36 +180,37 @@ pub fn upsert_gpus(
     })
 }
 
-/// Records a heartbeat's GPU numbers. Returns whether any GPU's local use changed (the
-/// scheduler should look again).
+/// Records a heartbeat's GPU numbers. Returns whether any GPU's local use or fault
+/// changed (the scheduler should look again).
 pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<bool, AppError> {
     c.transaction(|c| {
         // What the portal knew before this heartbeat, read once for the whole node. Only
         // GPUs whose figures changed are written: at rest a heartbeat writes no GPU row
         // (the node's row, with its clock, is written by `set_agent_clock`).
-        let known: std::collections::BTreeMap<String, (bool, i32, Option<chrono::NaiveDateTime>)> =
-            gpus::table
-                .filter(gpus::node_id.eq(node))
-                .select((
-                    gpus::uuid,
-                    gpus::local_use,
-                    gpus::utilization_pct,
-                    gpus::idle_since,
-                ))
-                .load::<(String, bool, i32, Option<chrono::NaiveDateTime>)>(c)?
-                .into_iter()
-                .map(|(uuid, local, util, idle)| (uuid, (local, util, idle)))
-                .collect();
+        type Known = (bool, i32, Option<chrono::NaiveDateTime>, Option<String>);
+        let known: std::collections::BTreeMap<String, Known> = gpus::table
+            .filter(gpus::node_id.eq(node))
+            .select((
+                gpus::uuid,
+                gpus::local_use,
+                gpus::utilization_pct,
+                gpus::idle_since,
+                gpus::fault,
+            ))
+            .load::<(String, bool, i32, Option<chrono::NaiveDateTime>, Option<String>)>(c)?
+            .into_iter()
+            .map(|(uuid, local, util, idle, fault)| (uuid, (local, util, idle, fault)))
+            .collect();
         let mut changed = false;
         for s in stats {
-            let Some((was_local, was_util, idle_since)) = known.get(&s.uuid).copied() else {
+            let Some((was_local, was_util, idle_since, fault)) = known.get(&s.uuid).cloned() else {
                 continue;
             };
             let util = s.utilization_pct.min(100) as i32;
-            if !s.local_use && !was_local && util == was_util {
+            if !s.local_use && !was_local && util == was_util && fault == s.fault {
                 continue;
             }
-            changed |= was_local != s.local_use;
+            changed |= was_local != s.local_use || fault != s.fault;
             // Idle time counts from the owner's last direct use.
             let idle_since = if s.local_use || was_local {
                 Some(now())
@@ -225,6 +226,7 @@ pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<
                 gpus::local_use.eq(s.local_use),
                 gpus::utilization_pct.eq(util),
                 gpus::idle_since.eq(idle_since),
+                gpus::fault.eq(s.fault.as_deref()),
             ))
             .execute(c)?;
         }
@@ -270,6 +272,16 @@ pub fn list_with_gpus(c: &mut DbConn) -> Result<Vec<(Node, Lab, Vec<Gpu>)>, AppE
             (n, l, g)
         })
         .collect())
+}
+
+/// The GPUs node `id` reports now, in index order.
+pub fn gpus_of(c: &mut DbConn, node: i64) -> Result<Vec<Gpu>, AppError> {
+    Ok(gpus::table
+        .filter(gpus::node_id.eq(node))
+        .filter(gpus::present.eq(true))
+        .order(gpus::idx)
+        .select(Gpu::as_select())
+        .load(c)?)
 }
 
 pub fn gpus_by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Gpu>, AppError> {
@@ -330,6 +342,42 @@ pub fn online_node(c: &mut DbConn, id: i64) -> Result<Option<Node>, AppError> {
         .select(Node::as_select())
         .first(c)
         .optional()?)
+}
+
+/// Records the server's capacity from its agent.
+pub fn set_capacity(
+    c: &mut DbConn,
+    node: i64,
+    cap: &commons_proto::NodeCapacity,
+) -> Result<(), AppError> {
+    diesel::update(nodes::table.find(node))
+        .set((
+            nodes::cpus.eq(cap.cpus.max(0.0)),
+            nodes::memory_mb.eq(i64::try_from(cap.memory_mb).unwrap_or(i64::MAX)),
+            nodes::disk_gb.eq(i64::try_from(cap.disk_gb).unwrap_or(i64::MAX)),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+/// Revokes a node's credential: it is refused from now on (its next connection, and a
+/// connected one at its next message) and vanishes from the lists.
+pub fn revoke(c: &mut DbConn, node: i64) -> Result<(), AppError> {
+    diesel::update(nodes::table.find(node))
+        .set((nodes::revoked_at.eq(Some(now())), nodes::online.eq(false)))
+        .execute(c)?;
+    Ok(())
+}
+
+/// Whether node `id` has been revoked (asked on every heartbeat, so a revocation made
+/// on any replica reaches a connection held by any other).
+pub fn is_revoked(c: &mut DbConn, node: i64) -> Result<bool, AppError> {
+    Ok(nodes::table
+        .find(node)
+        .select(nodes::revoked_at)
+        .first::<Option<chrono::NaiveDateTime>>(c)
+        .optional()?
+        .is_none_or(|r| r.is_some()))
 }
 
 pub fn set_draining(c: &mut DbConn, node: i64, draining: bool) -> Result<(), AppError> {

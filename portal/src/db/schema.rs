@@ -83,6 +83,9 @@ diesel::table! {
         agent_seq -> BigInt,
         agent_seq_at -> Nullable<Timestamp>,
         draining -> Bool,
+        cpus -> Double,
+        memory_mb -> BigInt,
+        disk_gb -> BigInt,
     }
 }
 
@@ -111,6 +114,7 @@ diesel::table! {
         local_use -> Bool,
         utilization_pct -> Integer,
         idle_since -> Nullable<Timestamp>,
+        fault -> Nullable<Text>,
     }
 }
 

@@ -147,12 +147,20 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
         let return_rates = owner_return_rates(&used, &node_lab, policy.utc_offset_s);
         // Lab, user and time limit of the jobs whose attempts hold GPUs, in one query.
         let active_jobs: Vec<i64> = active.iter().map(|a| a.job_id).collect();
-        let job_of: BTreeMap<i64, (i64, i64, i64)> = jobs::table
+        type JobOf = (i64, i64, i64, f64, i64);
+        let job_of: BTreeMap<i64, JobOf> = jobs::table
             .filter(jobs::id.eq_any(&active_jobs))
-            .select((jobs::id, jobs::lab_id, jobs::user_id, jobs::time_limit_s))
-            .load::<(i64, i64, i64, i64)>(c)?
+            .select((
+                jobs::id,
+                jobs::lab_id,
+                jobs::user_id,
+                jobs::time_limit_s,
+                jobs::cpus,
+                jobs::memory_mb,
+            ))
+            .load::<(i64, i64, i64, i64, f64, i64)>(c)?
             .into_iter()
-            .map(|(id, lab, user, limit)| (id, (lab, user, limit)))
+            .map(|(id, lab, user, limit, cpus, mem)| (id, (lab, user, limit, cpus, mem)))
             .collect();
         // When each running attempt last stored a checkpoint, in one query.
         let pairs: Vec<(i64, i32)> = active.iter().map(|a| (a.job_id, a.attempt)).collect();
@@ -171,6 +179,8 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                     grace_s: n.grace_s.max(0) as u32,
                     reclaim: n.reclaim || n.draining,
                     owner_return_rate: return_rates.get(&n.id).cloned().unwrap_or_default(),
+                    cpus: n.cpus.max(0.0),
+                    memory_mb: n.memory_mb.max(0) as u64,
                     gpus: gpus
                         .iter()
                         .filter(|g| g.node_id == n.id && g.present)
@@ -178,7 +188,8 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                             id: g.id,
                             model: g.model.clone(),
                             memory_mb: g.memory_mb.max(0) as u64,
-                            local_use: g.local_use,
+                            // A faulty GPU is withdrawn: nothing is placed on it.
+                            local_use: g.local_use || g.fault.is_some(),
                             idle_since: g.idle_since.map(secs).unwrap_or(0),
                             ..Default::default()
                         })
@@ -188,7 +199,8 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             running: active
                 .iter()
                 .map(|a| {
-                    let (lab, user, limit) = job_of.get(&a.job_id).copied().unwrap_or_default();
+                    let (lab, user, limit, cpus, memory_mb) =
+                        job_of.get(&a.job_id).copied().unwrap_or_default();
                     // An attempt still starting has no started_at yet: count from creation.
                     commons_sched::RunningJob {
                         id: a.job_id,
@@ -203,6 +215,8 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                             .get(&(a.job_id, a.attempt))
                             .copied()
                             .map(secs),
+                        cpus,
+                        memory_mb: memory_mb.max(0) as u64,
                     }
                 })
                 .collect(),
@@ -218,6 +232,8 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                     time_limit_s: j.time_limit_s,
                     submitted_at: secs(j.created_at),
                     interactive: j.kind == crate::domain::JobKind::Interactive,
+                    cpus: j.cpus,
+                    memory_mb: j.memory_mb.max(0) as u64,
                     ..Default::default()
                 })
                 .collect(),

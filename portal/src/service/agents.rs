@@ -70,6 +70,12 @@ impl Registry {
         v
     }
 
+    /// Closes this replica's connection of `node`, if it holds one (its credential was
+    /// revoked): the connection's loop ends when its outbox closes.
+    pub fn disconnect(&self, node: i64) {
+        self.conns().remove(&node);
+    }
+
     pub fn is_connected(&self, node: i64) -> bool {
         self.conns().contains_key(&node)
     }

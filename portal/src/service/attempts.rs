@@ -125,7 +125,14 @@ pub fn apply_plan(
             )?;
             orders.push(Order {
                 node: node.id,
-                msg: start_msg(c, &job, attempt, &gpus, clock.lease(timing.lease_ttl_s))?,
+                msg: start_msg(
+                    c,
+                    &job,
+                    attempt,
+                    &gpus,
+                    clock.lease(timing.lease_ttl_s),
+                    timing,
+                )?,
             });
         }
         for p in &plan.pending {
@@ -146,7 +153,15 @@ fn start_msg(
     attempt: i32,
     gpus: &[Gpu],
     lease: Lease,
+    timing: Timing,
 ) -> Result<PortalMsg, AppError> {
+    let lab = db::users::lab_by_id(c, job.lab_id)?;
+    let node = match gpus.first() {
+        Some(g) => Some(db::nodes::node_by_id(c, g.node_id)?),
+        None => None,
+    };
+    let node_lab = node.as_ref().map(|n| n.lab_id);
+    let grace_s = node.as_ref().map(|n| timing.grace_on(n.grace_s));
     Ok(PortalMsg::Start {
         job: job.id,
         attempt,
@@ -161,6 +176,9 @@ fn start_msg(
             checkpoint_interval_s: job.checkpoint_interval_s.map(|s| s.max(60) as u64),
             shm_mb: job.shm_mb.and_then(|m| u64::try_from(m).ok()),
             interactive: job.kind == crate::domain::JobKind::Interactive,
+            guest: node_lab.is_some_and(|l| l != job.lab_id),
+            lab: Some(lab.slug),
+            grace_s,
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,
@@ -195,6 +213,7 @@ pub fn undelivered_starts(
             a.attempt,
             &gpus,
             clock.lease(timing.lease_ttl_s),
+            timing,
         )?);
     }
     Ok(out)

@@ -21,6 +21,7 @@ pub mod labs;
 pub mod members;
 pub mod metrics;
 pub mod nodes;
+pub mod owner;
 pub mod policy;
 pub mod relays;
 pub mod reports;

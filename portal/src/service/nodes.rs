@@ -22,6 +22,10 @@ pub struct NodeView {
     pub reclaim: bool,
     /// No new job starts here; guests move elsewhere; owner jobs finish.
     pub draining: bool,
+    /// CPUs, memory (MiB) and free disk (GiB) the agent reports; 0: not reported.
+    pub cpus: f64,
+    pub memory_mb: i64,
+    pub disk_gb: i64,
 }
 
 /// Every enrolled node with its lab and GPUs (two queries).
@@ -38,6 +42,9 @@ pub fn views(c: &mut DbConn) -> Result<Vec<NodeView>, AppError> {
             grace_s: n.grace_s,
             reclaim: n.reclaim,
             draining: n.draining,
+            cpus: n.cpus,
+            memory_mb: n.memory_mb,
+            disk_gb: n.disk_gb,
             id: n.id,
             name: n.name,
             lab: l.slug,

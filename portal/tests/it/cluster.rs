@@ -405,27 +405,12 @@ pub struct AgentProcess {
     ns: String,
     name: String,
     child: Option<Child>,
-    /// More arguments for `commons-agent run`.
+    /// More arguments for `commons-agent run` (`--idle-guest 10s`).
     extra: Vec<String>,
 }
 
 impl AgentProcess {
-    pub fn start(host: &Host, portal: &PortalProcess, name: &str, gpus: &str) -> AgentProcess {
-        Self::start_for(host, portal, "vision", name, gpus)
-    }
-
-    /// An agent of another lab's server.
-    pub fn start_for(
-        host: &Host,
-        portal: &PortalProcess,
-        lab: &str,
-        name: &str,
-        gpus: &str,
-    ) -> AgentProcess {
-        Self::start_with(host, portal, lab, name, gpus, &[])
-    }
-
-    /// An agent started with more arguments.
+    /// An agent of `lab`'s server with more `run` flags.
     pub fn start_with(
         host: &Host,
         portal: &PortalProcess,
@@ -446,6 +431,36 @@ impl AgentProcess {
         let token = portal.admin(&["enrol-token", lab]);
         a.spawn(Some(&token), gpus);
         a
+    }
+
+    /// Waits up to `within` for the process to end by itself; its exit status.
+    pub fn exited_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn start(host: &Host, portal: &PortalProcess, name: &str, gpus: &str) -> AgentProcess {
+        Self::start_for(host, portal, "vision", name, gpus)
+    }
+
+    /// An agent of another lab's server.
+    pub fn start_for(
+        host: &Host,
+        portal: &PortalProcess,
+        lab: &str,
+        name: &str,
+        gpus: &str,
+    ) -> AgentProcess {
+        Self::start_with(host, portal, lab, name, gpus, &[])
     }
 
     fn spawn(&mut self, token: Option<&str>, gpus: &str) {

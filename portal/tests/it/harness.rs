@@ -193,6 +193,9 @@ impl TestPortal {
             gpus: gpus.parse().unwrap(),
             hostname: format!("{lab}-server"),
             guest_network: Default::default(),
+            idle_guest: None,
+            socket_group: None,
+            capacity: Default::default(),
         };
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {

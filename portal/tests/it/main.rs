@@ -27,6 +27,7 @@ mod migration;
 mod migrations;
 mod observability;
 mod oidc_provider;
+mod owner;
 mod policy;
 mod provider_smoke;
 mod security;

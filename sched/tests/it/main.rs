@@ -5,6 +5,7 @@
 
 mod churn;
 mod estimate;
+mod capacity;
 mod fairshare;
 mod interactive;
 mod lending;

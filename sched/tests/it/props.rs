@@ -150,6 +150,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                     time_limit_s: if k % 3 == 0 { 0 } else { 6 * H },
                     preempting: k % 5 == 4,
                     last_checkpoint_at: ckpt.then_some(started + 500),
+                    ..Default::default()
                 });
             }
             for (i, (lab, user, gpus, kind, strict, limit, interactive)) in

@@ -1,0 +1,4 @@
+ALTER TABLE gpus DROP COLUMN fault;
+ALTER TABLE nodes DROP COLUMN disk_gb;
+ALTER TABLE nodes DROP COLUMN memory_mb;
+ALTER TABLE nodes DROP COLUMN cpus;
