@@ -197,7 +197,13 @@ pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<
                 gpus::idle_since,
                 gpus::fault,
             ))
-            .load::<(String, bool, i32, Option<chrono::NaiveDateTime>, Option<String>)>(c)?
+            .load::<(
+                String,
+                bool,
+                i32,
+                Option<chrono::NaiveDateTime>,
+                Option<String>,
+            )>(c)?
             .into_iter()
             .map(|(uuid, local, util, idle, fault)| (uuid, (local, util, idle, fault)))
             .collect();
@@ -417,6 +423,7 @@ mod tests {
             utilization_pct: util,
             memory_used_mb: 0,
             local_use,
+            fault: None,
         }
     }
 

@@ -119,6 +119,7 @@ async fn agent(
         seq,
         gpus: inventory.clone(),
         attempts: Vec::new(),
+        capacity: None,
     }))
     .await?;
     campus.connected.fetch_add(1, Ordering::SeqCst);
@@ -184,6 +185,7 @@ async fn agent(
                     utilization_pct: 0,
                     memory_used_mb: 0,
                     local_use: false,
+                    fault: None,
                 }).collect();
                 let attempts = running.iter().map(|(&job, r)| AttemptReport {
                     job,
@@ -193,7 +195,7 @@ async fn agent(
                     stop: None,
                     reason: None,
                 }).collect();
-                sink.send(text(&AgentMsg::Heartbeat { seq, gpu_stats, attempts })).await?;
+                sink.send(text(&AgentMsg::Heartbeat { seq, gpu_stats, attempts, capacity: None })).await?;
             }
             _ = sleep_until(next.into()) => {
                 let now = Instant::now();

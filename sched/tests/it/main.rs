@@ -3,9 +3,9 @@
 // Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod capacity;
 mod churn;
 mod estimate;
-mod capacity;
 mod fairshare;
 mod interactive;
 mod lending;
