@@ -83,20 +83,25 @@ async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> 
     let owner = OwnerState::new(owner::IdleRule {
         after: config.idle_guest,
     });
-    tokio::spawn(owner::run_watch(exec.clone(), gpus.clone(), owner.clone()));
-    tokio::spawn(owner::server::serve(
-        listener,
-        owner::server::Control {
-            exec: exec.clone(),
-            gpus: gpus.clone(),
-            inventory: inventory.clone(),
-            owner: owner.clone(),
-            portal: config.portal.clone(),
-            credential: cred.credential.clone(),
-            node_name: cred.node_name.clone(),
-            http: reqwest::Client::new(),
-        },
-    ));
+    // The watch and the socket server live exactly as long as this future: an embedding
+    // that drops the agent (the tests abort it to play a crash) leaves neither behind, so
+    // the next agent on this state dir can bind the socket.
+    let _tasks = TaskGuard(vec![
+        tokio::spawn(owner::run_watch(exec.clone(), gpus.clone(), owner.clone())),
+        tokio::spawn(owner::server::serve(
+            listener,
+            owner::server::Control {
+                exec: exec.clone(),
+                gpus: gpus.clone(),
+                inventory: inventory.clone(),
+                owner: owner.clone(),
+                portal: config.portal.clone(),
+                credential: cred.credential.clone(),
+                node_name: cred.node_name.clone(),
+                http: reqwest::Client::new(),
+            },
+        )),
+    ]);
 
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -464,5 +469,16 @@ mod tests {
             ws_url("https://gpu.campus.edu"),
             "wss://gpu.campus.edu/api/agent/v1/connect"
         );
+    }
+}
+
+/// Background tasks aborted when the guard is dropped.
+struct TaskGuard(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
     }
 }

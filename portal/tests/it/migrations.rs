@@ -43,5 +43,9 @@ fn both_backends_have_the_same_migrations() {
         .iter()
         .map(|n| n.split('_').next().unwrap_or_default().to_string())
         .collect();
-    assert_eq!(versions.len(), names("sqlite").len(), "one version per migration");
+    assert_eq!(
+        versions.len(),
+        names("sqlite").len(),
+        "one version per migration"
+    );
 }
