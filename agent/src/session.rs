@@ -444,6 +444,17 @@ fn session_end(job: JobId, reason: StopReason, detail: Option<&str>) -> String {
     format!("GPU Commons: job {job} is stopping ({why}), so this session ends.{next}")
 }
 
+/// Background tasks aborted when the guard is dropped.
+struct TaskGuard(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,16 +480,5 @@ mod tests {
             ws_url("https://gpu.campus.edu"),
             "wss://gpu.campus.edu/api/agent/v1/connect"
         );
-    }
-}
-
-/// Background tasks aborted when the guard is dropped.
-struct TaskGuard(Vec<tokio::task::JoinHandle<()>>);
-
-impl Drop for TaskGuard {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            t.abort();
-        }
     }
 }
