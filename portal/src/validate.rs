@@ -155,31 +155,16 @@ mod tests {
         assert_eq!(v.kind, JobKind::Batch);
     }
 
+    /// The job rules themselves are tested in `commons-api`; here, that they apply and
+    /// that the portal's own check (the lab) names its field.
     #[test]
-    fn each_bad_field_is_named() {
+    fn the_rules_apply_and_the_lab_is_checked() {
         let mut r = req();
         r.image = "Not An Image".into();
         assert_eq!(field_of(r), "image");
-        for g in [0, -1, 1000] {
-            let mut r = req();
-            r.gpus = g;
-            assert_eq!(field_of(r), "gpus");
-        }
-        let mut r = req();
-        r.time_limit_minutes = 0;
-        assert_eq!(field_of(r), "time_limit_minutes");
-        let mut r = req();
-        r.checkpoint_minutes = Some(0);
-        assert_eq!(field_of(r), "checkpoint_minutes");
-        let mut r = req();
-        r.command = vec!["x".repeat(MAX_COMMAND_BYTES + 1)];
-        assert_eq!(field_of(r), "command");
         let mut r = req();
         r.lab = Some("physics".into());
         assert_eq!(field_of(r), "lab");
-        let mut r = req();
-        r.env.insert("COMMONS_JOB_ID".into(), "1".into());
-        assert_eq!(field_of(r), "env");
         let mut r = req();
         r.cpus = Some(f64::NAN);
         assert_eq!(field_of(r), "cpus");
