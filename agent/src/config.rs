@@ -20,6 +20,8 @@ pub struct AgentConfig {
     pub hostname: String,
     /// What guests' containers may reach (`runtime::guest`).
     pub guest_network: crate::runtime::guest::GuestNetwork,
+    /// Pulls and image signatures (`runtime::images`).
+    pub images: crate::runtime::images::ImagePolicy,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -34,6 +36,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("gpus", &self.gpus)
             .field("hostname", &self.hostname)
             .field("guest_network", &self.guest_network)
+            .field("images", &self.images)
             .finish()
     }
 }
@@ -127,6 +130,7 @@ mod tests {
             gpus: GpuMode::Auto,
             hostname: "h".into(),
             guest_network: Default::default(),
+            images: Default::default(),
         };
         let shown = format!("{c:?}");
         assert!(

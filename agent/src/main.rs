@@ -42,6 +42,17 @@ enum Cmd {
         /// `egress` (the internet, never the host, other jobs or private addresses).
         #[arg(long, env = "COMMONS_GUEST_NETWORK", default_value = "none")]
         guest_network: commons_agent::runtime::guest::GuestNetwork,
+        /// A registry (host[:port], or docker.io) this node may pull missing allowed
+        /// images from, only by their pinned digest; repeat for several. None: never pull.
+        #[arg(long = "allow-pull", value_name = "REGISTRY")]
+        allow_pull: Vec<String>,
+        /// Run only images whose allow-list entry is signed by a key of
+        /// --image-authority-keys.
+        #[arg(long, requires = "image_authority_keys")]
+        require_signed_images: bool,
+        /// File of the campus image authorities' ed25519 public keys (OpenSSH lines).
+        #[arg(long)]
+        image_authority_keys: Option<PathBuf>,
     },
     /// Show this node's enrolment.
     Status {
@@ -104,7 +115,25 @@ fn main() -> anyhow::Result<()> {
             gpus,
             name,
             guest_network,
+            allow_pull,
+            require_signed_images,
+            image_authority_keys,
         } => {
+            let authority_keys = match &image_authority_keys {
+                Some(f) => {
+                    let text = std::fs::read_to_string(f)
+                        .with_context(|| format!("--image-authority-keys {}", f.display()))?;
+                    commons_api::image::parse_keys(&text).map_err(|e| {
+                        anyhow::anyhow!("--image-authority-keys {}: {e}", f.display())
+                    })?
+                }
+                None => Vec::new(),
+            };
+            let images = commons_agent::runtime::images::ImagePolicy {
+                allow_pull,
+                require_signed: require_signed_images,
+                authority_keys,
+            };
             let hostname = name.unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
@@ -119,6 +148,7 @@ fn main() -> anyhow::Result<()> {
                     gpus,
                     hostname,
                     guest_network,
+                    images,
                 }))
         }
         Cmd::Status { state_dir } => {

@@ -47,7 +47,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             network: config.guest_network,
         })
         .await
-        .context("setting up the guests' network")?;
+        .context("setting up the guests' network")?
+        .with_images(config.images.clone());
     let program = guard::default_program();
     if program.is_none() {
         tracing::warn!(

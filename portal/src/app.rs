@@ -112,6 +112,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             wake: Default::default(),
             checkpoints: crate::service::checkpoints::Store::from_config(&config)?,
             relays: Default::default(),
+            image_authorities: std::sync::Arc::new(config.images.keys()?),
         },
         config: Arc::new(config.clone()),
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),

@@ -385,6 +385,8 @@ pub(crate) fn spec(image: &str, time_limit_s: u64) -> JobSpec {
         checkpoint_interval_s: None,
         shm_mb: None,
         interactive: false,
+        image_digest: None,
+        image_signature: None,
     }
 }
 

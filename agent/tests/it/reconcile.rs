@@ -31,6 +31,8 @@ fn launch() -> Arc<Launch> {
             checkpoint_interval_s: None,
             shm_mb: None,
             interactive: false,
+            image_digest: None,
+            image_signature: None,
         },
         gpus: vec![],
         resume: false,

@@ -49,6 +49,31 @@ pub fn record(
     Ok(())
 }
 
+/// An entry by someone who is not a signed-in user (the operator CLI: `actor` says so).
+pub fn record_as(
+    c: &mut DbConn,
+    actor: &str,
+    lab: Option<i64>,
+    action: &str,
+    target: &str,
+    before: &str,
+    after: &str,
+) -> Result<(), AppError> {
+    diesel::insert_into(audit_log::table)
+        .values((
+            audit_log::at.eq(now()),
+            audit_log::actor_id.eq(None::<i64>),
+            audit_log::actor.eq(actor),
+            audit_log::lab_id.eq(lab),
+            audit_log::action.eq(action),
+            audit_log::target.eq(target),
+            audit_log::before.eq(before),
+            audit_log::after.eq(after),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
 /// The newest entries, of one lab or of all.
 pub fn list(c: &mut DbConn, lab: Option<i64>, limit: i64) -> Result<Vec<AuditEntry>, AppError> {
     let mut q = audit_log::table.into_boxed();

@@ -14,6 +14,7 @@ pub mod audit;
 pub mod checkpoints;
 pub mod cli_logins;
 pub mod gateway;
+pub mod images;
 pub mod jobs;
 pub mod models;
 pub mod nodes;

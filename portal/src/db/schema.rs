@@ -11,6 +11,7 @@ diesel::table! {
         member_quota -> Text,
         checkpoint_cap_gb -> Nullable<Double>,
         interactive_boost -> Bool,
+        require_signed_images -> Bool,
     }
 }
 
@@ -141,6 +142,8 @@ diesel::table! {
         finished_at -> Nullable<Timestamp>,
         checkpoint_interval_s -> Nullable<BigInt>,
         shm_mb -> Nullable<BigInt>,
+        image_digest -> Nullable<Text>,
+        image_signature -> Nullable<Text>,
     }
 }
 
@@ -242,6 +245,20 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    image_allows (id) {
+        id -> BigInt,
+        lab_id -> Nullable<BigInt>,
+        name_tag -> Text,
+        digest -> Text,
+        description -> Text,
+        signature -> Nullable<Text>,
+        signed_by -> Nullable<Text>,
+        created_by -> Text,
+        created_at -> Timestamp,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
 diesel::joinable!(api_tokens -> users (user_id));
@@ -274,4 +291,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     agent_mail,
     ssh_keys,
     cli_logins,
+    image_allows,
 );

@@ -157,6 +157,8 @@ fn start_msg(
             checkpoint_interval_s: job.checkpoint_interval_s.map(|s| s.max(60) as u64),
             shm_mb: job.shm_mb.and_then(|m| u64::try_from(m).ok()),
             interactive: job.kind == crate::domain::JobKind::Interactive,
+            image_digest: job.image_digest.clone(),
+            image_signature: job.image_signature.clone(),
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,

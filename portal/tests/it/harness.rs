@@ -193,6 +193,7 @@ impl TestPortal {
             gpus: gpus.parse().unwrap(),
             hostname: format!("{lab}-server"),
             guest_network: Default::default(),
+            images: Default::default(),
         };
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {
