@@ -122,8 +122,11 @@ pub fn verify(
     keys: &[AuthorityKey],
 ) -> Result<String, Invalid> {
     let bad = |why: String| Invalid::new("signature", why);
-    let sig = SshSig::from_pem(signature.trim().as_bytes())
-        .map_err(|e| bad(format!("not an SSH signature (ssh-keygen -Y sign output): {e}")))?;
+    let sig = SshSig::from_pem(signature.trim().as_bytes()).map_err(|e| {
+        bad(format!(
+            "not an SSH signature (ssh-keygen -Y sign output): {e}"
+        ))
+    })?;
     if sig.namespace() != SIGNATURE_NAMESPACE {
         return Err(bad(format!(
             "signed for namespace {:?}; image signatures use -n {SIGNATURE_NAMESPACE}",
@@ -170,10 +173,18 @@ mod tests {
                 .field,
             "name_tag"
         );
-        assert_eq!(name_tag("name_tag", "Bad Name").unwrap_err().field, "name_tag");
+        assert_eq!(
+            name_tag("name_tag", "Bad Name").unwrap_err().field,
+            "name_tag"
+        );
         assert_eq!(job_image("x@sha256:00").unwrap_err().field, "image");
         assert!(digest(&format!("sha256:{}", "a".repeat(64))).is_ok());
-        for bad in ["sha256:ABC", "md5:00", "", &format!("sha256:{}", "A".repeat(64))] {
+        for bad in [
+            "sha256:ABC",
+            "md5:00",
+            "",
+            &format!("sha256:{}", "A".repeat(64)),
+        ] {
             assert_eq!(digest(bad).unwrap_err().field, "digest");
         }
     }

@@ -80,7 +80,8 @@ pub fn allow_image(
         "allowed {} at {} ({}){}",
         v.name_tag,
         v.digest,
-        v.lab.map_or("campus-wide".to_string(), |l| format!("lab {l}")),
+        v.lab
+            .map_or("campus-wide".to_string(), |l| format!("lab {l}")),
         v.signed_by
             .map(|k| format!(", signed by {k}"))
             .unwrap_or_default()

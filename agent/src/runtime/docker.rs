@@ -14,11 +14,11 @@
 //! and ends at once and cleanly on SIGTERM. An image without `/bin/sh` cannot run it: the
 //! container is removed before it starts and the job fails with [`RuntimeError::NoShell`].
 
+use super::images::{self, ImagePolicy};
 use super::{
     container_name, guest, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
     FoundContainer, RuntimeError, LABEL_AGENT,
 };
-use super::images::{self, ImagePolicy};
 use crate::checkpoint;
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountBindOptions,

@@ -53,7 +53,11 @@ impl Drop for Cleanup {
 async fn agent_with(
     dir: &Path,
     policy: ImagePolicy,
-) -> (Executor, mpsc::UnboundedReceiver<commons_proto::AgentMsg>, DockerRuntime) {
+) -> (
+    Executor,
+    mpsc::UnboundedReceiver<commons_proto::AgentMsg>,
+    DockerRuntime,
+) {
     let rt = DockerRuntime::connect(new_agent_id())
         .await
         .expect("the Docker Engine must run")
@@ -133,7 +137,11 @@ async fn a_retagged_image_is_refused_and_the_pinned_one_runs_by_id() {
     );
     assert!(!end.logs.contains("swapped"), "{:?}", end.logs);
     assert!(rt.list().await.unwrap().is_empty(), "no container made");
-    assert_eq!(containers_of(&other), "", "nothing of the swapped image ran");
+    assert_eq!(
+        containers_of(&other),
+        "",
+        "nothing of the swapped image ran"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +183,9 @@ async fn missing_images_are_pulled_only_from_allowed_registries_and_only_by_dige
     );
     let end = final_event(&mut rx).await;
     assert!(
-        end.reason.unwrap_or_default().contains("is missing on this server"),
+        end.reason
+            .unwrap_or_default()
+            .contains("is missing on this server"),
         "not pulled from a registry the node does not name"
     );
 
@@ -215,7 +225,9 @@ async fn a_start_without_a_pin_runs_nothing() {
     let end = final_event(&mut rx).await;
     assert_eq!(end.state, AttemptState::Failed);
     assert!(
-        end.reason.unwrap_or_default().contains("has no pinned digest"),
+        end.reason
+            .unwrap_or_default()
+            .contains("has no pinned digest"),
         "refused"
     );
     assert!(rt.list().await.unwrap().is_empty());

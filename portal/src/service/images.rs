@@ -115,10 +115,16 @@ pub async fn list(state: &Ctx, actor: &Actor) -> Result<Vec<ImageView>, AppError
         .await
 }
 
-/// The entries a job of lab `lab` may name (the job form's choices).
-pub fn usable_by_lab(c: &mut DbConn, lab: i64) -> Result<Vec<ImageView>, AppError> {
-    let entries = q::usable_by(c, &[lab])?;
-    views(c, entries)
+/// The entries jobs of the actor's labs may name (the job form's choices).
+pub async fn for_form(state: &Ctx, actor: &Actor) -> Result<Vec<ImageView>, AppError> {
+    let labs: Vec<i64> = actor.labs.iter().map(|(l, _)| l.id).collect();
+    state
+        .db
+        .run(move |c| {
+            let entries = q::usable_by(c, &labs)?;
+            views(c, entries)
+        })
+        .await
 }
 
 /// Removes an entry: campus entries by operators, a lab's by its admins. An entry the
@@ -206,8 +212,7 @@ pub fn store(
         .ok_or_else(|| AppError::invalid("digest", "a digest is required"))?;
     rules::digest(digest)?;
     let description = req.description.as_deref().unwrap_or("").trim();
-    if description.chars().count() > MAX_DESCRIPTION || description.chars().any(char::is_control)
-    {
+    if description.chars().count() > MAX_DESCRIPTION || description.chars().any(char::is_control) {
         return Err(AppError::invalid(
             "description",
             format!("use at most {MAX_DESCRIPTION} characters on one line"),
@@ -278,9 +283,15 @@ pub fn store(
             Adder::User(a) => {
                 db::audit::record(c, &a.user, lab_id, "allow_image", &target, "none", &after)?
             }
-            Adder::Cli => {
-                db::audit::record_as(c, &created_by, lab_id, "allow_image", &target, "none", &after)?
-            }
+            Adder::Cli => db::audit::record_as(
+                c,
+                &created_by,
+                lab_id,
+                "allow_image",
+                &target,
+                "none",
+                &after,
+            )?,
         }
         Ok(view(stored, lab.map(|l| l.slug)))
     })

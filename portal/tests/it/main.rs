@@ -13,6 +13,7 @@ mod console;
 mod failures;
 mod foundations;
 mod harness;
+mod images;
 mod interactive;
 mod jobs;
 mod leases;
