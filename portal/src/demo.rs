@@ -81,6 +81,34 @@ fn seed(db: &Db) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("seeding the demo database: {e}"))
 }
 
+/// Puts `commons-demo:latest` on the campus allow-list at its ID in the local Docker
+/// Engine (again, at the new ID, when the image was rebuilt since). Returns the digest.
+pub fn allow_demo_image(db: &Db) -> anyhow::Result<String> {
+    use crate::service::images::{self, Adder, NewImage};
+    let digest = images::local_digest(DEMO_IMAGE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    db.run_blocking(|c| {
+        let current = crate::db::images::usable_by(c, &[])?
+            .into_iter()
+            .find(|e| e.name_tag == DEMO_IMAGE);
+        match current {
+            Some(e) if e.digest == digest => return Ok(()),
+            Some(e) => {
+                crate::db::images::delete(c, e.id)?;
+            }
+            None => {}
+        }
+        let req = NewImage {
+            name_tag: DEMO_IMAGE.into(),
+            digest: Some(digest.clone()),
+            description: Some("GPU Commons demo image (busybox: sh, httpd, nc, sleep)".into()),
+            ..Default::default()
+        };
+        images::store(c, Adder::Cli, &req, &[]).map(|_| ())
+    })
+    .map_err(|e| anyhow::anyhow!("allowing the demo image: {e}"))?;
+    Ok(digest)
+}
+
 /// The agent's credential file in its state dir (`commons_agent::state`): present once the
 /// node has enrolled, so later starts need no enrolment token.
 const AGENT_CREDENTIAL_FILE: &str = "node.json";
@@ -219,7 +247,9 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     let stop = stop_requested()?;
     let portal = start(config).await?;
     let db = portal.state.db.clone();
-    tokio::task::spawn_blocking(move || seed(&db)).await??;
+    let seeded = db.clone();
+    tokio::task::spawn_blocking(move || seed(&seeded)).await??;
+    tokio::task::spawn_blocking(move || allow_demo_image(&db)).await??;
 
     let agent_dir = data_dir.join("agent");
     let enrolled = agent_dir

@@ -251,6 +251,7 @@ async fn an_interactive_job_on_an_image_without_a_shell_fails_with_a_clear_reaso
     s.command.clear();
     s.interactive = true;
     s.image = image.clone();
+    s.image_digest = Some(super::local_id(&image));
     exec.start(31, 1, s, vec![], lease_from_hello(&exec, 3600));
     let end = final_event(&mut rx).await;
     assert_eq!(end.state, AttemptState::Failed, "{end:?}");

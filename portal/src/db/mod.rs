@@ -15,6 +15,7 @@ pub mod checkpoints;
 pub mod cli_logins;
 pub mod copy;
 pub mod gateway;
+pub mod images;
 pub mod jobs;
 pub mod models;
 pub mod nodes;

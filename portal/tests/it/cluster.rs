@@ -235,6 +235,9 @@ impl PortalProcess {
             "admin",
         ]);
         p.admin(&["create-lab", "physics", "--name", "Physics"]);
+        // The jobs' image, on the campus allow-list at its local ID (the operator CLI).
+        demo_image();
+        p.admin(&["images", "allow", "commons-demo:latest"]);
         p.admin(&[
             "create-user",
             "bob",

@@ -17,6 +17,7 @@ mod fuzz_http;
 #[path = "../fuzzkit.rs"]
 mod fuzzkit;
 mod harness;
+mod images;
 mod interactive;
 mod jobs;
 mod leases;
