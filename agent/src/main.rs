@@ -37,6 +37,8 @@ enum LogFormat {
     Json,
 }
 
+// Parsed once at start-up: the size of `Run` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Enrol (first start) and serve the portal until stopped.

@@ -120,6 +120,9 @@ mod tests {
             shm_mb: None,
             checkpoint_interval_s: None,
             interactive: false,
+            guest: false,
+            lab: None,
+            grace_s: None,
             image_digest: None,
             image_signature: None,
         };

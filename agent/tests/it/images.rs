@@ -95,7 +95,7 @@ async fn a_retagged_image_is_refused_and_the_pinned_one_runs_by_id() {
     exec.start(
         1,
         1,
-        pinned(&tag, &pinned_id, "cat /marker; sleep 2"),
+        pinned(&tag, &pinned_id, "cat /marker; echo; sleep 2"),
         vec![],
         lease_from_hello(&exec, 3600),
     );
@@ -114,7 +114,7 @@ async fn a_retagged_image_is_refused_and_the_pinned_one_runs_by_id() {
     assert_eq!(config_image, pinned_id, "created from the pinned ID");
     let end = final_event(&mut rx).await;
     assert_eq!(end.state, AttemptState::Exited, "{end:?}");
-    assert!(end.logs.contains("the allowed one"), "{:?}", end.logs);
+    assert!(end.logs.contains("the allowed one"), "{end:?}");
 
     // Someone builds another image and tags it over the allowed tag.
     let other = build(&tag, "a swapped one");
