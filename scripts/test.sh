@@ -3,7 +3,7 @@
 # PostgreSQL, with the real Docker Engine.
 #
 # Needs (Debian): docker, postgresql, libpq-dev, libsqlite3-dev, pkg-config, busybox-static,
-# openssh-client, openssh-sftp-server, tmux.
+# openssh-client, openssh-sftp-server, tmux, nginx.
 # .ci/run installs them. Unless TEST_DATABASE_URL is set, a private PostgreSQL server is
 # started on a free port under target/test-pg and stopped at the end.
 set -euo pipefail

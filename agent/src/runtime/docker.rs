@@ -271,6 +271,29 @@ impl DockerRuntime {
     }
 }
 
+/// What the log stream of [`DockerRuntime`] is made of.
+enum LogPiece {
+    /// Output as the engine's follow delivered it.
+    Followed(String),
+    /// The last entry, read once the follow ended.
+    Last(String),
+}
+
+/// The longest end of the output kept to compare the last entry with.
+const SEEN_END: usize = 64 * 1024;
+
+/// Keeps the last [`SEEN_END`] bytes (at a character boundary) of the output so far.
+fn remember_end(seen: &mut String, s: &str) {
+    seen.push_str(s);
+    if seen.len() > 2 * SEEN_END {
+        let mut cut = seen.len() - SEEN_END;
+        while !seen.is_char_boundary(cut) {
+            cut += 1;
+        }
+        seen.drain(..cut);
+    }
+}
+
 /// Whole seconds for the engine's APIs, saturating instead of wrapping.
 fn whole_secs_i32(d: Duration) -> i32 {
     i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
@@ -379,18 +402,57 @@ impl ContainerRuntime for DockerRuntime {
         id: &str,
         since: Option<Duration>,
     ) -> impl Stream<Item = String> + Send + 'static {
-        self.docker
+        let since = since.map_or(0, whole_secs_i32);
+        let follow = self
+            .docker
             .logs(
                 id,
                 Some(LogsOptions {
                     follow: true,
                     stdout: true,
                     stderr: true,
-                    since: since.map_or(0, whole_secs_i32),
+                    since,
                     ..Default::default()
                 }),
             )
-            .filter_map(|r| async move { r.ok().map(|l| l.to_string()) })
+            .filter_map(|r| async move { r.ok().map(|l| LogPiece::Followed(l.to_string())) });
+        // The engine's follow can end with the container before its last line reaches it
+        // when that line has no newline (`printf done; exit`): one plain read of the last
+        // entry afterwards, sent unless the follow already ended with it.
+        let (docker, id) = (self.docker.clone(), id.to_string());
+        let last = futures_util::stream::once(async move {
+            let mut read = docker.logs(
+                &id,
+                Some(LogsOptions {
+                    follow: false,
+                    stdout: true,
+                    stderr: true,
+                    since,
+                    tail: "1".into(),
+                    ..Default::default()
+                }),
+            );
+            let mut text = String::new();
+            while let Some(Ok(l)) = read.next().await {
+                text.push_str(&l.to_string());
+            }
+            LogPiece::Last(text)
+        });
+        follow
+            .chain(last)
+            .scan(String::new(), |seen, piece| {
+                let out = match piece {
+                    LogPiece::Followed(s) => {
+                        remember_end(seen, &s);
+                        Some(s)
+                    }
+                    LogPiece::Last(t) => {
+                        Some(t).filter(|t| !t.is_empty() && !seen.ends_with(t.as_str()))
+                    }
+                };
+                futures_util::future::ready(Some(out))
+            })
+            .filter_map(futures_util::future::ready)
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {

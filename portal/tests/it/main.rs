@@ -16,6 +16,7 @@ mod foundations;
 mod fuzz_http;
 #[path = "../fuzzkit.rs"]
 mod fuzzkit;
+mod ha;
 mod harness;
 mod images;
 mod interactive;
