@@ -211,10 +211,20 @@ impl Engine<'_> {
 }
 
 /// The scheduler's policy knobs for this campus and policy: the defaults, with the
-/// campus' grace and the policy's churn knobs.
-pub(super) fn sched_policy(campus: &Campus, kind: crate::PolicyKind) -> sched::Policy {
+/// campus' grace, the policy's churn knobs and their tuning.
+pub(super) fn sched_policy(
+    campus: &Campus,
+    kind: crate::PolicyKind,
+    tuning: &super::Tuning,
+) -> sched::Policy {
     let knobs = kind.knobs();
-    let on = sched::Policy::default();
+    let default = sched::Policy::default();
+    let on = sched::Policy {
+        relend_delay_s: tuning.relend_delay_s.unwrap_or(default.relend_delay_s),
+        relend_min_rate: tuning.relend_min_rate.unwrap_or(default.relend_min_rate),
+        return_risk_step: tuning.return_risk_step.unwrap_or(default.return_risk_step),
+        ..default
+    };
     sched::Policy {
         default_grace_s: u32::try_from(campus.grace_s).unwrap_or(u32::MAX),
         return_risk_placement: knobs.place,
