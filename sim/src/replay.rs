@@ -160,11 +160,7 @@ pub fn replay(
 
 /// `run` over every policy, on up to `threads` threads taking the next policy in
 /// turn; the results are in the order of `policies` whatever the threads.
-fn run_all<F>(
-    policies: &[PolicyKind],
-    threads: usize,
-    run: F,
-) -> Vec<Result<SimOutput, SimError>>
+fn run_all<F>(policies: &[PolicyKind], threads: usize, run: F) -> Vec<Result<SimOutput, SimError>>
 where
     F: Fn(PolicyKind) -> Result<SimOutput, SimError> + Sync,
 {
