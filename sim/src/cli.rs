@@ -14,7 +14,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Replay a trace under several policies and compare them.
-    Replay(ReplayArgs),
+    Replay(Box<ReplayArgs>),
     /// Validate a campus file and print its labs.
     CheckCampus {
         /// The campus TOML file.

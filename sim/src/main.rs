@@ -11,7 +11,7 @@ use std::time::Instant;
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Replay(args) => run_replay(args),
+        Command::Replay(args) => run_replay(*args),
         Command::CheckCampus { file } => {
             let campus = CampusFile::read(&file)?.build()?;
             println!(

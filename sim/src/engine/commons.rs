@@ -319,3 +319,41 @@ pub(super) fn running_job(
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Tuning;
+    use crate::PolicyKind;
+
+    #[test]
+    fn tuning_applies_only_where_the_knob_is_on() {
+        let campus = crate::CampusFile::parse(
+            "grace_seconds = 60\n[[lab]]\nname = \"a\"\ntenants = [\"va\"]\nnodes = 1\ngpus_per_node = 2\ngpu_model = \"A100-80GB\"\n",
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+        let tuning = Tuning {
+            relend_delay_s: Some(5400),
+            relend_min_rate: Some(0.0),
+            return_risk_step: Some(1.0),
+        };
+        let on = sched_policy(&campus, PolicyKind::Commons, &tuning);
+        assert_eq!(on.relend_delay_s, 5400);
+        assert_eq!(on.relend_min_rate, 0.0);
+        assert_eq!(on.return_risk_step_tenths(), 10);
+        assert_eq!(on.default_grace_s, 60);
+        // Without tuning: sched's defaults.
+        let plain = sched_policy(&campus, PolicyKind::Commons, &Tuning::default());
+        let defaults = sched::Policy::default();
+        assert_eq!(plain.relend_delay_s, defaults.relend_delay_s);
+        assert_eq!(plain.return_risk_step, defaults.return_risk_step);
+        // A policy without the hysteresis keeps it off, tuned or not.
+        let old = sched_policy(&campus, PolicyKind::CommonsOld, &tuning);
+        assert_eq!(old.relend_delay_s, 0);
+        assert!(!old.return_risk_placement);
+        let hyst = sched_policy(&campus, PolicyKind::OldHysteresis, &tuning);
+        assert_eq!(hyst.relend_delay_s, 5400);
+    }
+}
