@@ -22,30 +22,12 @@ use std::collections::BTreeMap;
 const PAGE_LOG_TAIL: usize = 64 * 1024;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/jobs", web::get().to(list))
-        .route("/jobs", web::post().to(create))
+    cfg.route("/jobs", web::post().to(create))
         .route("/jobs/new", web::get().to(new))
         .route("/jobs/{id}", web::get().to(detail))
         .route("/jobs/{id}/status", web::get().to(status))
         .route("/jobs/{id}/cancel", web::post().to(cancel))
         .route("/jobs/{id}/extend", web::post().to(extend));
-}
-
-#[derive(Template, WebTemplate)]
-#[template(path = "jobs.html")]
-struct JobsPage {
-    banner: Banner,
-    jobs: Vec<JobView>,
-}
-
-async fn list(
-    state: web::Data<AppState>,
-    session: Session,
-    user: CurrentUser,
-) -> Result<JobsPage, WebError> {
-    let banner = Banner::new(&state, &session, Some(&user));
-    let jobs = jobs::list(&state, &user, 200).await?;
-    Ok(JobsPage { banner, jobs })
 }
 
 /// The submit form's fields, as typed: kept on error so nothing the user wrote is lost.

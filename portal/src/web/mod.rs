@@ -2,10 +2,13 @@
 
 pub mod assets;
 mod cli_login;
+pub mod human;
+mod job_list;
 mod jobs;
 mod labs;
 mod login;
 mod nodes;
+mod overview;
 mod ssh_keys;
 mod tokens;
 
@@ -20,10 +23,11 @@ use actix_web::{web, FromRequest, HttpResponse};
 use askama::Template;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", web::get().to(index))
+    cfg.configure(overview::configure)
         .configure(assets::configure)
         .configure(login::configure)
         .configure(cli_login::configure)
+        .configure(job_list::configure)
         .configure(jobs::configure)
         .configure(labs::configure)
         .configure(nodes::configure)
@@ -122,9 +126,10 @@ pub(crate) fn optional<T: std::str::FromStr>(
     }
 }
 
-async fn index(user: Option<CurrentUser>) -> HttpResponse {
-    let to = if user.is_some() { "/jobs" } else { "/login" };
-    HttpResponse::SeeOther()
-        .insert_header(("location", to))
-        .finish()
+/// A page as a 200 HTML response.
+pub(crate) fn html(page: &impl Template) -> Result<HttpResponse, crate::error::WebError> {
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(body))
 }

@@ -101,7 +101,7 @@ async fn browser_login(p: &TestPortal, b: &Browser, login: &str) {
         .await
         .unwrap();
     b.login_at_provider(login, &format!("{login}-pw")).await;
-    wait_url(b, "/jobs").await;
+    wait_url(b, "/").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

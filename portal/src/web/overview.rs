@@ -1,0 +1,70 @@
+//! The campus overview, the home page after login: GPU counts, the queue by lab, and
+//! the server map (one cell per GPU, coloured by state, details on hover and focus).
+
+use super::{human, Banner};
+use crate::auth::CurrentUser;
+use crate::error::WebError;
+use crate::service::overview::{self, CellState, LabLine, Overview};
+use crate::state::AppState;
+use actix_session::Session;
+use actix_web::{web, HttpResponse};
+use askama::Template;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/", web::get().to(index));
+}
+
+#[derive(Template)]
+#[template(path = "overview.html")]
+struct OverviewPage {
+    banner: Banner,
+    ov: Overview,
+    /// Each lab line with its oldest wait in words.
+    labs: Vec<(LabLine, String)>,
+    typical_wait: String,
+    legend: Vec<CellState>,
+}
+
+/// The overview for a signed-in user; the login page for anyone else.
+async fn index(
+    state: web::Data<AppState>,
+    session: Session,
+    user: Option<CurrentUser>,
+) -> Result<HttpResponse, WebError> {
+    let Some(user) = user else {
+        return Ok(HttpResponse::SeeOther()
+            .insert_header(("location", "/login"))
+            .finish());
+    };
+    let banner = Banner::new(&state, &session, Some(&user));
+    let offset = state.config.policy.utc_offset_s;
+    let ov = state
+        .db
+        .run(move |c| overview::overview(c, &user, offset))
+        .await?;
+    let labs = ov
+        .labs
+        .iter()
+        .map(|l| {
+            let wait = l.oldest_wait_s.map(human::duration).unwrap_or_default();
+            (l.clone(), wait)
+        })
+        .collect();
+    let page = OverviewPage {
+        banner,
+        typical_wait: ov
+            .typical_wait_s
+            .map(human::duration)
+            .unwrap_or_else(|| "no job started in the last 7 days".into()),
+        labs,
+        ov,
+        legend: vec![
+            CellState::Owner,
+            CellState::Guest,
+            CellState::Lendable,
+            CellState::Withheld,
+            CellState::Offline,
+        ],
+    };
+    super::html(&page)
+}
