@@ -36,7 +36,7 @@ impl Scope {
                 .strip_prefix("lab:")
                 .filter(|l| !l.is_empty())
                 .map(|l| Scope::Lab(l.to_string()))
-                .ok_or_else(|| AppError::invalid("scope", "mine, all or lab:SLUG")),
+                .ok_or_else(|| AppError::invalid("scope", "scope: mine, all or lab:SLUG")),
         }
     }
 
@@ -91,7 +91,7 @@ fn parse_state(s: &str) -> Result<Vec<JobState>, AppError> {
         other => other
             .parse::<JobState>()
             .map(|s| vec![s])
-            .map_err(|_| AppError::invalid("state", format!("{other:?} is not a job state"))),
+            .map_err(|_| AppError::invalid("state", format!("state: {other:?} is not a job state"))),
     }
 }
 
@@ -103,7 +103,7 @@ fn parse_sort(s: &str) -> Result<Sort, AppError> {
         "gpus" => Ok(Sort::Gpus),
         other => Err(AppError::invalid(
             "sort",
-            format!("{other:?}: sort by newest, oldest, state or gpus"),
+            format!("sort: {other:?} is none of newest, oldest, state, gpus"),
         )),
     }
 }
@@ -117,7 +117,7 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
         "" => None,
         k => Some(
             k.parse::<JobKind>()
-                .map_err(|_| AppError::invalid("kind", "batch or interactive"))?,
+                .map_err(|_| AppError::invalid("kind", "kind: batch or interactive"))?,
         ),
     };
     let page: i64 = match query.page.trim() {
@@ -126,11 +126,11 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
             .parse()
             .ok()
             .filter(|p| *p >= 1)
-            .ok_or_else(|| AppError::invalid("page", "a page number from 1"))?,
+            .ok_or_else(|| AppError::invalid("page", "page: a page number from 1"))?,
     };
     let text = Some(query.q.trim().to_string()).filter(|t| !t.is_empty());
     if text.as_ref().is_some_and(|t| t.len() > 200) {
-        return Err(AppError::invalid("q", "search for at most 200 characters"));
+        return Err(AppError::invalid("q", "search (q): at most 200 characters"));
     }
     let actor = actor.clone();
     let lab_slug = query.lab.trim().to_string();
@@ -149,7 +149,7 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
             } else {
                 Some(
                     db::users::find_lab(c, &lab_slug)?
-                        .ok_or_else(|| AppError::invalid("lab", "no lab of that name"))?
+                        .ok_or_else(|| AppError::invalid("lab", format!("lab: no lab named {lab_slug:?}")))?
                         .id,
                 )
             };

@@ -1,6 +1,7 @@
 //! Job pages: my jobs, the submit form, one job (with a live status fragment), cancel,
 //! and extending an interactive job's time limit.
 
+use super::human::{self, When};
 use super::{number, optional, Banner};
 use crate::auth::{CsrfForm, CurrentUser, NoFields};
 use crate::db::models::JobEvent;
@@ -26,6 +27,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/jobs/new", web::get().to(new))
         .route("/jobs/{id}", web::get().to(detail))
         .route("/jobs/{id}/status", web::get().to(status))
+        .route("/jobs/{id}/log.txt", web::get().to(log_download))
         .route("/jobs/{id}/cancel", web::post().to(cancel))
         .route("/jobs/{id}/extend", web::post().to(extend));
 }
@@ -78,7 +80,64 @@ impl Default for JobForm {
     }
 }
 
+/// A number for a form field: no decimals when it has none.
+fn field_number(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        x.to_string()
+    }
+}
+
 impl JobForm {
+    /// The form filled from a stored job ("submit again"). A command the form wrapped in
+    /// `sh -c` comes back as typed; any other is joined, quoting words with spaces.
+    fn from_job(job: &crate::db::models::Job, lab: String) -> JobForm {
+        let cmd = &job.command.0;
+        let command = match cmd.as_slice() {
+            [sh, c, script] if sh == "sh" && c == "-c" => script.clone(),
+            words => words
+                .iter()
+                .map(|w| {
+                    if w.contains(char::is_whitespace) || w.is_empty() {
+                        format!("'{}'", w.replace('\'', "'\\''"))
+                    } else {
+                        w.clone()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        let gb = |mb: i64| field_number(mb as f64 / 1024.0);
+        JobForm {
+            image: job.image.clone(),
+            command,
+            env: job
+                .env
+                .0
+                .iter()
+                .map(|(k, v)| format!("{k}={v}\n"))
+                .collect(),
+            gpus: job.gpus.to_string(),
+            gpu_models: job.gpu_models.0.join(", "),
+            min_gpu_memory_gb: if job.min_gpu_memory_mb > 0 {
+                gb(job.min_gpu_memory_mb)
+            } else {
+                String::new()
+            },
+            cpus: field_number(job.cpus),
+            memory_gb: gb(job.memory_mb),
+            time_limit_minutes: (job.time_limit_s / 60).to_string(),
+            kind: job.kind.as_str().to_string(),
+            lab,
+            checkpoint_minutes: job
+                .checkpoint_interval_s
+                .map(|s| (s / 60).to_string())
+                .unwrap_or_default(),
+            shm_mb: job.shm_mb.map(|m| m.to_string()).unwrap_or_default(),
+        }
+    }
+
     /// The form as an API request; the command runs through `sh -c`.
     fn to_request(&self) -> Result<JobRequest, AppError> {
         let mut env = BTreeMap::new();
@@ -131,14 +190,38 @@ struct NewJobPage {
     error_field: String,
 }
 
-async fn new(state: web::Data<AppState>, session: Session, user: CurrentUser) -> NewJobPage {
-    NewJobPage {
+#[derive(Debug, Deserialize)]
+pub struct NewQuery {
+    /// "Submit again": the job whose settings fill the form.
+    from: Option<i64>,
+}
+
+async fn new(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    query: web::Query<NewQuery>,
+) -> Result<NewJobPage, WebError> {
+    let form = match query.from {
+        Some(id) => {
+            let job = jobs::stored(&state, &user, id).await?;
+            let lab = user
+                .labs
+                .iter()
+                .find(|(l, _)| l.id == job.lab_id)
+                .map(|(l, _)| l.slug.clone())
+                .unwrap_or_default();
+            JobForm::from_job(&job, lab)
+        }
+        None => JobForm::default(),
+    };
+    Ok(NewJobPage {
         banner: Banner::new(&state, &session, Some(&user)),
         labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
-        form: JobForm::default(),
+        form,
         error: None,
         error_field: String::new(),
-    }
+    })
 }
 
 async fn create(
@@ -176,7 +259,12 @@ async fn create(
 /// What the live part of the job page shows.
 struct StatusData {
     job: JobView,
-    events: Vec<JobEvent>,
+    /// The history, each entry with its time as people read it.
+    events: Vec<(JobEvent, When)>,
+    /// Submitted, started, finished: the ones the job has.
+    times: Vec<(&'static str, When)>,
+    /// While waiting: when it should start, or "unknown".
+    estimated: Option<String>,
     logs: String,
     active: bool,
     csrf: String,
@@ -252,9 +340,31 @@ async fn load_status(
     let csrf = crate::auth::csrf_token(session);
     let (job, events, logs) = jobs::detail(state, &user, id, PAGE_LOG_TAIL).await?;
     let active = !job.state.is_final();
+    let now = crate::db::now();
+    let offset = state.config.policy.utc_offset_s;
+    let when = |t| When::new(t, now, offset);
+    let times = [
+        ("Submitted", Some(job.created_at)),
+        ("Started", job.started_at),
+        ("Finished", job.finished_at),
+    ]
+    .into_iter()
+    .filter_map(|(label, t)| t.map(|t| (label, when(t))))
+    .collect();
     Ok(StatusData {
+        estimated: job.estimated_start_at.map(|e| match e {
+            Some(t) => format!("{} ({})", human::ago(t, now), human::at(t, offset)),
+            None => "unknown".to_string(),
+        }),
+        times,
+        events: events
+            .into_iter()
+            .map(|e| {
+                let w = when(e.at);
+                (e, w)
+            })
+            .collect(),
         job,
-        events,
         logs,
         active,
         csrf,
@@ -288,6 +398,23 @@ async fn status(
 ) -> Result<JobStatus, WebError> {
     let status = load_status(&state, &session, user, id.into_inner()).await?;
     Ok(JobStatus { status })
+}
+
+/// All of the job's output as a file.
+async fn log_download(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, WebError> {
+    let id = id.into_inner();
+    let text = jobs::logs(&state, &user, id).await?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .insert_header((
+            "content-disposition",
+            format!("attachment; filename=\"job-{id}.log\""),
+        ))
+        .body(text))
 }
 
 async fn cancel(
