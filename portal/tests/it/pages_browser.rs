@@ -211,8 +211,8 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
 async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() {
     let p = TestPortal::start(Backend::Sqlite).await;
     let _agent = p.agent("vision", "fake:1xA100-80GB").await;
-    // The only GPU is busy for a few seconds: the next job waits, then runs.
-    let first = p.submit(&p.alice, job("sleep 6", 1, None, "vision")).await;
+    // The only GPU is busy: the next job waits until the first is cancelled.
+    let first = p.submit(&p.alice, job("sleep 600", 1, None, "vision")).await;
     p.wait_state(&p.alice, first, &["running"], Duration::from_secs(60))
         .await;
     let id = p
@@ -225,17 +225,19 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
         .await
         .unwrap();
     js(&b, "window.noReload = 'still here'; return null;").await;
+    let (status, v) = p
+        .post_json(&p.alice, &format!("/api/v1/jobs/{first}/cancel"), &serde_json::json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
     let mut seen: Vec<String> = Vec::new();
     let started = Instant::now();
     loop {
-        let state = b
-            .client
-            .find(Locator::Id("job-state"))
+        // Read by script: the element is replaced on each refresh.
+        let state = js(&b, "const e = document.getElementById('job-state'); return e ? e.textContent : '';")
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         if seen.last() != Some(&state) {
             seen.push(state.clone());
         }
