@@ -1,6 +1,7 @@
 //! The HTML UI: askama pages, each handler beside the view it renders.
 
 pub mod assets;
+mod charts;
 mod cli_login;
 pub mod human;
 mod job_list;

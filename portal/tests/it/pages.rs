@@ -325,3 +325,93 @@ async fn the_jobs_list_filters_searches_sorts_and_pages() {
         assert!(html.contains("echo physics"));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_usage() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let carol = logged_in(&p, "carol").await;
+        let (status, html) = page(&carol, &p, "/labs/vision/admin").await;
+        assert_eq!(status, 200);
+        assert!(html.contains("This server") || html.contains("No server yet"));
+        assert!(html.contains("<svg class=\"chart\""), "the usage chart is drawn on the server");
+        assert!(html.contains("name=\"max_gpus:alice\""), "quotas are edited in the table");
+        let csrf = crate::web::hidden_csrf(&html);
+        let save = |fields: Vec<(&'static str, &'static str)>| {
+            let carol = carol.clone();
+            let url = format!("{}/labs/vision/member-quotas", p.url);
+            let csrf = csrf.clone();
+            async move {
+                let mut form = vec![("csrf", csrf.as_str())];
+                form.extend(fields.iter().copied());
+                let r = carol.post(url).form(&form).send().await.unwrap();
+                (r.status().as_u16(), r.text().await.unwrap())
+            }
+        };
+        // One bad field refuses the whole Save, naming the field and the member.
+        let (status, body) = save(vec![
+            ("max_gpus:alice", "2"),
+            ("max_gpu_hours:alice", "40"),
+            ("max_job_minutes:alice", ""),
+            ("max_gpus:carol", "-1"),
+            ("max_gpu_hours:carol", ""),
+            ("max_job_minutes:carol", ""),
+        ])
+        .await;
+        assert_eq!(status, 422, "[{backend:?}]");
+        assert!(body.contains("max_gpus:carol"), "{body}");
+        let (_, html) = page(&carol, &p, "/labs/vision/admin").await;
+        assert!(html.contains("name=\"max_gpus:alice\" value=\"\""), "nothing was written");
+        // A good Save writes what changed, each change audited.
+        let (status, _) = save(vec![
+            ("max_gpus:alice", "2"),
+            ("max_gpu_hours:alice", "40"),
+            ("max_job_minutes:alice", ""),
+            ("max_gpus:carol", ""),
+            ("max_gpu_hours:carol", ""),
+            ("max_job_minutes:carol", ""),
+        ])
+        .await;
+        assert_eq!(status, 303, "[{backend:?}]");
+        let (_, html) = page(&carol, &p, "/labs/vision/admin").await;
+        assert!(html.contains("name=\"max_gpus:alice\" value=\"2\""));
+        assert!(html.contains("name=\"max_gpu_hours:alice\" value=\"40\""));
+        assert!(html.contains("0 in use of 2"), "use against the quota");
+        let audit = &html[html.find("<h2>Audit log</h2>").unwrap()..];
+        assert_eq!(audit.matches("set_member_quota").count(), 1, "only alice changed");
+        assert!(audit.contains("member alice"));
+        let (status, body) = save(vec![("max_cpus:alice", "3")]).await;
+        assert_eq!(status, 422);
+        assert!(body.contains("max_cpus:alice"));
+        // Members cannot save quotas.
+        let alice = logged_in(&p, "alice").await;
+        let (_, h) = page(&alice, &p, "/jobs").await;
+        let r = alice
+            .post(format!("{}/labs/vision/member-quotas", p.url))
+            .form(&[("csrf", crate::web::hidden_csrf(&h).as_str()), ("max_gpus:alice", "9")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403);
+
+        // The usage as CSV, for accounting; lab admins only.
+        let r = carol
+            .get(format!("{}/labs/vision/usage.csv", p.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/csv"));
+        let csv = r.text().await.unwrap();
+        let mut lines = csv.lines();
+        assert_eq!(lines.next(), Some("week_start,account,gpu_hours"));
+        assert_eq!(csv.lines().count(), 1 + 26 * 3, "{csv}");
+        assert!(csv.lines().skip(1).all(|l| l.split(',').count() == 3));
+        let r = alice
+            .get(format!("{}/labs/vision/usage.csv", p.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403);
+    }
+}

@@ -201,6 +201,45 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
         }
         assert_eq!(shown["tip"], "block", "{user}: a focused cell shows its details: {shown}");
         assert!(shown["label"].as_str().unwrap().contains("GPU"), "{shown}");
+        if user == "alice" {
+            // An error shows beside its field, and in a summary that links to it.
+            b.client.goto(&format!("{}/jobs/new", p.url)).await.unwrap();
+            js(&b, "document.getElementById('gpus').value = 'two'; document.getElementById('submit').click(); return null;").await;
+            let me = &b;
+            wait_for(Duration::from_secs(10), "the form's error", || async move {
+                !js(me, "return document.getElementById('gpus-error');").await.is_null()
+            })
+            .await;
+            let beside = js(&b, "const e = document.getElementById('gpus-error');
+                return { before: e.previousElementSibling.id, text: e.textContent,
+                         summary: document.querySelector('#form-error a').getAttribute('href') };").await;
+            assert_eq!(beside["before"], "gpus", "{beside}");
+            assert_eq!(beside["summary"], "#gpus", "{beside}");
+            assert_eq!(js(&b, "return document.getElementById('command').value;").await,
+                       "echo hello from $(hostname); sleep 5", "nothing typed is lost");
+            let source = b.client.source().await.unwrap();
+            html.push(("alice-form-error".into(), format!("<!doctype html>{source}")));
+            // The refusal's status (422) is the only thing in the console.
+            let errors = b.console_errors().await;
+            assert!(errors.iter().all(|e| e.contains("/jobs - ") && e.contains("status of 422")), "{errors:?}");
+            check_page(&b, "the form with an error").await;
+        }
+        if user == "carol" {
+            // A quota edited in place, saved with the one Save, and audited.
+            b.client.set_window_size(1280, 900).await.unwrap();
+            b.client.goto(&format!("{}/labs/vision/admin", p.url)).await.unwrap();
+            js(&b, "window.beforeSave = 1; document.querySelector('input[name=\"max_gpus:alice\"]').value = '3';
+                    document.getElementById('save-quotas').click(); return null;").await;
+            let me = &b;
+            wait_for(Duration::from_secs(10), "the saved quota", || async move {
+                js(me, "const i = document.querySelector('input[name=\"max_gpus:alice\"]'); return !window.beforeSave && i && i.value;")
+                    .await == "3"
+            })
+            .await;
+            let audit = js(&b, "return document.body.innerText;").await;
+            assert!(audit.as_str().unwrap().contains("set_member_quota"), "audited");
+            check_page(&b, "the lab console after a Save").await;
+        }
         b.close().await;
     }
     html.push(("login".into(), crate::pages::page(&crate::web::browser(), p, "/login").await.1));
