@@ -159,6 +159,46 @@ pub struct Overview {
     pub started_last_7_days: u32,
     pub labs: Vec<LabLine>,
     pub servers: Vec<Server>,
+    /// The viewer's own use in each of their labs, against their quotas.
+    pub my_use: Vec<MyUse>,
+}
+
+/// The viewer's use of one lab's account against their member quota (their own, else
+/// the lab's default for members).
+#[derive(Debug, Clone, Serialize)]
+pub struct MyUse {
+    pub lab: String,
+    pub gpus_now: u32,
+    pub max_gpus: Option<u32>,
+    /// GPU-hours over the quota period (the last 7 days).
+    pub gpu_hours: f64,
+    pub max_gpu_hours: Option<f64>,
+}
+
+/// The viewer's use in each of their labs.
+fn my_use(c: &mut DbConn, actor: &Actor) -> Result<Vec<MyUse>, AppError> {
+    let now = db::now();
+    let mut out = Vec::new();
+    for (lab, _) in &actor.labs {
+        let used = db::usage::member_use(c, lab.id, now, db::snapshot::QUOTA_PERIOD_S)?;
+        let (gpus_now, gpu_hours) = used.get(&actor.user.username).copied().unwrap_or_default();
+        let own = db::users::membership(c, lab.id, actor.user.id)?
+            .map(|m| m.quota.0)
+            .unwrap_or_default();
+        let quota = if own == commons_sched::Quota::default() {
+            lab.member_quota.0.clone()
+        } else {
+            own
+        };
+        out.push(MyUse {
+            lab: lab.slug.clone(),
+            gpus_now,
+            max_gpus: quota.max_gpus,
+            gpu_hours,
+            max_gpu_hours: quota.max_gpu_hours,
+        });
+    }
+    Ok(out)
 }
 
 /// What the classification needs of a server.
@@ -217,6 +257,7 @@ pub fn overview(c: &mut DbConn, actor: &Actor, utc_offset_s: i32) -> Result<Over
     let now = db::now();
     let starts = db::overview::recent_starts(c, now - chrono::Duration::days(7))?;
     let labs = db::users::all_lab_slugs(c)?;
+    let mine = my_use(c, actor)?;
     Ok(build(
         actor,
         servers,
@@ -226,6 +267,7 @@ pub fn overview(c: &mut DbConn, actor: &Actor, utc_offset_s: i32) -> Result<Over
         &labs,
         now,
         utc_offset_s,
+        mine,
     ))
 }
 
@@ -239,6 +281,7 @@ fn build(
     labs: &[(i64, String)],
     now: chrono::NaiveDateTime,
     utc_offset_s: i32,
+    my_use: Vec<MyUse>,
 ) -> Overview {
     let now_s = now.and_utc().timestamp();
     let slug = |id: i64| {
@@ -352,6 +395,7 @@ fn build(
         typical_wait_s: median(waits),
         labs: labs_out.into_iter().map(|(_, l)| l).collect(),
         servers: map.into_iter().map(|(_, s)| s).collect(),
+        my_use,
     }
 }
 

@@ -17,7 +17,8 @@ const SERIES: [Series; 3] = [
 
 /// A round top for the axis at or above `max`: 1, 2 or 5 times a power of ten.
 fn nice_max(max: f64) -> f64 {
-    if max <= 0.0 || !max.is_finite() {
+    // At least one GPU-hour: a near-empty week does not fill the chart.
+    if max <= 1.0 || !max.is_finite() {
         return 1.0;
     }
     let p = 10f64.powf(max.log10().floor());
@@ -38,7 +39,10 @@ fn axis_label(v: f64) -> String {
     if v.fract() == 0.0 || v >= 10.0 {
         format!("{v:.0}")
     } else {
-        format!("{v:.1}")
+        format!("{v:.2}")
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
     }
 }
 
@@ -103,9 +107,46 @@ pub fn usage_legend() -> Vec<(&'static str, &'static str)> {
     SERIES.iter().map(|(n, c, _)| (*n, *c)).collect()
 }
 
+/// Use against a quota, as text and a bar.
+pub(crate) struct UseBar {
+    pub text: String,
+    /// Width of the bar in percent; none without a limit.
+    pub pct: Option<String>,
+    pub over: bool,
+}
+
+impl UseBar {
+    pub fn new(used_text: String, used: f64, limit: Option<f64>, of: fn(f64) -> String) -> UseBar {
+        match limit {
+            Some(l) => UseBar {
+                text: format!("{used_text} {}", of(l)),
+                pct: Some(format!(
+                    "{:.0}",
+                    if l > 0.0 { used / l * 100.0 } else { 100.0 }.clamp(0.0, 100.0)
+                )),
+                over: used > l,
+            },
+            None => UseBar {
+                text: used_text,
+                pct: None,
+                over: false,
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn use_bars_fill_to_the_limit_and_say_when_over() {
+        let b = UseBar::new("3 in use".into(), 3.0, Some(4.0), |l| format!("of {l:.0}"));
+        assert_eq!((b.text.as_str(), b.pct.as_deref(), b.over), ("3 in use of 4", Some("75"), false));
+        let b = UseBar::new("6 in use".into(), 6.0, Some(4.0), |l| format!("of {l:.0}"));
+        assert_eq!((b.pct.as_deref(), b.over), (Some("100"), true));
+        assert!(UseBar::new("1 used".into(), 1.0, None, |_| String::new()).pct.is_none());
+    }
 
     #[test]
     fn axes_end_on_round_numbers() {
@@ -113,6 +154,10 @@ mod tests {
         assert_eq!(nice_max(3.2), 5.0);
         assert_eq!(nice_max(17.0), 20.0);
         assert_eq!(nice_max(100.0), 100.0);
+        assert_eq!(nice_max(0.01), 1.0);
+        assert_eq!(axis_label(0.25), "0.25");
+        assert_eq!(axis_label(2.5), "2.5");
+        assert_eq!(axis_label(20.0), "20");
     }
 
     #[test]

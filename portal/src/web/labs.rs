@@ -76,9 +76,9 @@ impl LabAdminPage {
     }
 
     /// A member's GPUs in use against their limit (their own, else the lab default).
-    fn gpu_use(&self, m: &MemberRow) -> UseBar {
+    fn gpu_use(&self, m: &MemberRow) -> super::charts::UseBar {
         let limit = m.quota.max_gpus.or(self.member_default.max_gpus);
-        UseBar::new(
+        super::charts::UseBar::new(
             format!("{} in use", m.gpus_now),
             m.gpus_now as f64,
             limit.map(f64::from),
@@ -87,42 +87,14 @@ impl LabAdminPage {
     }
 
     /// A member's GPU-hours over 7 days against their limit.
-    fn hours_use(&self, m: &MemberRow) -> UseBar {
+    fn hours_use(&self, m: &MemberRow) -> super::charts::UseBar {
         let limit = m.quota.max_gpu_hours.or(self.member_default.max_gpu_hours);
-        UseBar::new(
+        super::charts::UseBar::new(
             format!("{} used", super::human::hours(m.gpu_hours)),
             m.gpu_hours,
             limit,
             |l| format!("of {l} h"),
         )
-    }
-}
-
-/// Use against a quota, as text and a bar.
-struct UseBar {
-    text: String,
-    /// Width of the bar in percent; none without a limit.
-    pct: Option<String>,
-    over: bool,
-}
-
-impl UseBar {
-    fn new(used_text: String, used: f64, limit: Option<f64>, of: fn(f64) -> String) -> UseBar {
-        match limit {
-            Some(l) => UseBar {
-                text: format!("{used_text} {}", of(l)),
-                pct: Some(format!(
-                    "{:.0}",
-                    if l > 0.0 { used / l * 100.0 } else { 100.0 }.clamp(0.0, 100.0)
-                )),
-                over: used > l,
-            },
-            None => UseBar {
-                text: used_text,
-                pct: None,
-                over: false,
-            },
-        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The campus overview, the home page after login: GPU counts, the queue by lab, and
 //! the server map (one cell per GPU, coloured by state, details on hover and focus).
 
+use super::charts::UseBar;
 use super::{human, Banner};
 use crate::auth::CurrentUser;
 use crate::error::WebError;
@@ -23,6 +24,8 @@ struct OverviewPage {
     labs: Vec<(LabLine, String)>,
     typical_wait: String,
     legend: Vec<CellState>,
+    /// The viewer's use in each lab: (lab, GPUs bar, GPU-hours bar).
+    mine: Vec<(String, UseBar, UseBar)>,
 }
 
 /// The overview for a signed-in user; the login page for anyone else.
@@ -50,7 +53,29 @@ async fn index(
             (l.clone(), wait)
         })
         .collect();
+    let mine = ov
+        .my_use
+        .iter()
+        .map(|u| {
+            (
+                u.lab.clone(),
+                UseBar::new(
+                    format!("{} in use", u.gpus_now),
+                    u.gpus_now as f64,
+                    u.max_gpus.map(f64::from),
+                    |l| format!("of {l:.0}"),
+                ),
+                UseBar::new(
+                    format!("{} used in 7 days", human::hours(u.gpu_hours)),
+                    u.gpu_hours,
+                    u.max_gpu_hours,
+                    |l| format!("of {l} h"),
+                ),
+            )
+        })
+        .collect();
     let page = OverviewPage {
+        mine,
         banner,
         typical_wait: ov
             .typical_wait_s

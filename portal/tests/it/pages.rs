@@ -223,6 +223,23 @@ async fn the_overview_counts_match_the_api_and_the_campus() {
         assert_eq!(first_lab(&html), "physics");
         assert_eq!(api["labs"][0]["lab"], "vision", "the API orders as the page does");
 
+        // "Your use": alice's running GPU and her quota, as the API says too.
+        let (status, v) = p
+            .put_json(
+                &p.carol,
+                "/api/v1/labs/vision/members/alice/quota",
+                &json!({"max_gpus": 2, "max_gpu_hours": 10}),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        let mine = p.get_json(&p.alice, "/api/v1/overview").await["my_use"].clone();
+        assert_eq!(mine[0]["lab"], "vision");
+        assert_eq!((mine[0]["gpus_now"].as_i64(), mine[0]["max_gpus"].as_i64()), (Some(1), Some(2)));
+        let alice = logged_in(p, "alice").await;
+        let (_, html) = page(&alice, p, "/").await;
+        assert!(html.contains("1 in use of 2"), "[{backend:?}] your use against your quota");
+        assert!(html.contains("style=\"width: 50%\""), "as a bar");
+
         // Logged out: the home page sends to the login page.
         let r = crate::web::browser().get(format!("{}/", p.url)).send().await.unwrap();
         assert_eq!(r.status(), 303);

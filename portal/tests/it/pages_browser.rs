@@ -354,6 +354,10 @@ async fn screenshots() {
     for (name, path, width) in shots {
         b.client.set_window_size(width, 900).await.unwrap();
         b.client.goto(&format!("{}{path}", c.p.url)).await.unwrap();
+        // The whole page, up to a limit.
+        let tall = js(&b, "return document.documentElement.scrollHeight;").await;
+        let height = tall.as_u64().unwrap_or(900).clamp(600, 2400) as u32;
+        b.client.set_window_size(width, height).await.unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let png = b.client.screenshot().await.unwrap();
         std::fs::write(out.join(format!("{name}.png")), png).unwrap();

@@ -114,7 +114,7 @@ async fn sso_login_creates_users_and_memberships_from_groups() {
         browser_login(&p, &b, "dana").await;
         let page = b.client.source().await.unwrap();
         assert!(
-            page.contains("dana") && page.contains("My jobs"),
+            page.contains("dana") && page.contains("Campus overview"),
             "[{backend:?}]"
         );
         assert!(!page.contains("INSECURE"), "no dev-login banner with SSO");
