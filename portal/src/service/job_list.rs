@@ -88,10 +88,9 @@ fn parse_state(s: &str) -> Result<Vec<JobState>, AppError> {
             JobState::Failed,
             JobState::Cancelled,
         ]),
-        other => other
-            .parse::<JobState>()
-            .map(|s| vec![s])
-            .map_err(|_| AppError::invalid("state", format!("state: {other:?} is not a job state"))),
+        other => other.parse::<JobState>().map(|s| vec![s]).map_err(|_| {
+            AppError::invalid("state", format!("state: {other:?} is not a job state"))
+        }),
     }
 }
 
@@ -149,7 +148,9 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
             } else {
                 Some(
                     db::users::find_lab(c, &lab_slug)?
-                        .ok_or_else(|| AppError::invalid("lab", format!("lab: no lab named {lab_slug:?}")))?
+                        .ok_or_else(|| {
+                            AppError::invalid("lab", format!("lab: no lab named {lab_slug:?}"))
+                        })?
                         .id,
                 )
             };
@@ -195,7 +196,10 @@ mod tests {
     #[test]
     fn scopes_and_filters_parse_or_name_their_field() {
         assert_eq!(Scope::parse("").unwrap(), Scope::Mine);
-        assert_eq!(Scope::parse("lab:vision").unwrap(), Scope::Lab("vision".into()));
+        assert_eq!(
+            Scope::parse("lab:vision").unwrap(),
+            Scope::Lab("vision".into())
+        );
         assert_eq!(Scope::parse("all").unwrap().as_param(), "all");
         assert_eq!(Scope::parse("lab:").unwrap_err().field(), Some("scope"));
         assert_eq!(parse_state("active").unwrap().len(), 4);

@@ -102,7 +102,12 @@ pub fn console(c: &mut DbConn, actor: &Actor, slug: &str) -> Result<LabConsole, 
 
 /// Lab `slug`'s usage by week over `weeks` weeks, for its admins and operators (the
 /// CSV export).
-pub fn usage(c: &mut DbConn, actor: &Actor, slug: &str, weeks: usize) -> Result<LabUsage, AppError> {
+pub fn usage(
+    c: &mut DbConn,
+    actor: &Actor,
+    slug: &str,
+    weeks: usize,
+) -> Result<LabUsage, AppError> {
     let admin = lab_admin(c, actor, slug)?;
     db::usage::lab_usage(c, admin.lab().id, db::now(), weeks)
 }
@@ -200,7 +205,8 @@ mod tests {
         );
         l.max_guest_time_limit_s = Some(7200);
         l.max_lent_gpus = None;
-        assert!(lending_sentence(&l, "physics").contains("its GPUs on nights and weekends to labs physics"));
+        assert!(lending_sentence(&l, "physics")
+            .contains("its GPUs on nights and weekends to labs physics"));
         assert!(lending_sentence(&l, "").ends_with("guest jobs of at most 120 min"));
         l.mode = LendMode::Never;
         assert!(lending_sentence(&l, "").starts_with("lends nothing"));

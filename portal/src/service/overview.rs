@@ -304,7 +304,9 @@ fn build(
             online: node.online,
             draining: node.draining,
             reclaim: node.reclaim,
-            lends_now: rules.lend_until(now_s, utc_offset_s).is_some_and(|u| u > now_s),
+            lends_now: rules
+                .lend_until(now_s, utc_offset_s)
+                .is_some_and(|u| u > now_s),
             max_lent: rules.max_lent_gpus,
         };
         let lent = gpus
@@ -316,7 +318,9 @@ fn build(
             .into_iter()
             .map(|g| {
                 let (state, why, job) = match held.get(&g.id) {
-                    Some(h) if h.job_lab == facts.lab => (CellState::Owner, String::new(), Some(*h)),
+                    Some(h) if h.job_lab == facts.lab => {
+                        (CellState::Owner, String::new(), Some(*h))
+                    }
                     Some(h) => (CellState::Guest, String::new(), Some(*h)),
                     None => {
                         let (s, why) = idle_state(&facts, &g, lent);

@@ -10,7 +10,10 @@ const PORTAL_CSS: &str = include_str!("../../../templates/assets/portal.css");
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/assets/job.js", web::get().to(|| asset(JS, JOB_JS)))
         .route("/assets/pages.js", web::get().to(|| asset(JS, PAGES_JS)))
-        .route("/assets/portal.css", web::get().to(|| asset(CSS, PORTAL_CSS)));
+        .route(
+            "/assets/portal.css",
+            web::get().to(|| asset(CSS, PORTAL_CSS)),
+        );
 }
 
 const JS: &str = "text/javascript; charset=utf-8";

@@ -31,7 +31,9 @@ fn nice_max(max: f64) -> f64 {
 
 /// Text made safe inside SVG markup.
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// A tick of the hours axis: "0", "2.5", "20".
@@ -142,10 +144,15 @@ mod tests {
     #[test]
     fn use_bars_fill_to_the_limit_and_say_when_over() {
         let b = UseBar::new("3 in use".into(), 3.0, Some(4.0), |l| format!("of {l:.0}"));
-        assert_eq!((b.text.as_str(), b.pct.as_deref(), b.over), ("3 in use of 4", Some("75"), false));
+        assert_eq!(
+            (b.text.as_str(), b.pct.as_deref(), b.over),
+            ("3 in use of 4", Some("75"), false)
+        );
         let b = UseBar::new("6 in use".into(), 6.0, Some(4.0), |l| format!("of {l:.0}"));
         assert_eq!((b.pct.as_deref(), b.over), (Some("100"), true));
-        assert!(UseBar::new("1 used".into(), 1.0, None, |_| String::new()).pct.is_none());
+        assert!(UseBar::new("1 used".into(), 1.0, None, |_| String::new())
+            .pct
+            .is_none());
     }
 
     #[test]

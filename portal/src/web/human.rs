@@ -59,7 +59,11 @@ pub fn at(t: NaiveDateTime, offset_s: i32) -> String {
     if offset_s == 0 {
         format!("{} UTC", local.format("%Y-%m-%d %H:%M"))
     } else {
-        format!("{} UTC{}", local.format("%Y-%m-%d %H:%M"), local.format("%:z"))
+        format!(
+            "{} UTC{}",
+            local.format("%Y-%m-%d %H:%M"),
+            local.format("%:z")
+        )
     }
 }
 

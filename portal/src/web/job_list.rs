@@ -206,7 +206,10 @@ async fn list(
             Scope::All => "All jobs".into(),
         },
         state_choices: Choice::list(STATES, &form.state),
-        lab_choices: Choice::list(list.labs.iter().map(|l| (l.as_str(), l.as_str())), &form.lab),
+        lab_choices: Choice::list(
+            list.labs.iter().map(|l| (l.as_str(), l.as_str())),
+            &form.lab,
+        ),
         banner,
         form,
         rows,

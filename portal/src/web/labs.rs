@@ -43,7 +43,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             "/labs/{slug}/members/{username}/quota",
             web::post().to(post_member_quota),
         )
-        .route("/labs/{slug}/member-quotas", web::post().to(post_member_quotas))
+        .route(
+            "/labs/{slug}/member-quotas",
+            web::post().to(post_member_quotas),
+        )
         .route("/labs/{slug}/usage.csv", web::get().to(usage_csv));
 }
 

@@ -99,7 +99,9 @@ pub async fn campus(backend: Backend) -> Campus {
         .submit(&p.bob, job("sleep 600", 1, Some("A100-80GB"), "physics"))
         .await;
     p.wait_state(&p.bob, guest_job, &["running"], T).await;
-    let w1 = p.submit(&p.alice, job("train --big", 4, None, "vision")).await;
+    let w1 = p
+        .submit(&p.alice, job("train --big", 4, None, "vision"))
+        .await;
     let w2 = p.submit(&dana, job("simulate", 3, None, "chem")).await;
     for (token, id) in [(&p.alice, w1), (&dana, w2)] {
         let me = &p;
@@ -165,7 +167,10 @@ async fn the_overview_counts_match_the_api_and_the_campus() {
             (Some(6), Some(1), Some(1), Some(1), Some(3), Some(1)),
             "[{backend:?}] {api:#}"
         );
-        assert_eq!((api["waiting"].as_i64(), api["waiting_gpus"].as_i64()), (Some(2), Some(7)));
+        assert_eq!(
+            (api["waiting"].as_i64(), api["waiting_gpus"].as_i64()),
+            (Some(2), Some(7))
+        );
         assert!(
             api["typical_wait_s"].is_i64() && api["started_last_7_days"] == 2,
             "two jobs started: {api}"
@@ -188,7 +193,10 @@ async fn the_overview_counts_match_the_api_and_the_campus() {
             .collect();
         let guest = cells.iter().find(|c| c["state"] == "guest").unwrap();
         assert_eq!(guest["job"].as_i64(), Some(c.guest_job));
-        assert_eq!((guest["user"].as_str(), guest["job_lab"].as_str()), (Some("bob"), Some("physics")));
+        assert_eq!(
+            (guest["user"].as_str(), guest["job_lab"].as_str()),
+            (Some("bob"), Some("physics"))
+        );
         let owner = cells.iter().find(|c| c["state"] == "owner").unwrap();
         assert_eq!(owner["job"].as_i64(), Some(c.owner_job));
 
@@ -205,7 +213,11 @@ async fn the_overview_counts_match_the_api_and_the_campus() {
             ("count-withheld", "withheld"),
             ("count-total", "total"),
         ] {
-            assert_eq!(Some(number_at(&html, id)), g[key].as_i64(), "[{backend:?}] #{id}");
+            assert_eq!(
+                Some(number_at(&html, id)),
+                g[key].as_i64(),
+                "[{backend:?}] #{id}"
+            );
         }
         assert_eq!(number_at(&html, "count-waiting"), 2);
         assert!(
@@ -221,7 +233,10 @@ async fn the_overview_counts_match_the_api_and_the_campus() {
         let bob = logged_in(p, "bob").await;
         let (_, html) = page(&bob, p, "/").await;
         assert_eq!(first_lab(&html), "physics");
-        assert_eq!(api["labs"][0]["lab"], "vision", "the API orders as the page does");
+        assert_eq!(
+            api["labs"][0]["lab"], "vision",
+            "the API orders as the page does"
+        );
 
         // "Your use": alice's running GPU and her quota, as the API says too.
         let (status, v) = p
@@ -234,17 +249,32 @@ async fn the_overview_counts_match_the_api_and_the_campus() {
         assert_eq!(status, 200, "{v}");
         let mine = p.get_json(&p.alice, "/api/v1/overview").await["my_use"].clone();
         assert_eq!(mine[0]["lab"], "vision");
-        assert_eq!((mine[0]["gpus_now"].as_i64(), mine[0]["max_gpus"].as_i64()), (Some(1), Some(2)));
+        assert_eq!(
+            (mine[0]["gpus_now"].as_i64(), mine[0]["max_gpus"].as_i64()),
+            (Some(1), Some(2))
+        );
         let alice = logged_in(p, "alice").await;
         let (_, html) = page(&alice, p, "/").await;
-        assert!(html.contains("1 in use of 2"), "[{backend:?}] your use against your quota");
+        assert!(
+            html.contains("1 in use of 2"),
+            "[{backend:?}] your use against your quota"
+        );
         assert!(html.contains("style=\"width: 50%\""), "as a bar");
 
         // Logged out: the home page sends to the login page.
-        let r = crate::web::browser().get(format!("{}/", p.url)).send().await.unwrap();
+        let r = crate::web::browser()
+            .get(format!("{}/", p.url))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 303);
         assert_eq!(r.headers()["location"], "/login");
-        let r = p.http.get(format!("{}/api/v1/overview", p.url)).send().await.unwrap();
+        let r = p
+            .http
+            .get(format!("{}/api/v1/overview", p.url))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 401, "the API needs a token");
     }
 }
@@ -256,7 +286,12 @@ async fn the_jobs_list_filters_searches_sorts_and_pages() {
         let p = TestPortal::start(backend).await;
         let mut ids = Vec::new();
         for i in 0..27 {
-            let mut j = job(&format!("python train.py --seed {i}"), 1 + i % 2, None, "vision");
+            let mut j = job(
+                &format!("python train.py --seed {i}"),
+                1 + i % 2,
+                None,
+                "vision",
+            );
             if i % 3 == 0 {
                 j["image"] = json!("pytorch/pytorch:2.4");
             }
@@ -266,9 +301,14 @@ async fn the_jobs_list_filters_searches_sorts_and_pages() {
             }
             ids.push(p.submit(&p.alice, j).await);
         }
-        p.submit(&p.bob, job("echo physics", 1, None, "physics")).await;
+        p.submit(&p.bob, job("echo physics", 1, None, "physics"))
+            .await;
         let (status, _) = p
-            .post_json(&p.alice, &format!("/api/v1/jobs/{}/cancel", ids[0]), &json!({}))
+            .post_json(
+                &p.alice,
+                &format!("/api/v1/jobs/{}/cancel", ids[0]),
+                &json!({}),
+            )
             .await;
         assert_eq!(status, 200);
         let me = &p;
@@ -281,16 +321,31 @@ async fn the_jobs_list_filters_searches_sorts_and_pages() {
         let alice = logged_in(&p, "alice").await;
         let (status, html) = page(&alice, &p, "/jobs").await;
         assert_eq!(status, 200);
-        assert!(html.contains("27 jobs, page 1 of 2"), "[{backend:?}] {html}");
+        assert!(
+            html.contains("27 jobs, page 1 of 2"),
+            "[{backend:?}] {html}"
+        );
         assert_eq!(html.matches("<tr data-job=").count(), 25);
-        assert!(html.contains(&format!("data-job=\"{last}\"")), "newest first");
-        assert!(html.contains("estimated start: unknown"), "waiting jobs say when they start");
-        assert!(html.contains("class=\"queue-place\""), "and their place in the queue");
+        assert!(
+            html.contains(&format!("data-job=\"{last}\"")),
+            "newest first"
+        );
+        assert!(
+            html.contains("estimated start: unknown"),
+            "waiting jobs say when they start"
+        );
+        assert!(
+            html.contains("class=\"queue-place\""),
+            "and their place in the queue"
+        );
         assert!(html.contains("class=\"muted reason\""), "and why they wait");
         assert!(!html.contains("echo physics"), "only alice's jobs");
         let (_, html2) = page(&alice, &p, "/jobs?page=2").await;
         assert_eq!(html2.matches("<tr data-job=").count(), 2);
-        assert!(html2.contains(&format!("data-job=\"{}\"", ids[0])), "oldest on the last page");
+        assert!(
+            html2.contains(&format!("data-job=\"{}\"", ids[0])),
+            "oldest on the last page"
+        );
 
         // Search by image or command, any case; filters by state and kind.
         let (_, html) = page(&alice, &p, "/jobs?q=PYTORCH").await;
@@ -308,18 +363,34 @@ async fn the_jobs_list_filters_searches_sorts_and_pages() {
         let (_, html) = page(&alice, &p, "/jobs?state=active&lab=vision&sort=oldest").await;
         assert_eq!(job_count(&html), 26);
         let first = html.find("<tr data-job=\"").unwrap() + "<tr data-job=\"".len();
-        assert_eq!(html[first..].split('"').next(), Some(ids[1].to_string().as_str()));
-        assert!(html.contains("state=active&#38;lab=vision&#38;sort=oldest&#38;page=2"), "pages keep the filters: {}", &html[html.find("class=\"pager\"").unwrap_or(0)..]);
+        assert_eq!(
+            html[first..].split('"').next(),
+            Some(ids[1].to_string().as_str())
+        );
+        assert!(
+            html.contains("state=active&#38;lab=vision&#38;sort=oldest&#38;page=2"),
+            "pages keep the filters: {}",
+            &html[html.find("class=\"pager\"").unwrap_or(0)..]
+        );
         let (_, html) = page(&alice, &p, "/jobs?sort=gpus").await;
         let first = html.find("<tr data-job=\"").unwrap() + "<tr data-job=\"".len();
         let id: i64 = html[first..].split('"').next().unwrap().parse().unwrap();
         assert_eq!(p.job(&p.alice, id).await["gpus_requested"], 2);
 
         // Bad filters name their field.
-        for (q, field) in [("state=lost", "state"), ("sort=size", "sort"), ("page=0", "page"), ("kind=gpu", "kind"), ("scope=lab:", "scope")] {
+        for (q, field) in [
+            ("state=lost", "state"),
+            ("sort=size", "sort"),
+            ("page=0", "page"),
+            ("kind=gpu", "kind"),
+            ("scope=lab:", "scope"),
+        ] {
             let (status, html) = page(&alice, &p, &format!("/jobs?{q}")).await;
             assert_eq!(status, 422, "{q}");
-            assert!(html.contains(&format!("{field}:")) || html.contains(&format!("({field})")), "{q}: {html}");
+            assert!(
+                html.contains(&format!("{field}:")) || html.contains(&format!("({field})")),
+                "{q}: {html}"
+            );
         }
 
         // Scopes: a lab's admins see its jobs, members do not; operators see all.
@@ -329,7 +400,10 @@ async fn the_jobs_list_filters_searches_sorts_and_pages() {
         assert_eq!(status, 403, "nor an operator");
         let carol = logged_in(&p, "carol").await;
         let (_, html) = page(&carol, &p, "/jobs").await;
-        assert!(html.contains("href=\"/jobs?scope=lab:vision\""), "carol may switch to her lab");
+        assert!(
+            html.contains("href=\"/jobs?scope=lab:vision\""),
+            "carol may switch to her lab"
+        );
         let (status, html) = page(&carol, &p, "/jobs?scope=lab:vision").await;
         assert_eq!(status, 200);
         assert_eq!(job_count(&html), 27);
@@ -351,8 +425,14 @@ async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_u
         let (status, html) = page(&carol, &p, "/labs/vision/admin").await;
         assert_eq!(status, 200);
         assert!(html.contains("This server") || html.contains("No server yet"));
-        assert!(html.contains("<svg class=\"chart\""), "the usage chart is drawn on the server");
-        assert!(html.contains("name=\"max_gpus:alice\""), "quotas are edited in the table");
+        assert!(
+            html.contains("<svg class=\"chart\""),
+            "the usage chart is drawn on the server"
+        );
+        assert!(
+            html.contains("name=\"max_gpus:alice\""),
+            "quotas are edited in the table"
+        );
         let csrf = crate::web::hidden_csrf(&html);
         let save = |fields: Vec<(&'static str, &'static str)>| {
             let carol = carol.clone();
@@ -378,7 +458,10 @@ async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_u
         assert_eq!(status, 422, "[{backend:?}]");
         assert!(body.contains("max_gpus:carol"), "{body}");
         let (_, html) = page(&carol, &p, "/labs/vision/admin").await;
-        assert!(html.contains("name=\"max_gpus:alice\" value=\"\""), "nothing was written");
+        assert!(
+            html.contains("name=\"max_gpus:alice\" value=\"\""),
+            "nothing was written"
+        );
         // A good Save writes what changed, each change audited.
         let (status, _) = save(vec![
             ("max_gpus:alice", "2"),
@@ -395,7 +478,11 @@ async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_u
         assert!(html.contains("name=\"max_gpu_hours:alice\" value=\"40\""));
         assert!(html.contains("0 in use of 2"), "use against the quota");
         let audit = &html[html.find("<h2>Audit log</h2>").unwrap()..];
-        assert_eq!(audit.matches("set_member_quota").count(), 1, "only alice changed");
+        assert_eq!(
+            audit.matches("set_member_quota").count(),
+            1,
+            "only alice changed"
+        );
         assert!(audit.contains("member alice"));
         let (status, body) = save(vec![("max_cpus:alice", "3")]).await;
         assert_eq!(status, 422);
@@ -405,7 +492,10 @@ async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_u
         let (_, h) = page(&alice, &p, "/jobs").await;
         let r = alice
             .post(format!("{}/labs/vision/member-quotas", p.url))
-            .form(&[("csrf", crate::web::hidden_csrf(&h).as_str()), ("max_gpus:alice", "9")])
+            .form(&[
+                ("csrf", crate::web::hidden_csrf(&h).as_str()),
+                ("max_gpus:alice", "9"),
+            ])
             .send()
             .await
             .unwrap();
@@ -418,7 +508,10 @@ async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_u
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/csv"));
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/csv"));
         let csv = r.text().await.unwrap();
         let mut lines = csv.lines();
         assert_eq!(lines.next(), Some("week_start,account,gpu_hours"));

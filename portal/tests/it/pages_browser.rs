@@ -37,7 +37,9 @@ pub fn validate_html(pages: &[(String, String)]) {
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
     for (i, (name, html)) in pages.iter().enumerate() {
-        let f = dir.path().join(format!("{i:02}-{}.html", name.replace('/', "_")));
+        let f = dir
+            .path()
+            .join(format!("{i:02}-{}.html", name.replace('/', "_")));
         std::fs::write(&f, html).unwrap();
         files.push(f);
     }
@@ -86,7 +88,10 @@ pub async fn browser_login(b: &Browser, p: &TestPortal, user: &str) {
         .unwrap();
     let started = Instant::now();
     while b.url().await.ends_with("/login") {
-        assert!(started.elapsed() < Duration::from_secs(15), "login did not finish");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "login did not finish"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -126,7 +131,9 @@ async fn check_page(b: &Browser, what: &str) {
     )
     .await;
     assert!(
-        facts["title"].as_str().is_some_and(|t| t.contains("GPU Commons")),
+        facts["title"]
+            .as_str()
+            .is_some_and(|t| t.contains("GPU Commons")),
         "{what}: {facts}"
     );
     assert_eq!(facts["h1"], 1, "{what}: one h1");
@@ -135,8 +142,16 @@ async fn check_page(b: &Browser, what: &str) {
         "{what}: the page scrolls sideways at {} px: {facts}",
         facts["width"]
     );
-    assert_eq!(facts["unlabelled"], serde_json::json!([]), "{what}: inputs without labels");
-    assert_eq!(facts["foreign"], serde_json::json!([]), "{what}: third-party resources");
+    assert_eq!(
+        facts["unlabelled"],
+        serde_json::json!([]),
+        "{what}: inputs without labels"
+    );
+    assert_eq!(
+        facts["foreign"],
+        serde_json::json!([]),
+        "{what}: third-party resources"
+    );
     let errors = b.console_errors().await;
     assert!(errors.is_empty(), "{what}: console errors: {errors:?}");
 }
@@ -170,7 +185,10 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
     for user in ["alice", "carol", "olga"] {
         let b = Browser::start().await;
         browser_login(&b, p, user).await;
-        assert!(b.url().await.ends_with('/'), "the overview is the home page");
+        assert!(
+            b.url().await.ends_with('/'),
+            "the overview is the home page"
+        );
         let http = crate::web::logged_in(p, user).await;
         for path in pages_for(&c, user) {
             for (w, h) in [(375, 800), (1920, 1080)] {
@@ -199,7 +217,10 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
                 break;
             }
         }
-        assert_eq!(shown["tip"], "block", "{user}: a focused cell shows its details: {shown}");
+        assert_eq!(
+            shown["tip"], "block",
+            "{user}: a focused cell shows its details: {shown}"
+        );
         assert!(shown["label"].as_str().unwrap().contains("GPU"), "{shown}");
         if user == "alice" {
             // An error shows beside its field, and in a summary that links to it.
@@ -207,27 +228,47 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
             js(&b, "document.getElementById('gpus').value = 'two'; document.getElementById('submit').click(); return null;").await;
             let me = &b;
             wait_for(Duration::from_secs(10), "the form's error", || async move {
-                !js(me, "return document.getElementById('gpus-error');").await.is_null()
+                !js(me, "return document.getElementById('gpus-error');")
+                    .await
+                    .is_null()
             })
             .await;
-            let beside = js(&b, "const e = document.getElementById('gpus-error');
+            let beside = js(
+                &b,
+                "const e = document.getElementById('gpus-error');
                 return { before: e.previousElementSibling.id, text: e.textContent,
-                         summary: document.querySelector('#form-error a').getAttribute('href') };").await;
+                         summary: document.querySelector('#form-error a').getAttribute('href') };",
+            )
+            .await;
             assert_eq!(beside["before"], "gpus", "{beside}");
             assert_eq!(beside["summary"], "#gpus", "{beside}");
-            assert_eq!(js(&b, "return document.getElementById('command').value;").await,
-                       "echo hello from $(hostname); sleep 5", "nothing typed is lost");
+            assert_eq!(
+                js(&b, "return document.getElementById('command').value;").await,
+                "echo hello from $(hostname); sleep 5",
+                "nothing typed is lost"
+            );
             let source = b.client.source().await.unwrap();
-            html.push(("alice-form-error".into(), format!("<!doctype html>{source}")));
+            html.push((
+                "alice-form-error".into(),
+                format!("<!doctype html>{source}"),
+            ));
             // The refusal's status (422) is the only thing in the console.
             let errors = b.console_errors().await;
-            assert!(errors.iter().all(|e| e.contains("/jobs - ") && e.contains("status of 422")), "{errors:?}");
+            assert!(
+                errors
+                    .iter()
+                    .all(|e| e.contains("/jobs - ") && e.contains("status of 422")),
+                "{errors:?}"
+            );
             check_page(&b, "the form with an error").await;
         }
         if user == "carol" {
             // A quota edited in place, saved with the one Save, and audited.
             b.client.set_window_size(1280, 900).await.unwrap();
-            b.client.goto(&format!("{}/labs/vision/admin", p.url)).await.unwrap();
+            b.client
+                .goto(&format!("{}/labs/vision/admin", p.url))
+                .await
+                .unwrap();
             js(&b, "window.beforeSave = 1; document.querySelector('input[name=\"max_gpus:alice\"]').value = '3';
                     document.getElementById('save-quotas').click(); return null;").await;
             let me = &b;
@@ -237,12 +278,20 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
             })
             .await;
             let audit = js(&b, "return document.body.innerText;").await;
-            assert!(audit.as_str().unwrap().contains("set_member_quota"), "audited");
+            assert!(
+                audit.as_str().unwrap().contains("set_member_quota"),
+                "audited"
+            );
             check_page(&b, "the lab console after a Save").await;
         }
         b.close().await;
     }
-    html.push(("login".into(), crate::pages::page(&crate::web::browser(), p, "/login").await.1));
+    html.push((
+        "login".into(),
+        crate::pages::page(&crate::web::browser(), p, "/login")
+            .await
+            .1,
+    ));
     validate_html(&html);
 }
 
@@ -251,11 +300,16 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
     let p = TestPortal::start(Backend::Sqlite).await;
     let _agent = p.agent("vision", "fake:1xA100-80GB").await;
     // The only GPU is busy: the next job waits until the first is cancelled.
-    let first = p.submit(&p.alice, job("sleep 600", 1, None, "vision")).await;
+    let first = p
+        .submit(&p.alice, job("sleep 600", 1, None, "vision"))
+        .await;
     p.wait_state(&p.alice, first, &["running"], Duration::from_secs(60))
         .await;
     let id = p
-        .submit(&p.alice, job("echo started; sleep 5; echo all done", 1, None, "vision"))
+        .submit(
+            &p.alice,
+            job("echo started; sleep 5; echo all done", 1, None, "vision"),
+        )
         .await;
     let b = Browser::start().await;
     browser_login(&b, &p, "alice").await;
@@ -265,18 +319,25 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
         .unwrap();
     js(&b, "window.noReload = 'still here'; return null;").await;
     let (status, v) = p
-        .post_json(&p.alice, &format!("/api/v1/jobs/{first}/cancel"), &serde_json::json!({}))
+        .post_json(
+            &p.alice,
+            &format!("/api/v1/jobs/{first}/cancel"),
+            &serde_json::json!({}),
+        )
         .await;
     assert_eq!(status, 200, "{v}");
     let mut seen: Vec<String> = Vec::new();
     let started = Instant::now();
     loop {
         // Read by script: the element is replaced on each refresh.
-        let state = js(&b, "const e = document.getElementById('job-state'); return e ? e.textContent : '';")
-            .await
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let state = js(
+            &b,
+            "const e = document.getElementById('job-state'); return e ? e.textContent : '';",
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
         if seen.last() != Some(&state) {
             seen.push(state.clone());
         }
@@ -297,12 +358,16 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
         "the page was not reloaded"
     );
     let me = &b;
-    wait_for(Duration::from_secs(10), "the log on the page", || async move {
-        js(me, "return document.getElementById('logs').textContent;")
-            .await
-            .as_str()
-            .is_some_and(|t| t.contains("all done"))
-    })
+    wait_for(
+        Duration::from_secs(10),
+        "the log on the page",
+        || async move {
+            js(me, "return document.getElementById('logs').textContent;")
+                .await
+                .as_str()
+                .is_some_and(|t| t.contains("all done"))
+        },
+    )
     .await;
     let history = js(&b, "return document.getElementById('history').textContent;").await;
     assert!(history.as_str().unwrap().contains("succeeded"), "{history}");
@@ -327,7 +392,10 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
         .unwrap();
     let command = js(&b, "return document.getElementById('command').value;").await;
     assert_eq!(command, "echo started; sleep 5; echo all done");
-    assert_eq!(js(&b, "return document.getElementById('cpus').value;").await, "0.5");
+    assert_eq!(
+        js(&b, "return document.getElementById('cpus').value;").await,
+        "0.5"
+    );
     let errors = b.console_errors().await;
     assert!(errors.is_empty(), "console errors: {errors:?}");
     b.close().await;
