@@ -16,6 +16,7 @@ pub mod cli_logins;
 pub mod copy;
 pub mod gateway;
 pub mod job_search;
+pub mod job_templates;
 pub mod jobs;
 pub mod models;
 pub mod nodes;

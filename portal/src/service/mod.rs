@@ -17,6 +17,7 @@ pub mod cli_login;
 pub mod extend;
 pub mod identity;
 pub mod job_list;
+pub mod job_templates;
 pub mod jobs;
 pub mod labs;
 pub mod members;

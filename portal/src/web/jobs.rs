@@ -8,7 +8,7 @@ use crate::db::models::JobEvent;
 use crate::domain::JobState;
 use crate::error::{AppError, WebError};
 use crate::service::extend::{self as ext, ExtendRequest};
-use crate::service::jobs;
+use crate::service::{job_templates, jobs};
 use crate::service::views::JobView;
 use crate::state::AppState;
 use crate::validate::{JobKind, JobRequest};
@@ -28,12 +28,17 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/jobs/{id}", web::get().to(detail))
         .route("/jobs/{id}/status", web::get().to(status))
         .route("/jobs/{id}/log.txt", web::get().to(log_download))
+        .route(
+            "/jobs/templates/{id}/delete",
+            web::post().to(delete_template),
+        )
         .route("/jobs/{id}/cancel", web::post().to(cancel))
         .route("/jobs/{id}/extend", web::post().to(extend));
 }
 
 /// The submit form's fields, as typed: kept on error so nothing the user wrote is lost.
-#[derive(Debug, Clone, Deserialize)]
+/// Saved as JSON in job templates (without the template's own fields).
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct JobForm {
     image: String,
     #[serde(default)]
@@ -58,6 +63,11 @@ pub struct JobForm {
     checkpoint_minutes: String,
     #[serde(default)]
     shm_mb: String,
+    /// "Save as template": the name, and the button (present when pressed).
+    #[serde(default, skip_serializing)]
+    template_name: String,
+    #[serde(default, skip_serializing)]
+    save_template: Option<String>,
 }
 
 impl Default for JobForm {
@@ -76,6 +86,8 @@ impl Default for JobForm {
             lab: String::new(),
             checkpoint_minutes: String::new(),
             shm_mb: String::new(),
+            template_name: String::new(),
+            save_template: None,
         }
     }
 }
@@ -135,6 +147,8 @@ impl JobForm {
                 .map(|s| (s / 60).to_string())
                 .unwrap_or_default(),
             shm_mb: job.shm_mb.map(|m| m.to_string()).unwrap_or_default(),
+            template_name: String::new(),
+            save_template: None,
         }
     }
 
@@ -188,12 +202,16 @@ struct NewJobPage {
     labs: Vec<String>,
     error: Option<String>,
     error_field: String,
+    /// The user's saved templates: (id, name).
+    templates: Vec<(i64, String)>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct NewQuery {
     /// "Submit again": the job whose settings fill the form.
     from: Option<i64>,
+    /// A saved template that fills the form.
+    template: Option<i64>,
 }
 
 async fn new(
@@ -202,8 +220,15 @@ async fn new(
     user: CurrentUser,
     query: web::Query<NewQuery>,
 ) -> Result<NewJobPage, WebError> {
-    let form = match query.from {
-        Some(id) => {
+    let form = match (query.from, query.template) {
+        (_, Some(t)) => {
+            let saved = job_templates::get(&state, &user, t).await?;
+            let mut form: JobForm = serde_json::from_str(&saved.form)
+                .map_err(|e| AppError::Internal(anyhow::anyhow!("template {t}: {e}")))?;
+            form.template_name = saved.name;
+            form
+        }
+        (Some(id), None) => {
             let job = jobs::stored(&state, &user, id).await?;
             let lab = user
                 .labs
@@ -213,11 +238,12 @@ async fn new(
                 .unwrap_or_default();
             JobForm::from_job(&job, lab)
         }
-        None => JobForm::default(),
+        (None, None) => JobForm::default(),
     };
     Ok(NewJobPage {
         banner: Banner::new(&state, &session, Some(&user)),
         labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
+        templates: template_names(&state, &user).await?,
         form,
         error: None,
         error_field: String::new(),
@@ -231,6 +257,20 @@ async fn create(
     form: CsrfForm<JobForm>,
 ) -> Result<HttpResponse, WebError> {
     let form = form.0;
+    if form.save_template.is_some() {
+        let json = serde_json::to_string(&form).map_err(|e| AppError::Internal(e.into()))?;
+        match job_templates::save(&state, &user, &form.template_name, json).await {
+            Ok(id) => {
+                return Ok(HttpResponse::SeeOther()
+                    .insert_header(("location", format!("/jobs/new?template={id}")))
+                    .finish())
+            }
+            Err(e @ AppError::Invalid { .. }) => {
+                return refused_form(&state, &session, &user, form, e).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     let outcome = match form.to_request() {
         Ok(req) => jobs::submit(&state, &user, req).await,
         Err(e) => Err(e),
@@ -239,21 +279,52 @@ async fn create(
         Ok(view) => Ok(HttpResponse::SeeOther()
             .insert_header(("location", format!("/jobs/{}", view.id)))
             .finish()),
-        Err(e @ AppError::Invalid { .. }) => {
-            let page = NewJobPage {
-                banner: Banner::new(&state, &session, Some(&user)),
-                labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
-                error_field: e.field().unwrap_or_default().to_string(),
-                error: Some(e.to_string()),
-                form,
-            };
-            let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
-            Ok(HttpResponse::UnprocessableEntity()
-                .content_type("text/html; charset=utf-8")
-                .body(body))
-        }
+        Err(e @ AppError::Invalid { .. }) => refused_form(&state, &session, &user, form, e).await,
         Err(e) => Err(e.into()),
     }
+}
+
+/// The form again with what was typed and the refusal beside its field (422).
+async fn refused_form(
+    state: &AppState,
+    session: &Session,
+    user: &CurrentUser,
+    form: JobForm,
+    e: AppError,
+) -> Result<HttpResponse, WebError> {
+    let page = NewJobPage {
+        banner: Banner::new(state, session, Some(user)),
+        labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
+        templates: template_names(state, user).await?,
+        error_field: e.field().unwrap_or_default().to_string(),
+        error: Some(e.to_string()),
+        form,
+    };
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::UnprocessableEntity()
+        .content_type("text/html; charset=utf-8")
+        .body(body))
+}
+
+async fn template_names(state: &AppState, user: &CurrentUser) -> Result<Vec<(i64, String)>, WebError> {
+    Ok(job_templates::list(state, user)
+        .await?
+        .into_iter()
+        .map(|t| (t.id, t.name))
+        .collect())
+}
+
+/// Deletes one of the user's templates.
+async fn delete_template(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    _form: CsrfForm<NoFields>,
+) -> Result<HttpResponse, WebError> {
+    job_templates::delete(&state, &user, id.into_inner()).await?;
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("location", "/jobs/new"))
+        .finish())
 }
 
 /// What the live part of the job page shows.

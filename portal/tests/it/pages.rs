@@ -525,3 +525,79 @@ async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_u
         assert_eq!(r.status(), 403);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saved_job_templates_fill_the_form_and_are_each_users_own() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let alice = logged_in(&p, "alice").await;
+        let (_, html) = page(&alice, &p, "/jobs/new").await;
+        let csrf = crate::web::hidden_csrf(&html);
+        let fields = |name: &str, command: &str| {
+            vec![
+                ("csrf", csrf.clone()),
+                ("image", "commons-demo:latest".to_string()),
+                ("command", command.to_string()),
+                ("env", "SEED=7".to_string()),
+                ("gpus", "2".to_string()),
+                ("cpus", "0.5".to_string()),
+                ("memory_gb", "1".to_string()),
+                ("time_limit_minutes", "90".to_string()),
+                ("kind", "batch".to_string()),
+                ("lab", "vision".to_string()),
+                ("template_name", name.to_string()),
+                ("save_template", "1".to_string()),
+            ]
+        };
+        let post = |form: Vec<(&'static str, String)>| {
+            let alice = alice.clone();
+            let url = format!("{}/jobs", p.url);
+            async move { alice.post(url).form(&form).send().await.unwrap() }
+        };
+        // A name is needed; the error is beside its field and nothing is lost.
+        let r = post(fields(" ", "python train.py")).await;
+        assert_eq!(r.status(), 422, "[{backend:?}]");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("id=\"template_name-error\""), "{body}");
+        assert!(body.contains("python train.py"));
+        // Saved, not submitted; the form comes back filled from it.
+        let r = post(fields("resnet", "python train.py")).await;
+        assert_eq!(r.status(), 303);
+        let to = r.headers()["location"].to_str().unwrap().to_string();
+        assert!(to.starts_with("/jobs/new?template="), "{to}");
+        assert_eq!(p.get_json(&p.alice, "/api/v1/jobs").await, json!([]), "no job was submitted");
+        let (status, html) = page(&alice, &p, &to).await;
+        assert_eq!(status, 200);
+        assert!(html.contains(">python train.py</textarea>") && html.contains(">SEED=7</textarea>"), "{html}");
+        assert!(html.contains("name=\"gpus\" value=\"2\"") && html.contains("value=\"90\""));
+        assert!(html.contains(">resnet</a>"), "listed under the user's templates");
+        // The same name replaces it.
+        let r = post(fields("resnet", "python train.py --epochs 3")).await;
+        assert_eq!(r.headers()["location"].to_str().unwrap(), to, "the same template");
+        let (_, html) = page(&alice, &p, &to).await;
+        assert!(html.contains("--epochs 3"));
+        assert_eq!(html.matches(">resnet</a>").count(), 1);
+        // Another user's template is not found; deleting removes it.
+        let bob = logged_in(&p, "bob").await;
+        let (status, _) = page(&bob, &p, &to).await;
+        assert_eq!(status, 404, "[{backend:?}]");
+        let id = to.trim_start_matches("/jobs/new?template=");
+        let (_, h) = page(&bob, &p, "/jobs/new").await;
+        let r = bob
+            .post(format!("{}/jobs/templates/{id}/delete", p.url))
+            .form(&[("csrf", crate::web::hidden_csrf(&h))])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "bob cannot delete alice's template");
+        let r = alice
+            .post(format!("{}/jobs/templates/{id}/delete", p.url))
+            .form(&[("csrf", csrf.clone())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303);
+        let (status, _) = page(&alice, &p, &to).await;
+        assert_eq!(status, 404, "deleted");
+    }
+}

@@ -190,6 +190,22 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
             "the overview is the home page"
         );
         let http = crate::web::logged_in(p, user).await;
+        // A saved template, so the submit form lists one.
+        let (_, form) = crate::pages::page(&http, p, "/jobs/new").await;
+        let r = http
+            .post(format!("{}/jobs", p.url))
+            .form(&[
+                ("csrf", crate::web::hidden_csrf(&form).as_str()),
+                ("image", "commons-demo:latest"),
+                ("gpus", "1"),
+                ("time_limit_minutes", "10"),
+                ("template_name", "quick test"),
+                ("save_template", "1"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303, "{user}");
         for path in pages_for(&c, user) {
             for (w, h) in [(375, 800), (1920, 1080)] {
                 b.client.set_window_size(w, h).await.unwrap();
