@@ -8,8 +8,8 @@ use crate::db::models::JobEvent;
 use crate::domain::JobState;
 use crate::error::{AppError, WebError};
 use crate::service::extend::{self as ext, ExtendRequest};
-use crate::service::{job_templates, jobs};
 use crate::service::views::JobView;
+use crate::service::{job_templates, jobs};
 use crate::state::AppState;
 use crate::validate::{JobKind, JobRequest};
 use actix_session::Session;
@@ -306,7 +306,10 @@ async fn refused_form(
         .body(body))
 }
 
-async fn template_names(state: &AppState, user: &CurrentUser) -> Result<Vec<(i64, String)>, WebError> {
+async fn template_names(
+    state: &AppState,
+    user: &CurrentUser,
+) -> Result<Vec<(i64, String)>, WebError> {
     Ok(job_templates::list(state, user)
         .await?
         .into_iter()

@@ -565,15 +565,29 @@ async fn saved_job_templates_fill_the_form_and_are_each_users_own() {
         assert_eq!(r.status(), 303);
         let to = r.headers()["location"].to_str().unwrap().to_string();
         assert!(to.starts_with("/jobs/new?template="), "{to}");
-        assert_eq!(p.get_json(&p.alice, "/api/v1/jobs").await, json!([]), "no job was submitted");
+        assert_eq!(
+            p.get_json(&p.alice, "/api/v1/jobs").await,
+            json!([]),
+            "no job was submitted"
+        );
         let (status, html) = page(&alice, &p, &to).await;
         assert_eq!(status, 200);
-        assert!(html.contains(">python train.py</textarea>") && html.contains(">SEED=7</textarea>"), "{html}");
+        assert!(
+            html.contains(">python train.py</textarea>") && html.contains(">SEED=7</textarea>"),
+            "{html}"
+        );
         assert!(html.contains("name=\"gpus\" value=\"2\"") && html.contains("value=\"90\""));
-        assert!(html.contains(">resnet</a>"), "listed under the user's templates");
+        assert!(
+            html.contains(">resnet</a>"),
+            "listed under the user's templates"
+        );
         // The same name replaces it.
         let r = post(fields("resnet", "python train.py --epochs 3")).await;
-        assert_eq!(r.headers()["location"].to_str().unwrap(), to, "the same template");
+        assert_eq!(
+            r.headers()["location"].to_str().unwrap(),
+            to,
+            "the same template"
+        );
         let (_, html) = page(&alice, &p, &to).await;
         assert!(html.contains("--epochs 3"));
         assert_eq!(html.matches(">resnet</a>").count(), 1);
