@@ -438,10 +438,17 @@ async fn screenshots() {
     for (name, path, width) in shots {
         b.client.set_window_size(width, 900).await.unwrap();
         b.client.goto(&format!("{}{path}", c.p.url)).await.unwrap();
-        // The whole page, up to a limit.
-        let tall = js(&b, "return document.documentElement.scrollHeight;").await;
-        let height = tall.as_u64().unwrap_or(900).clamp(600, 2400) as u32;
-        b.client.set_window_size(width, height).await.unwrap();
+        // The whole page, up to a limit (measured once laid out).
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let tall = js(&b, "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight];").await;
+            let (content, chrome) = (
+                tall[0].as_u64().unwrap_or(900),
+                tall[1].as_u64().unwrap_or(0),
+            );
+            let height = (content + chrome).clamp(600, 2600) as u32;
+            b.client.set_window_size(width, height).await.unwrap();
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let png = b.client.screenshot().await.unwrap();
         std::fs::write(out.join(format!("{name}.png")), png).unwrap();
