@@ -1,4 +1,6 @@
-//! `/api/v1/nodes`: the campus's servers, their GPUs, owner lab and state.
+//! `/api/v1/nodes`: the campus's servers, their GPUs, owner lab and state; and
+//! `/api/v1/overview`: the campus overview (GPUs by state, the queue by lab, the map),
+//! the same read model as the home page.
 
 use crate::auth::CurrentUser;
 use crate::error::ApiError;
@@ -8,6 +10,7 @@ use actix_web::{web, HttpResponse};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/nodes", web::get().to(list))
+        .route("/overview", web::get().to(overview))
         .route("/nodes/{id}/drain", web::post().to(drain))
         .route("/nodes/{id}/undrain", web::post().to(undrain))
         .route("/nodes/{id}/revoke", web::post().to(revoke));
@@ -44,4 +47,13 @@ async fn undrain(
 async fn list(state: web::Data<AppState>, _user: CurrentUser) -> Result<HttpResponse, ApiError> {
     let views = state.db.run(nodes::views).await?;
     Ok(HttpResponse::Ok().json(views))
+}
+
+async fn overview(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpResponse, ApiError> {
+    let offset = state.config.policy.utc_offset_s;
+    let view = state
+        .db
+        .run(move |c| crate::service::overview::overview(c, &user, offset))
+        .await?;
+    Ok(HttpResponse::Ok().json(view))
 }

@@ -274,7 +274,18 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    job_templates (id) {
+        id -> BigInt,
+        user_id -> BigInt,
+        name -> Text,
+        form -> Text,
+        created_at -> Timestamp,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
+diesel::joinable!(job_templates -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
 diesel::joinable!(api_tokens -> users (user_id));
 diesel::joinable!(ssh_keys -> users (user_id));
@@ -308,4 +319,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     cli_logins,
     web_sessions,
     image_allows,
+    job_templates,
 );

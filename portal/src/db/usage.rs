@@ -116,6 +116,42 @@ pub fn lab_usage(
     })
 }
 
+/// Each member's use of the lab's account now: GPUs their running attempts hold, and
+/// GPU-hours over the last `period_s` seconds (what member quotas count), by username.
+pub fn member_use(
+    c: &mut DbConn,
+    lab: i64,
+    now: NaiveDateTime,
+    period_s: i64,
+) -> Result<BTreeMap<String, (u32, f64)>, AppError> {
+    let since = now - Duration::seconds(period_s);
+    let rows: Vec<(Attempt, String)> = job_attempts::table
+        .inner_join(jobs::table.inner_join(users::table))
+        .filter(jobs::lab_id.eq(lab))
+        .filter(job_attempts::started_at.is_not_null())
+        .filter(
+            job_attempts::ended_at
+                .is_null()
+                .or(job_attempts::ended_at.gt(since)),
+        )
+        .select((Attempt::as_select(), users::username))
+        .load(c)?;
+    let mut out: BTreeMap<String, (u32, f64)> = BTreeMap::new();
+    for (a, user) in rows {
+        let Some(start) = a.started_at else {
+            continue;
+        };
+        let gpus = a.gpu_id_list().len();
+        let end = a.ended_at.unwrap_or(now).min(now);
+        let e = out.entry(user).or_default();
+        if a.ended_at.is_none() && a.status().is_active() {
+            e.0 += gpus as u32;
+        }
+        e.1 += (end - start.max(since)).num_seconds().max(0) as f64 / 3600.0 * gpus as f64;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

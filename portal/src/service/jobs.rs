@@ -121,6 +121,12 @@ pub async fn detail(
         .await
 }
 
+/// A job the actor may see, as stored: what "submit again" fills the form from.
+pub async fn stored(state: &Ctx, actor: &Actor, id: i64) -> Result<Job, AppError> {
+    let actor = actor.clone();
+    state.db.run(move |c| visible(c, &actor, id)).await
+}
+
 /// All of a job's output.
 pub async fn logs(state: &Ctx, actor: &Actor, id: i64) -> Result<String, AppError> {
     let actor = actor.clone();

@@ -20,6 +20,8 @@ pub struct NodeRow {
     pub lending: Lending,
     /// Slugs of the labs that may borrow, comma-separated.
     pub borrowers: String,
+    /// The rules in one sentence.
+    pub sentence: String,
 }
 
 pub struct MemberRow {
@@ -27,6 +29,9 @@ pub struct MemberRow {
     pub role: Role,
     pub source: MembershipSource,
     pub quota: Quota,
+    /// GPUs the member's running jobs hold now, and GPU-hours over the quota period.
+    pub gpus_now: u32,
+    pub gpu_hours: f64,
 }
 
 pub struct LabConsole {
@@ -63,6 +68,7 @@ pub fn console(c: &mut DbConn, actor: &Actor, slug: &str) -> Result<LabConsole, 
                 .collect::<Vec<_>>()
                 .join(", ");
             NodeRow {
+                sentence: lending_sentence(&lending, &borrowers),
                 preset: preset(&lending),
                 lending,
                 borrowers,
@@ -70,13 +76,19 @@ pub fn console(c: &mut DbConn, actor: &Actor, slug: &str) -> Result<LabConsole, 
             }
         })
         .collect();
+    let used = db::usage::member_use(c, lab.id, db::now(), db::snapshot::QUOTA_PERIOD_S)?;
     let members = db::users::members_of(c, lab.id)?
         .into_iter()
-        .map(|(username, m)| MemberRow {
-            username,
-            role: m.role,
-            source: m.source,
-            quota: m.quota.0,
+        .map(|(username, m)| {
+            let (gpus_now, gpu_hours) = used.get(&username).copied().unwrap_or_default();
+            MemberRow {
+                username,
+                role: m.role,
+                source: m.source,
+                quota: m.quota.0,
+                gpus_now,
+                gpu_hours,
+            }
         })
         .collect();
     Ok(LabConsole {
@@ -86,6 +98,49 @@ pub fn console(c: &mut DbConn, actor: &Actor, slug: &str) -> Result<LabConsole, 
         nodes,
         members,
     })
+}
+
+/// Lab `slug`'s usage by week over `weeks` weeks, for its admins and operators (the
+/// CSV export).
+pub fn usage(
+    c: &mut DbConn,
+    actor: &Actor,
+    slug: &str,
+    weeks: usize,
+) -> Result<LabUsage, AppError> {
+    let admin = lab_admin(c, actor, slug)?;
+    db::usage::lab_usage(c, admin.lab().id, db::now(), weeks)
+}
+
+/// A node's lending rules in one sentence: "lends up to 4 GPUs on nights and weekends
+/// to every lab, after 15 idle minutes, guest jobs of at most 2 h".
+pub fn lending_sentence(l: &Lending, borrowers: &str) -> String {
+    let when = match preset(l) {
+        "never" => return "lends nothing: only the lab's own jobs run here".to_string(),
+        "always" => "whenever idle".to_string(),
+        "nights" => "at night (19:00 to 07:00)".to_string(),
+        "weekends" => "on weekends".to_string(),
+        "nights_weekends" => "on nights and weekends".to_string(),
+        _ => format!("in {} weekly windows", l.windows.len()),
+    };
+    let how_many = match l.max_lent_gpus {
+        Some(1) => "up to 1 GPU".to_string(),
+        Some(n) => format!("up to {n} GPUs"),
+        None => "its GPUs".to_string(),
+    };
+    let to = if borrowers.is_empty() {
+        "every lab".to_string()
+    } else {
+        format!("labs {borrowers}")
+    };
+    let mut s = format!("lends {how_many} {when} to {to}");
+    if l.min_idle_s > 0 {
+        s.push_str(&format!(", after {} idle minutes", l.min_idle_s / 60));
+    }
+    if let Some(t) = l.max_guest_time_limit_s {
+        s.push_str(&format!(", guest jobs of at most {} min", t / 60));
+    }
+    s
 }
 
 /// Nights: 19:00 to 07:00 every day.
@@ -128,5 +183,32 @@ pub fn preset(l: &Lending) -> &'static str {
                 .find(|p| preset_windows(p).is_some_and(|w| windows_of(&w) == stored))
                 .unwrap_or("custom")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lending_rules_read_as_a_sentence() {
+        let mut l = Lending {
+            mode: LendMode::Windows,
+            windows: windows_of(&preset_windows("nights_weekends").unwrap_or_default()),
+            max_lent_gpus: Some(4),
+            min_idle_s: 15 * 60,
+            ..Default::default()
+        };
+        assert_eq!(
+            lending_sentence(&l, ""),
+            "lends up to 4 GPUs on nights and weekends to every lab, after 15 idle minutes"
+        );
+        l.max_guest_time_limit_s = Some(7200);
+        l.max_lent_gpus = None;
+        assert!(lending_sentence(&l, "physics")
+            .contains("its GPUs on nights and weekends to labs physics"));
+        assert!(lending_sentence(&l, "").ends_with("guest jobs of at most 120 min"));
+        l.mode = LendMode::Never;
+        assert!(lending_sentence(&l, "").starts_with("lends nothing"));
     }
 }

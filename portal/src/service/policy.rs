@@ -314,6 +314,75 @@ pub async fn set_member_quota(
     Ok(q)
 }
 
+/// Sets several members' quotas at once (the console's one Save). Every quota is
+/// checked first (a refusal names the field and the member, `max_gpus:alice`); then the
+/// ones that change are written in one transaction, each with its audit entry. Returns
+/// how many changed.
+pub async fn set_member_quotas(
+    state: &Ctx,
+    actor: &Actor,
+    slug: String,
+    reqs: Vec<(String, QuotaRequest)>,
+) -> Result<usize, AppError> {
+    let mut quotas = Vec::new();
+    for (user, req) in &reqs {
+        let q = quota(req).map_err(|e| match e {
+            AppError::Invalid {
+                code,
+                field,
+                message,
+            } => AppError::Invalid {
+                code,
+                field: format!("{field}:{user}"),
+                message: format!("{user}: {message}"),
+            },
+            other => other,
+        })?;
+        quotas.push((user.clone(), q));
+    }
+    let actor = actor.clone();
+    let changed = state
+        .db
+        .run(move |c| {
+            let admin = lab_admin(c, &actor, &slug)?;
+            let lab = admin.lab().id;
+            let mut rows = Vec::new();
+            for (username, q) in &quotas {
+                let member =
+                    users::user_by_name(c, username)?.ok_or(AppError::NotFound("member"))?;
+                let m = db::users::membership(c, lab, member.id)?
+                    .ok_or(AppError::NotFound("member"))?;
+                if m.quota.0 != *q {
+                    let before = to_json(&m.quota).map_err(|e| AppError::Internal(e.into()))?;
+                    let after = to_json(q).map_err(|e| AppError::Internal(e.into()))?;
+                    rows.push((username.clone(), member.id, before, after));
+                }
+            }
+            db::transaction(c, |c| {
+                for (username, id, before, after) in &rows {
+                    db::users::set_member_quota(c, lab, *id, after)?;
+                    db::audit::record(
+                        c,
+                        admin.user(),
+                        Some(lab),
+                        "set_member_quota",
+                        &format!("member {username}"),
+                        before,
+                        after,
+                    )?;
+                }
+                Ok::<_, AppError>(())
+            })?;
+            tracing::info!(lab = %slug, changed = rows.len(), by = %admin.user().username, "member quotas changed");
+            Ok::<_, AppError>(rows.len())
+        })
+        .await?;
+    if changed > 0 {
+        state.wake.notify_one();
+    }
+    Ok(changed)
+}
+
 /// Turns the lab's priority boost for interactive jobs on or off (the lab's admins or
 /// operators): its interactive jobs then go ahead of its batch jobs (`sched::LabInfo`).
 pub async fn set_interactive_boost(

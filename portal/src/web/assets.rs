@@ -1,19 +1,29 @@
 //! The UI's few static files, compiled in: scripts live in files, not inline, so the
-//! Content-Security-Policy can forbid inline scripts.
+//! Content-Security-Policy can forbid inline scripts; the stylesheet is a file as well.
 
 use actix_web::{web, HttpResponse};
 
 const JOB_JS: &str = include_str!("../../../templates/assets/job.js");
+const PAGES_JS: &str = include_str!("../../../templates/assets/pages.js");
+const PORTAL_CSS: &str = include_str!("../../../templates/assets/portal.css");
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/assets/job.js", web::get().to(job_js));
+    cfg.route("/assets/job.js", web::get().to(|| asset(JS, JOB_JS)))
+        .route("/assets/pages.js", web::get().to(|| asset(JS, PAGES_JS)))
+        .route(
+            "/assets/portal.css",
+            web::get().to(|| asset(CSS, PORTAL_CSS)),
+        );
 }
 
-async fn job_js() -> HttpResponse {
+const JS: &str = "text/javascript; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
+
+async fn asset(content_type: &'static str, body: &'static str) -> HttpResponse {
     HttpResponse::Ok()
-        .content_type("text/javascript; charset=utf-8")
+        .content_type(content_type)
         .insert_header(("cache-control", "public, max-age=300"))
-        .body(JOB_JS)
+        .body(body)
 }
 
 /// The Content-Security-Policy of every response: scripts from the portal itself only,

@@ -1,14 +1,15 @@
 //! Job pages: my jobs, the submit form, one job (with a live status fragment), cancel,
 //! and extending an interactive job's time limit.
 
+use super::human::{self, When};
 use super::{number, optional, Banner};
 use crate::auth::{CsrfForm, CurrentUser, NoFields};
 use crate::db::models::JobEvent;
 use crate::domain::JobState;
 use crate::error::{AppError, WebError};
 use crate::service::extend::{self as ext, ExtendRequest};
-use crate::service::jobs;
 use crate::service::views::JobView;
+use crate::service::{job_templates, jobs};
 use crate::state::AppState;
 use crate::validate::{JobKind, JobRequest};
 use actix_session::Session;
@@ -22,34 +23,22 @@ use std::collections::BTreeMap;
 const PAGE_LOG_TAIL: usize = 64 * 1024;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/jobs", web::get().to(list))
-        .route("/jobs", web::post().to(create))
+    cfg.route("/jobs", web::post().to(create))
         .route("/jobs/new", web::get().to(new))
         .route("/jobs/{id}", web::get().to(detail))
         .route("/jobs/{id}/status", web::get().to(status))
+        .route("/jobs/{id}/log.txt", web::get().to(log_download))
+        .route(
+            "/jobs/templates/{id}/delete",
+            web::post().to(delete_template),
+        )
         .route("/jobs/{id}/cancel", web::post().to(cancel))
         .route("/jobs/{id}/extend", web::post().to(extend));
 }
 
-#[derive(Template, WebTemplate)]
-#[template(path = "jobs.html")]
-struct JobsPage {
-    banner: Banner,
-    jobs: Vec<JobView>,
-}
-
-async fn list(
-    state: web::Data<AppState>,
-    session: Session,
-    user: CurrentUser,
-) -> Result<JobsPage, WebError> {
-    let banner = Banner::new(&state, &session, Some(&user));
-    let jobs = jobs::list(&state, &user, 200).await?;
-    Ok(JobsPage { banner, jobs })
-}
-
 /// The submit form's fields, as typed: kept on error so nothing the user wrote is lost.
-#[derive(Debug, Clone, Deserialize)]
+/// Saved as JSON in job templates (without the template's own fields).
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct JobForm {
     image: String,
     #[serde(default)]
@@ -74,6 +63,11 @@ pub struct JobForm {
     checkpoint_minutes: String,
     #[serde(default)]
     shm_mb: String,
+    /// "Save as template": the name, and the button (present when pressed).
+    #[serde(default, skip_serializing)]
+    template_name: String,
+    #[serde(default, skip_serializing)]
+    save_template: Option<String>,
 }
 
 impl Default for JobForm {
@@ -92,11 +86,72 @@ impl Default for JobForm {
             lab: String::new(),
             checkpoint_minutes: String::new(),
             shm_mb: String::new(),
+            template_name: String::new(),
+            save_template: None,
         }
     }
 }
 
+/// A number for a form field: no decimals when it has none.
+fn field_number(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        x.to_string()
+    }
+}
+
 impl JobForm {
+    /// The form filled from a stored job ("submit again"). A command the form wrapped in
+    /// `sh -c` comes back as typed; any other is joined, quoting words with spaces.
+    fn from_job(job: &crate::db::models::Job, lab: String) -> JobForm {
+        let cmd = &job.command.0;
+        let command = match cmd.as_slice() {
+            [sh, c, script] if sh == "sh" && c == "-c" => script.clone(),
+            words => words
+                .iter()
+                .map(|w| {
+                    if w.contains(char::is_whitespace) || w.is_empty() {
+                        format!("'{}'", w.replace('\'', "'\\''"))
+                    } else {
+                        w.clone()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        let gb = |mb: i64| field_number(mb as f64 / 1024.0);
+        JobForm {
+            image: job.image.clone(),
+            command,
+            env: job
+                .env
+                .0
+                .iter()
+                .map(|(k, v)| format!("{k}={v}\n"))
+                .collect(),
+            gpus: job.gpus.to_string(),
+            gpu_models: job.gpu_models.0.join(", "),
+            min_gpu_memory_gb: if job.min_gpu_memory_mb > 0 {
+                gb(job.min_gpu_memory_mb)
+            } else {
+                String::new()
+            },
+            cpus: field_number(job.cpus),
+            memory_gb: gb(job.memory_mb),
+            time_limit_minutes: (job.time_limit_s / 60).to_string(),
+            kind: job.kind.as_str().to_string(),
+            lab,
+            checkpoint_minutes: job
+                .checkpoint_interval_s
+                .map(|s| (s / 60).to_string())
+                .unwrap_or_default(),
+            shm_mb: job.shm_mb.map(|m| m.to_string()).unwrap_or_default(),
+            template_name: String::new(),
+            save_template: None,
+        }
+    }
+
     /// The form as an API request; the command runs through `sh -c`.
     fn to_request(&self) -> Result<JobRequest, AppError> {
         let mut env = BTreeMap::new();
@@ -149,18 +204,50 @@ struct NewJobPage {
     images: Vec<crate::service::images::ImageView>,
     error: Option<String>,
     error_field: String,
+    /// The user's saved templates: (id, name).
+    templates: Vec<(i64, String)>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NewQuery {
+    /// "Submit again": the job whose settings fill the form.
+    from: Option<i64>,
+    /// A saved template that fills the form.
+    template: Option<i64>,
 }
 
 async fn new(
     state: web::Data<AppState>,
     session: Session,
     user: CurrentUser,
+    query: web::Query<NewQuery>,
 ) -> Result<NewJobPage, WebError> {
+    let form = match (query.from, query.template) {
+        (_, Some(t)) => {
+            let saved = job_templates::get(&state, &user, t).await?;
+            let mut form: JobForm = serde_json::from_str(&saved.form)
+                .map_err(|e| AppError::Internal(anyhow::anyhow!("template {t}: {e}")))?;
+            form.template_name = saved.name;
+            form
+        }
+        (Some(id), None) => {
+            let job = jobs::stored(&state, &user, id).await?;
+            let lab = user
+                .labs
+                .iter()
+                .find(|(l, _)| l.id == job.lab_id)
+                .map(|(l, _)| l.slug.clone())
+                .unwrap_or_default();
+            JobForm::from_job(&job, lab)
+        }
+        (None, None) => JobForm::default(),
+    };
     Ok(NewJobPage {
         banner: Banner::new(&state, &session, Some(&user)),
         labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
         images: crate::service::images::for_form(&state, &user).await?,
-        form: JobForm::default(),
+        templates: template_names(&state, &user).await?,
+        form,
         error: None,
         error_field: String::new(),
     })
@@ -173,6 +260,20 @@ async fn create(
     form: CsrfForm<JobForm>,
 ) -> Result<HttpResponse, WebError> {
     let form = form.0;
+    if form.save_template.is_some() {
+        let json = serde_json::to_string(&form).map_err(|e| AppError::Internal(e.into()))?;
+        match job_templates::save(&state, &user, &form.template_name, json).await {
+            Ok(id) => {
+                return Ok(HttpResponse::SeeOther()
+                    .insert_header(("location", format!("/jobs/new?template={id}")))
+                    .finish())
+            }
+            Err(e @ AppError::Invalid { .. }) => {
+                return refused_form(&state, &session, &user, form, e).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     let outcome = match form.to_request() {
         Ok(req) => jobs::submit(&state, &user, req).await,
         Err(e) => Err(e),
@@ -181,28 +282,67 @@ async fn create(
         Ok(view) => Ok(HttpResponse::SeeOther()
             .insert_header(("location", format!("/jobs/{}", view.id)))
             .finish()),
-        Err(e @ AppError::Invalid { .. }) => {
-            let page = NewJobPage {
-                banner: Banner::new(&state, &session, Some(&user)),
-                labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
-                images: crate::service::images::for_form(&state, &user).await?,
-                error_field: e.field().unwrap_or_default().to_string(),
-                error: Some(e.to_string()),
-                form,
-            };
-            let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
-            Ok(HttpResponse::UnprocessableEntity()
-                .content_type("text/html; charset=utf-8")
-                .body(body))
-        }
+        Err(e @ AppError::Invalid { .. }) => refused_form(&state, &session, &user, form, e).await,
         Err(e) => Err(e.into()),
     }
+}
+
+/// The form again with what was typed and the refusal beside its field (422).
+async fn refused_form(
+    state: &AppState,
+    session: &Session,
+    user: &CurrentUser,
+    form: JobForm,
+    e: AppError,
+) -> Result<HttpResponse, WebError> {
+    let page = NewJobPage {
+        banner: Banner::new(state, session, Some(user)),
+        labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
+        images: crate::service::images::for_form(state, user).await?,
+        templates: template_names(state, user).await?,
+        error_field: e.field().unwrap_or_default().to_string(),
+        error: Some(e.to_string()),
+        form,
+    };
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::UnprocessableEntity()
+        .content_type("text/html; charset=utf-8")
+        .body(body))
+}
+
+async fn template_names(
+    state: &AppState,
+    user: &CurrentUser,
+) -> Result<Vec<(i64, String)>, WebError> {
+    Ok(job_templates::list(state, user)
+        .await?
+        .into_iter()
+        .map(|t| (t.id, t.name))
+        .collect())
+}
+
+/// Deletes one of the user's templates.
+async fn delete_template(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    _form: CsrfForm<NoFields>,
+) -> Result<HttpResponse, WebError> {
+    job_templates::delete(&state, &user, id.into_inner()).await?;
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("location", "/jobs/new"))
+        .finish())
 }
 
 /// What the live part of the job page shows.
 struct StatusData {
     job: JobView,
-    events: Vec<JobEvent>,
+    /// The history, each entry with its time as people read it.
+    events: Vec<(JobEvent, When)>,
+    /// Submitted, started, finished: the ones the job has.
+    times: Vec<(&'static str, When)>,
+    /// While waiting: when it should start, or "unknown".
+    estimated: Option<String>,
     logs: String,
     active: bool,
     csrf: String,
@@ -278,9 +418,31 @@ async fn load_status(
     let csrf = crate::auth::csrf_token(session);
     let (job, events, logs) = jobs::detail(state, &user, id, PAGE_LOG_TAIL).await?;
     let active = !job.state.is_final();
+    let now = crate::db::now();
+    let offset = state.config.policy.utc_offset_s;
+    let when = |t| When::new(t, now, offset);
+    let times = [
+        ("Submitted", Some(job.created_at)),
+        ("Started", job.started_at),
+        ("Finished", job.finished_at),
+    ]
+    .into_iter()
+    .filter_map(|(label, t)| t.map(|t| (label, when(t))))
+    .collect();
     Ok(StatusData {
+        estimated: job.estimated_start_at.map(|e| match e {
+            Some(t) => format!("{} ({})", human::ago(t, now), human::at(t, offset)),
+            None => "unknown".to_string(),
+        }),
+        times,
+        events: events
+            .into_iter()
+            .map(|e| {
+                let w = when(e.at);
+                (e, w)
+            })
+            .collect(),
         job,
-        events,
         logs,
         active,
         csrf,
@@ -314,6 +476,23 @@ async fn status(
 ) -> Result<JobStatus, WebError> {
     let status = load_status(&state, &session, user, id.into_inner()).await?;
     Ok(JobStatus { status })
+}
+
+/// All of the job's output as a file.
+async fn log_download(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, WebError> {
+    let id = id.into_inner();
+    let text = jobs::logs(&state, &user, id).await?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .insert_header((
+            "content-disposition",
+            format!("attachment; filename=\"job-{id}.log\""),
+        ))
+        .body(text))
 }
 
 async fn cancel(

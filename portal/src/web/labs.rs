@@ -42,7 +42,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/labs/{slug}/members/{username}/quota",
             web::post().to(post_member_quota),
-        );
+        )
+        .route(
+            "/labs/{slug}/member-quotas",
+            web::post().to(post_member_quotas),
+        )
+        .route("/labs/{slug}/usage.csv", web::get().to(usage_csv));
 }
 
 #[derive(Template, WebTemplate)]
@@ -59,9 +64,41 @@ struct LabAdminPage {
     member_default: Quota,
     /// The grace period a node without its own gets.
     default_grace_s: u32,
+    /// The usage chart (inline SVG) and its legend.
+    chart: String,
+    legend: Vec<(&'static str, &'static str)>,
     /// A just-made enrolment token and the command that uses it (shown once).
     enrol: Option<(String, String)>,
     error: Option<String>,
+}
+
+impl LabAdminPage {
+    /// Hours as people read them.
+    fn hours(&self, h: &f64) -> String {
+        super::human::hours(*h)
+    }
+
+    /// A member's GPUs in use against their limit (their own, else the lab default).
+    fn gpu_use(&self, m: &MemberRow) -> super::charts::UseBar {
+        let limit = m.quota.max_gpus.or(self.member_default.max_gpus);
+        super::charts::UseBar::new(
+            format!("{} in use", m.gpus_now),
+            m.gpus_now as f64,
+            limit.map(f64::from),
+            |l| format!("of {l:.0}"),
+        )
+    }
+
+    /// A member's GPU-hours over 7 days against their limit.
+    fn hours_use(&self, m: &MemberRow) -> super::charts::UseBar {
+        let limit = m.quota.max_gpu_hours.or(self.member_default.max_gpu_hours);
+        super::charts::UseBar::new(
+            format!("{} used", super::human::hours(m.gpu_hours)),
+            m.gpu_hours,
+            limit,
+            |l| format!("of {l} h"),
+        )
+    }
 }
 
 #[derive(Template, WebTemplate)]
@@ -108,6 +145,8 @@ async fn load(
         nodes: console.nodes,
         members: console.members,
         audit: console.audit,
+        chart: super::charts::usage_svg(&console.usage.weeks),
+        legend: super::charts::usage_legend(),
         usage: console.usage,
         default_grace_s: state.config.policy.default_grace_s,
         enrol: None,
@@ -383,4 +422,95 @@ async fn post_enrol_token(
         .content_type("text/html; charset=utf-8")
         .insert_header(("cache-control", "no-store"))
         .body(body))
+}
+
+/// The members table's one Save: fields `max_gpus:USER`, `max_gpu_hours:USER`,
+/// `max_job_minutes:USER` for each member shown.
+async fn post_member_quotas(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    slug: web::Path<String>,
+    form: CsrfForm<std::collections::BTreeMap<String, String>>,
+) -> Result<HttpResponse, WebError> {
+    let slug = slug.into_inner();
+    let result = match member_quota_requests(&form.0) {
+        Ok(reqs) => policy::set_member_quotas(&state, &user, slug.clone(), reqs)
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    outcome(&state, &session, user, slug, result).await
+}
+
+/// The members' quota requests from the table's fields; a field of another name, or
+/// a number that is none, is refused naming it.
+fn member_quota_requests(
+    fields: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<(String, QuotaRequest)>, AppError> {
+    let mut by_member: std::collections::BTreeMap<&str, QuotaForm> = Default::default();
+    for (name, value) in fields {
+        let (field, member) = name
+            .split_once(':')
+            .filter(|(_, m)| !m.is_empty())
+            .ok_or_else(|| AppError::invalid(name, "not a field of the members table"))?;
+        let q = by_member.entry(member).or_insert_with(|| QuotaForm {
+            max_gpus: String::new(),
+            max_gpu_hours: String::new(),
+            max_job_minutes: String::new(),
+        });
+        match field {
+            "max_gpus" => q.max_gpus = value.clone(),
+            "max_gpu_hours" => q.max_gpu_hours = value.clone(),
+            "max_job_minutes" => q.max_job_minutes = value.clone(),
+            _ => return Err(AppError::invalid(name, "not a field of the members table")),
+        }
+    }
+    by_member
+        .into_iter()
+        .map(|(member, q)| {
+            let req = QuotaRequest {
+                max_gpus: optional(&format!("max_gpus:{member}"), &q.max_gpus)?,
+                max_gpu_hours: optional(&format!("max_gpu_hours:{member}"), &q.max_gpu_hours)?,
+                max_job_minutes: optional(
+                    &format!("max_job_minutes:{member}"),
+                    &q.max_job_minutes,
+                )?,
+            };
+            Ok((member.to_string(), req))
+        })
+        .collect()
+}
+
+/// The lab's GPU-hours by week as CSV, for accounting: `week_start,account,gpu_hours`
+/// where the account is `used`, `borrowed`, `lent` or `member:USERNAME`.
+async fn usage_csv(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    slug: web::Path<String>,
+) -> Result<HttpResponse, WebError> {
+    let slug = slug.into_inner();
+    let name = slug.clone();
+    let usage = state
+        .db
+        .run(move |c| labs::usage(c, &user, &slug, 26))
+        .await?;
+    let mut csv = String::from("week_start,account,gpu_hours\n");
+    for w in usage.weeks.iter().rev() {
+        for (account, v) in [("used", w.used), ("borrowed", w.borrowed), ("lent", w.lent)] {
+            csv.push_str(&format!("{},{account},{v:.3}\n", w.week));
+        }
+    }
+    for (member, hours) in &usage.members {
+        for (w, h) in usage.weeks.iter().zip(hours).rev() {
+            csv.push_str(&format!("{},member:{member},{h:.3}\n", w.week));
+        }
+    }
+    Ok(HttpResponse::Ok()
+        .content_type("text/csv; charset=utf-8")
+        .insert_header((
+            "content-disposition",
+            format!("attachment; filename=\"{name}-usage.csv\""),
+        ))
+        .body(csv))
 }

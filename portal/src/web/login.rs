@@ -29,14 +29,14 @@ pub(super) fn return_after_login(session: &Session, path: &str) {
 }
 
 /// Where to go after a login: the path kept by [`return_after_login`] (only a local one:
-/// `/x`, never `//host` or a URL), else the jobs. Read before `log_in`, which clears the
-/// session.
+/// `/x`, never `//host` or a URL), else the home page. Read before `log_in`, which clears the
+/// session. The home page is the campus overview.
 fn after_login(session: &Session) -> String {
     session
         .remove_as::<String>(SESSION_AFTER_LOGIN)
         .and_then(Result::ok)
         .filter(|p| p.starts_with('/') && !p.starts_with("//") && !p.contains('\\'))
-        .unwrap_or_else(|| "/jobs".to_string())
+        .unwrap_or_else(|| "/".to_string())
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {

@@ -1,12 +1,16 @@
 //! The HTML UI: askama pages, each handler beside the view it renders.
 
 pub mod assets;
+mod charts;
 mod cli_login;
+pub mod human;
 mod images;
+mod job_list;
 mod jobs;
 mod labs;
 mod login;
 mod nodes;
+mod overview;
 mod ssh_keys;
 mod tokens;
 
@@ -21,11 +25,12 @@ use actix_web::{web, FromRequest, HttpResponse};
 use askama::Template;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", web::get().to(index))
+    cfg.configure(overview::configure)
         .configure(assets::configure)
         .configure(login::configure)
         .configure(cli_login::configure)
         .configure(images::configure)
+        .configure(job_list::configure)
         .configure(jobs::configure)
         .configure(labs::configure)
         .configure(nodes::configure)
@@ -124,9 +129,10 @@ pub(crate) fn optional<T: std::str::FromStr>(
     }
 }
 
-async fn index(user: Option<CurrentUser>) -> HttpResponse {
-    let to = if user.is_some() { "/jobs" } else { "/login" };
-    HttpResponse::SeeOther()
-        .insert_header(("location", to))
-        .finish()
+/// A page as a 200 HTML response.
+pub(crate) fn html(page: &impl Template) -> Result<HttpResponse, crate::error::WebError> {
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(body))
 }

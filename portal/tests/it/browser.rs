@@ -30,6 +30,8 @@ const CHROMIUM_ARGS: &[&str] = &[
 
 pub struct Browser {
     pub client: fantoccini::Client,
+    /// chromedriver's base URL (for the commands fantoccini does not wrap).
+    webdriver: String,
     chromedriver: Child,
     profile: tempfile::TempDir,
 }
@@ -109,6 +111,11 @@ impl Browser {
             "goog:chromeOptions".into(),
             serde_json::json!({ "args": args }),
         );
+        // Keeps the page's console messages for `console_errors`.
+        caps.insert(
+            "goog:loggingPrefs".into(),
+            serde_json::json!({ "browser": "ALL" }),
+        );
         // Both of rustls' crypto providers are compiled in here (ring from reqwest,
         // aws-lc-rs from hyper-rustls): without a process-wide choice it panics.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -125,6 +132,7 @@ impl Browser {
             });
         Browser {
             client,
+            webdriver,
             chromedriver: guard.0.take().unwrap(),
             profile,
         }
@@ -220,6 +228,34 @@ impl Browser {
             Ok(v) => v.as_str().unwrap_or_default().to_string(),
             Err(e) => format!("(no page text: {e})"),
         }
+    }
+
+    /// The console messages of level SEVERE (script errors, refused resources, failed
+    /// loads) since the last call, through chromedriver's log endpoint.
+    #[allow(dead_code)]
+    pub async fn console_errors(&self) -> Vec<String> {
+        let id = self
+            .client
+            .session_id()
+            .await
+            .unwrap()
+            .expect("a WebDriver session");
+        let r: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/session/{id}/se/log", self.webdriver))
+            .json(&serde_json::json!({ "type": "browser" }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["value"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no console log from chromedriver: {r}"))
+            .iter()
+            .filter(|e| e["level"] == "SEVERE")
+            .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+            .collect()
     }
 
     /// Ends the WebDriver session (Chromium quits), then stops chromedriver.

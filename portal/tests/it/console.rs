@@ -127,7 +127,7 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
             .await
             .unwrap();
         assert!(
-            page.contains(r#"name="max_gpu_hours" value="100""#),
+            page.contains(r#"name="max_gpu_hours:alice" value="100""#),
             "[{backend:?}] saved member quota shown"
         );
 

@@ -116,11 +116,11 @@ async fn a_role_change_keeps_the_members_quota() {
             .unwrap();
         assert_eq!(r.status(), 303);
         let html = page(&carol, &admin).await;
-        let row = &html[html.find("/labs/vision/members/alice/quota").unwrap()..];
-        let row = &row[..row.find("</form>").unwrap()];
+        let row = &html[html.find("data-member=\"alice\"").unwrap()..];
+        let row = &row[..row.find("</tr>").unwrap()];
         assert!(
-            row.contains(r#"name="max_gpu_hours" value="100""#)
-                && row.contains(r#"name="max_gpus" value="2""#),
+            row.contains(r#"name="max_gpu_hours:alice" value="100""#)
+                && row.contains(r#"name="max_gpus:alice" value="2""#),
             "[{backend:?}] alice's own quota survived her promotion: {row}"
         );
         let r = carol

@@ -30,6 +30,8 @@ mod migrations;
 mod observability;
 mod oidc_provider;
 mod owner;
+mod pages;
+mod pages_browser;
 mod policy;
 mod provider_smoke;
 mod security;

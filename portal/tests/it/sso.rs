@@ -101,7 +101,7 @@ async fn browser_login(p: &TestPortal, b: &Browser, login: &str) {
         .await
         .unwrap();
     b.login_at_provider(login, &format!("{login}-pw")).await;
-    wait_url(b, "/jobs").await;
+    wait_url(b, "/").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +114,7 @@ async fn sso_login_creates_users_and_memberships_from_groups() {
         browser_login(&p, &b, "dana").await;
         let page = b.client.source().await.unwrap();
         assert!(
-            page.contains("dana") && page.contains("My jobs"),
+            page.contains("dana") && page.contains("Campus overview"),
             "[{backend:?}]"
         );
         assert!(!page.contains("INSECURE"), "no dev-login banner with SSO");

@@ -1,0 +1,498 @@
+//! The campus overview: every GPU right now (used by its owners, lent to a guest, idle
+//! and lendable, withheld or offline), the queue by lab, and the typical wait. One read
+//! model for the home page and `GET /api/v1/overview`, so the two always agree.
+//!
+//! Invariants:
+//! - Every present GPU of every enrolled server is in exactly one state, and the counts
+//!   are the number of cells in each state (the map and the numbers cannot differ).
+//! - A GPU an active attempt holds is the owner's or a guest's whatever else is true of
+//!   it (its job runs there as far as the portal knows).
+//! - The viewer's labs come first (labs they administer, then labs they belong to), then
+//!   the others by slug.
+
+use super::Actor;
+use crate::db::models::{Gpu, Lab, Node};
+use crate::db::overview::Holder;
+use crate::db::{self, DbConn};
+use crate::error::AppError;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The state of one GPU now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CellState {
+    /// Its lab's job, or its lab using it directly.
+    Owner,
+    /// Another lab's job.
+    Guest,
+    /// Idle, and the lending rules lend it now.
+    Lendable,
+    /// Idle but not lent: the rules, a reclaim, a drain or a fault keep it back.
+    Withheld,
+    /// Its server is offline.
+    Offline,
+}
+
+impl CellState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CellState::Owner => "owner",
+            CellState::Guest => "guest",
+            CellState::Lendable => "lendable",
+            CellState::Withheld => "withheld",
+            CellState::Offline => "offline",
+        }
+    }
+
+    /// In words, for legends and titles.
+    pub fn label(self) -> &'static str {
+        match self {
+            CellState::Owner => "used by its owners",
+            CellState::Guest => "lent to a guest",
+            CellState::Lendable => "idle and lendable",
+            CellState::Withheld => "withheld",
+            CellState::Offline => "offline",
+        }
+    }
+}
+
+/// GPUs by state. `withheld` counts offline GPUs too (`offline` says how many of them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct GpuCounts {
+    pub total: u32,
+    pub owner: u32,
+    pub guest: u32,
+    pub lendable: u32,
+    pub withheld: u32,
+    pub offline: u32,
+}
+
+impl GpuCounts {
+    fn add(&mut self, s: CellState) {
+        self.total += 1;
+        match s {
+            CellState::Owner => self.owner += 1,
+            CellState::Guest => self.guest += 1,
+            CellState::Lendable => self.lendable += 1,
+            CellState::Withheld => self.withheld += 1,
+            CellState::Offline => {
+                self.withheld += 1;
+                self.offline += 1
+            }
+        }
+    }
+}
+
+/// One GPU on the map.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub index: i32,
+    pub model: String,
+    pub memory_gb: i64,
+    pub state: CellState,
+    pub utilization_pct: i32,
+    /// The job holding it, its lab and user.
+    pub job: Option<i64>,
+    pub job_lab: Option<String>,
+    pub user: Option<String>,
+    /// Why it is in this state, in words.
+    pub why: String,
+}
+
+impl Cell {
+    /// The cell's tooltip: everything the map knows of the GPU.
+    pub fn title(&self) -> String {
+        let mut t = format!(
+            "GPU {} · {} {} GB · {}",
+            self.index,
+            self.model,
+            self.memory_gb,
+            self.state.label()
+        );
+        if let (Some(job), Some(lab), Some(user)) = (self.job, &self.job_lab, &self.user) {
+            t.push_str(&format!(" · job-{job} of {user} (lab {lab})"));
+        }
+        if self.state != CellState::Offline {
+            t.push_str(&format!(" · {}% busy", self.utilization_pct));
+        }
+        if !self.why.is_empty() {
+            t.push_str(&format!(" · {}", self.why));
+        }
+        t
+    }
+}
+
+/// One server on the map.
+#[derive(Debug, Clone, Serialize)]
+pub struct Server {
+    pub id: i64,
+    pub name: String,
+    pub lab: String,
+    pub online: bool,
+    pub cells: Vec<Cell>,
+}
+
+/// One lab's line: its servers' GPUs and its waiting jobs.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LabLine {
+    pub lab: String,
+    /// The GPUs of the lab's own servers.
+    pub gpus: GpuCounts,
+    /// Jobs of the lab waiting, and the GPUs they ask for.
+    pub waiting: u32,
+    pub waiting_gpus: u32,
+    /// How long the lab's oldest waiting job has waited (seconds).
+    pub oldest_wait_s: Option<i64>,
+    /// One of the viewer's labs.
+    pub mine: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    pub gpus: GpuCounts,
+    pub waiting: u32,
+    pub waiting_gpus: u32,
+    /// The median wait of jobs that first started in the last 7 days (seconds).
+    pub typical_wait_s: Option<i64>,
+    /// How many jobs that median is over.
+    pub started_last_7_days: u32,
+    pub labs: Vec<LabLine>,
+    pub servers: Vec<Server>,
+    /// The viewer's own use in each of their labs, against their quotas.
+    pub my_use: Vec<MyUse>,
+}
+
+/// The viewer's use of one lab's account against their member quota (their own, else
+/// the lab's default for members).
+#[derive(Debug, Clone, Serialize)]
+pub struct MyUse {
+    pub lab: String,
+    pub gpus_now: u32,
+    pub max_gpus: Option<u32>,
+    /// GPU-hours over the quota period (the last 7 days).
+    pub gpu_hours: f64,
+    pub max_gpu_hours: Option<f64>,
+}
+
+/// The viewer's use in each of their labs.
+fn my_use(c: &mut DbConn, actor: &Actor) -> Result<Vec<MyUse>, AppError> {
+    let now = db::now();
+    let mut out = Vec::new();
+    for (lab, _) in &actor.labs {
+        let used = db::usage::member_use(c, lab.id, now, db::snapshot::QUOTA_PERIOD_S)?;
+        let (gpus_now, gpu_hours) = used.get(&actor.user.username).copied().unwrap_or_default();
+        let own = db::users::membership(c, lab.id, actor.user.id)?
+            .map(|m| m.quota.0)
+            .unwrap_or_default();
+        let quota = if own == commons_sched::Quota::default() {
+            lab.member_quota.0.clone()
+        } else {
+            own
+        };
+        out.push(MyUse {
+            lab: lab.slug.clone(),
+            gpus_now,
+            max_gpus: quota.max_gpus,
+            gpu_hours,
+            max_gpu_hours: quota.max_gpu_hours,
+        });
+    }
+    Ok(out)
+}
+
+/// What the classification needs of a server.
+struct ServerFacts {
+    lab: i64,
+    online: bool,
+    draining: bool,
+    reclaim: bool,
+    lends_now: bool,
+    max_lent: Option<u32>,
+}
+
+/// The state of one GPU that no attempt holds, and why. `lent` is how many GPUs of the
+/// server guests hold now.
+fn idle_state(s: &ServerFacts, g: &Gpu, lent: u32) -> (CellState, String) {
+    if !s.online {
+        (CellState::Offline, "the server is offline".into())
+    } else if let Some(f) = &g.fault {
+        (CellState::Withheld, format!("faulty: {f}"))
+    } else if g.local_use {
+        (CellState::Owner, "the owners use it directly".into())
+    } else if s.reclaim {
+        (CellState::Withheld, "the owners took every GPU back".into())
+    } else if s.draining {
+        (CellState::Withheld, "the server is drained".into())
+    } else if !s.lends_now {
+        (
+            CellState::Withheld,
+            "the lending rules do not lend now".into(),
+        )
+    } else if s.max_lent.is_some_and(|m| lent >= m) {
+        (
+            CellState::Withheld,
+            format!(
+                "the server lends at most {} GPUs at once",
+                s.max_lent.unwrap_or(0)
+            ),
+        )
+    } else {
+        (CellState::Lendable, String::new())
+    }
+}
+
+/// Median of `values` (the lower middle one of an even count).
+fn median(mut values: Vec<i64>) -> Option<i64> {
+    values.sort_unstable();
+    values.get(values.len().saturating_sub(1) / 2).copied()
+}
+
+/// The overview as `actor` sees it (everyone sees the whole campus; the viewer's labs
+/// come first).
+pub fn overview(c: &mut DbConn, actor: &Actor, utc_offset_s: i32) -> Result<Overview, AppError> {
+    let servers = db::nodes::list_with_gpus(c)?;
+    let holders = db::overview::holders(c)?;
+    let waiting = db::overview::waiting(c)?;
+    let now = db::now();
+    let starts = db::overview::recent_starts(c, now - chrono::Duration::days(7))?;
+    let labs = db::users::all_lab_slugs(c)?;
+    let mine = my_use(c, actor)?;
+    Ok(build(
+        actor,
+        servers,
+        &holders,
+        &waiting,
+        &starts,
+        &labs,
+        now,
+        utc_offset_s,
+        mine,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build(
+    actor: &Actor,
+    servers: Vec<(Node, Lab, Vec<Gpu>)>,
+    holders: &[Holder],
+    waiting: &[db::overview::Waiting],
+    starts: &[(chrono::NaiveDateTime, chrono::NaiveDateTime)],
+    labs: &[(i64, String)],
+    now: chrono::NaiveDateTime,
+    utc_offset_s: i32,
+    my_use: Vec<MyUse>,
+) -> Overview {
+    let now_s = now.and_utc().timestamp();
+    let slug = |id: i64| {
+        labs.iter()
+            .find(|(l, _)| *l == id)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_default()
+    };
+    let held: BTreeMap<i64, &Holder> = holders
+        .iter()
+        .flat_map(|h| h.attempt.gpu_ids.0.iter().map(move |g| (*g, h)))
+        .collect();
+    let mut lines: BTreeMap<i64, LabLine> = BTreeMap::new();
+    let mut total = GpuCounts::default();
+    let mut map = Vec::new();
+    for (node, lab, gpus) in servers {
+        let rules = node.lending_rules();
+        let facts = ServerFacts {
+            lab: lab.id,
+            online: node.online,
+            draining: node.draining,
+            reclaim: node.reclaim,
+            lends_now: rules
+                .lend_until(now_s, utc_offset_s)
+                .is_some_and(|u| u > now_s),
+            max_lent: rules.max_lent_gpus,
+        };
+        let lent = gpus
+            .iter()
+            .filter(|g| held.get(&g.id).is_some_and(|h| h.job_lab != facts.lab))
+            .count() as u32;
+        let line = lines.entry(lab.id).or_default();
+        let cells: Vec<Cell> = gpus
+            .into_iter()
+            .map(|g| {
+                let (state, why, job) = match held.get(&g.id) {
+                    Some(h) if h.job_lab == facts.lab => {
+                        (CellState::Owner, String::new(), Some(*h))
+                    }
+                    Some(h) => (CellState::Guest, String::new(), Some(*h)),
+                    None => {
+                        let (s, why) = idle_state(&facts, &g, lent);
+                        (s, why, None)
+                    }
+                };
+                total.add(state);
+                line.gpus.add(state);
+                Cell {
+                    index: g.idx,
+                    memory_gb: g.memory_mb / 1024,
+                    model: g.model,
+                    state,
+                    utilization_pct: g.utilization_pct,
+                    job: job.map(|h| h.attempt.job_id),
+                    job_lab: job.map(|h| slug(h.job_lab)),
+                    user: job.map(|h| h.username.clone()),
+                    why,
+                }
+            })
+            .collect();
+        map.push((
+            lab.id,
+            Server {
+                id: node.id,
+                name: node.name,
+                lab: lab.slug,
+                online: node.online,
+                cells,
+            },
+        ));
+    }
+    let (mut n_waiting, mut n_gpus) = (0, 0);
+    for w in waiting {
+        let line = lines.entry(w.lab_id).or_default();
+        line.waiting += 1;
+        line.waiting_gpus += w.gpus.max(0) as u32;
+        let waited = (now - w.created_at).num_seconds().max(0);
+        line.oldest_wait_s = Some(line.oldest_wait_s.unwrap_or(0).max(waited));
+        n_waiting += 1;
+        n_gpus += w.gpus.max(0) as u32;
+    }
+    // The viewer's labs first: administered, then member of, then the rest.
+    let rank = |lab: i64| {
+        if actor
+            .labs
+            .iter()
+            .any(|(l, r)| l.id == lab && *r == crate::db::models::Role::Admin)
+        {
+            0
+        } else if actor.labs.iter().any(|(l, _)| l.id == lab) {
+            1
+        } else {
+            2
+        }
+    };
+    let mut labs_out: Vec<(u8, LabLine)> = lines
+        .into_iter()
+        .map(|(id, mut l)| {
+            l.lab = slug(id);
+            l.mine = rank(id) < 2;
+            (rank(id), l)
+        })
+        .collect();
+    labs_out.sort_by(|a, b| (a.0, &a.1.lab).cmp(&(b.0, &b.1.lab)));
+    map.sort_by(|a, b| (rank(a.0), &a.1.lab, &a.1.name).cmp(&(rank(b.0), &b.1.lab, &b.1.name)));
+    let waits: Vec<i64> = starts
+        .iter()
+        .map(|(created, started)| (*started - *created).num_seconds().max(0))
+        .collect();
+    Overview {
+        gpus: total,
+        waiting: n_waiting,
+        waiting_gpus: n_gpus,
+        started_last_7_days: waits.len() as u32,
+        typical_wait_s: median(waits),
+        labs: labs_out.into_iter().map(|(_, l)| l).collect(),
+        servers: map.into_iter().map(|(_, s)| s).collect(),
+        my_use,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(id: i64) -> Gpu {
+        Gpu {
+            id,
+            node_id: 1,
+            uuid: format!("GPU-{id}"),
+            idx: id as i32,
+            model: "A100".into(),
+            memory_mb: 81920,
+            is_fake: true,
+            present: true,
+            local_use: false,
+            utilization_pct: 0,
+            idle_since: None,
+            fault: None,
+        }
+    }
+
+    fn facts() -> ServerFacts {
+        ServerFacts {
+            lab: 1,
+            online: true,
+            draining: false,
+            reclaim: false,
+            lends_now: true,
+            max_lent: None,
+        }
+    }
+
+    #[test]
+    fn an_idle_gpu_is_lendable_only_when_nothing_keeps_it_back() {
+        assert_eq!(idle_state(&facts(), &gpu(1), 0).0, CellState::Lendable);
+        let offline = ServerFacts {
+            online: false,
+            ..facts()
+        };
+        assert_eq!(idle_state(&offline, &gpu(1), 0).0, CellState::Offline);
+        let mut local = gpu(1);
+        local.local_use = true;
+        assert_eq!(idle_state(&facts(), &local, 0).0, CellState::Owner);
+        for s in [
+            ServerFacts {
+                reclaim: true,
+                ..facts()
+            },
+            ServerFacts {
+                draining: true,
+                ..facts()
+            },
+            ServerFacts {
+                lends_now: false,
+                ..facts()
+            },
+            ServerFacts {
+                max_lent: Some(1),
+                ..facts()
+            },
+        ] {
+            let (state, why) = idle_state(&s, &gpu(1), 1);
+            assert_eq!(state, CellState::Withheld, "{why}");
+            assert!(!why.is_empty());
+        }
+        let mut faulty = gpu(1);
+        faulty.fault = Some("Xid 79".into());
+        assert!(idle_state(&facts(), &faulty, 0).1.contains("Xid 79"));
+    }
+
+    #[test]
+    fn counts_add_up_and_offline_is_withheld_too() {
+        let mut c = GpuCounts::default();
+        for s in [
+            CellState::Owner,
+            CellState::Guest,
+            CellState::Lendable,
+            CellState::Withheld,
+            CellState::Offline,
+        ] {
+            c.add(s);
+        }
+        assert_eq!(c.total, c.owner + c.guest + c.lendable + c.withheld);
+        assert_eq!((c.withheld, c.offline), (2, 1));
+    }
+
+    #[test]
+    fn the_median_wait() {
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![30, 10, 20]), Some(20));
+        assert_eq!(median(vec![40, 10, 20, 30]), Some(20));
+    }
+}

@@ -1,0 +1,221 @@
+//! The jobs list: scope (mine, a lab's for its admins, all for operators), filters by
+//! state, lab and kind, search by image or command, order, pages. A plain GET form, so
+//! every view of the list is a link.
+
+use super::human::{self, When};
+use super::Banner;
+use crate::auth::CurrentUser;
+use crate::error::WebError;
+use crate::service::job_list::{self, JobList, ListQuery, Scope};
+use crate::service::jobs::LabJobView;
+use crate::state::AppState;
+use actix_session::Session;
+use actix_web::{web, HttpResponse};
+use askama::Template;
+use serde::Deserialize;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/jobs", web::get().to(list));
+}
+
+/// The filter form's fields as typed (all optional).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ListForm {
+    scope: String,
+    state: String,
+    lab: String,
+    kind: String,
+    q: String,
+    sort: String,
+    page: String,
+}
+
+impl ListForm {
+    /// This list's link with `sort` and `page` changed (empty fields left out).
+    fn link(&self, sort: &str, page: i64) -> String {
+        let mut s = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [
+            ("scope", self.scope.as_str()),
+            ("state", &self.state),
+            ("lab", &self.lab),
+            ("kind", &self.kind),
+            ("q", &self.q),
+            ("sort", sort),
+        ] {
+            if !v.trim().is_empty() {
+                s.append_pair(k, v.trim());
+            }
+        }
+        if page > 1 {
+            s.append_pair("page", &page.to_string());
+        }
+        format!("/jobs?{}", s.finish())
+    }
+}
+
+/// One row as shown.
+struct Row {
+    v: LabJobView,
+    submitted: When,
+    /// While waiting: when it should start ("in 12 min (…)", or "unknown").
+    estimated: Option<String>,
+}
+
+/// A choice of scope above the list.
+struct ScopeLink {
+    href: String,
+    label: String,
+    current: bool,
+}
+
+/// An option of a filter's select.
+struct Choice {
+    value: String,
+    label: String,
+    selected: bool,
+}
+
+impl Choice {
+    fn list<'a>(options: impl IntoIterator<Item = (&'a str, &'a str)>, typed: &str) -> Vec<Choice> {
+        options
+            .into_iter()
+            .map(|(value, label)| Choice {
+                selected: typed.trim() == value,
+                value: value.to_string(),
+                label: label.to_string(),
+            })
+            .collect()
+    }
+}
+
+/// The state filter's choices.
+const STATES: [(&str, &str); 7] = [
+    ("active", "waiting or running"),
+    ("queued", "queued"),
+    ("running", "running"),
+    ("finished", "finished"),
+    ("succeeded", "succeeded"),
+    ("failed", "failed"),
+    ("cancelled", "cancelled"),
+];
+
+/// A sortable column's header link.
+struct SortLink {
+    href: String,
+    label: &'static str,
+    current: bool,
+}
+
+#[derive(Template)]
+#[template(path = "jobs.html")]
+struct JobsPage {
+    banner: Banner,
+    form: ListForm,
+    list: JobList,
+    rows: Vec<Row>,
+    scopes: Vec<ScopeLink>,
+    sorts: Vec<SortLink>,
+    state_choices: Vec<Choice>,
+    lab_choices: Vec<Choice>,
+    prev: Option<String>,
+    next: Option<String>,
+    /// The list shows other people's jobs (a user column).
+    others: bool,
+    heading: String,
+}
+
+async fn list(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+    form: web::Query<ListForm>,
+) -> Result<HttpResponse, WebError> {
+    let form = form.into_inner();
+    let banner = Banner::new(&state, &session, Some(&user));
+    let query = ListQuery {
+        scope: form.scope.clone(),
+        state: form.state.clone(),
+        lab: form.lab.clone(),
+        kind: form.kind.clone(),
+        q: form.q.clone(),
+        sort: form.sort.clone(),
+        page: form.page.clone(),
+    };
+    let list = job_list::list(&state, &user, query).await?;
+    let now = crate::db::now();
+    let offset = state.config.policy.utc_offset_s;
+    let rows = list
+        .jobs
+        .iter()
+        .map(|v| Row {
+            submitted: When::new(v.job.created_at, now, offset),
+            estimated: v.job.estimated_start_at.map(|e| match e {
+                Some(t) => format!("{} ({})", human::ago(t, now), human::at(t, offset)),
+                None => "unknown".to_string(),
+            }),
+            v: v.clone(),
+        })
+        .collect();
+    let mut scopes = vec![ScopeLink {
+        href: "/jobs".into(),
+        label: "My jobs".into(),
+        current: list.scope == Scope::Mine,
+    }];
+    for l in &banner.admin_labs {
+        let scope = Scope::Lab(l.clone());
+        scopes.push(ScopeLink {
+            href: format!("/jobs?scope={}", scope.as_param()),
+            label: format!("Lab {l}"),
+            current: list.scope == scope,
+        });
+    }
+    if banner.operator {
+        scopes.push(ScopeLink {
+            href: "/jobs?scope=all".into(),
+            label: "All jobs".into(),
+            current: list.scope == Scope::All,
+        });
+    }
+    let current_sort = if form.sort.is_empty() {
+        "newest"
+    } else {
+        form.sort.as_str()
+    };
+    let sorts = [
+        ("newest", "Newest"),
+        ("oldest", "Oldest"),
+        ("state", "State"),
+        ("gpus", "Most GPUs"),
+    ]
+    .into_iter()
+    .map(|(key, label)| SortLink {
+        href: form.link(key, 1),
+        label,
+        current: current_sort == key,
+    })
+    .collect();
+    let sort = form.sort.clone();
+    let page = JobsPage {
+        prev: (list.page > 1).then(|| form.link(&sort, list.page - 1)),
+        next: (list.page < list.pages).then(|| form.link(&sort, list.page + 1)),
+        others: list.scope != Scope::Mine,
+        heading: match &list.scope {
+            Scope::Mine => "My jobs".into(),
+            Scope::Lab(l) => format!("Jobs of lab {l}"),
+            Scope::All => "All jobs".into(),
+        },
+        state_choices: Choice::list(STATES, &form.state),
+        lab_choices: Choice::list(
+            list.labs.iter().map(|l| (l.as_str(), l.as_str())),
+            &form.lab,
+        ),
+        banner,
+        form,
+        rows,
+        scopes,
+        sorts,
+        list,
+    };
+    super::html(&page)
+}
