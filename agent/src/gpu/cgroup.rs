@@ -30,9 +30,7 @@ const SCOPE_PREFIXES: [&str; 4] = ["docker-", "libpod-", "cri-containerd-", "cri
 
 fn segment_id(segment: &str) -> Option<String> {
     let id = match segment.strip_suffix(".scope") {
-        Some(unit) => SCOPE_PREFIXES
-            .iter()
-            .find_map(|p| unit.strip_prefix(p))?,
+        Some(unit) => SCOPE_PREFIXES.iter().find_map(|p| unit.strip_prefix(p))?,
         None => segment,
     };
     is_full_id(id).then(|| id.to_ascii_lowercase())

@@ -64,7 +64,11 @@ impl NvmlGpus {
         let mut last = lock(&self.last);
         let mut reading = NvmlReading::default();
         for i in 0..count {
-            let dev = match self.nvml.device_by_index(i).and_then(|d| read_device(i, &d)) {
+            let dev = match self
+                .nvml
+                .device_by_index(i)
+                .and_then(|d| read_device(i, &d))
+            {
                 Ok(d) => {
                     last.insert(i, d.clone());
                     d

@@ -43,7 +43,10 @@ const FIXTURES: [(&str, &str); 3] = [
         "workstation-cgroup-v1.json",
         include_str!("testdata/workstation-cgroup-v1.json"),
     ),
-    ("h100-faults.json", include_str!("testdata/h100-faults.json")),
+    (
+        "h100-faults.json",
+        include_str!("testdata/h100-faults.json"),
+    ),
 ];
 
 fn owner_word(o: &ProcessOwner) -> String {
@@ -74,7 +77,10 @@ fn recorded_readings_map_to_the_expected_gpus() {
             assert_eq!(g.info.memory_mb, e.memory_mb, "{at}: memory");
             assert!(!g.info.fake, "{at}: NVML GPUs are real");
             assert_eq!(g.stat.memory_used_mb, e.memory_used_mb, "{at}: memory used");
-            assert_eq!(g.stat.utilization_pct, e.utilization_pct, "{at}: utilisation");
+            assert_eq!(
+                g.stat.utilization_pct, e.utilization_pct,
+                "{at}: utilisation"
+            );
             assert_eq!(g.stat.local_use, e.local_use, "{at}: local use");
             assert_eq!(g.stat.fault, e.fault, "{at}: fault");
             let procs: BTreeMap<u32, String> = g
@@ -165,7 +171,10 @@ fn sensors_pass_through() {
 fn model_names_are_short() {
     assert_eq!(model_name("NVIDIA H200", 143771), "H200-140GB");
     assert_eq!(model_name("NVIDIA A100-SXM4-80GB", 81920), "A100-SXM4-80GB");
-    assert_eq!(model_name("NVIDIA GeForce RTX 4090", 24564), "RTX-4090-24GB");
+    assert_eq!(
+        model_name("NVIDIA GeForce RTX 4090", 24564),
+        "RTX-4090-24GB"
+    );
     assert_eq!(model_name("NVIDIA H100 80GB HBM3", 81559), "H100-80GB-HBM3");
     assert_eq!(model_name("NVIDIA H100 PCIe", 81559), "H100-PCIe-80GB");
 }

@@ -141,12 +141,9 @@ async fn lab_admins_use_the_owner_controls_on_the_node_page_and_no_one_else() {
         assert_eq!(node(&p, id).await.unwrap()["draining"], false);
 
         // The lending rule, in the agent's window grammar; bad input names its field.
-        let r = post(
-            "lend",
-            &[("mode", "windows"), ("windows", "someday 9-5")],
-        )
-        .await
-        .unwrap();
+        let r = post("lend", &[("mode", "windows"), ("windows", "someday 9-5")])
+            .await
+            .unwrap();
         assert_eq!(r.status(), 422, "[{backend:?}]");
         assert!(r.text().await.unwrap().contains("windows"), "[{backend:?}]");
         let r = post("lend", &[("mode", "sometimes")]).await.unwrap();
@@ -188,7 +185,10 @@ async fn lab_admins_use_the_owner_controls_on_the_node_page_and_no_one_else() {
         let r = post("revoke", &[]).await.unwrap();
         assert_eq!(r.status(), 303, "[{backend:?}] revoke");
         assert_eq!(r.headers()["location"], "/nodes");
-        assert!(node(&p, id).await.is_none(), "[{backend:?}] the node is gone");
+        assert!(
+            node(&p, id).await.is_none(),
+            "[{backend:?}] the node is gone"
+        );
         assert_eq!(carol.get(&page).send().await.unwrap().status(), 404);
         assert_eq!(post("drain", &[]).await.unwrap().status(), 404);
 
@@ -206,6 +206,9 @@ async fn lab_admins_use_the_owner_controls_on_the_node_page_and_no_one_else() {
         .iter()
         .map(|(a, after)| ("carol".to_string(), a.to_string(), after.to_string()))
         .collect();
-        assert_eq!(entries, want, "[{backend:?}] each change audited as carol's");
+        assert_eq!(
+            entries, want,
+            "[{backend:?}] each change audited as carol's"
+        );
     }
 }
