@@ -9,6 +9,8 @@
 # plus its per-attempt guard processes (`commons-agent guard`) in the busy phase.
 #
 #   bash scripts/agent-overhead.sh [SECONDS]      # SECONDS per phase, default 60
+#   PROFILE=debug bash scripts/agent-overhead.sh  # the debug build instead of release
+#   NO_BUILD=1 ...                                # use the binaries already built
 #
 # CPU is (utime + stime) of /proc/PID/stat over the phase, as a percentage of one core;
 # RSS is VmRSS of /proc/PID/status, sampled every second (mean and peak).
@@ -18,10 +20,15 @@ secs="${1:-60}"
 die() { echo "scripts/agent-overhead.sh: $*" >&2; exit 1; }
 docker info >/dev/null 2>&1 || die "the Docker Engine is not running or not reachable"
 
-cargo build --release -p commons-portal -p commons-agent
+profile="${PROFILE:-release}"
+case "$profile" in
+  release) [ -n "${NO_BUILD:-}" ] || cargo build --release -p commons-portal -p commons-agent ;;
+  debug) [ -n "${NO_BUILD:-}" ] || cargo build -p commons-portal -p commons-agent ;;
+  *) die "PROFILE is release or debug" ;;
+esac
 bash deploy/images/build-demo.sh >/dev/null
-portal_bin="$PWD/target/release/commons-portal"
-agent_bin="$PWD/target/release/commons-agent"
+portal_bin="$PWD/target/$profile/commons-portal"
+agent_bin="$PWD/target/$profile/commons-agent"
 tmp=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 url="http://127.0.0.1:$port"
@@ -46,16 +53,15 @@ trap cleanup EXIT
 "$portal_bin" admin create-user ann --email ann@bench.test --lab bench --role admin >/dev/null
 token=$("$portal_bin" admin api-token ann)
 enrol=$("$portal_bin" admin enrol-token bench)
-"$portal_bin" admin images allow commons-demo:latest >/dev/null
 "$portal_bin" serve --listen "127.0.0.1:$port" --insecure-dev-login >"$tmp/portal.log" 2>&1 &
 portal_pid=$!
 for _ in $(seq 100); do curl -fs "$url/healthz" >/dev/null && break; sleep 0.2; done
 curl -fs "$url/healthz" >/dev/null || die "the portal did not start; see $tmp/portal.log"
 
+api() { curl -fs -H "Authorization: Bearer $token" -H 'content-type: application/json' "$@"; }
 COMMONS_ENROL_TOKEN="$enrol" "$agent_bin" run --portal "$url" --state-dir "$tmp/agent" \
   --gpus fake:8xA100-80GB >"$tmp/agent.log" 2>&1 &
 agent_pid=$!
-api() { curl -fs -H "Authorization: Bearer $token" -H 'content-type: application/json' "$@"; }
 for _ in $(seq 150); do
   n=$(api "$url/api/v1/nodes" | python3 -c 'import json,sys; v=json.load(sys.stdin); print(sum(len(n["gpus"]) for n in v if n["online"]))' || echo 0)
   [ "$n" = 8 ] && break; sleep 0.2
@@ -65,7 +71,7 @@ done
 ticks=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
-guards() { pgrep -f "^$agent_bin guard" || true; }
+guards() { pgrep -f "^commons-agent guard --state-dir $tmp/agent " || true; }
 # One phase: the agent's (and its guards') CPU over $secs, and the agent's RSS each second.
 measure() {
   local phase=$1 c0 c1 g0=0 g1=0 rss_sum=0 rss_max=0 n=0 r
@@ -96,6 +102,7 @@ EOF
 }
 
 sleep 5
+echo "== $profile build, $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 measure "idle (8 fake GPUs, no job)"
 
 job='{"image": "commons-demo:latest", "command": ["sleep", "3600"], "gpus": 1, "time_limit_minutes": 60}'
