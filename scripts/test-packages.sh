@@ -60,7 +60,7 @@ fi
 check() {
   local deb=$1 script=$2
   docker run --rm --network none -v "$PWD/target/debian:/debs:ro" "$tag" \
-    sh -euc "dpkg -i /debs/$(basename "$deb") >/tmp/dpkg.log 2>&1 || { cat /tmp/dpkg.log; exit 1; }
+    sh -euxc "dpkg -i /debs/$(basename "$deb") >/tmp/dpkg.log 2>&1 || { cat /tmp/dpkg.log; exit 1; }
 $script"
 }
 
