@@ -41,6 +41,9 @@ pub struct Metrics {
     pub gpu_memory_used: Family<GpuLabels, Gauge>,
     pub gpu_memory_total: Family<GpuLabels, Gauge>,
     pub gpu_local_use: Family<GpuLabels, Gauge>,
+    pub gpu_temperature: Family<GpuLabels, Gauge>,
+    pub gpu_power: Family<GpuLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub gpu_ecc_uncorrected: Family<GpuLabels, Gauge>,
     pub container_starts: Counter,
     pub container_start_failures: Counter,
     pub lease_renewals: Counter,
@@ -62,6 +65,9 @@ impl Metrics {
             gpu_memory_used: Family::default(),
             gpu_memory_total: Family::default(),
             gpu_local_use: Family::default(),
+            gpu_temperature: Family::default(),
+            gpu_power: Family::default(),
+            gpu_ecc_uncorrected: Family::default(),
             container_starts: Counter::default(),
             container_start_failures: Counter::default(),
             lease_renewals: Counter::default(),
@@ -89,6 +95,21 @@ impl Metrics {
             "gpu_local_use",
             "1 when a process GPU Commons did not start uses the GPU (the owner, directly)",
             m.gpu_local_use.clone(),
+        );
+        r.register(
+            "gpu_temperature_celsius",
+            "GPU temperature (NVML only; a MIG instance shows its GPU's)",
+            m.gpu_temperature.clone(),
+        );
+        r.register(
+            "gpu_power_watts",
+            "GPU power draw (NVML only; a MIG instance shows its GPU's)",
+            m.gpu_power.clone(),
+        );
+        r.register(
+            "gpu_ecc_uncorrected_errors",
+            "Uncorrected ECC errors since the driver loaded (NVML only); any withdraws the GPU",
+            m.gpu_ecc_uncorrected.clone(),
         );
         r.register(
             "container_starts",
@@ -145,6 +166,29 @@ impl Metrics {
         self.checkpoint_uploads
             .get_or_create(&ResultLabel { result })
             .inc();
+    }
+
+    /// Records what only NVML reports: temperature, power and ECC errors.
+    pub fn gpu_sensors(&self, views: &[crate::gpu::reading::GpuView]) {
+        for v in views {
+            let labels = GpuLabels {
+                gpu: v.info.index,
+                uuid: v.info.uuid.clone(),
+            };
+            if let Some(t) = v.temperature_c {
+                self.gpu_temperature
+                    .get_or_create(&labels)
+                    .set(i64::from(t));
+            }
+            if let Some(w) = v.power_w {
+                self.gpu_power.get_or_create(&labels).set(w);
+            }
+            if let Some(n) = v.ecc_uncorrected {
+                self.gpu_ecc_uncorrected
+                    .get_or_create(&labels)
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
     }
 
     /// Records the GPUs' latest figures.

@@ -46,7 +46,7 @@ mod watch;
 
 use crate::checkpoint::CheckpointClient;
 use crate::clock::{self, SentLog};
-use crate::gpu::{GpuError, GpuSource};
+use crate::gpu::{GpuError, GpuSource, Ours};
 use crate::reconcile::{reconcile, Assignment, ContainerObs, Key, Launch, Phase, StopOrder, Why};
 use crate::runtime::{AssignedGpu, ContainerRuntime, DockerRuntime, RuntimeError};
 use crate::store::Store;
@@ -477,26 +477,29 @@ impl<R: ContainerRuntime> Executor<R> {
         });
     }
 
-    /// Host pids inside our containers.
-    pub async fn our_pids(&self) -> BTreeSet<u32> {
-        let ids: Vec<String> = self
+    /// Our containers, by id, and the host pids inside them.
+    pub async fn ours(&self) -> Ours {
+        let ids: BTreeSet<String> = self
             .table()
             .have
             .values()
             .filter_map(|h| container_of(&h.phase).map(str::to_string))
             .collect();
         let mut pids = BTreeSet::new();
-        for id in ids {
-            pids.extend(self.inner.runtime.pids(&id).await);
+        for id in &ids {
+            pids.extend(self.inner.runtime.pids(id).await);
         }
-        pids
+        Ours {
+            containers: ids,
+            pids,
+        }
     }
 
     /// The GPUs' live numbers, with a GPU process outside our containers counted as the
     /// owner's local use.
     pub async fn gpu_stats(&self, gpus: &dyn GpuSource) -> Result<Vec<GpuStat>, GpuError> {
-        let pids = self.our_pids().await;
-        gpus.stats(&pids)
+        let ours = self.ours().await;
+        gpus.stats(&ours)
     }
 
     /// Reconciles as of `now` (boot clock) until nothing is left to do; see the module's

@@ -1,11 +1,10 @@
 //! Fake GPUs from a fixed list; `commons-agent fake` flips local use and utilisation by
 //! writing the state dir's `fake-gpus.json`, which is re-read on every heartbeat.
 
-use super::{GpuError, GpuSource};
+use super::{GpuError, GpuSource, Ours};
 use crate::config::FakeGpuModel;
 use crate::state::load_fake_overrides;
 use commons_proto::{GpuInfo, GpuStat};
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 pub struct FakeGpus {
@@ -35,7 +34,7 @@ impl GpuSource for FakeGpus {
             .collect())
     }
 
-    fn stats(&self, _our_pids: &BTreeSet<u32>) -> Result<Vec<GpuStat>, GpuError> {
+    fn stats(&self, _ours: &Ours) -> Result<Vec<GpuStat>, GpuError> {
         let overrides = load_fake_overrides(&self.state_dir);
         Ok(self
             .inventory()?
@@ -75,7 +74,7 @@ mod tests {
         let inv = gpus.inventory().unwrap();
         assert_eq!(inv[1].uuid, "GPU-fake-01-A100-80GB");
         assert!(inv.iter().all(|g| g.fake));
-        let before = gpus.stats(&BTreeSet::new()).unwrap();
+        let before = gpus.stats(&Ours::default()).unwrap();
         assert!(!before[1].local_use);
         let mut o = std::collections::BTreeMap::new();
         o.insert(
@@ -87,7 +86,7 @@ mod tests {
             },
         );
         save_fake_overrides(dir.path(), &o).unwrap();
-        let after = gpus.stats(&BTreeSet::new()).unwrap();
+        let after = gpus.stats(&Ours::default()).unwrap();
         assert!(after[1].local_use);
         assert_eq!(after[1].utilization_pct, 90);
         assert!(!after[0].local_use);

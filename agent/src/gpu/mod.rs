@@ -6,8 +6,12 @@
 //! one; the rest of the agent cannot tell them apart, except that fake GPUs get no NVIDIA
 //! device request (there is no NVIDIA runtime to honour one).
 
+pub mod cgroup;
 pub mod fake;
 pub mod nvml;
+pub mod reading;
+#[cfg(test)]
+mod reading_tests;
 
 use commons_proto::{GpuInfo, GpuStat};
 use std::collections::BTreeSet;
@@ -24,9 +28,18 @@ pub enum GpuError {
 pub trait GpuSource: Send + Sync {
     /// The GPUs (and MIG instances) this server has, in index order.
     fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError>;
-    /// Live numbers. `our_pids` are the host pids inside containers the agent runs: a GPU
-    /// process outside that set is the owner using the GPU directly.
-    fn stats(&self, our_pids: &BTreeSet<u32>) -> Result<Vec<GpuStat>, GpuError>;
+    /// Live numbers. A GPU process in none of `ours` is the owner using the GPU directly.
+    fn stats(&self, ours: &Ours) -> Result<Vec<GpuStat>, GpuError>;
+}
+
+/// What the agent runs: a GPU process in none of these is the owner's local use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ours {
+    /// Full ids of the agent's containers (as a process's cgroup names them).
+    pub containers: BTreeSet<String>,
+    /// Host PIDs the container runtime lists inside them (processes that a cgroup
+    /// reading would miss, e.g. on a runtime whose cgroup layout is not recognised).
+    pub pids: BTreeSet<u32>,
 }
 
 /// Builds the source that `--gpus` asks for.

@@ -6,11 +6,10 @@
 use super::fake_runtime::*;
 use commons_agent::clock;
 use commons_agent::executor::Admission;
-use commons_agent::gpu::{GpuError, GpuSource};
+use commons_agent::gpu::{GpuError, GpuSource, Ours};
 use commons_agent::reconcile::{ENFORCE_GRACE, TEXT_LEASE};
 use commons_agent::store::{self, StoppedFile};
 use commons_proto::{AgentMsg, AttemptState, GpuInfo, GpuStat, Lease, StopReason};
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -357,12 +356,12 @@ impl GpuSource for OneGpu {
         Ok(vec![])
     }
 
-    fn stats(&self, our_pids: &BTreeSet<u32>) -> Result<Vec<GpuStat>, GpuError> {
+    fn stats(&self, ours: &Ours) -> Result<Vec<GpuStat>, GpuError> {
         Ok(vec![GpuStat {
             uuid: "GPU-0".into(),
             utilization_pct: 50,
             memory_used_mb: 1,
-            local_use: self.pids.iter().any(|p| !our_pids.contains(p)),
+            local_use: self.pids.iter().any(|p| !ours.pids.contains(p)),
             fault: None,
         }])
     }

@@ -1,6 +1,7 @@
 //! The owner's commands from the server itself (`commons-agent lend|drain|undrain|
-//! reclaim|leave|status`, forwarded by the agent with its node credential), and revoking
-//! a node's credential (lab admins, from the portal).
+//! reclaim|leave|status`, forwarded by the agent with its node credential), the same
+//! commands from lab admins on the node's page in the portal, and revoking a node's
+//! credential (lab admins, from the portal).
 //!
 //! Invariants:
 //! - A command changes the same settings the lab console changes (lending rules, drain,
@@ -14,7 +15,7 @@
 
 use super::policy::{lending_rules, LendingRequest, WindowRequest};
 use super::{node_admin, Actor, Ctx};
-use crate::db::models::Node;
+use crate::db::models::{Gpu, Lab, Node, User};
 use crate::db::types::to_json;
 use crate::db::{self, DbConn};
 use crate::error::AppError;
@@ -109,7 +110,8 @@ pub async fn command(
     let answer = ctx
         .db
         .run(move |c| {
-            let message = db::transaction(c, |c| apply(c, &node, cmd))?;
+            let who = Issuer::server(&node, &cmd)?;
+            let message = db::transaction(c, |c| apply(c, &node, cmd, &who))?;
             let node = db::nodes::node_by_id(c, node.id)?;
             let state = state_of(c, &node, utc_offset_s)?;
             Ok::<_, AppError>(NodeControlAnswer { message, state })
@@ -133,20 +135,53 @@ fn by_field(by: &str) -> Result<String, AppError> {
     Ok(by.to_string())
 }
 
-/// One command, in the caller's transaction, with its audit entry.
-fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand) -> Result<String, AppError> {
-    let target = format!("node {}", node.name);
-    let actor = |by: &str| -> Result<String, AppError> {
-        Ok(format!(
+/// Who gave a command, as the audit log names them.
+enum Issuer<'a> {
+    /// Someone on the server ("USER on NODE (on the server)"), forwarded by the agent.
+    Server(String),
+    /// A lab admin (or operator) in the portal.
+    Admin(&'a User),
+}
+
+impl Issuer<'_> {
+    fn server(node: &Node, cmd: &NodeCommand) -> Result<Self, AppError> {
+        let by = match cmd {
+            NodeCommand::Lend { by, .. }
+            | NodeCommand::Drain { by }
+            | NodeCommand::Undrain { by }
+            | NodeCommand::Reclaim { by, .. }
+            | NodeCommand::Leave { by } => by,
+        };
+        Ok(Issuer::Server(format!(
             "{} on {} (on the server)",
             by_field(by)?,
             node.name
-        ))
-    };
-    let lab = Some(node.lab_id);
+        )))
+    }
+
+    fn record(
+        &self,
+        c: &mut DbConn,
+        node: &Node,
+        action: &str,
+        before: &str,
+        after: &str,
+    ) -> Result<(), AppError> {
+        let target = format!("node {}", node.name);
+        let lab = Some(node.lab_id);
+        match self {
+            Issuer::Server(actor) => {
+                db::audit::record_as(c, actor, lab, action, &target, before, after)
+            }
+            Issuer::Admin(user) => db::audit::record(c, user, lab, action, &target, before, after),
+        }
+    }
+}
+
+/// One command, in the caller's transaction, with its audit entry.
+fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand, who: &Issuer) -> Result<String, AppError> {
     match cmd {
-        NodeCommand::Lend { mode, windows, by } => {
-            let actor = actor(&by)?;
+        NodeCommand::Lend { mode, windows, .. } => {
             let req = LendingRequest {
                 mode,
                 windows: windows
@@ -173,47 +208,26 @@ fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand) -> Result<String, AppErr
             db::nodes::set_lending(c, node.id, &json, node.grace_s, node.reclaim)?;
             let before = describe(&node.lending_rules());
             let after = describe(&lending);
-            db::audit::record_as(c, &actor, lab, "set_lending", &target, &before, &after)?;
+            who.record(c, node, "set_lending", &before, &after)?;
             Ok(format!("lending rule set to {after}"))
         }
-        NodeCommand::Drain { by } => {
-            let actor = actor(&by)?;
+        NodeCommand::Drain { .. } => {
             db::nodes::set_draining(c, node.id, true)?;
-            db::audit::record_as(
-                c,
-                &actor,
-                lab,
-                "drain",
-                &target,
-                &node.draining.to_string(),
-                "true",
-            )?;
+            who.record(c, node, "drain", &node.draining.to_string(), "true")?;
             Ok("drained: no new jobs; guests are moving elsewhere; owner jobs finish".into())
         }
-        NodeCommand::Undrain { by } => {
-            let actor = actor(&by)?;
+        NodeCommand::Undrain { .. } => {
             db::nodes::set_draining(c, node.id, false)?;
-            db::audit::record_as(
-                c,
-                &actor,
-                lab,
-                "undrain",
-                &target,
-                &node.draining.to_string(),
-                "false",
-            )?;
+            who.record(c, node, "undrain", &node.draining.to_string(), "false")?;
             Ok("undrained: the server takes jobs again".into())
         }
-        NodeCommand::Reclaim { on, by } => {
-            let actor = actor(&by)?;
+        NodeCommand::Reclaim { on, .. } => {
             let json = to_json(&node.lending_rules()).map_err(|e| AppError::Internal(e.into()))?;
             db::nodes::set_lending(c, node.id, &json, node.grace_s, on)?;
-            db::audit::record_as(
+            who.record(
                 c,
-                &actor,
-                lab,
+                node,
                 "reclaim",
-                &target,
                 &node.reclaim.to_string(),
                 &on.to_string(),
             )?;
@@ -223,13 +237,80 @@ fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand) -> Result<String, AppErr
                 "reclaim ended: the lending rule applies again".into()
             })
         }
-        NodeCommand::Leave { by } => {
-            let actor = actor(&by)?;
+        NodeCommand::Leave { .. } => {
             db::nodes::revoke(c, node.id)?;
-            db::audit::record_as(c, &actor, lab, "leave", &target, "enrolled", "left")?;
+            who.record(c, node, "leave", "enrolled", "left")?;
             Ok("the server left GPU Commons: its credential is revoked".into())
         }
     }
+}
+
+/// The owner's commands from the node's page in the portal: the same rules and effects as
+/// from the server, audited as done by the lab admin. Leaving is the server's own act; a
+/// lab admin revokes the node instead ([`revoke`]).
+pub async fn admin_command(
+    ctx: &Ctx,
+    actor: &Actor,
+    node: i64,
+    cmd: NodeCommand,
+    utc_offset_s: i32,
+) -> Result<NodeControlAnswer, AppError> {
+    if matches!(cmd, NodeCommand::Leave { .. }) {
+        return Err(AppError::invalid(
+            "command",
+            "a server leaves by itself (commons-agent leave); revoke its credential instead",
+        ));
+    }
+    let actor = actor.clone();
+    let answer = ctx
+        .db
+        .run(move |c| {
+            let (admin, n) = node_admin(c, &actor, node)?;
+            if n.revoked_at.is_some() {
+                return Err(AppError::NotFound("node"));
+            }
+            let message =
+                db::transaction(c, |c| apply(c, &n, cmd, &Issuer::Admin(admin.user())))?;
+            tracing::info!(node, by = %admin.user().username, %message, "owner command from the portal");
+            let n = db::nodes::node_by_id(c, node)?;
+            let state = state_of(c, &n, utc_offset_s)?;
+            Ok::<_, AppError>(NodeControlAnswer { message, state })
+        })
+        .await?;
+    ctx.wake.notify_one();
+    Ok(answer)
+}
+
+/// A node's page: the node, its lab and GPUs, what is lent and why, and whether `actor`
+/// may change it. Revoked nodes are gone (404).
+pub struct NodePage {
+    pub node: Node,
+    pub lab: Lab,
+    pub gpus: Vec<Gpu>,
+    pub state: NodeState,
+    pub can_admin: bool,
+}
+
+pub fn node_page(
+    c: &mut DbConn,
+    actor: &Actor,
+    node: i64,
+    utc_offset_s: i32,
+) -> Result<NodePage, AppError> {
+    let n = db::nodes::node_by_id(c, node)?;
+    if n.revoked_at.is_some() {
+        return Err(AppError::NotFound("node"));
+    }
+    let lab = db::users::lab_by_id(c, n.lab_id)?;
+    let gpus = db::nodes::gpus_of(c, n.id)?;
+    let state = state_of(c, &n, utc_offset_s)?;
+    Ok(NodePage {
+        can_admin: actor.admin_of(n.lab_id),
+        node: n,
+        lab,
+        gpus,
+        state,
+    })
 }
 
 /// Revokes a node's credential (its lab's admins or operators): refused from now on, on

@@ -27,6 +27,7 @@ mod load_smoke;
 mod migrate_db;
 mod migration;
 mod migrations;
+mod node_page;
 mod observability;
 mod oidc_provider;
 mod owner;

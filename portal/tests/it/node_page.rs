@@ -1,0 +1,214 @@
+//! The owner's controls on a node's page (drain, lending rule, reclaim, revoke), posted as
+//! HTML forms with the development login: a lab admin can use each, with its audit entry;
+//! a member, another lab's admin, or a form without its CSRF token changes nothing.
+
+use crate::harness::{TestPortal, BACKENDS};
+use crate::web::{hidden_csrf, logged_in};
+use commons_portal::db::models::Role;
+use commons_portal::db::{audit, users};
+use serde_json::Value;
+
+/// The node as `/api/v1/nodes` shows it, or `None` once it is gone.
+async fn node(p: &TestPortal, id: i64) -> Option<Value> {
+    let all = p.get_json(&p.olga, "/api/v1/nodes").await;
+    all.as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"].as_i64() == Some(id))
+        .cloned()
+}
+
+/// What the controls change, to compare before and after a refused post.
+fn settings(n: &Value) -> (Value, Value, Value) {
+    (
+        n["draining"].clone(),
+        n["reclaim"].clone(),
+        n["lending"].clone(),
+    )
+}
+
+/// (actor, action, after) of the vision lab's audit entries about nodes.
+async fn node_audit(p: &TestPortal) -> Vec<(String, String, String)> {
+    let db = p.portal.state.db.clone();
+    db.run(|c| {
+        let lab = users::find_lab(c, "vision")?.unwrap();
+        audit::list(c, Some(lab.id), 100)
+    })
+    .await
+    .unwrap()
+    .into_iter()
+    .filter(|e| e.target.starts_with("node "))
+    .map(|e| (e.actor, e.action, e.after))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab_admins_use_the_owner_controls_on_the_node_page_and_no_one_else() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+        let id = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
+            .as_i64()
+            .unwrap();
+        // dave administers another lab.
+        let db = p.portal.state.db.clone();
+        db.run(|c| {
+            let physics = users::find_lab(c, "physics")?.unwrap();
+            let d = users::create_user(c, "dave", "dave@campus.test", false)?;
+            users::set_membership(c, d.id, physics.id, Role::Admin)
+        })
+        .await
+        .unwrap();
+        let url = |path: &str| format!("{}{path}", p.url);
+        let page = url(&format!("/nodes/{id}"));
+        let posts: [(&str, &[(&str, &str)]); 6] = [
+            ("drain", &[]),
+            ("undrain", &[]),
+            ("lend", &[("mode", "never")]),
+            ("reclaim", &[("on", "on")]),
+            ("reclaim", &[("on", "off")]),
+            ("revoke", &[]),
+        ];
+        let before = settings(&node(&p, id).await.unwrap());
+
+        // Members and another lab's admin see the page, without controls, and every post
+        // is refused with nothing changed.
+        for who in ["alice", "bob", "dave"] {
+            let b = logged_in(&p, who).await;
+            let r = b.get(&page).send().await.unwrap();
+            assert_eq!(r.status(), 200, "[{backend:?}] {who} sees the node");
+            let html = r.text().await.unwrap();
+            assert!(html.contains("vision-server"), "[{backend:?}]");
+            assert!(
+                !html.contains("Owner controls"),
+                "[{backend:?}] {who} gets no controls"
+            );
+            let csrf = hidden_csrf(&html);
+            for (action, fields) in posts {
+                let mut form: Vec<(&str, &str)> = vec![("csrf", &csrf)];
+                form.extend_from_slice(fields);
+                let r = b
+                    .post(url(&format!("/nodes/{id}/{action}")))
+                    .form(&form)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 403, "[{backend:?}] {who} may not {action}");
+            }
+        }
+        assert_eq!(
+            settings(&node(&p, id).await.expect("not revoked")),
+            before,
+            "[{backend:?}] nothing changed"
+        );
+        assert!(node_audit(&p).await.is_empty(), "[{backend:?}]");
+
+        let carol = logged_in(&p, "carol").await;
+        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        assert!(html.contains("Owner controls"), "[{backend:?}]");
+        let csrf = hidden_csrf(&html);
+        let post = |action: &str, fields: &[(&str, &str)]| {
+            let mut form: Vec<(String, String)> = fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            form.push(("csrf".into(), csrf.clone()));
+            carol
+                .post(url(&format!("/nodes/{id}/{action}")))
+                .form(&form)
+                .send()
+        };
+
+        // Without its CSRF token a form does nothing, even from the lab's admin.
+        let r = carol
+            .post(url(&format!("/nodes/{id}/drain")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "[{backend:?}] no CSRF token");
+        assert_eq!(node(&p, id).await.unwrap()["draining"], false);
+
+        let r = post("drain", &[]).await.unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}] drain");
+        assert_eq!(node(&p, id).await.unwrap()["draining"], true);
+        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        assert!(
+            html.contains("drained") && html.contains("id=\"undrain\""),
+            "[{backend:?}]"
+        );
+        let r = post("undrain", &[]).await.unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}] undrain");
+        assert_eq!(node(&p, id).await.unwrap()["draining"], false);
+
+        // The lending rule, in the agent's window grammar; bad input names its field.
+        let r = post("lend", &[("mode", "windows"), ("windows", "someday 9-5")])
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 422, "[{backend:?}]");
+        assert!(r.text().await.unwrap().contains("windows"), "[{backend:?}]");
+        let r = post("lend", &[("mode", "sometimes")]).await.unwrap();
+        assert_eq!(r.status(), 422, "[{backend:?}]");
+        assert!(r.text().await.unwrap().contains("mode"), "[{backend:?}]");
+        assert_eq!(node(&p, id).await.unwrap()["lending"]["mode"], "always");
+        let r = post(
+            "lend",
+            &[
+                ("mode", "windows"),
+                ("windows", "mon-fri 19:00-07:00\r\nsat,sun 00:00-24:00\r\n"),
+            ],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}] lend windows");
+        let n = node(&p, id).await.unwrap();
+        assert_eq!(n["lending"]["mode"], "windows");
+        assert_eq!(n["lending"]["windows"].as_array().unwrap().len(), 7);
+        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        assert!(
+            html.contains("mon 19:00-07:00") && html.contains("sun 00:00-24:00"),
+            "[{backend:?}] the form shows the windows it set"
+        );
+        let r = post("lend", &[("mode", "always")]).await.unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}] lend always");
+
+        let r = post("reclaim", &[("on", "maybe")]).await.unwrap();
+        assert_eq!(r.status(), 422, "[{backend:?}]");
+        let r = post("reclaim", &[("on", "on")]).await.unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}] reclaim");
+        assert_eq!(node(&p, id).await.unwrap()["reclaim"], true);
+        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        assert!(html.contains("reclaimed"), "[{backend:?}]");
+        let r = post("reclaim", &[("on", "off")]).await.unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}] reclaim off");
+        assert_eq!(node(&p, id).await.unwrap()["reclaim"], false);
+
+        let r = post("revoke", &[]).await.unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}] revoke");
+        assert_eq!(r.headers()["location"], "/nodes");
+        assert!(
+            node(&p, id).await.is_none(),
+            "[{backend:?}] the node is gone"
+        );
+        assert_eq!(carol.get(&page).send().await.unwrap().status(), 404);
+        assert_eq!(post("drain", &[]).await.unwrap().status(), 404);
+
+        let mut entries = node_audit(&p).await;
+        entries.reverse();
+        let want: Vec<(String, String, String)> = [
+            ("drain", "true"),
+            ("undrain", "false"),
+            ("set_lending", "windows (7 weekly)"),
+            ("set_lending", "always"),
+            ("reclaim", "true"),
+            ("reclaim", "false"),
+            ("revoke_node", "revoked"),
+        ]
+        .iter()
+        .map(|(a, after)| ("carol".to_string(), a.to_string(), after.to_string()))
+        .collect();
+        assert_eq!(
+            entries, want,
+            "[{backend:?}] each change audited as carol's"
+        );
+    }
+}
