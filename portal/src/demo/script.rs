@@ -218,7 +218,7 @@ fn tell(v: &JobView, who: &str, before: Option<&Seen>, now: &Seen, grace_s: u32)
             let resumed = if now.attempts > 1 {
                 match v.last_checkpoint_at {
                     Some(at) => format!(
-                        ", attempt {}, resumed from its checkpoint of {}",
+                        ", attempt {}, resumed from its checkpoint of {} UTC",
                         now.attempts,
                         at.format("%H:%M:%S")
                     ),
@@ -419,10 +419,16 @@ pub async fn run(ctx: Ctx, pace: Pace) -> anyhow::Result<()> {
 async fn wait_for_servers(story: &Story) -> anyhow::Result<()> {
     let deadline = Instant::now() + STEP_TIMEOUT;
     loop {
-        let online = story.ctx.db.run(db::nodes::online_by_node).await?;
+        // Connected to this portal now: the database's `online` may still be from a run
+        // that ended without a goodbye.
+        let nodes = story.ctx.db.run(db::nodes::list_with_gpus).await?;
         let up = LABS
             .iter()
-            .filter(|l| online.iter().any(|(n, _, on)| n == l.server && *on))
+            .filter(|l| {
+                nodes.iter().any(|(n, _, _)| {
+                    n.name == l.server && n.online && story.ctx.agents.is_connected(n.id)
+                })
+            })
             .count();
         if up == LABS.len() {
             story.say("the three labs' servers are online");
