@@ -327,7 +327,7 @@ async fn remove_containers(state_dir: &Path) -> anyhow::Result<()> {
 
 /// Processes (by pid) whose command line names one of `dirs` after `--state-dir`: the
 /// attempt guards of the demo's agents.
-pub fn guards_of(dirs: &[PathBuf]) -> Vec<u32> {
+fn guards_of(dirs: &[PathBuf]) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

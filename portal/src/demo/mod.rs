@@ -155,6 +155,7 @@ fn banner(url: &str, data_dir: &Path, quiet: bool) {
     println!();
 }
 
+/// Runs the demo until Ctrl-C (or a part fails), then stops everything it started.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
