@@ -8,7 +8,7 @@
 #   tests); LemonLDAP::NG and its Perl modules, served by starman, with keys from openssl
 #   (a real OpenID Connect provider); Chromium and chromedriver (browser tests); iproute2
 #   (network namespaces of the cluster tests); prometheus (promtool, the alert rules);
-#   python3-venv (for moto).
+#   nginx (the high-availability test); python3-venv (for moto).
 # - moto, a real S3-compatible server, from PyPI into target/test-venv.
 # - A running Docker Engine (docker.io when Docker is missing).
 #
@@ -21,7 +21,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 packages=(
   postgresql busybox-static python3 python3-venv ca-certificates openssl iproute2
-  openssh-client openssh-sftp-server tmux prometheus chromium chromium-driver
+  openssh-client openssh-sftp-server tmux prometheus nginx chromium chromium-driver
   liblemonldap-ng-portal-perl libplack-perl starman libgd-securityimage-perl
   libimage-magick-perl libstring-random-perl libio-string-perl libcrypt-openssl-bignum-perl
   libconvert-base32-perl libipc-run-perl libmime-tools-perl libio-socket-timeout-perl

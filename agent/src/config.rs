@@ -26,6 +26,8 @@ pub struct AgentConfig {
     pub socket_group: Option<String>,
     /// The capacity to report (`--capacity`).
     pub capacity: CapacityMode,
+    /// Pulls and image signatures (`runtime::images`).
+    pub images: crate::runtime::images::ImagePolicy,
 }
 
 /// What the agent reports as the server's CPUs and memory.
@@ -93,6 +95,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("guest_network", &self.guest_network)
             .field("idle_guest", &self.idle_guest)
             .field("socket_group", &self.socket_group)
+            .field("images", &self.images)
             .finish()
     }
 }
@@ -189,6 +192,7 @@ mod tests {
             idle_guest: None,
             socket_group: None,
             capacity: Default::default(),
+            images: Default::default(),
         };
         let shown = format!("{c:?}");
         assert!(

@@ -37,6 +37,8 @@ enum LogFormat {
     Json,
 }
 
+// Parsed once at start-up: the size of `Run` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Enrol (first start) and serve the portal until stopped.
@@ -77,6 +79,17 @@ enum Cmd {
         /// (with fake GPUs: not reported, so not limited).
         #[arg(long, env = "COMMONS_CAPACITY", default_value = "auto")]
         capacity: commons_agent::config::CapacityMode,
+        /// A registry (host[:port], or docker.io) this node may pull missing allowed
+        /// images from, only by their pinned digest; repeat for several. None: never pull.
+        #[arg(long = "allow-pull", value_name = "REGISTRY")]
+        allow_pull: Vec<String>,
+        /// Run only images whose allow-list entry is signed by a key of
+        /// --image-authority-keys.
+        #[arg(long, requires = "image_authority_keys")]
+        require_signed_images: bool,
+        /// File of the campus image authorities' ed25519 public keys (OpenSSH lines).
+        #[arg(long)]
+        image_authority_keys: Option<PathBuf>,
     },
     /// The running agent's view: GPUs, what runs on each, what is lent and why, the
     /// portal link. Exits non-zero when the agent is not running.
@@ -187,9 +200,27 @@ fn main() -> anyhow::Result<()> {
             idle_guest,
             socket_group,
             capacity,
+            allow_pull,
+            require_signed_images,
+            image_authority_keys,
         } => {
             let idle_guest = commons_agent::config::parse_idle(&idle_guest)
                 .map_err(|e| anyhow::anyhow!("--idle-guest: {e}"))?;
+            let authority_keys = match &image_authority_keys {
+                Some(f) => {
+                    let text = std::fs::read_to_string(f)
+                        .with_context(|| format!("--image-authority-keys {}", f.display()))?;
+                    commons_api::image::parse_keys(&text).map_err(|e| {
+                        anyhow::anyhow!("--image-authority-keys {}: {e}", f.display())
+                    })?
+                }
+                None => Vec::new(),
+            };
+            let images = commons_agent::runtime::images::ImagePolicy {
+                allow_pull,
+                require_signed: require_signed_images,
+                authority_keys,
+            };
             let hostname = name.unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
@@ -213,6 +244,7 @@ fn main() -> anyhow::Result<()> {
                 idle_guest,
                 socket_group,
                 capacity,
+                images,
             }))
         }
         Cmd::Status { state_dir } => {

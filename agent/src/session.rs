@@ -59,7 +59,8 @@ async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> 
             network: config.guest_network,
         })
         .await
-        .context("setting up the guests' network")?;
+        .context("setting up the guests' network")?
+        .with_images(config.images.clone());
     let program = guard::default_program();
     if program.is_none() {
         tracing::warn!(

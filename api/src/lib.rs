@@ -8,6 +8,7 @@
 //! the request's field (`gpus`, `time_limit_minutes`, ...). Rules that need the portal's
 //! knowledge (which labs a user belongs to) stay in the portal.
 
+pub mod image;
 pub mod job;
 pub mod rules;
 

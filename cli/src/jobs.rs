@@ -19,6 +19,9 @@ pub struct Job {
     pub state: String,
     pub reason: Option<String>,
     pub queue_position: Option<i32>,
+    /// While the job waits: when the scheduler expects it to start (UTC); `None` when
+    /// it cannot tell (or the job does not wait).
+    pub estimated_start_at: Option<String>,
     pub node: Option<String>,
     pub gpus: Option<Vec<Gpu>>,
     pub exit_code: Option<i64>,
@@ -287,7 +290,16 @@ pub fn show(a: IdJson) -> Result<u8> {
         return Ok(0);
     }
     let j: Job = serde_json::from_value(v).unwrap_or_default();
-    let colour = output::colour_stdout();
+    let lines = show_lines(&j, output::colour_stdout());
+    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in lines {
+        println!("{k:width$}  {v}");
+    }
+    Ok(0)
+}
+
+/// The lines of `show` for a person, as (label, value).
+fn show_lines(j: &Job, colour: bool) -> Vec<(&'static str, String)> {
     let mut lines: Vec<(&str, String)> = vec![
         ("job", j.id.to_string()),
         ("state", output::paint_state(&j.state, &j.state, colour)),
@@ -297,6 +309,10 @@ pub fn show(a: IdJson) -> Result<u8> {
     }
     if let Some(p) = j.queue_position {
         lines.push(("queue position", p.to_string()));
+    }
+    if j.state == "queued" {
+        let at = j.estimated_start_at.as_deref();
+        lines.push(("estimated start", at.map_or("unknown".into(), output::when)));
     }
     lines.push(("kind", j.kind.clone()));
     lines.push(("image", j.image.clone()));
@@ -326,11 +342,7 @@ pub fn show(a: IdJson) -> Result<u8> {
     if let Some(t) = &j.last_checkpoint_at {
         lines.push(("last checkpoint", output::when(t)));
     }
-    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    for (k, v) in lines {
-        println!("{k:width$}  {v}");
-    }
-    Ok(0)
+    lines
 }
 
 /// A command as a shell would need it typed.
@@ -408,6 +420,26 @@ pub fn cancel(a: CancelArgs) -> Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn show_gives_a_waiting_job_its_estimated_start() {
+        let line = |j: &Job| {
+            show_lines(j, false)
+                .into_iter()
+                .find(|(k, _)| *k == "estimated start")
+                .map(|(_, v)| v)
+        };
+        let mut j = Job {
+            state: "queued".into(),
+            estimated_start_at: Some("2027-01-15T08:00:00".into()),
+            ..Job::default()
+        };
+        assert_eq!(line(&j).as_deref(), Some("2027-01-15 08:00:00 UTC"));
+        j.estimated_start_at = None;
+        assert_eq!(line(&j).as_deref(), Some("unknown"));
+        j.state = "running".into();
+        assert_eq!(line(&j), None, "only while it waits");
+    }
 
     #[test]
     fn job_files_refuse_unknown_keys_and_name_the_key() {

@@ -68,4 +68,35 @@ pub fn enrol_token(db: &Db, slug: &str) -> anyhow::Result<String> {
     .map_err(plain)
 }
 
+/// `admin images allow`: a campus (or `lab`) entry for `name_tag`, pinned to `digest` or,
+/// when none is given, to the image's ID in the local Docker Engine. Prints the entry.
+pub fn allow_image(
+    db: &Db,
+    keys: &[commons_api::image::AuthorityKey],
+    req: crate::service::images::NewImage,
+) -> anyhow::Result<String> {
+    use crate::service::images::{self, Adder};
+    let mut req = req;
+    if req.digest.is_none() {
+        let name = commons_api::image::name_tag("NAME:TAG", &req.name_tag)
+            .map_err(|e| anyhow::anyhow!("NAME:TAG: {e}"))?;
+        req.digest = Some(images::local_digest(&name).map_err(|e| {
+            anyhow::anyhow!("cannot read the digest of {name} from the local Docker Engine: {e}")
+        })?);
+    }
+    let v = db
+        .run_blocking(|c| images::store(c, Adder::Cli, &req, keys))
+        .map_err(plain)?;
+    Ok(format!(
+        "allowed {} at {} ({}){}",
+        v.name_tag,
+        v.digest,
+        v.lab
+            .map_or("campus-wide".to_string(), |l| format!("lab {l}")),
+        v.signed_by
+            .map(|k| format!(", signed by {k}"))
+            .unwrap_or_default()
+    ))
+}
+
 use diesel::Connection;

@@ -113,6 +113,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             checkpoints: crate::service::checkpoints::Store::from_config(&config)?,
             relays: Default::default(),
             metrics: Default::default(),
+            image_authorities: std::sync::Arc::new(config.images.keys()?),
         },
         config: Arc::new(config.clone()),
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),

@@ -34,6 +34,8 @@ pub struct Config {
     pub ssh: SshConfig,
     /// `/metrics` for Prometheus.
     pub metrics: MetricsConfig,
+    /// The image allow-list's signatures.
+    pub images: ImagesConfig,
 }
 
 /// `/metrics` (Prometheus text format) on the portal's own listener.
@@ -54,6 +56,29 @@ impl Default for MetricsConfig {
             enabled: true,
             bearer_token_file: None,
         }
+    }
+}
+
+/// Image signatures (see `commons_api::image`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesConfig {
+    /// The campus image authorities' ed25519 public keys, one OpenSSH line each
+    /// (`ssh-ed25519 AAAA... name`). Allow-list entries may carry a signature by one of
+    /// them; labs that require signed images accept only such entries.
+    pub authority_keys: Vec<String>,
+}
+
+impl ImagesConfig {
+    pub fn keys(&self) -> anyhow::Result<Vec<commons_api::image::AuthorityKey>> {
+        self.authority_keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                commons_api::image::AuthorityKey::parse(k)
+                    .map_err(|e| anyhow::anyhow!("images.authority_keys[{i}]: {e}"))
+            })
+            .collect()
     }
 }
 
@@ -365,6 +390,7 @@ impl Default for Config {
             checkpoints: CheckpointsConfig::default(),
             ssh: SshConfig::default(),
             metrics: MetricsConfig::default(),
+            images: ImagesConfig::default(),
         }
     }
 }
@@ -431,6 +457,7 @@ impl Config {
                 .any(|p| url.starts_with(p)),
             "database_url must start with sqlite:// or postgres://, got {url:?}"
         );
+        self.images.keys()?;
         let s = &self.scheduler;
         anyhow::ensure!(s.tick_ms >= 50, "scheduler.tick_ms must be at least 50");
         anyhow::ensure!(

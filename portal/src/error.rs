@@ -107,7 +107,36 @@ impl From<commons_api::Invalid> for AppError {
 
 impl From<diesel::result::Error> for AppError {
     fn from(e: diesel::result::Error) -> Self {
+        if database_went_away(&e) {
+            tracing::warn!("the database is unavailable: {e}");
+            return AppError::Unavailable(
+                "the database is unavailable for a moment; try again".into(),
+            );
+        }
         AppError::Internal(e.into())
+    }
+}
+
+/// The database restarted or dropped the connection under the query (a 503 to try again,
+/// not a 500): the connection is closed, or PostgreSQL says it is shutting down or
+/// starting up (SQLSTATE 57P01-57P03, which diesel reports only by their message).
+pub fn database_went_away(e: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind as K, Error as E};
+    match e {
+        E::DatabaseError(K::ClosedConnection | K::UnableToSendCommand, _) => true,
+        E::DatabaseError(_, info) => {
+            let m = info.message();
+            [
+                "terminating connection due to administrator command",
+                "the database system is shutting down",
+                "the database system is starting up",
+                "the database system is in recovery mode",
+                "server closed the connection unexpectedly",
+            ]
+            .iter()
+            .any(|p| m.contains(p))
+        }
+        _ => false,
     }
 }
 

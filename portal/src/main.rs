@@ -118,6 +118,30 @@ enum AdminCmd {
         #[arg(long)]
         to: PathBuf,
     },
+    /// The image allow-list.
+    Images {
+        #[command(subcommand)]
+        cmd: ImagesCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImagesCmd {
+    /// Allows NAME:TAG, pinned to its image ID in the local Docker Engine (or --digest).
+    Allow {
+        name_tag: String,
+        /// The lab's entry; without it, campus-wide.
+        #[arg(long)]
+        lab: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+        /// Pin this digest instead of asking the local engine.
+        #[arg(long)]
+        digest: Option<String>,
+        /// A file with the signature (`ssh-keygen -Y sign -n gpu-commons-image`).
+        #[arg(long)]
+        signature_file: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -195,6 +219,34 @@ fn main() -> anyhow::Result<()> {
                 AdminCmd::SignOut { username } => admin::sign_out(&db, &username)?,
                 AdminCmd::MigrateDb { .. } | AdminCmd::Backup { .. } => {
                     anyhow::bail!("handled above")
+                }
+                AdminCmd::Images {
+                    cmd:
+                        ImagesCmd::Allow {
+                            name_tag,
+                            lab,
+                            description,
+                            digest,
+                            signature_file,
+                        },
+                } => {
+                    let signature = match signature_file {
+                        Some(f) => Some(std::fs::read_to_string(&f).map_err(|e| {
+                            anyhow::anyhow!("--signature-file {}: {e}", f.display())
+                        })?),
+                        None => None,
+                    };
+                    admin::allow_image(
+                        &db,
+                        &config.images.keys()?,
+                        commons_portal::service::images::NewImage {
+                            name_tag,
+                            digest,
+                            lab,
+                            description,
+                            signature,
+                        },
+                    )?
                 }
             };
             println!("{out}");

@@ -41,7 +41,11 @@ pub use control::{NodeCapacity, NodeCommand, NodeControlAnswer, NodeState, NODE_
 pub use relay::RelayOpen;
 
 /// Protocol version spoken by this build; sent in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 2;
+///
+/// 3: `JobSpec::image_digest` (and `image_signature`): the agent runs the image only if
+/// its local ID equals the pin. An agent of protocol 2 would ignore the pin and run the
+/// tag, so the portal refuses it (upgrade agents before or with the portal).
+pub const PROTOCOL_VERSION: u32 = 3;
 /// One-time enrolment: `POST` an [`EnrolRequest`], get an [`EnrolResponse`].
 pub const ENROL_PATH: &str = "/api/agent/v1/enrol";
 /// The agent's WebSocket, authenticated with `Authorization: Bearer <node credential>`.
@@ -334,6 +338,15 @@ pub struct JobSpec {
     /// `reclaim --now`, idle GPUs); absent: the agent's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_s: Option<u64>,
+    /// The allow-list's pin for `image`: `sha256:...`, the image's ID in the Docker
+    /// Engine. The agent runs the container from this ID, and only if `image` resolves to
+    /// it locally; without a pin it runs nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
+    /// The allow-list entry's signature (armored SSHSIG over
+    /// `gpu-commons-image-v1 IMAGE@DIGEST`), for nodes that check signatures themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_signature: Option<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -598,6 +611,7 @@ mod tests {
         )
         .unwrap();
         assert!(!spec.interactive);
+        assert!(spec.image_digest.is_none() && spec.image_signature.is_none());
         // And what a new portal sends without them looks as it did.
         let text = serde_json::to_string(&spec).unwrap();
         assert!(!text.contains("interactive"), "{text}");

@@ -130,9 +130,9 @@ pub(crate) struct Search {
 /// 1. With `full` false the caller only wants a fit: nodes with fewer free GPUs than
 ///    asked are skipped. With `full` true the caller wants a reason.
 /// 2. Every node that fits is scored by how often its owner is expected to take it
-///    back within the job's time limit, in tenths ([`risk_class`], 0 when the policy
-///    or the node has no return rates), then by the free GPUs it keeps; the lowest
-///    wins.
+///    back within the job's time limit, in classes of
+///    [`crate::Policy::return_risk_step`] ([`risk_class`], 0 when the policy or the
+///    node has no return rates), then by the free GPUs it keeps; the lowest wins.
 /// 3. Refusals keep the most hopeful verdict, for the job's reason; a `Busy` node is as
 ///    hopeful as it gets, so a full search that finds no fit stops there.
 pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
@@ -151,7 +151,8 @@ pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
                     job.time_limit_s,
                     world.policy,
                 );
-                let left = (risk, nw.free - job.gpus);
+                let class = risk / world.policy.return_risk_step_tenths();
+                let left = (class, nw.free - job.gpus);
                 if fit.as_ref().is_none_or(|(l, _, _)| left < *l) {
                     fit = Some((left, n, gpus));
                 }

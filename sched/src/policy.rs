@@ -35,8 +35,15 @@ pub struct Policy {
     pub gpu_class_weights: Vec<GpuClassWeight>,
     /// Place a guest where its node's owner is least likely to come back within the
     /// guest's time limit ([`crate::Node::owner_return_rate`]): nodes are compared by
-    /// the expected take-backs in tenths first, then by best fit.
+    /// the expected take-backs in classes of [`Policy::return_risk_step`] first, then
+    /// by best fit.
     pub return_risk_placement: bool,
+    /// The width of a risk class for [`Policy::return_risk_placement`], in expected
+    /// take-backs (rounded to tenths, at least 0.1): nodes whose expected take-backs
+    /// fall in the same class are compared by best fit alone. Wider classes keep best
+    /// fit (packing) for small differences in risk; the simulator's sweep is in the
+    /// README.
+    pub return_risk_step: f64,
     /// Among an owner's possible victims, stop guests of labs that used more than their
     /// fair share (usage over share, see `fairshare`) before the others; inside each
     /// group the least work lost goes first, as before.
@@ -73,6 +80,7 @@ impl Default for Policy {
             backfill_depth: 64,
             gpu_class_weights: Vec::new(),
             return_risk_placement: true,
+            return_risk_step: 0.1,
             victims_over_share_first: true,
             relend_delay_s: 3600,
             relend_min_rate: 0.02,
@@ -83,6 +91,16 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// The width of a risk class in tenths of an expected take-back (at least 1).
+    pub fn return_risk_step_tenths(&self) -> u32 {
+        let tenths = (self.return_risk_step * 10.0).round();
+        if tenths.is_finite() {
+            tenths.clamp(1.0, 1e9) as u32
+        } else {
+            1
+        }
+    }
+
     /// The policy as it was before issue 16: no return-risk placement, no fair-share
     /// preference among victims, no re-lending hysteresis.
     pub fn without_churn_knobs(self) -> Policy {

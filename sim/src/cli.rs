@@ -14,7 +14,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Replay a trace under several policies and compare them.
-    Replay(ReplayArgs),
+    Replay(Box<ReplayArgs>),
     /// Validate a campus file and print its labs.
     CheckCampus {
         /// The campus TOML file.
@@ -67,6 +67,21 @@ pub struct ReplayArgs {
     /// Seed of the overestimated time limits.
     #[arg(long, default_value_t = 1)]
     pub limit_seed: u64,
+    /// Re-lending hysteresis delay in seconds for the policies with the hysteresis on
+    /// (default: `sched`'s, 3600).
+    #[arg(long)]
+    pub relend_delay_s: Option<i64>,
+    /// Take-backs per hour from which the hysteresis holds a GPU back (default:
+    /// `sched`'s, 0.02).
+    #[arg(long)]
+    pub relend_min_rate: Option<f64>,
+    /// Width of a return-risk class in expected take-backs, for the policies with
+    /// return-risk placement (default: `sched`'s, 0.1).
+    #[arg(long)]
+    pub return_risk_step: Option<f64>,
+    /// Policies simulated at once, each on a thread (the figures do not depend on it).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
     /// No progress on stderr.
     #[arg(long, short)]
     pub quiet: bool,

@@ -22,7 +22,7 @@ pub mod report;
 pub mod trace;
 
 pub use campus::{Campus, CampusFile};
-pub use engine::{simulate, simulate_with, SimOptions, SimOutput};
+pub use engine::{simulate, simulate_with, SimOptions, SimOutput, Tuning};
 pub use policy::PolicyKind;
 pub use replay::{replay, Replay, ReplaySettings, RunSummary};
 pub use trace::{read_trace, Workload};

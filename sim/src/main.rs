@@ -11,7 +11,7 @@ use std::time::Instant;
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Replay(args) => run_replay(args),
+        Command::Replay(args) => run_replay(*args),
         Command::CheckCampus { file } => {
             let campus = CampusFile::read(&file)?.build()?;
             println!(
@@ -49,6 +49,12 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
         random_departures: args.random_departures,
         tick_s: args.tick.max(0),
         limit_seed: (args.limits == "overestimate").then_some(args.limit_seed),
+        threads: args.threads.max(1),
+        tuning: commons_sim::Tuning {
+            relend_delay_s: args.relend_delay_s,
+            relend_min_rate: args.relend_min_rate,
+            return_risk_step: args.return_risk_step,
+        },
     };
     let span = (work.span.1 - work.span.0).max(1) as f64;
     let quiet = args.quiet;
@@ -65,8 +71,10 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
     let mut last_print = Instant::now();
     let mut current: Option<PolicyKind> = None;
     let mut policy_start = Instant::now();
+    // With policies on threads their progress interleaves: no per-policy times then.
+    let threaded = settings.threads > 1 && settings.policies.len() > 1;
     let result = replay(&campus, &work, &settings, &mut |p, t| {
-        if current != Some(p) {
+        if current != Some(p) && !threaded {
             if let (Some(prev), false) = (current, quiet) {
                 eprintln!(
                     "  {prev}: done in {:.1} s",
@@ -86,7 +94,7 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
             );
         }
     })?;
-    if let (Some(last), false) = (current, quiet) {
+    if let (Some(last), false) = (current.filter(|_| !threaded), quiet) {
         eprintln!(
             "  {last}: done in {:.1} s",
             policy_start.elapsed().as_secs_f64()

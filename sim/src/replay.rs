@@ -5,12 +5,14 @@
 //! report plots.
 
 use crate::campus::Campus;
-use crate::engine::{simulate, SimError, SimOptions, SimOutput};
+use crate::engine::{simulate, SimError, SimOptions, SimOutput, Tuning};
 use crate::metrics::{self, PolicyMetrics, Target};
 use crate::policy::PolicyKind;
 use crate::trace::Workload;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -26,6 +28,11 @@ pub struct ReplaySettings {
     pub tick_s: i64,
     /// See [`SimOptions::limit_seed`].
     pub limit_seed: Option<u64>,
+    /// Policies simulated at once, each on a thread of its own (the results do not
+    /// depend on it).
+    pub threads: usize,
+    /// See [`SimOptions::tuning`].
+    pub tuning: Tuning,
 }
 
 impl Default for ReplaySettings {
@@ -37,6 +44,8 @@ impl Default for ReplaySettings {
             random_departures: 0,
             tick_s: 30,
             limit_seed: None,
+            threads: 1,
+            tuning: Tuning::default(),
         }
     }
 }
@@ -88,23 +97,33 @@ pub fn replay(
     campus: &Campus,
     work: &Workload,
     settings: &ReplaySettings,
-    progress: &mut dyn FnMut(PolicyKind, i64),
+    progress: &mut (dyn FnMut(PolicyKind, i64) + Send),
 ) -> Result<Replay, SimError> {
     let mut campus = campus.clone();
     let span = work.span.1 - work.span.0;
     campus.add_random_departures(settings.random_departures, span, settings.seed);
-    let mut outputs = Vec::new();
-    let mut policies = BTreeMap::new();
-    for &p in &settings.policies {
+    let progress = Mutex::new(progress);
+    let run = |p: PolicyKind| {
         let opts = SimOptions {
             policy: p,
             window_per_lab: settings.window_per_lab,
             tick_s: settings.tick_s,
             limit_seed: settings.limit_seed,
+            tuning: settings.tuning,
         };
-        let out = simulate(&campus, work, &opts, &mut |t| progress(p, t))?;
+        simulate(&campus, work, &opts, &mut |t| {
+            if let Ok(mut f) = progress.lock() {
+                f(p, t);
+            }
+        })
+    };
+    let results = run_all(&settings.policies, settings.threads, run);
+    let mut outputs = Vec::new();
+    let mut policies = BTreeMap::new();
+    for out in results {
+        let out = out?;
         policies.insert(
-            p.name().to_string(),
+            out.policy.name().to_string(),
             metrics::summarize(&campus, work, &out),
         );
         outputs.push(out);
@@ -137,4 +156,36 @@ pub fn replay(
         outputs,
         campus,
     })
+}
+
+/// `run` over every policy, on up to `threads` threads taking the next policy in
+/// turn; the results are in the order of `policies` whatever the threads.
+fn run_all<F>(policies: &[PolicyKind], threads: usize, run: F) -> Vec<Result<SimOutput, SimError>>
+where
+    F: Fn(PolicyKind) -> Result<SimOutput, SimError> + Sync,
+{
+    let threads = threads.clamp(1, policies.len().max(1));
+    if threads == 1 {
+        return policies.iter().map(|&p| run(p)).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<Result<SimOutput, SimError>>>> =
+        Mutex::new(policies.iter().map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&p) = policies.get(i) else { break };
+                let out = run(p);
+                if let Ok(mut d) = done.lock() {
+                    d[i] = Some(out);
+                }
+            });
+        }
+    });
+    done.into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .flatten()
+        .collect()
 }

@@ -38,6 +38,15 @@ fn color(p: PolicyKind) -> RGBColor {
     }
 }
 
+/// The policies the plots show: all but the one-knob variants (`old+...`), which only
+/// the tables list (thirteen lines would hide the ones that matter).
+fn plotted(replay: &Replay) -> impl Iterator<Item = &crate::SimOutput> {
+    replay
+        .outputs
+        .iter()
+        .filter(|o| !o.policy.name().starts_with("old+"))
+}
+
 fn plot_err<E: std::fmt::Display>(e: E) -> io::Error {
     io::Error::other(format!("plotting failed: {e}"))
 }
@@ -125,9 +134,7 @@ pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<Strin
     h += &per_lab_table(replay);
     h += "<h2>Utilisation over time</h2>\n";
     h += &utilization_plot(work, replay)?;
-    let samples: Vec<(PolicyKind, Samples)> = replay
-        .outputs
-        .iter()
+    let samples: Vec<(PolicyKind, Samples)> = plotted(replay)
         .map(|o| (o.policy, Samples::new(work, o)))
         .collect();
     h += "<h2>Job completion time</h2>\n";
@@ -196,7 +203,7 @@ fn utilization_plot(work: &Workload, replay: &Replay) -> io::Result<String> {
             .y_desc("busy GPUs / campus GPUs (daily mean)")
             .draw()
             .map_err(plot_err)?;
-        for o in &replay.outputs {
+        for o in plotted(replay) {
             let hourly = &o.accounting.hourly;
             let points: Vec<(f64, f64)> = hourly
                 .chunks(per_day)
@@ -312,7 +319,7 @@ fn owner_plot(replay: &Replay) -> io::Result<String> {
         return Ok("<p>(isolated was not simulated)</p>\n".into());
     };
     let mut points: Vec<(PolicyKind, f64, f64)> = Vec::new();
-    for o in &replay.outputs {
+    for o in plotted(replay) {
         let m = &policies[o.policy.name()];
         for (lab, l) in &m.per_lab {
             let base = iso.per_lab.get(lab).and_then(|b| b.owner_wait_mean_s);
@@ -347,7 +354,7 @@ fn owner_plot(replay: &Replay) -> io::Result<String> {
                 BLACK.mix(0.4),
             ))
             .map_err(plot_err)?;
-        for o in &replay.outputs {
+        for o in plotted(replay) {
             let c = color(o.policy);
             let mine: Vec<(f64, f64)> = points
                 .iter()

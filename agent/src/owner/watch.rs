@@ -196,6 +196,8 @@ mod tests {
             guest,
             lab: Some("physics".into()),
             grace_s: Some(20),
+            image_digest: None,
+            image_signature: None,
         }
     }
 

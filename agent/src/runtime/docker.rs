@@ -5,13 +5,16 @@
 //! capability dropped, `no-new-privileges`, memory/CPU/pid limits, and the assigned GPUs
 //! as an NVIDIA device request plus `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES`, and
 //! the attempt's checkpoint directory as its one host path (a bind mount at `/checkpoint`).
-//! Images are never pulled: a missing image is an error the job's owner sees.
+//! The image runs only at its pinned digest and is created from that ID, never from the
+//! tag (see [`super::images`]); it is pulled only from registries the node allows, and
+//! only by digest.
 //!
 //! An interactive job without a command gets [`KEEP_ALIVE`] as its entrypoint: the
 //! container stays up (for its owner to SSH in) until its time limit, a stop or its lease,
 //! and ends at once and cleanly on SIGTERM. An image without `/bin/sh` cannot run it: the
 //! container is removed before it starts and the job fails with [`RuntimeError::NoShell`].
 
+use super::images::{self, ImagePolicy};
 use super::{
     container_name, guest, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
     FoundContainer, RuntimeError, LABEL_AGENT,
@@ -162,6 +165,8 @@ pub struct DockerRuntime {
     agent_id: String,
     /// The network and write caps of every container (see `guest`).
     isolation: guest::Isolation,
+    /// Pulls and signatures (see `images`).
+    images: ImagePolicy,
 }
 
 impl DockerRuntime {
@@ -176,7 +181,14 @@ impl DockerRuntime {
             docker,
             agent_id,
             isolation: guest::Isolation::default(),
+            images: ImagePolicy::default(),
         })
+    }
+
+    /// The same runtime, with the node's image settings.
+    pub fn with_images(mut self, images: ImagePolicy) -> Self {
+        self.images = images;
+        self
     }
 
     /// The same runtime, with containers isolated as `iso` says; makes what that needs
@@ -216,6 +228,72 @@ impl DockerRuntime {
     }
 }
 
+impl DockerRuntime {
+    /// The image ID to create the container from, after the checks of `images` (pin,
+    /// signature, local ID, pulls only where allowed and only by digest).
+    async fn resolve_image(&self, spec: &JobSpec) -> Result<String, RuntimeError> {
+        let pin = self.images.check_spec(spec)?;
+        match self.docker.inspect_image(&spec.image).await {
+            Ok(info) => {
+                let local = info.id.unwrap_or_default();
+                images::compare(&spec.image, &local, pin)?;
+                return Ok(local);
+            }
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if !self.images.may_pull(&spec.image) {
+            return Err(RuntimeError::ImageMissing(spec.image.clone()));
+        }
+        let by_digest = format!("{}@{pin}", images::repository_of(&spec.image));
+        tracing::info!(image = %by_digest, "pulling an allowed image by digest");
+        let mut pull = self.docker.create_image(
+            Some(bollard::query_parameters::CreateImageOptions {
+                from_image: Some(by_digest.clone()),
+                ..Default::default()
+            }),
+            None,
+            None,
+        );
+        while let Some(step) = pull.next().await {
+            step.map_err(|e| RuntimeError::PullFailed(by_digest.clone(), e.to_string()))?;
+        }
+        let info = self
+            .docker
+            .inspect_image(&by_digest)
+            .await
+            .map_err(|e| RuntimeError::PullFailed(by_digest.clone(), e.to_string()))?;
+        let local = info.id.unwrap_or_default();
+        images::compare(&spec.image, &local, pin)?;
+        Ok(local)
+    }
+}
+
+/// What the log stream of [`DockerRuntime`] is made of.
+enum LogPiece {
+    /// Output as the engine's follow delivered it.
+    Followed(String),
+    /// The last entry, read once the follow ended.
+    Last(String),
+}
+
+/// The longest end of the output kept to compare the last entry with.
+const SEEN_END: usize = 64 * 1024;
+
+/// Keeps the last [`SEEN_END`] bytes (at a character boundary) of the output so far.
+fn remember_end(seen: &mut String, s: &str) {
+    seen.push_str(s);
+    if seen.len() > 2 * SEEN_END {
+        let mut cut = seen.len() - SEEN_END;
+        while !seen.is_char_boundary(cut) {
+            cut += 1;
+        }
+        seen.drain(..cut);
+    }
+}
+
 /// Whole seconds for the engine's APIs, saturating instead of wrapping.
 fn whole_secs_i32(d: Duration) -> i32 {
     i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
@@ -236,13 +314,7 @@ impl ContainerRuntime for DockerRuntime {
         gpus: &[AssignedGpu],
         checkpoint: &CheckpointMount,
     ) -> Result<String, RuntimeError> {
-        match self.docker.inspect_image(&spec.image).await {
-            Ok(_) => {}
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404, ..
-            }) => return Err(RuntimeError::ImageMissing(spec.image.clone())),
-            Err(e) => return Err(e.into()),
-        }
+        let id = self.resolve_image(spec).await?;
         let name = container_name(&self.agent_id, job, attempt);
         // A leftover of the same attempt (agent crashed between create and report) goes.
         let _ = self
@@ -256,6 +328,8 @@ impl ContainerRuntime for DockerRuntime {
             )
             .await;
         let mut body = container_body(&self.agent_id, job, attempt, spec, gpus, checkpoint);
+        // By ID: what was checked is what runs, whatever the tag points at by now.
+        body.image = Some(id);
         if let Some(h) = body.host_config.as_mut() {
             guest::apply(h, &self.isolation, spec.shm_mb);
         }
@@ -328,18 +402,57 @@ impl ContainerRuntime for DockerRuntime {
         id: &str,
         since: Option<Duration>,
     ) -> impl Stream<Item = String> + Send + 'static {
-        self.docker
+        let since = since.map_or(0, whole_secs_i32);
+        let follow = self
+            .docker
             .logs(
                 id,
                 Some(LogsOptions {
                     follow: true,
                     stdout: true,
                     stderr: true,
-                    since: since.map_or(0, whole_secs_i32),
+                    since,
                     ..Default::default()
                 }),
             )
-            .filter_map(|r| async move { r.ok().map(|l| l.to_string()) })
+            .filter_map(|r| async move { r.ok().map(|l| LogPiece::Followed(l.to_string())) });
+        // The engine's follow can end with the container before its last line reaches it
+        // when that line has no newline (`printf done; exit`): one plain read of the last
+        // entry afterwards, sent unless the follow already ended with it.
+        let (docker, id) = (self.docker.clone(), id.to_string());
+        let last = futures_util::stream::once(async move {
+            let mut read = docker.logs(
+                &id,
+                Some(LogsOptions {
+                    follow: false,
+                    stdout: true,
+                    stderr: true,
+                    since,
+                    tail: "1".into(),
+                    ..Default::default()
+                }),
+            );
+            let mut text = String::new();
+            while let Some(Ok(l)) = read.next().await {
+                text.push_str(&l.to_string());
+            }
+            LogPiece::Last(text)
+        });
+        follow
+            .chain(last)
+            .scan(String::new(), |seen, piece| {
+                let out = match piece {
+                    LogPiece::Followed(s) => {
+                        remember_end(seen, &s);
+                        Some(s)
+                    }
+                    LogPiece::Last(t) => {
+                        Some(t).filter(|t| !t.is_empty() && !seen.ends_with(t.as_str()))
+                    }
+                };
+                futures_util::future::ready(Some(out))
+            })
+            .filter_map(futures_util::future::ready)
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
@@ -460,6 +573,8 @@ mod tests {
             guest: false,
             lab: None,
             grace_s: None,
+            image_digest: None,
+            image_signature: None,
         }
     }
 

@@ -12,7 +12,9 @@
 //!   `lease.json` (see `store`), which outlives the agent as well as any label would.
 //! - [`ContainerRuntime::stop`] and [`ContainerRuntime::remove`] succeed on a container
 //!   that is already stopped or gone: they are retried after restarts and races.
-//! - Images are never pulled: a missing image is [`RuntimeError::ImageMissing`].
+//! - An image runs only at the digest the portal's allow-list pinned (see [`images`]);
+//!   it is pulled only from registries the node allows, by digest; otherwise a missing
+//!   image is [`RuntimeError::ImageMissing`].
 //! - [`ContainerRuntime::wait`] may fail while the container still runs (the engine
 //!   restarted, the connection broke): [`ContainerRuntime::inspect`] tells the two apart.
 //! - Every container gets its attempt's [`CheckpointMount`]: the host directory
@@ -21,6 +23,7 @@
 
 pub mod docker;
 pub mod guest;
+pub mod images;
 
 pub use docker::{container_body, DockerRuntime, JOB_USER};
 
@@ -37,8 +40,20 @@ pub const LABEL_AGENT: &str = "commons.agent";
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {
-    #[error("image {0:?} is not on this server (GPU Commons never pulls images; the lab admin loads allowed images)")]
+    #[error("the image {0} is missing on this server: it is not on this server's Docker Engine, and this node does not pull from its registry (a lab admin loads the allowed image, or lets the node pull it with --allow-pull REGISTRY)")]
     ImageMissing(String),
+    #[error("the local image {image} was changed: {local} ≠ pinned {pinned} (the lab admin loads the allowed image again, or updates the allow-list entry)")]
+    ImageChanged {
+        image: String,
+        local: String,
+        pinned: String,
+    },
+    #[error("the image {0} has no pinned digest from the allow-list; this agent runs allow-listed images only")]
+    ImageNotPinned(String),
+    #[error("the image {0} is not signed as this server requires: {1}")]
+    ImageSignature(String, String),
+    #[error("pulling {0} by digest failed: {1}")]
+    PullFailed(String, String),
     #[error("image {0:?} has no /bin/sh, which an interactive job without a command needs to stay up; give the job a command that keeps running (a server such as `jupyter lab`)")]
     NoShell(String),
     #[error("no such container {0}")]

@@ -7,6 +7,26 @@ use commons_agent::runtime::{AssignedGpu, ContainerRuntime};
 use commons_proto::{AttemptState, StopReason};
 use std::time::Duration;
 
+/// The engine's log follow ends with the container and can miss a last line without a
+/// newline written a while before the end; the agent reads it once more. Each line
+/// arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_line_without_a_newline_is_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (exec, mut rx, _rt) = docker_agent(&new_agent_id(), dir.path()).await;
+    let lease = lease_from_hello(&exec, 3600);
+    exec.start(
+        1,
+        1,
+        spec("echo first; printf 'result: 42'; sleep 2", 60),
+        vec![],
+        lease,
+    );
+    let end = final_event(&mut rx).await;
+    assert_eq!(end.exit_code, Some(0));
+    assert_eq!(end.logs, "first\nresult: 42", "{:?}", end.logs);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_code_and_output_come_back_and_the_container_goes() {
     let dir = tempfile::tempdir().unwrap();
@@ -251,6 +271,7 @@ async fn an_interactive_job_on_an_image_without_a_shell_fails_with_a_clear_reaso
     s.command.clear();
     s.interactive = true;
     s.image = image.clone();
+    s.image_digest = Some(super::local_id(&image));
     exec.start(31, 1, s, vec![], lease_from_hello(&exec, 3600));
     let end = final_event(&mut rx).await;
     assert_eq!(end.state, AttemptState::Failed, "{end:?}");

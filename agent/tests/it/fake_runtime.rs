@@ -388,6 +388,8 @@ pub(crate) fn spec(image: &str, time_limit_s: u64) -> JobSpec {
         guest: false,
         lab: None,
         grace_s: None,
+        image_digest: None,
+        image_signature: None,
     }
 }
 

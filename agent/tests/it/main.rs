@@ -4,7 +4,8 @@
 //! [`guard`] checks the per-attempt guard process there while the agent is down.
 //! [`checkpoints`] drives restores and uploads through the executor against
 //! [`portal_double`], a test double of the portal's checkpoint API over HTTP. [`extend`]
-//! moves a running attempt's time limit as a `Renew` asks.
+//! moves a running attempt's time limit as a `Renew` asks. [`images`] checks pins, pulls
+//! and signatures against the real engine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod checkpoints;
@@ -14,6 +15,7 @@ mod extend;
 mod fake_runtime;
 mod guard;
 mod guests;
+mod images;
 mod portal_double;
 mod reconcile;
 mod reconcile_checkpoints;
@@ -48,8 +50,21 @@ fn demo_image() {
     }
 }
 
+/// The image's ID in the local engine, as the allow-list pins it.
+fn local_id(image: &str) -> String {
+    let out = std::process::Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .output()
+        .expect("the docker CLI is needed (apt-get install docker.io)");
+    assert!(out.status.success(), "docker image inspect {image}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
+    demo_image();
     JobSpec {
+        image_digest: Some(local_id("commons-demo:latest")),
+        image_signature: None,
         image: "commons-demo:latest".into(),
         command: vec!["sh".into(), "-c".into(), cmd.into()],
         env: Default::default(),

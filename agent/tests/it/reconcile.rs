@@ -34,6 +34,8 @@ fn launch() -> Arc<Launch> {
             guest: false,
             lab: None,
             grace_s: None,
+            image_digest: None,
+            image_signature: None,
         },
         gpus: vec![],
         resume: false,

@@ -2,6 +2,7 @@
 
 mod account;
 mod cli_login;
+mod images;
 mod jobs;
 pub mod metrics;
 mod nodes;
@@ -20,6 +21,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         web::scope("/api/v1")
             .configure(account::configure)
             .configure(cli_login::configure)
+            .configure(images::configure)
             .configure(jobs::configure)
             .configure(nodes::configure)
             .configure(policy::configure)

@@ -49,9 +49,10 @@ pub fn record(
     Ok(())
 }
 
-/// An entry for something done on a server rather than in the portal (`commons-agent
-/// drain` and the like): the actor is who ran it there, e.g. "alice on gpu7".
-pub fn record_on_server(
+/// An entry by someone who is not a signed-in user: something done on a server rather
+/// than in the portal (`commons-agent drain` and the like, the actor "alice on gpu7"), or
+/// by the operator CLI (`actor` says so).
+pub fn record_as(
     c: &mut DbConn,
     actor: &str,
     lab: Option<i64>,

@@ -67,6 +67,8 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
                 jobs::time_limit_s.eq(v.time_limit_s),
                 jobs::checkpoint_interval_s.eq(v.checkpoint_interval_s),
                 jobs::shm_mb.eq(v.shm_mb),
+                jobs::image_digest.eq(&v.image_digest),
+                jobs::image_signature.eq(&v.image_signature),
                 jobs::kind.eq(v.kind),
                 jobs::state.eq(JobState::Queued),
                 jobs::reason.eq(Some("waiting for the scheduler")),

@@ -15,6 +15,7 @@ pub mod checkpoints;
 pub mod cli_logins;
 pub mod copy;
 pub mod gateway;
+pub mod images;
 pub mod jobs;
 pub mod models;
 pub mod nodes;
@@ -59,7 +60,17 @@ pub enum DbError {
 
 impl From<DbError> for crate::error::AppError {
     fn from(e: DbError) -> Self {
-        crate::error::AppError::Internal(e.into())
+        use crate::error::AppError;
+        match e {
+            // No connection to be had (the server restarts, or every connection is busy
+            // past the pool's timeout): a 503 to try again, and the pool reconnects.
+            DbError::Connect(_) | DbError::Pool(_) => {
+                tracing::warn!("the database is unavailable: {e}");
+                AppError::Unavailable("the database is unavailable for a moment; try again".into())
+            }
+            DbError::Query(q) => q.into(),
+            e => AppError::Internal(e.into()),
+        }
     }
 }
 

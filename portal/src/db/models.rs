@@ -23,6 +23,8 @@ pub struct Lab {
     pub member_quota: Json<Quota>,
     /// The lab's interactive jobs go ahead of its batch jobs (`sched::LabInfo`).
     pub interactive_boost: bool,
+    /// The lab's jobs may use signed allow-list entries only.
+    pub require_signed_images: bool,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Serialize)]
@@ -171,6 +173,11 @@ pub struct Job {
     /// When the scheduler's latest plan expects the waiting job to start; none:
     /// unknown, or not waiting.
     pub estimated_start_at: Option<NaiveDateTime>,
+    /// The digest the allow-list pinned the image to when the job was submitted; the
+    /// agent runs that image ID only. None for jobs older than the allow-list.
+    pub image_digest: Option<String>,
+    /// The allow-list entry's signature, if it had one (the agent may check it again).
+    pub image_signature: Option<String>,
 }
 
 impl Job {
@@ -235,4 +242,22 @@ pub struct SshKey {
     pub created_at: NaiveDateTime,
     /// Last time the SSH gateway let someone in with it.
     pub last_used_at: Option<NaiveDateTime>,
+}
+
+/// An allow-list entry: `name_tag` pinned to `digest`, for the campus (`lab_id` none) or
+/// one lab.
+#[derive(Debug, Clone, Queryable, Selectable, Serialize)]
+#[diesel(table_name = image_allows)]
+pub struct ImageAllow {
+    pub id: i64,
+    #[serde(skip)]
+    pub lab_id: Option<i64>,
+    pub name_tag: String,
+    pub digest: String,
+    pub description: String,
+    pub signature: Option<String>,
+    /// Fingerprint of the authority key that signed it.
+    pub signed_by: Option<String>,
+    pub created_by: String,
+    pub created_at: NaiveDateTime,
 }

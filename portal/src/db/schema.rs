@@ -11,6 +11,7 @@ diesel::table! {
         member_quota -> Text,
         checkpoint_cap_gb -> Nullable<Double>,
         interactive_boost -> Bool,
+        require_signed_images -> Bool,
     }
 }
 
@@ -146,6 +147,8 @@ diesel::table! {
         checkpoint_interval_s -> Nullable<BigInt>,
         shm_mb -> Nullable<BigInt>,
         estimated_start_at -> Nullable<Timestamp>,
+        image_digest -> Nullable<Text>,
+        image_signature -> Nullable<Text>,
     }
 }
 
@@ -257,6 +260,20 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    image_allows (id) {
+        id -> BigInt,
+        lab_id -> Nullable<BigInt>,
+        name_tag -> Text,
+        digest -> Text,
+        description -> Text,
+        signature -> Nullable<Text>,
+        signed_by -> Nullable<Text>,
+        created_by -> Text,
+        created_at -> Timestamp,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
 diesel::joinable!(api_tokens -> users (user_id));
@@ -290,4 +307,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     ssh_keys,
     cli_logins,
     web_sessions,
+    image_allows,
 );

@@ -109,6 +109,36 @@ fn ensure_demo_image_for_demo() -> anyhow::Result<()> {
     }
 }
 
+/// Puts `commons-demo:latest` on the campus allow-list at its ID in the local Docker
+/// Engine (again, at the new ID, when the image was rebuilt since). Returns the digest.
+pub fn allow_demo_image(db: &crate::db::Db) -> anyhow::Result<String> {
+    use crate::service::images::{self, Adder, NewImage};
+    let digest = images::local_digest(DEMO_IMAGE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    db.run_blocking(|c| {
+        let current = crate::db::images::usable_by(c, &[])?
+            .into_iter()
+            .find(|e| e.name_tag == DEMO_IMAGE);
+        match current {
+            Some(e) if e.digest == digest => return Ok(()),
+            Some(e) => {
+                crate::db::images::delete(c, e.id)?;
+            }
+            None => {}
+        }
+        let req = NewImage {
+            name_tag: DEMO_IMAGE.into(),
+            digest: Some(digest.clone()),
+            description: Some(
+                "GPU Commons demo image (sh, sleep, and with busybox: httpd, nc)".into(),
+            ),
+            ..Default::default()
+        };
+        images::store(c, Adder::Cli, &req, &[]).map(|_| ())
+    })
+    .map_err(|e| anyhow::anyhow!("allowing the demo image: {e}"))?;
+    Ok(digest)
+}
+
 /// Resolves when this process is asked to stop: Ctrl-C (SIGINT), SIGTERM or SIGHUP. The
 /// handlers are installed when this is called, so no signal after the call is missed.
 fn stop_requested() -> anyhow::Result<impl std::future::Future<Output = ()>> {
@@ -184,6 +214,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     tokio::pin!(stop);
     let mut portal = start(config).await?;
     campus::seed(&portal.state).await?;
+    let db = portal.state.db.clone();
+    tokio::task::spawn_blocking(move || allow_demo_image(&db)).await??;
     let url = portal.url();
     let mut servers = campus::Servers::start(&agent_bin, &portal.state, &url, &data_dir).await?;
     banner(&url, &data_dir, args.quiet);

@@ -179,6 +179,8 @@ fn start_msg(
             guest: node_lab.is_some_and(|l| l != job.lab_id),
             lab: Some(lab.slug),
             grace_s,
+            image_digest: job.image_digest.clone(),
+            image_signature: job.image_signature.clone(),
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,

@@ -22,11 +22,16 @@ pub fn visible(c: &mut DbConn, actor: &Actor, id: i64) -> Result<Job, AppError> 
 /// Validates and stores a job, then wakes the scheduler. Nothing is written when any
 /// rule fails.
 pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobView, AppError> {
-    let valid = validate::job(req, &actor.lab_ids())?;
+    let mut valid = validate::job(req, &actor.lab_ids())?;
     let user = actor.user.id;
     let view = state
         .db
         .run(move |c| {
+            // The allow-list decides which digest this job may ever run.
+            let pin = super::images::pin_for_job(c, valid.lab_id, &valid.image)?;
+            valid.image = pin.name_tag;
+            valid.image_digest = Some(pin.digest);
+            valid.image_signature = pin.signature;
             let job = db::jobs::insert(c, user, &valid)?;
             job_view(c, &job)
         })

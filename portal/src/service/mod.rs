@@ -16,6 +16,7 @@ pub mod checkpoints;
 pub mod cli_login;
 pub mod extend;
 pub mod identity;
+pub mod images;
 pub mod jobs;
 pub mod labs;
 pub mod members;
@@ -53,6 +54,8 @@ pub struct Ctx {
     pub relays: relays::Hub,
     /// This process's Prometheus metrics.
     pub metrics: crate::metrics::SharedMetrics,
+    /// The campus image authorities' keys (allow-list signatures).
+    pub image_authorities: images::Authorities,
 }
 
 /// Who is asking: a signed-in user and their labs. `auth::CurrentUser` is the HTTP

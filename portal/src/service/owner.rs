@@ -173,13 +173,13 @@ fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand) -> Result<String, AppErr
             db::nodes::set_lending(c, node.id, &json, node.grace_s, node.reclaim)?;
             let before = describe(&node.lending_rules());
             let after = describe(&lending);
-            db::audit::record_on_server(c, &actor, lab, "set_lending", &target, &before, &after)?;
+            db::audit::record_as(c, &actor, lab, "set_lending", &target, &before, &after)?;
             Ok(format!("lending rule set to {after}"))
         }
         NodeCommand::Drain { by } => {
             let actor = actor(&by)?;
             db::nodes::set_draining(c, node.id, true)?;
-            db::audit::record_on_server(
+            db::audit::record_as(
                 c,
                 &actor,
                 lab,
@@ -193,7 +193,7 @@ fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand) -> Result<String, AppErr
         NodeCommand::Undrain { by } => {
             let actor = actor(&by)?;
             db::nodes::set_draining(c, node.id, false)?;
-            db::audit::record_on_server(
+            db::audit::record_as(
                 c,
                 &actor,
                 lab,
@@ -208,7 +208,7 @@ fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand) -> Result<String, AppErr
             let actor = actor(&by)?;
             let json = to_json(&node.lending_rules()).map_err(|e| AppError::Internal(e.into()))?;
             db::nodes::set_lending(c, node.id, &json, node.grace_s, on)?;
-            db::audit::record_on_server(
+            db::audit::record_as(
                 c,
                 &actor,
                 lab,
@@ -226,7 +226,7 @@ fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand) -> Result<String, AppErr
         NodeCommand::Leave { by } => {
             let actor = actor(&by)?;
             db::nodes::revoke(c, node.id)?;
-            db::audit::record_on_server(c, &actor, lab, "leave", &target, "enrolled", "left")?;
+            db::audit::record_as(c, &actor, lab, "leave", &target, "enrolled", "left")?;
             Ok("the server left GPU Commons: its credential is revoked".into())
         }
     }

@@ -145,18 +145,25 @@ struct NewJobPage {
     banner: Banner,
     form: JobForm,
     labs: Vec<String>,
+    /// The allow-list entries the user's labs may run (the image field's choices).
+    images: Vec<crate::service::images::ImageView>,
     error: Option<String>,
     error_field: String,
 }
 
-async fn new(state: web::Data<AppState>, session: Session, user: CurrentUser) -> NewJobPage {
-    NewJobPage {
+async fn new(
+    state: web::Data<AppState>,
+    session: Session,
+    user: CurrentUser,
+) -> Result<NewJobPage, WebError> {
+    Ok(NewJobPage {
         banner: Banner::new(&state, &session, Some(&user)),
         labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
+        images: crate::service::images::for_form(&state, &user).await?,
         form: JobForm::default(),
         error: None,
         error_field: String::new(),
-    }
+    })
 }
 
 async fn create(
@@ -178,6 +185,7 @@ async fn create(
             let page = NewJobPage {
                 banner: Banner::new(&state, &session, Some(&user)),
                 labs: user.labs.iter().map(|(l, _)| l.slug.clone()).collect(),
+                images: crate::service::images::for_form(&state, &user).await?,
                 error_field: e.field().unwrap_or_default().to_string(),
                 error: Some(e.to_string()),
                 form,

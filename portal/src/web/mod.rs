@@ -2,6 +2,7 @@
 
 pub mod assets;
 mod cli_login;
+mod images;
 mod jobs;
 mod labs;
 mod login;
@@ -24,6 +25,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(assets::configure)
         .configure(login::configure)
         .configure(cli_login::configure)
+        .configure(images::configure)
         .configure(jobs::configure)
         .configure(labs::configure)
         .configure(nodes::configure)

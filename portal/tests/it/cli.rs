@@ -256,6 +256,45 @@ async fn cli_runs_follows_lists_and_cancels_as_the_api_says() {
             text.contains("running") && text.contains("vision-server"),
             "{text}"
         );
+        assert!(
+            !text.contains("estimated start"),
+            "only while it waits: {text}"
+        );
+
+        // A job that waits for both GPUs: show prints the scheduler's estimated start,
+        // the API's time (the sleeper's 5-minute limit bounds it).
+        let mut wide = vec!["run", "commons-demo:latest", "--gpus", "2"];
+        wide.extend(RES);
+        wide.extend(["--", "true"]);
+        let waiter: i64 = cli.ok(&wide).await.stdout.trim().parse().unwrap();
+        let me = &p;
+        crate::harness::wait_for(T, "an estimated start", || async move {
+            me.job(&me.alice, waiter).await["estimated_start_at"].is_string()
+        })
+        .await;
+        let api = p.job(&p.alice, waiter).await;
+        assert_eq!(api["state"], "queued", "[{backend:?}] {api}");
+        let shown: Value = serde_json::from_str(
+            &cli.ok(&["show", &waiter.to_string(), "--json"])
+                .await
+                .stdout,
+        )
+        .unwrap();
+        assert_eq!(shown["estimated_start_at"], api["estimated_start_at"]);
+        let at = chrono::NaiveDateTime::parse_from_str(
+            api["estimated_start_at"].as_str().unwrap(),
+            "%Y-%m-%dT%H:%M:%S%.f",
+        )
+        .unwrap();
+        let text = cli.ok(&["show", &waiter.to_string()]).await.stdout;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("estimated start"))
+            .unwrap_or_else(|| panic!("[{backend:?}] no estimated start shown:\n{text}"));
+        let want = at.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+        assert!(line.ends_with(&want), "[{backend:?}] {line} is not {want}");
+        cli.ok(&["cancel", &waiter.to_string()]).await;
+        p.wait_state(&p.alice, waiter, &["cancelled"], T).await;
         let events: Value =
             serde_json::from_str(&cli.ok(&["events", &id.to_string(), "--json"]).await.stdout)
                 .unwrap();

@@ -89,7 +89,7 @@ pub fn demo_image() {
     });
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -235,6 +235,9 @@ impl PortalProcess {
             "admin",
         ]);
         p.admin(&["create-lab", "physics", "--name", "Physics"]);
+        // The jobs' image, on the campus allow-list at its local ID (the operator CLI).
+        demo_image();
+        p.admin(&["images", "allow", "commons-demo:latest"]);
         p.admin(&[
             "create-user",
             "bob",
@@ -257,6 +260,12 @@ impl PortalProcess {
         };
         let key = self.dir.path().join("ssh_host_key");
         let mut p = Self::configure(&o, Some(&key));
+        // The same session key: a user logged in through one replica is logged in on all.
+        std::fs::copy(
+            self.dir.path().join("session.key"),
+            p.dir.path().join("session.key"),
+        )
+        .unwrap();
         p.spawn();
         p
     }
@@ -269,12 +278,21 @@ impl PortalProcess {
             .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("commons.db").display()));
         let port = free_port();
         let config = dir.path().join("portal.toml");
+        let session_key = dir.path().join("session.key");
+        std::fs::write(
+            &session_key,
+            [rand::random::<[u8; 32]>(), rand::random::<[u8; 32]>()].concat(),
+        )
+        .unwrap();
         let mut text = format!(
             "database_url = \"{db_url}\"\nlisten = \"0.0.0.0:{port}\"\n\
+             session_key_file = \"{}\"\n\
              insecure_dev_login = true\n\
              [scheduler]\ntick_ms = 200\nheartbeat_s = 1\nlease_ttl_s = {}\n\
              lease_margin_s = {}\n[policy]\ndefault_grace_s = 5\n",
-            o.lease_ttl_s, o.margin_s
+            session_key.display(),
+            o.lease_ttl_s,
+            o.margin_s
         );
         let mut ssh_port = None;
         if o.ssh {
@@ -383,6 +401,19 @@ impl PortalProcess {
         }
     }
 
+    /// kill -9: the process dies at once, as in a crash or a lost machine.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();
@@ -427,6 +458,30 @@ impl AgentProcess {
             name: name.to_string(),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        let token = portal.admin(&["enrol-token", lab]);
+        a.spawn(Some(&token), gpus);
+        a
+    }
+
+    /// An agent that dials `url` (a reverse proxy in front of the replicas) instead of
+    /// the portal process itself; enrolled with a token of `portal`.
+    pub fn start_via(
+        host: &Host,
+        portal: &PortalProcess,
+        url: String,
+        lab: &str,
+        name: &str,
+        gpus: &str,
+    ) -> AgentProcess {
+        demo_image();
+        let mut a = AgentProcess {
+            state: tempfile::tempdir().unwrap(),
+            portal: url,
+            ns: host.ns.clone(),
+            name: name.to_string(),
+            child: None,
+            extra: Vec::new(),
         };
         let token = portal.admin(&["enrol-token", lab]);
         a.spawn(Some(&token), gpus);

@@ -132,6 +132,15 @@ impl TestPortal {
         };
         adjust(&mut config);
         let portal = commons_portal::start(config).await.expect("portal starts");
+        // Every test's jobs name the demo image: it is on the campus allow-list, pinned
+        // to its ID in the local engine, as `commons-portal demo` does.
+        let dbh = portal.state.db.clone();
+        tokio::task::spawn_blocking(move || {
+            demo_image();
+            commons_portal::demo::allow_demo_image(&dbh).expect("allow the demo image")
+        })
+        .await
+        .unwrap();
         let dbh = portal.state.db.clone();
         let (alice, bob, carol, olga) = tokio::task::spawn_blocking(move || {
             dbh.run_blocking(|c| {
@@ -196,6 +205,7 @@ impl TestPortal {
             idle_guest: None,
             socket_group: None,
             capacity: Default::default(),
+            images: Default::default(),
         };
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {

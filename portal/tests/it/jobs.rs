@@ -211,6 +211,15 @@ async fn missing_image_fails_with_the_reason() {
     for backend in BACKENDS {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+        // Allowed (at a digest no image here has), but not on the server.
+        let (status, _) = p
+            .post_json(
+                &p.olga,
+                "/api/v1/images",
+                &json!({"name_tag": "commons-no-such-image:v1", "digest": format!("sha256:{}", "e".repeat(64))}),
+            )
+            .await;
+        assert_eq!(status, 201);
         let mut body = job("true", 1);
         body["image"] = json!("commons-no-such-image:v1");
         let id = p.submit(&p.alice, body).await;

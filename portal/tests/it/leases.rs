@@ -98,7 +98,10 @@ async fn an_agent_of_another_protocol_is_refused_with_the_reason() {
     .expect("the portal answers");
     let frame = close.expect("a close frame with a reason");
     assert!(
-        frame.reason.contains("protocol 2") && frame.reason.contains("agent 1"),
+        frame
+            .reason
+            .contains(&format!("protocol {}", commons_proto::PROTOCOL_VERSION))
+            && frame.reason.contains("agent 1"),
         "{frame:?}"
     );
     let nodes = p.get_json(&p.alice, "/api/v1/nodes").await;

@@ -17,7 +17,9 @@ mod foundations;
 mod fuzz_http;
 #[path = "../fuzzkit.rs"]
 mod fuzzkit;
+mod ha;
 mod harness;
+mod images;
 mod interactive;
 mod jobs;
 mod leases;

@@ -313,7 +313,7 @@ async fn lending_rules_and_quotas_bind_guests_and_need_the_right_role() {
 
 /// How many sessions hold the scheduler leader lock in this test's database (advisory
 /// locks are per database; other tests share the server).
-fn leader_locks(url: &str) -> i64 {
+pub fn leader_locks(url: &str) -> i64 {
     use diesel::{Connection, RunQueryDsl};
     #[derive(diesel::QueryableByName)]
     struct N {

@@ -32,6 +32,34 @@ fn a_guest_goes_where_the_owner_rarely_comes_back() {
 }
 
 #[test]
+fn a_risk_difference_under_one_class_leaves_best_fit() {
+    // Over an 8-hour guest, node 1 expects 0.4 take-backs and node 2 about 0.01: with
+    // the default classes of a tenth the safer node wins; with classes of one whole
+    // take-back they are in one class and best fit (node 1) wins.
+    let mut busy = node(1, 2, 10, 2, "A100", 80);
+    busy.owner_return_rate = rates(0.05);
+    let mut quiet = node(2, 3, 20, 4, "A100", 80);
+    quiet.owner_return_rate = rates(0.001);
+    let mut j = job(1, 1, 10, 1);
+    j.time_limit_s = 8 * H;
+    let s = snap(vec![busy, quiet], vec![], vec![j]);
+    assert_eq!(plan(&s, &Policy::default(), NOW).start[0].node, 2);
+    let whole = Policy {
+        return_risk_step: 1.0,
+        ..Policy::default()
+    };
+    assert_eq!(plan(&s, &whole, NOW).start[0].node, 1);
+    // Nonsense widths read as a tenth.
+    for step in [0.0, -1.0, f64::NAN] {
+        let p = Policy {
+            return_risk_step: step,
+            ..Policy::default()
+        };
+        assert_eq!(p.return_risk_step_tenths(), 1);
+    }
+}
+
+#[test]
 fn victims_over_their_fair_share_go_first() {
     // Two guests on lab 1's node; lab 2 used far more than its share, lab 3 little.
     // Lab 3's guest checkpointed a minute ago, so without the knob it is the cheaper

@@ -211,10 +211,20 @@ impl Engine<'_> {
 }
 
 /// The scheduler's policy knobs for this campus and policy: the defaults, with the
-/// campus' grace and the policy's churn knobs.
-pub(super) fn sched_policy(campus: &Campus, kind: crate::PolicyKind) -> sched::Policy {
+/// campus' grace, the policy's churn knobs and their tuning.
+pub(super) fn sched_policy(
+    campus: &Campus,
+    kind: crate::PolicyKind,
+    tuning: &super::Tuning,
+) -> sched::Policy {
     let knobs = kind.knobs();
-    let on = sched::Policy::default();
+    let default = sched::Policy::default();
+    let on = sched::Policy {
+        relend_delay_s: tuning.relend_delay_s.unwrap_or(default.relend_delay_s),
+        relend_min_rate: tuning.relend_min_rate.unwrap_or(default.relend_min_rate),
+        return_risk_step: tuning.return_risk_step.unwrap_or(default.return_risk_step),
+        ..default
+    };
     sched::Policy {
         default_grace_s: u32::try_from(campus.grace_s).unwrap_or(u32::MAX),
         return_risk_placement: knobs.place,
@@ -307,5 +317,43 @@ pub(super) fn running_job(
         time_limit_s: limit,
         preempting: false,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Tuning;
+    use crate::PolicyKind;
+
+    #[test]
+    fn tuning_applies_only_where_the_knob_is_on() {
+        let campus = crate::CampusFile::parse(
+            "grace_seconds = 60\n[[lab]]\nname = \"a\"\ntenants = [\"va\"]\nnodes = 1\ngpus_per_node = 2\ngpu_model = \"A100-80GB\"\n",
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+        let tuning = Tuning {
+            relend_delay_s: Some(5400),
+            relend_min_rate: Some(0.0),
+            return_risk_step: Some(1.0),
+        };
+        let on = sched_policy(&campus, PolicyKind::Commons, &tuning);
+        assert_eq!(on.relend_delay_s, 5400);
+        assert_eq!(on.relend_min_rate, 0.0);
+        assert_eq!(on.return_risk_step_tenths(), 10);
+        assert_eq!(on.default_grace_s, 60);
+        // Without tuning: sched's defaults.
+        let plain = sched_policy(&campus, PolicyKind::Commons, &Tuning::default());
+        let defaults = sched::Policy::default();
+        assert_eq!(plain.relend_delay_s, defaults.relend_delay_s);
+        assert_eq!(plain.return_risk_step, defaults.return_risk_step);
+        // A policy without the hysteresis keeps it off, tuned or not.
+        let old = sched_policy(&campus, PolicyKind::CommonsOld, &tuning);
+        assert_eq!(old.relend_delay_s, 0);
+        assert!(!old.return_risk_placement);
+        let hyst = sched_policy(&campus, PolicyKind::OldHysteresis, &tuning);
+        assert_eq!(hyst.relend_delay_s, 5400);
     }
 }

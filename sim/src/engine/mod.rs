@@ -53,6 +53,8 @@ pub struct SimOptions {
     /// overestimate, each limit is the run time times a factor drawn with this seed
     /// (see [`crate::limits`]).
     pub limit_seed: Option<u64>,
+    /// Settings of the churn knobs other than `sched`'s defaults.
+    pub tuning: Tuning,
 }
 
 impl SimOptions {
@@ -62,8 +64,21 @@ impl SimOptions {
             window_per_lab: 8,
             tick_s: 0,
             limit_seed: None,
+            tuning: Tuning::default(),
         }
     }
+}
+
+/// Settings of the churn knobs for the policies that turn them on (`None`: `sched`'s
+/// default), to measure other values than the defaults.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tuning {
+    /// `Policy::relend_delay_s` where the hysteresis is on.
+    pub relend_delay_s: Option<i64>,
+    /// `Policy::relend_min_rate` where the hysteresis is on.
+    pub relend_min_rate: Option<f64>,
+    /// `Policy::return_risk_step` where return-risk placement is on.
+    pub return_risk_step: Option<f64>,
 }
 
 /// What happened to one job (indexed like [`Workload::jobs`]).
@@ -334,7 +349,7 @@ impl<'a> Engine<'a> {
             guests: 0,
             snap,
             run_pos: vec![usize::MAX; work.jobs.len()],
-            policy: sched_policy(campus, opts.policy),
+            policy: sched_policy(campus, opts.policy, &opts.tuning),
             ledgers: vec![(0.0, 0.0, work.span.0); campus.labs.len()],
             acct: Accounting::new(work.span.0, work.span.1),
             preemptions: 0,

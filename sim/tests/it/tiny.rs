@@ -143,6 +143,15 @@ fn same_seed_gives_the_same_json() {
     let first = json();
     assert_eq!(first, json());
     assert!(first.contains("\"random_departures\": 4"));
+    // Policies on threads of their own: the same JSON, the outputs in the same order.
+    let threaded = ReplaySettings {
+        threads: 3,
+        ..settings.clone()
+    };
+    let r = replay(&c, &w, &threaded, &mut |_, _| {}).unwrap();
+    assert_eq!(serde_json::to_string_pretty(&r.summary).unwrap(), first);
+    let order: Vec<_> = r.outputs.iter().map(|o| o.policy).collect();
+    assert_eq!(order, settings.policies);
     let other = ReplaySettings {
         seed: 8,
         ..settings.clone()
