@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Runs every test of GPU Commons: unit, property and integration tests, against SQLite and
-# PostgreSQL, with the real Docker Engine.
+# PostgreSQL, with the real Docker Engine. Arguments go to `cargo test`.
 #
-# Needs (Debian): docker, postgresql, libpq-dev, libsqlite3-dev, pkg-config, busybox-static,
-# openssh-client, openssh-sftp-server, tmux, nginx.
-# .ci/run installs them. Unless TEST_DATABASE_URL is set, a private PostgreSQL server is
-# started on a free port under target/test-pg and stopped at the end.
+# First scripts/test-deps.sh makes sure the tests have what they need (Debian packages,
+# moto in target/test-venv, a running Docker Engine): as root it installs what is missing,
+# otherwise it says what is missing and how to install it. Unless TEST_DATABASE_URL is
+# set, a private PostgreSQL server is started on a free port under target/test-pg and
+# stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 die() { echo "scripts/test.sh: $*" >&2; exit 1; }
-command -v docker >/dev/null || die "docker is missing (apt-get install docker.io)"
-docker info >/dev/null 2>&1 || die "the Docker Engine is not running or not reachable"
+bash scripts/test-deps.sh
 
 pg_pid=""
 cleanup() {

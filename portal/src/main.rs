@@ -64,16 +64,10 @@ enum Cmd {
         #[arg(long)]
         insecure_dev_login: bool,
     },
-    /// Start everything locally: SQLite, demo lab and users, the demo image, a local agent
-    /// with fake GPUs. Prints the URL.
-    Demo {
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        listen: String,
-        #[arg(long, default_value = ".dev/demo")]
-        data_dir: PathBuf,
-        #[arg(long, default_value = demo::DEMO_GPUS)]
-        gpus: String,
-    },
+    /// Start a small campus locally: SQLite, three labs and their people, the demo image,
+    /// an agent per lab's server with fake GPUs, and (unless --quiet) a scripted workload.
+    /// Prints the URL and whom to log in as.
+    Demo(demo::DemoArgs),
     /// Operator commands on the portal's database.
     Admin {
         #[command(flatten)]
@@ -152,8 +146,13 @@ enum ImagesCmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // The demo tells its story on stdout: only warnings in between, unless RUST_LOG asks.
+    let default_filter = match cli.cmd {
+        Cmd::Demo(_) => "warn",
+        _ => "info,actix_server=warn",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,actix_server=warn".into());
+        .unwrap_or_else(|_| default_filter.into());
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -300,15 +299,7 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             })
         }
-        Cmd::Demo {
-            listen,
-            data_dir,
-            gpus,
-        } => runtime()?.block_on(demo::run(demo::DemoOptions {
-            data_dir,
-            listen,
-            gpus,
-        })),
+        Cmd::Demo(args) => runtime()?.block_on(demo::run(args)),
     }
 }
 

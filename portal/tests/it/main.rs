@@ -10,6 +10,7 @@ mod cli_login;
 mod cli_ssh;
 mod cluster;
 mod console;
+mod demo;
 mod estimates;
 mod failures;
 mod foundations;
