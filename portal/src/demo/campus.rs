@@ -67,9 +67,14 @@ pub async fn seed(ctx: &Ctx) -> anyhow::Result<()> {
                     None => users::create_lab(c, lab.slug, lab.name)?,
                 };
                 for (name, role) in lab.people {
-                    if users::user_by_name(c, name)?.is_none() {
-                        let u =
-                            users::create_user(c, name, &format!("{name}@demo.invalid"), false)?;
+                    let u = match users::user_by_name(c, name)? {
+                        Some(u) => u,
+                        None => {
+                            users::create_user(c, name, &format!("{name}@demo.invalid"), false)?
+                        }
+                    };
+                    // Also for users of an older demo's data dir (its single lab `demo`).
+                    if users::membership(c, row.id, u.id)?.is_none() {
                         users::set_membership(c, u.id, row.id, *role)?;
                     }
                 }
