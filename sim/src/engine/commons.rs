@@ -88,7 +88,12 @@ impl Engine<'_> {
                 .into_iter()
                 .map(|(_, job)| {
                     let limit = self.limits[job] - self.jobs[job].saved;
-                    queued_job(&self.work.jobs[job], limit)
+                    let rt = &self.jobs[job];
+                    sched::QueuedJob {
+                        take_backs: rt.take_backs,
+                        taken_back_at: rt.taken_back_at,
+                        ..queued_job(&self.work.jobs[job], limit)
+                    }
                 })
                 .collect();
             self.refresh_snapshot();
@@ -223,6 +228,12 @@ pub(super) fn sched_policy(
         relend_delay_s: tuning.relend_delay_s.unwrap_or(default.relend_delay_s),
         relend_min_rate: tuning.relend_min_rate.unwrap_or(default.relend_min_rate),
         return_risk_step: tuning.return_risk_step.unwrap_or(default.return_risk_step),
+        taken_back_max_risk: tuning
+            .taken_back_max_risk
+            .unwrap_or(default.taken_back_max_risk),
+        taken_back_patience_s: tuning
+            .taken_back_patience_s
+            .unwrap_or(default.taken_back_patience_s),
         ..default
     };
     sched::Policy {
@@ -237,6 +248,11 @@ pub(super) fn sched_policy(
         owner_borrows_before_preempting: knobs.elsewhere,
         // Patience is off by default; the knob turns it on at 10 minutes.
         owner_patience_s: if knobs.patience { 600 } else { 0 },
+        taken_back_max_risk: if knobs.place {
+            on.taken_back_max_risk
+        } else {
+            0.0
+        },
         ..on
     }
 }
