@@ -392,9 +392,7 @@ impl<'a> World<'a> {
                 JobMeta {
                     lab: slots.labs[&q.lab],
                     member: slots.members[&(q.lab, q.user)],
-                    shape: *shape_ids
-                        .entry(shape(q, policy, now))
-                        .or_insert(next),
+                    shape: *shape_ids.entry(shape(q, policy, now)).or_insert(next),
                     gpus: q.gpus,
                     tier: tier(q),
                 }

@@ -80,7 +80,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub return_risk_step: Option<f64>,
     /// Expected take-backs from which a guest already taken back does not borrow a
-    /// node, for the policies with return-risk placement (default: `sched`'s, 0 = off).
+    /// node, for `commons`, `commons-nockpt` and `commons-boost` (default: `sched`'s,
+    /// 0.3; 0 turns the rule off).
     #[arg(long)]
     pub taken_back_max_risk: Option<f64>,
     /// Seconds after its last take-back during which that rule holds for a job

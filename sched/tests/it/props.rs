@@ -291,7 +291,7 @@ proptest! {
         min_runtime_s in prop::sample::select(vec![0i64, 600]),
         backfill_depth in prop::sample::select(vec![0u32, 3, 64]),
         running_charge_gpu_hours in prop::sample::select(vec![0.0f64, 1.0, 50.0]),
-        taken_back_max_risk in prop::sample::select(vec![0.0f64, 0.05, 0.5]),
+        taken_back_max_risk in prop::sample::select(vec![0.0f64, 0.05, 0.3]),
     ) {
         let now = NOW + offset - offset % 600;
         let policy = Policy {

@@ -79,9 +79,9 @@ pub struct Tuning {
     pub relend_min_rate: Option<f64>,
     /// `Policy::return_risk_step` where return-risk placement is on.
     pub return_risk_step: Option<f64>,
-    /// `Policy::taken_back_max_risk` where return-risk placement is on.
+    /// `Policy::taken_back_max_risk` for `commons` and its variants (0 elsewhere).
     pub taken_back_max_risk: Option<f64>,
-    /// `Policy::taken_back_patience_s` where return-risk placement is on.
+    /// `Policy::taken_back_patience_s` (it matters only where the rule is on).
     pub taken_back_patience_s: Option<i64>,
 }
 
