@@ -130,6 +130,13 @@ pub struct QueuedJob {
     pub cpus: f64,
     /// Memory the job asks for in MiB; placed against the node's [`Node::memory_mb`].
     pub memory_mb: u64,
+    /// How many earlier attempts of this job an owner took back (guest attempts stopped
+    /// so the node's owner lab could use its GPUs). Such a job borrows again only on
+    /// nodes where another take-back is unlikely, see
+    /// [`crate::Policy::taken_back_max_risk`].
+    pub take_backs: u32,
+    /// When the last of those take-backs ended (0: unknown or none).
+    pub taken_back_at: Time,
 }
 
 /// A job that holds GPUs now (starting, running or preempting).

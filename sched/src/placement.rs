@@ -13,7 +13,7 @@
 
 use crate::lending::{guest_block, LendBlock};
 use crate::model::{JobId, QueuedJob, Time};
-use crate::risk::risk_class;
+use crate::risk::{risk_class, too_risky_after_take_back};
 use crate::state::{gpu_matches, Reservation, World};
 
 /// Why a node does not take a job now, most hopeful first (the order of the variants
@@ -32,6 +32,9 @@ pub(crate) enum Verdict {
     LendLimit,
     /// The node is offline or draining.
     Offline,
+    /// The job was taken back before and its owner is likely to come back here
+    /// ([`crate::Policy::taken_back_max_risk`]); not transient, so no reservation.
+    ReturnRisk,
     /// The node's lending rules exclude this job.
     NotLent(LendBlock),
     /// The node can never hold the job (GPU count, model, memory, MIG profile), or it
@@ -66,6 +69,9 @@ pub(crate) fn guest_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
     }
     if let Some(block) = guest_block(node, nw.lend_until, job, world.now) {
         return Err(Verdict::NotLent(block));
+    }
+    if too_risky_after_take_back(nw.returns.as_ref(), job, world.now, world.policy) {
+        return Err(Verdict::ReturnRisk);
     }
     if let Some(max) = node.lending.max_lent_gpus {
         if nw.guest_gpus.saturating_add(job.gpus) > max {

@@ -272,6 +272,12 @@ fn explain(world: &World, job: &QueuedJob, best: Option<(Verdict, usize)>) -> Re
         Verdict::Offline => Reason::NotLent {
             detail: format!("node {node}, which fits, is offline or draining"),
         },
+        Verdict::ReturnRisk => Reason::NotLent {
+            detail: format!(
+                "this job was taken back by an owner before, and the owner of node {node}, \
+                 which fits, is likely to come back within its time limit"
+            ),
+        },
         Verdict::NotLent(block) => Reason::NotLent {
             detail: block.describe(&node, job, rules),
         },

@@ -12,7 +12,7 @@
 //! - A node without rates has zero risk and no hysteresis: it behaves exactly as before.
 
 use crate::lending::second_of_week;
-use crate::model::{Node, Time};
+use crate::model::{Node, QueuedJob, Time};
 use crate::policy::Policy;
 
 /// Hours in a week: the length of [`Node::owner_return_rate`].
@@ -113,6 +113,36 @@ pub(crate) fn risk_class(
     };
     let expected = r.expected(now, d, policy.utc_offset_s);
     (expected * 10.0).floor().clamp(0.0, 1e9) as u32
+}
+
+/// Whether [`Policy::taken_back_max_risk`] restricts where `job` may borrow now: the
+/// rule is on, an owner took the job back before, and its wait since the last take-back
+/// is within [`Policy::taken_back_patience_s`].
+pub(crate) fn taken_back_rule_applies(job: &QueuedJob, now: Time, policy: &Policy) -> bool {
+    let max = policy.taken_back_max_risk;
+    !(max.is_nan() || max <= 0.0 || job.take_backs == 0)
+        && now.saturating_sub(job.taken_back_at) < policy.taken_back_patience_s
+}
+
+/// Whether a guest that an owner already took back must not borrow this node now: the
+/// rule applies to it ([`taken_back_rule_applies`]) and the node expects at least
+/// [`Policy::taken_back_max_risk`] take-backs within the job's time limit (0: unknown,
+/// counted as one week). Nodes without return rates are safe.
+pub(crate) fn too_risky_after_take_back(
+    returns: Option<&Returns>,
+    job: &QueuedJob,
+    now: Time,
+    policy: &Policy,
+) -> bool {
+    let Some(r) = returns.filter(|_| taken_back_rule_applies(job, now, policy)) else {
+        return false;
+    };
+    let d = if job.time_limit_s > 0 {
+        job.time_limit_s
+    } else {
+        7 * 86_400
+    };
+    r.expected(now, d, policy.utc_offset_s) >= policy.taken_back_max_risk
 }
 
 /// Seconds a free GPU of the node must have been free of owner work before a guest

@@ -392,7 +392,7 @@ impl<'a> World<'a> {
                 JobMeta {
                     lab: slots.labs[&q.lab],
                     member: slots.members[&(q.lab, q.user)],
-                    shape: *shape_ids.entry(shape(q)).or_insert(next),
+                    shape: *shape_ids.entry(shape(q, policy, now)).or_insert(next),
                     gpus: q.gpus,
                     tier: tier(q),
                 }
@@ -575,7 +575,8 @@ pub(crate) fn boost_tier(job: &QueuedJob, lab_boosts: bool) -> u8 {
     u8::from(!(job.interactive && lab_boosts))
 }
 
-/// The key under which identical requests of one lab share a result.
+/// The key under which identical requests of one lab share a result (the last field:
+/// whether the job may borrow only nodes safe after a take-back).
 pub(crate) type Shape<'a> = (
     LabId,
     u32,
@@ -584,9 +585,10 @@ pub(crate) type Shape<'a> = (
     Option<&'a str>,
     i64,
     (u64, u64),
+    bool,
 );
 
-fn shape(job: &QueuedJob) -> Shape<'_> {
+fn shape<'a>(job: &'a QueuedJob, policy: &Policy, now: Time) -> Shape<'a> {
     (
         job.lab,
         job.gpus,
@@ -595,6 +597,7 @@ fn shape(job: &QueuedJob) -> Shape<'_> {
         job.mig_profile.as_deref(),
         job.time_limit_s,
         (job.cpus.to_bits(), job.memory_mb),
+        crate::risk::taken_back_rule_applies(job, now, policy),
     )
 }
 

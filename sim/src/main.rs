@@ -54,6 +54,8 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
             relend_delay_s: args.relend_delay_s,
             relend_min_rate: args.relend_min_rate,
             return_risk_step: args.return_risk_step,
+            taken_back_max_risk: args.taken_back_max_risk,
+            taken_back_patience_s: args.taken_back_patience_s,
         },
     };
     let span = (work.span.1 - work.span.0).max(1) as f64;

@@ -158,3 +158,30 @@ pub fn renew_on(
     .execute(c)?;
     Ok(ours)
 }
+
+/// Owner take-backs of the queued jobs: per job, how many of its attempts ran on
+/// another lab's node and were stopped (the job is queued again, so they did not end
+/// it), and when the last of them ended. Jobs without any are missing.
+pub fn take_backs_of_queued(c: &mut DbConn) -> Result<Vec<(i64, u32, NaiveDateTime)>, AppError> {
+    let rows: Vec<(i64, Option<NaiveDateTime>)> = job_attempts::table
+        .inner_join(jobs::table)
+        .inner_join(nodes::table)
+        .filter(jobs::state.eq(JobState::Queued))
+        .filter(job_attempts::state.eq(AttemptStatus::Stopped))
+        .filter(nodes::lab_id.ne(jobs::lab_id))
+        .order((job_attempts::job_id, job_attempts::id))
+        .select((job_attempts::job_id, job_attempts::ended_at))
+        .load(c)?;
+    let mut out: Vec<(i64, u32, NaiveDateTime)> = Vec::new();
+    for (job, ended) in rows {
+        let ended = ended.unwrap_or_default();
+        match out.last_mut() {
+            Some((j, n, last)) if *j == job => {
+                *n = n.saturating_add(1);
+                *last = (*last).max(ended);
+            }
+            _ => out.push((job, 1, ended)),
+        }
+    }
+    Ok(out)
+}

@@ -47,6 +47,10 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
             .order(jobs::id)
             .select(Job::as_select())
             .load(c)?;
+        let take_backs: BTreeMap<i64, (u32, i64)> = super::attempts::take_backs_of_queued(c)?
+            .into_iter()
+            .map(|(job, n, last)| (job, (n, secs(last))))
+            .collect();
         // Attempts that used GPUs within the ledgers' reach, with their jobs' lab and user.
         let since = t - chrono::Duration::seconds(LEDGER_LOOKBACK_S);
         let used: Vec<(Attempt, i64, i64)> = job_attempts::table
@@ -222,19 +226,25 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                 .collect(),
             queue: queued
                 .iter()
-                .map(|j| commons_sched::QueuedJob {
-                    id: j.id,
-                    user: j.user_id,
-                    lab: j.lab_id,
-                    gpus: j.gpus.max(0) as u32,
-                    models: j.gpu_models.0.clone(),
-                    min_memory_mb: j.min_gpu_memory_mb.max(0) as u64,
-                    time_limit_s: j.time_limit_s,
-                    submitted_at: secs(j.created_at),
-                    interactive: j.kind == crate::domain::JobKind::Interactive,
-                    cpus: j.cpus,
-                    memory_mb: j.memory_mb.max(0) as u64,
-                    ..Default::default()
+                .map(|j| {
+                    let (take_backs, taken_back_at) =
+                        take_backs.get(&j.id).copied().unwrap_or_default();
+                    commons_sched::QueuedJob {
+                        id: j.id,
+                        user: j.user_id,
+                        lab: j.lab_id,
+                        gpus: j.gpus.max(0) as u32,
+                        models: j.gpu_models.0.clone(),
+                        min_memory_mb: j.min_gpu_memory_mb.max(0) as u64,
+                        time_limit_s: j.time_limit_s,
+                        submitted_at: secs(j.created_at),
+                        interactive: j.kind == crate::domain::JobKind::Interactive,
+                        cpus: j.cpus,
+                        memory_mb: j.memory_mb.max(0) as u64,
+                        take_backs,
+                        taken_back_at,
+                        ..Default::default()
+                    }
                 })
                 .collect(),
             labs: lab_info.into_values().collect(),

@@ -14,3 +14,4 @@ mod placement;
 mod props;
 mod quota;
 mod support;
+mod taken_back;

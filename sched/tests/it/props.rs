@@ -166,6 +166,9 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                     (true, _) => j.mig_profile = Some("1g.10gb".into()),
                 }
                 j.time_limit_s = [0, 1800, H, 5 * H][usize::from(limit)];
+                // Every third job was taken back before, some recently, some long ago.
+                j.take_backs = (i % 3 == 1) as u32 * (1 + (i % 4) as u32);
+                j.taken_back_at = NOW - (i as i64 % 5) * 2 * H;
                 snapshot.queue.push(j);
             }
             let mut seen = BTreeSet::new();
@@ -288,12 +291,14 @@ proptest! {
         min_runtime_s in prop::sample::select(vec![0i64, 600]),
         backfill_depth in prop::sample::select(vec![0u32, 3, 64]),
         running_charge_gpu_hours in prop::sample::select(vec![0.0f64, 1.0, 50.0]),
+        taken_back_max_risk in prop::sample::select(vec![0.0f64, 0.05, 0.3]),
     ) {
         let now = NOW + offset - offset % 600;
         let policy = Policy {
             min_runtime_s,
             backfill_depth,
             running_charge_gpu_hours,
+            taken_back_max_risk,
             ..Default::default()
         };
         let p = plan(&s, &policy, now);

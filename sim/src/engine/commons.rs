@@ -88,7 +88,12 @@ impl Engine<'_> {
                 .into_iter()
                 .map(|(_, job)| {
                     let limit = self.limits[job] - self.jobs[job].saved;
-                    queued_job(&self.work.jobs[job], limit)
+                    let rt = &self.jobs[job];
+                    sched::QueuedJob {
+                        take_backs: rt.take_backs,
+                        taken_back_at: rt.taken_back_at,
+                        ..queued_job(&self.work.jobs[job], limit)
+                    }
                 })
                 .collect();
             self.refresh_snapshot();
@@ -223,6 +228,12 @@ pub(super) fn sched_policy(
         relend_delay_s: tuning.relend_delay_s.unwrap_or(default.relend_delay_s),
         relend_min_rate: tuning.relend_min_rate.unwrap_or(default.relend_min_rate),
         return_risk_step: tuning.return_risk_step.unwrap_or(default.return_risk_step),
+        taken_back_max_risk: tuning
+            .taken_back_max_risk
+            .unwrap_or(default.taken_back_max_risk),
+        taken_back_patience_s: tuning
+            .taken_back_patience_s
+            .unwrap_or(default.taken_back_patience_s),
         ..default
     };
     sched::Policy {
@@ -237,6 +248,13 @@ pub(super) fn sched_policy(
         owner_borrows_before_preempting: knobs.elsewhere,
         // Patience is off by default; the knob turns it on at 10 minutes.
         owner_patience_s: if knobs.patience { 600 } else { 0 },
+        // The take-back rule belongs to `commons` (all knobs), not to the one-knob
+        // variants `old+...`.
+        taken_back_max_risk: if knobs.place && knobs.hysteresis {
+            on.taken_back_max_risk
+        } else {
+            0.0
+        },
         ..on
     }
 }
@@ -338,20 +356,27 @@ mod tests {
             relend_delay_s: Some(5400),
             relend_min_rate: Some(0.0),
             return_risk_step: Some(1.0),
+            taken_back_max_risk: Some(0.3),
+            taken_back_patience_s: Some(7200),
         };
         let on = sched_policy(&campus, PolicyKind::Commons, &tuning);
         assert_eq!(on.relend_delay_s, 5400);
         assert_eq!(on.relend_min_rate, 0.0);
         assert_eq!(on.return_risk_step_tenths(), 10);
         assert_eq!(on.default_grace_s, 60);
+        assert_eq!(on.taken_back_max_risk, 0.3);
+        assert_eq!(on.taken_back_patience_s, 7200);
         // Without tuning: sched's defaults.
         let plain = sched_policy(&campus, PolicyKind::Commons, &Tuning::default());
         let defaults = sched::Policy::default();
         assert_eq!(plain.relend_delay_s, defaults.relend_delay_s);
         assert_eq!(plain.return_risk_step, defaults.return_risk_step);
+        assert_eq!(plain.taken_back_max_risk, defaults.taken_back_max_risk);
+        assert_eq!(plain.taken_back_max_risk, 0.3);
         // A policy without the hysteresis keeps it off, tuned or not.
         let old = sched_policy(&campus, PolicyKind::CommonsOld, &tuning);
         assert_eq!(old.relend_delay_s, 0);
+        assert_eq!(old.taken_back_max_risk, 0.0);
         assert!(!old.return_risk_placement);
         let hyst = sched_policy(&campus, PolicyKind::OldHysteresis, &tuning);
         assert_eq!(hyst.relend_delay_s, 5400);

@@ -79,6 +79,10 @@ pub struct Tuning {
     pub relend_min_rate: Option<f64>,
     /// `Policy::return_risk_step` where return-risk placement is on.
     pub return_risk_step: Option<f64>,
+    /// `Policy::taken_back_max_risk` for `commons` and its variants (0 elsewhere).
+    pub taken_back_max_risk: Option<f64>,
+    /// `Policy::taken_back_patience_s` (it matters only where the rule is on).
+    pub taken_back_patience_s: Option<i64>,
 }
 
 /// What happened to one job (indexed like [`Workload::jobs`]).
@@ -147,6 +151,9 @@ struct Rt {
     displaced: bool,
     /// When the running attempt reaches its time limit.
     limit_end: i64,
+    /// Attempts stopped by the policy (take-backs), and when the last one ended.
+    take_backs: u32,
+    taken_back_at: i64,
     out: JobOutcome,
 }
 
@@ -335,6 +342,8 @@ impl<'a> Engine<'a> {
                     preempting: false,
                     displaced: false,
                     limit_end: 0,
+                    take_backs: 0,
+                    taken_back_at: 0,
                     out: JobOutcome::default(),
                 };
                 work.jobs.len()
@@ -537,8 +546,13 @@ impl<'a> Engine<'a> {
         } else {
             self.preemptions += 1;
         }
+        let taken_back = !rt.displaced;
         self.release(job);
         let rt = &mut self.jobs[job];
+        if taken_back {
+            rt.take_backs += 1;
+            rt.taken_back_at = self.now;
+        }
         rt.saved = saved;
         rt.displaced = false;
         rt.preempting = false;
