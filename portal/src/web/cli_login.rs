@@ -32,11 +32,7 @@ struct DevicePage {
 }
 
 fn html(status: StatusCode, page: &DevicePage) -> Result<HttpResponse, WebError> {
-    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
-    Ok(HttpResponse::build(status)
-        .content_type("text/html; charset=utf-8")
-        .insert_header(("cache-control", "no-store"))
-        .body(body))
+    super::html_page(status, page)
 }
 
 #[derive(Deserialize)]

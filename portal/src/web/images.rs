@@ -167,11 +167,7 @@ async fn add(
                 actix_web::http::StatusCode::UNPROCESSABLE_ENTITY
             };
             let page = render(&state, &session, &user, form, Some(e)).await?;
-            let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
-            Ok(HttpResponse::build(status)
-                .content_type("text/html; charset=utf-8")
-                .insert_header(("cache-control", "no-store"))
-                .body(body))
+            super::html_page(status, &page)
         }
         Err(e) => Err(e.into()),
     }

@@ -110,6 +110,19 @@ pub async fn error_pages(
     Ok(res)
 }
 
+/// A page answered with `status` (a refused form, a page of its own state) and never
+/// cached: it may carry what the user typed.
+pub(crate) fn html_page(
+    status: actix_web::http::StatusCode,
+    page: &impl Template,
+) -> Result<HttpResponse, crate::error::WebError> {
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .insert_header(("cache-control", "no-store"))
+        .body(body))
+}
+
 /// A form field as a number, or an error naming the field.
 pub(crate) fn number<T: std::str::FromStr>(field: &str, text: &str) -> Result<T, AppError> {
     text.trim()

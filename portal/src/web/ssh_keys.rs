@@ -96,11 +96,7 @@ async fn add(
                 form.public_key.clear();
             }
             let page = render(&state, &session, &user, form, Some(e)).await?;
-            let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
-            Ok(HttpResponse::UnprocessableEntity()
-                .content_type("text/html; charset=utf-8")
-                .insert_header(("cache-control", "no-store"))
-                .body(body))
+            super::html_page(actix_web::http::StatusCode::UNPROCESSABLE_ENTITY, &page)
         }
         Err(e) => Err(e.into()),
     }

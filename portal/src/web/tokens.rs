@@ -113,11 +113,7 @@ async fn create(
         }
         Err(e) => return Err(e.into()),
     };
-    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
-    Ok(HttpResponse::build(status)
-        .content_type("text/html; charset=utf-8")
-        .insert_header(("cache-control", "no-store"))
-        .body(body))
+    super::html_page(status, &page)
 }
 
 async fn revoke(

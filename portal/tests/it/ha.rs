@@ -101,12 +101,10 @@ fn job(cmd: &str) -> Value {
            "time_limit_minutes": 10, "lab": "vision"})
 }
 
-async fn wait_until(within: Duration, what: &str, mut check: impl FnMut() -> bool) -> Duration {
+/// Waits for a condition of blocking checks (database queries); how long it took.
+async fn wait_until(within: Duration, what: &str, check: impl Fn() -> bool) -> Duration {
     let t0 = Instant::now();
-    while !check() {
-        assert!(t0.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::harness::wait_for(within, what, || std::future::ready(check())).await;
     t0.elapsed()
 }
 
