@@ -55,7 +55,9 @@ impl RunningPortal {
 }
 
 /// Headers on every response: the Content-Security-Policy, no MIME sniffing, no framing,
-/// no referrer outside the portal, and HSTS when the portal is served over https.
+/// no referrer outside the portal, no caching (pages and API answers hold people's data
+/// and CSRF tokens; the static assets set their own), and HSTS when the portal is served
+/// over https.
 fn security_headers(hsts: bool, sso_origin: Option<&str>) -> actix_web::middleware::DefaultHeaders {
     let h = actix_web::middleware::DefaultHeaders::new()
         .add((
@@ -64,7 +66,8 @@ fn security_headers(hsts: bool, sso_origin: Option<&str>) -> actix_web::middlewa
         ))
         .add(("x-content-type-options", "nosniff"))
         .add(("x-frame-options", "DENY"))
-        .add(("referrer-policy", "same-origin"));
+        .add(("referrer-policy", "same-origin"))
+        .add(("cache-control", "no-store"));
     if hsts {
         h.add(("strict-transport-security", "max-age=31536000"))
     } else {
