@@ -29,6 +29,7 @@ pub mod owner;
 pub mod policy;
 pub mod relays;
 pub mod reports;
+pub mod samples;
 pub mod sessions;
 pub mod ssh;
 pub mod ssh_keys;
