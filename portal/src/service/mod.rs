@@ -35,6 +35,7 @@ pub mod ssh;
 pub mod ssh_keys;
 #[cfg(test)]
 pub(crate) mod testkit;
+pub mod utilization;
 pub mod views;
 
 use crate::db::models::{Job, Lab, Node, Role, User};

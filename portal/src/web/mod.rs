@@ -5,6 +5,7 @@ mod charts;
 mod cli_login;
 pub mod human;
 mod images;
+mod job_chart;
 mod job_list;
 mod jobs;
 mod labs;
@@ -30,6 +31,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(login::configure)
         .configure(cli_login::configure)
         .configure(images::configure)
+        .configure(job_chart::configure)
         .configure(job_list::configure)
         .configure(jobs::configure)
         .configure(labs::configure)

@@ -41,4 +41,5 @@ mod sessions;
 mod ssh;
 mod ssh_keys;
 mod sso;
+mod utilization;
 mod web;

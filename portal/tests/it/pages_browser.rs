@@ -334,6 +334,10 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
         .await
         .unwrap();
     js(&b, "window.noReload = 'still here'; return null;").await;
+    assert_eq!(
+        js(&b, "return document.getElementById('util-summary').textContent;").await,
+        "no samples yet"
+    );
     let (status, v) = p
         .post_json(
             &p.alice,
@@ -382,6 +386,18 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
                 .await
                 .as_str()
                 .is_some_and(|t| t.contains("all done"))
+        },
+    )
+    .await;
+    // The utilisation chart followed too: the heartbeats of the run are on it.
+    wait_for(
+        Duration::from_secs(10),
+        "the utilisation chart on the page",
+        || async move {
+            js(me, "return !!document.querySelector('#utilization svg.chart');")
+                .await
+                .as_bool()
+                == Some(true)
         },
     )
     .await;
@@ -455,3 +471,4 @@ async fn screenshots() {
     }
     b.close().await;
 }
+
