@@ -14,6 +14,7 @@ mod nodes;
 mod overview;
 mod ssh_keys;
 mod tokens;
+mod usage;
 
 use crate::auth::{csrf_token, CurrentUser};
 use crate::error::{AppError, ErrorPageInfo};
@@ -37,7 +38,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(labs::configure)
         .configure(nodes::configure)
         .configure(ssh_keys::configure)
-        .configure(tokens::configure);
+        .configure(tokens::configure)
+        .configure(usage::configure);
 }
 
 /// What the base layout shows on every page.

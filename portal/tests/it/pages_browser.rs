@@ -164,6 +164,7 @@ fn pages_for(c: &Campus, user: &str) -> Vec<String> {
         format!("/jobs/{}", c.waiting[0]),
         "/jobs/new".into(),
         "/nodes".into(),
+        "/usage".into(),
     ];
     match user {
         "alice" => pages.push(format!("/jobs/{}", c.owner_job)),
