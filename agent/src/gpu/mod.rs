@@ -54,8 +54,7 @@ pub fn from_mode(
     match mode {
         crate::GpuMode::Auto | crate::GpuMode::Nvml => Ok(Box::new(nvml::NvmlGpus::init()?)),
         crate::GpuMode::Fake(models) => Ok(Box::new(
-            fake::FakeGpus::new(models.clone(), state_dir.to_path_buf())
-                .busy_at(fake_busy_util),
+            fake::FakeGpus::new(models.clone(), state_dir.to_path_buf()).busy_at(fake_busy_util),
         )),
     }
 }

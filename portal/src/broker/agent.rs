@@ -336,7 +336,8 @@ async fn handle(
                     // missing from a chart.
                     let mut sampler = sampler.lock().unwrap_or_else(|e| e.into_inner());
                     let at = received_at;
-                    if let Err(e) = samples::record(c, &mut sampler, node, &gpu_stats, &reports, at) {
+                    if let Err(e) = samples::record(c, &mut sampler, node, &gpu_stats, &reports, at)
+                    {
                         tracing::warn!(node, "utilisation samples not written: {e:#}");
                     }
                 }

@@ -80,8 +80,5 @@ pub fn for_job(c: &mut DbConn, job: i64) -> Result<Vec<Sample>, AppError> {
 
 /// Deletes every sample taken before `before`; returns how many.
 pub fn expire(c: &mut DbConn, before: NaiveDateTime) -> Result<usize, AppError> {
-    Ok(
-        diesel::delete(attempt_samples::table.filter(attempt_samples::at.lt(before)))
-            .execute(c)?,
-    )
+    Ok(diesel::delete(attempt_samples::table.filter(attempt_samples::at.lt(before))).execute(c)?)
 }

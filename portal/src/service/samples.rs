@@ -174,11 +174,7 @@ pub async fn expire_loop(ctx: Ctx, config: UtilizationConfig) {
     let keep = chrono::Duration::days(config.retention_days as i64);
     loop {
         let before = db::now() - keep;
-        match ctx
-            .db
-            .run(move |c| db::samples::expire(c, before))
-            .await
-        {
+        match ctx.db.run(move |c| db::samples::expire(c, before)).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(deleted = n, "expired utilisation samples"),
             Err(e) => tracing::warn!("expiring utilisation samples: {e:#}"),

@@ -57,7 +57,10 @@ fn one_sample_per_attempt_and_interval_written_in_one_insert() {
     let node = k.node.id;
 
     // At rest (nothing runs): not a single statement.
-    assert_eq!(record(&mut c, &mut s, node, &[stat(0, 0)], &[], t0).unwrap(), 0);
+    assert_eq!(
+        record(&mut c, &mut s, node, &[stat(0, 0)], &[], t0).unwrap(),
+        0
+    );
     assert_eq!(take(&seen), Vec::<String>::new());
 
     // First sight: the attempts are learnt once, and sampled at once, in one INSERT; the
@@ -86,9 +89,15 @@ fn one_sample_per_attempt_and_interval_written_in_one_insert() {
 
     let rows = db::samples::for_job(&mut c, a).unwrap();
     assert_eq!(rows.len(), 2);
-    assert_eq!((rows[0].utilization_pct, rows[0].memory_used_mb), (40.0, 1000));
+    assert_eq!(
+        (rows[0].utilization_pct, rows[0].memory_used_mb),
+        (40.0, 1000)
+    );
     // The mean of the three heartbeats since (100, 50, 0), the peak of their memory.
-    assert_eq!((rows[1].utilization_pct, rows[1].memory_used_mb), (50.0, 3000));
+    assert_eq!(
+        (rows[1].utilization_pct, rows[1].memory_used_mb),
+        (50.0, 3000)
+    );
     assert_eq!(rows[1].at, at);
 
     // A new connection (the agent reconnected) starts from the stored samples: nothing
@@ -106,7 +115,15 @@ fn one_sample_per_attempt_and_interval_written_in_one_insert() {
     );
     assert_eq!(db::samples::for_job(&mut c, b).unwrap().len(), 3);
     // An attempt no longer reported is forgotten.
-    record(&mut c, &mut again, node, &[stat(90, 0)], &reports[..1], later).unwrap();
+    record(
+        &mut c,
+        &mut again,
+        node,
+        &[stat(90, 0)],
+        &reports[..1],
+        later,
+    )
+    .unwrap();
     assert_eq!(again.tracks.len(), 1);
 }
 

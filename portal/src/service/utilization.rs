@@ -129,8 +129,7 @@ pub fn read(
     visible(c, actor, id)?;
     let samples = db::samples::for_job(c, id)?;
     let attempts = db::attempts::on_job(c, id, &ALL_ATTEMPTS)?;
-    let names =
-        db::nodes::names(c, &attempts.iter().map(|a| a.node_id).collect::<Vec<_>>())?;
+    let names = db::nodes::names(c, &attempts.iter().map(|a| a.node_id).collect::<Vec<_>>())?;
     let nodes: BTreeMap<i32, String> = attempts
         .iter()
         .filter_map(|a| Some((a.attempt, names.get(&a.node_id)?.clone())))
@@ -193,7 +192,10 @@ mod tests {
         assert_eq!(u.attempts.len(), 2);
         assert_eq!(u.attempts[0].samples.len(), 2);
         assert_eq!(u.attempts[1].node.as_deref(), Some("physics-server"));
-        assert_eq!(u.summary.words(), "mean 73 %, peak 100 %, memory up to 58.6 GB");
+        assert_eq!(
+            u.summary.words(),
+            "mean 73 %, peak 100 %, memory up to 58.6 GB"
+        );
         let none = build(7, vec![], &nodes, &UtilizationConfig::default());
         assert_eq!(none.summary.words(), "no samples yet");
         assert!(none.attempts.is_empty());

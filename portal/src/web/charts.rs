@@ -329,7 +329,10 @@ mod tests {
         };
         let config = crate::config::UtilizationConfig::default();
         let empty = build(7, vec![], &Default::default(), &config);
-        assert!(utilization_svg(&empty).is_none(), "no chart without samples");
+        assert!(
+            utilization_svg(&empty).is_none(),
+            "no chart without samples"
+        );
         let mut rows: Vec<_> = (0..1000).map(|m| sample(1, m, 50.0)).collect();
         rows.push(sample(2, 1200, 100.0));
         let u: Utilization = build(7, rows, &Default::default(), &config);
@@ -338,11 +341,25 @@ mod tests {
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert_eq!(svg.matches("<circle").count(), 2);
         assert!(svg.contains(">attempt 2</text>"), "its start is marked");
-        let points = svg.split("points=\"").nth(1).unwrap().split('"').next().unwrap();
+        let points = svg
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
         // At most 240 points: 1,000 samples in runs of 5.
         assert_eq!(points.split(' ').count(), 200);
-        assert!(svg.contains("<desc id=\"util-chart-desc\">mean 50 %, peak 100 %, memory up to 2.0 GB</desc>"), "{svg}");
-        assert!(svg.contains(">20 h</text>"), "the time axis in words: {svg}");
+        assert!(
+            svg.contains(
+                "<desc id=\"util-chart-desc\">mean 50 %, peak 100 %, memory up to 2.0 GB</desc>"
+            ),
+            "{svg}"
+        );
+        assert!(
+            svg.contains(">20 h</text>"),
+            "the time axis in words: {svg}"
+        );
         assert_eq!(thin(&[], 10), vec![]);
     }
 

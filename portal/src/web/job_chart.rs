@@ -46,8 +46,17 @@ pub(super) async fn block(
         .map(|(i, a)| {
             let n = a.samples.len() as f64;
             let mean = a.samples.iter().map(|p| p.utilization_pct).sum::<f64>() / n;
-            let peak = a.samples.iter().map(|p| p.memory_used_mb).max().unwrap_or(0);
-            let on = a.node.as_deref().map(|n| format!(" on {n}")).unwrap_or_default();
+            let peak = a
+                .samples
+                .iter()
+                .map(|p| p.memory_used_mb)
+                .max()
+                .unwrap_or(0);
+            let on = a
+                .node
+                .as_deref()
+                .map(|n| format!(" on {n}"))
+                .unwrap_or_default();
             (
                 format!(
                     "attempt {}{on}: mean {mean:.0} %, memory up to {}",

@@ -98,10 +98,7 @@ fn block(
             label: "The lab's borrowed GPU-hours",
             id: format!("lab-hours-{}", a.slug),
             bar: UseBar::new(
-                format!(
-                    "{} borrowed in {period_days} days",
-                    human::hours(borrowed)
-                ),
+                format!("{} borrowed in {period_days} days", human::hours(borrowed)),
                 borrowed,
                 a.lab_quota.max_gpu_hours,
                 of_hours,

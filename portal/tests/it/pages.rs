@@ -697,12 +697,18 @@ async fn my_usage_shows_the_weeks_gpu_hours_against_each_quota() {
         let alice = logged_in(&p, "alice").await;
         let (status, html) = page(&alice, &p, "/usage").await;
         assert_eq!(status, 200, "[{backend:?}] {html}");
-        assert!(html.contains("<a href=\"/usage\">My usage</a>"), "in the nav");
+        assert!(
+            html.contains("<a href=\"/usage\">My usage</a>"),
+            "in the nav"
+        );
         assert_eq!(
             text_at(&html, "mine-hours-vision"),
             format!("{} used in {days} days of 10 h", human::hours(mine))
         );
-        assert_eq!(text_at(&html, "mine-hours-vision"), "3.0 h used in 7 days of 10 h");
+        assert_eq!(
+            text_at(&html, "mine-hours-vision"),
+            "3.0 h used in 7 days of 10 h"
+        );
         assert_eq!(text_at(&html, "mine-gpus-vision"), "0 in use of 2");
         assert_eq!(
             text_at(&html, "lab-hours-vision"),
@@ -734,7 +740,10 @@ async fn my_usage_shows_the_weeks_gpu_hours_against_each_quota() {
         let carol = logged_in(&p, "carol").await;
         let (status, carol_html) = page(&carol, &p, "/usage").await;
         assert_eq!(status, 200);
-        assert_eq!(text_at(&carol_html, "mine-hours-vision"), "0 used in 7 days");
+        assert_eq!(
+            text_at(&carol_html, "mine-hours-vision"),
+            "0 used in 7 days"
+        );
         assert_eq!(
             text_at(&carol_html, "lab-hours-vision"),
             "3.0 h borrowed in 7 days of 12 h"
@@ -751,11 +760,7 @@ async fn my_usage_shows_the_weeks_gpu_hours_against_each_quota() {
             .send()
             .await
             .unwrap();
-        assert!(
-            [303, 401].contains(&r.status().as_u16()),
-            "{}",
-            r.status()
-        );
+        assert!([303, 401].contains(&r.status().as_u16()), "{}", r.status());
         crate::pages_browser::validate_html(&[
             ("usage-member".into(), html),
             ("usage-admin".into(), carol_html),

@@ -336,7 +336,11 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
         .unwrap();
     js(&b, "window.noReload = 'still here'; return null;").await;
     assert_eq!(
-        js(&b, "return document.getElementById('util-summary').textContent;").await,
+        js(
+            &b,
+            "return document.getElementById('util-summary').textContent;"
+        )
+        .await,
         "no samples yet"
     );
     let (status, v) = p
@@ -395,9 +399,12 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
         Duration::from_secs(10),
         "the utilisation chart on the page",
         || async move {
-            js(me, "return !!document.querySelector('#utilization svg.chart');")
-                .await
-                .as_bool()
+            js(
+                me,
+                "return !!document.querySelector('#utilization svg.chart');",
+            )
+            .await
+            .as_bool()
                 == Some(true)
         },
     )
@@ -506,7 +513,11 @@ async fn times_show_in_the_readers_time_zone_with_its_offset() {
     ] {
         let b = Browser::start_in_zone(zone).await;
         assert_eq!(
-            js(&b, "return new Date(Date.UTC(2026, 11, 8)).getTimezoneOffset();").await,
+            js(
+                &b,
+                "return new Date(Date.UTC(2026, 11, 8)).getTimezoneOffset();"
+            )
+            .await,
             -east_min,
             "Chromium runs in {zone}"
         );
@@ -530,7 +541,11 @@ async fn times_show_in_the_readers_time_zone_with_its_offset() {
         .await;
         let first = js(&b, read).await;
         assert_eq!(first["text"], want.as_str(), "{zone}: {first}");
-        assert_eq!(first["title"], campus.as_str(), "the campus time in the title");
+        assert_eq!(
+            first["title"],
+            campus.as_str(),
+            "the campus time in the title"
+        );
         assert!(
             first["row"].as_str().unwrap().contains("(5 min ago)"),
             "{first}"
@@ -540,16 +555,31 @@ async fn times_show_in_the_readers_time_zone_with_its_offset() {
             "the history's times too: {first}"
         );
         // The live part is fetched again every 2 s: still the reader's time.
-        js(&b, "document.getElementById('job-facts').dataset.old = '1'; return null;").await;
-        wait_for(Duration::from_secs(10), "a refresh of the live part", || async move {
-            js(me, "return !document.getElementById('job-facts').dataset.old;")
+        js(
+            &b,
+            "document.getElementById('job-facts').dataset.old = '1'; return null;",
+        )
+        .await;
+        wait_for(
+            Duration::from_secs(10),
+            "a refresh of the live part",
+            || async move {
+                js(
+                    me,
+                    "return !document.getElementById('job-facts').dataset.old;",
+                )
                 .await
                 .as_bool()
-                == Some(true)
-        })
+                    == Some(true)
+            },
+        )
         .await;
         let again = js(&b, read).await;
-        assert_eq!(again["text"], want.as_str(), "{zone} after a refresh: {again}");
+        assert_eq!(
+            again["text"],
+            want.as_str(),
+            "{zone} after a refresh: {again}"
+        );
         let errors = b.console_errors().await;
         assert!(errors.is_empty(), "console errors: {errors:?}");
         b.close().await;

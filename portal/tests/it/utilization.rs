@@ -63,8 +63,10 @@ async fn a_running_job_is_sampled_and_shown(backend: Backend, host_n: u8) {
 
     // A job that cannot start (4 GPUs on a server of 2) has no samples, and says so.
     let waiting = api
-        .submit(json!({"image": "commons-demo:latest", "command": ["sleep", "1"],
-                       "gpus": 4, "time_limit_minutes": 5}))
+        .submit(
+            json!({"image": "commons-demo:latest", "command": ["sleep", "1"],
+                       "gpus": 4, "time_limit_minutes": 5}),
+        )
         .await;
     let u = samples_of(&api, waiting).await;
     assert_eq!(u["summary"]["samples"], 0, "{u}");
@@ -86,8 +88,10 @@ async fn a_running_job_is_sampled_and_shown(backend: Backend, host_n: u8) {
 
     // Both GPUs for 12 s: samples come while it runs.
     let job = api
-        .submit(json!({"image": "commons-demo:latest", "command": ["sleep", "12"],
-                       "gpus": 2, "time_limit_minutes": 5}))
+        .submit(
+            json!({"image": "commons-demo:latest", "command": ["sleep", "12"],
+                       "gpus": 2, "time_limit_minutes": 5}),
+        )
         .await;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -127,8 +131,7 @@ async fn a_running_job_is_sampled_and_shown(backend: Backend, host_n: u8) {
         samples.len()
     );
     let at = |v: &Value| {
-        chrono::NaiveDateTime::parse_from_str(v.as_str().unwrap(), "%Y-%m-%dT%H:%M:%S%.f")
-            .unwrap()
+        chrono::NaiveDateTime::parse_from_str(v.as_str().unwrap(), "%Y-%m-%dT%H:%M:%S%.f").unwrap()
     };
     for w in samples.windows(2) {
         let gap = at(&w[1]["at"]) - at(&w[0]["at"]);
