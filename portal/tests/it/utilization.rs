@@ -175,7 +175,8 @@ async fn a_running_job_is_sampled_and_shown(backend: Backend, host_n: u8) {
     assert!(fragment.contains(&words) && !fragment.contains("<html"));
     crate::pages_browser::validate_html(&[("job-with-chart".into(), html)]);
 
-    // Who may read it: the owner, the lab's admins and operators; no one else.
+    // Who may read it: the owner, the lab's admins (carl) and operators; no one else,
+    // not even another member of the lab.
     portal.admin(&[
         "create-user",
         "olga",
@@ -191,8 +192,18 @@ async fn a_running_job_is_sampled_and_shown(backend: Backend, host_n: u8) {
         "--lab",
         "vision",
     ]);
+    portal.admin(&[
+        "create-user",
+        "carl",
+        "--email",
+        "carl@x.test",
+        "--lab",
+        "vision",
+        "--role",
+        "admin",
+    ]);
     let path = format!("/api/v1/jobs/{job}/utilization");
-    for (user, want) in [("olga", 200), ("dave", 404), ("bob", 404)] {
+    for (user, want) in [("carl", 200), ("olga", 200), ("dave", 404), ("bob", 404)] {
         let token = portal.admin(&["api-token", user]);
         assert_eq!(status_of(&url, &token, &path).await, want, "{user}");
         let (status, _) = page(&url, user, &format!("/jobs/{job}/utilization")).await;
