@@ -110,7 +110,7 @@ async fn press_tab(b: &Browser) {
     b.client.perform_actions(keys).await.unwrap();
 }
 
-async fn js(b: &Browser, script: &str) -> Value {
+pub async fn js(b: &Browser, script: &str) -> Value {
     b.client.execute(script, vec![]).await.unwrap()
 }
 
@@ -477,8 +477,8 @@ async fn screenshots() {
             if user == "alice" {
                 // Quotas, so that "My usage" has bars to show (after the other pages: a
                 // quota would change why their jobs wait).
-                quotas_for_the_usage_shot(&c.p).await;
-                minutes_of_samples(&c.p, c.owner_job).await;
+                crate::screenshot_data::quotas_for_the_usage_shot(&c.p).await;
+                crate::screenshot_data::minutes_of_samples(&c.p, c.owner_job).await;
             }
             b.close().await;
             b = Browser::start().await;
@@ -503,192 +503,4 @@ async fn screenshots() {
         std::fs::write(out.join(format!("{name}.png")), png).unwrap();
     }
     b.close().await;
-}
-
-async fn quotas_for_the_usage_shot(p: &TestPortal) {
-    for (token, path, body) in [
-        (
-            &p.carol,
-            "/api/v1/labs/vision/member-default-quota",
-            serde_json::json!({"max_gpus": 2, "max_gpu_hours": 40}),
-        ),
-        (
-            &p.olga,
-            "/api/v1/labs/vision/quota",
-            serde_json::json!({"max_gpu_hours": 100}),
-        ),
-    ] {
-        let (status, v) = p.put_json(token, path, &body).await;
-        assert_eq!(status, 200, "{path}: {v}");
-    }
-}
-
-/// 25 minutes of utilisation samples for the running job's chart in the screenshot,
-/// written directly, the job moved back to match (a real run would take that long; the
-/// harness's fake GPUs report 0 %; `utilization.rs` tests the real path).
-async fn minutes_of_samples(p: &TestPortal, job: i64) {
-    use commons_portal::db::samples::{self, Sample};
-    use commons_portal::db::schema::{attempt_samples, job_attempts, job_events, jobs};
-    use diesel::{ExpressionMethods, QueryDsl, RunQueryDsl};
-    let now = chrono::Utc::now().naive_utc();
-    let back = chrono::Duration::minutes(26);
-    let rows: Vec<Sample> = (0..25i64)
-        .map(|i| Sample {
-            job_id: job,
-            attempt: 1,
-            at: now - chrono::Duration::minutes(24 - i),
-            utilization_pct: if i < 4 {
-                (15 + 20 * i) as f64
-            } else {
-                (88 + (i * 7) % 11 - 5) as f64
-            },
-            memory_used_mb: (61_440 * (i + 1).min(6) / 6) + (i % 5) * 300,
-        })
-        .collect();
-    let db = p.portal.state.db.clone();
-    tokio::task::spawn_blocking(move || {
-        db.run_blocking(|c| {
-            type T = chrono::NaiveDateTime;
-            let (created, started): (T, Option<T>) = jobs::table
-                .find(job)
-                .select((jobs::created_at, jobs::started_at))
-                .first(c)?;
-            diesel::update(jobs::table.find(job))
-                .set((
-                    jobs::created_at.eq(created - back),
-                    jobs::started_at.eq(started.map(|t| t - back)),
-                ))
-                .execute(c)?;
-            let attempts: Vec<(i64, Option<T>)> = job_attempts::table
-                .filter(job_attempts::job_id.eq(job))
-                .select((job_attempts::id, job_attempts::started_at))
-                .load(c)?;
-            for (id, t) in attempts {
-                diesel::update(job_attempts::table.find(id))
-                    .set(job_attempts::started_at.eq(t.map(|t| t - back)))
-                    .execute(c)?;
-            }
-            let events: Vec<(i64, T)> = job_events::table
-                .filter(job_events::job_id.eq(job))
-                .select((job_events::id, job_events::at))
-                .load(c)?;
-            for (id, t) in events {
-                diesel::update(job_events::table.find(id))
-                    .set(job_events::at.eq(t - back))
-                    .execute(c)?;
-            }
-            diesel::delete(attempt_samples::table.filter(attempt_samples::job_id.eq(job)))
-                .execute(c)?;
-            samples::insert(c, &rows)
-        })
-    })
-    .await
-    .unwrap()
-    .unwrap();
-}
-
-/// Times on the pages are the reader's: Chromium in another time zone (its `TZ`) shows a
-/// known timestamp in that zone with the zone's UTC offset (east and west of UTC), also
-/// after the live part of the page was fetched again, and the title keeps the campus
-/// time; "5 min ago" is counted by the server.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn times_show_in_the_readers_time_zone_with_its_offset() {
-    use chrono::Timelike;
-    use commons_portal::db::schema::jobs;
-    use diesel::{ExpressionMethods, QueryDsl, RunQueryDsl};
-    let p = TestPortal::start(Backend::Sqlite).await;
-    // No server: the job waits, and its page keeps refreshing its live part.
-    let id = p.submit(&p.alice, job("sleep 1", 1, None, "vision")).await;
-    // Submitted 5 min 10 s ago, to the second.
-    let created = (chrono::Utc::now().naive_utc() - chrono::Duration::seconds(310))
-        .with_nanosecond(0)
-        .unwrap();
-    p.portal
-        .state
-        .db
-        .run_blocking(|c| {
-            diesel::update(jobs::table.find(id))
-                .set(jobs::created_at.eq(created))
-                .execute(c)
-                .map_err(commons_portal::error::AppError::from)
-        })
-        .unwrap();
-    let campus = commons_portal::web::human::at(created, p.portal.state.config.policy.utc_offset_s);
-    for (zone, east_min, shown) in [
-        ("Asia/Kolkata", 330, "UTC+05:30"),
-        ("America/Argentina/Buenos_Aires", -180, "UTC-03:00"),
-    ] {
-        let b = Browser::start_in_zone(zone).await;
-        assert_eq!(
-            js(
-                &b,
-                "return new Date(Date.UTC(2026, 11, 8)).getTimezoneOffset();"
-            )
-            .await,
-            -east_min,
-            "Chromium runs in {zone}"
-        );
-        browser_login(&b, &p, "alice").await;
-        b.client
-            .goto(&format!("{}/jobs/{id}", p.url))
-            .await
-            .unwrap();
-        let want = format!(
-            "{} {shown}",
-            (created + chrono::Duration::minutes(east_min)).format("%Y-%m-%d %H:%M")
-        );
-        let read = "const t = document.querySelector('#job-facts time');
-                    return { text: t.textContent, title: t.title,
-                             row: t.closest('tr').textContent,
-                             history: document.querySelector('#history time').textContent };";
-        let (me, server_text) = (&b, campus.as_str());
-        wait_for(Duration::from_secs(10), "the local time", || async move {
-            js(me, read).await["text"].as_str() != Some(server_text)
-        })
-        .await;
-        let first = js(&b, read).await;
-        assert_eq!(first["text"], want.as_str(), "{zone}: {first}");
-        assert_eq!(
-            first["title"],
-            campus.as_str(),
-            "the campus time in the title"
-        );
-        assert!(
-            first["row"].as_str().unwrap().contains("(5 min ago)"),
-            "{first}"
-        );
-        assert!(
-            first["history"].as_str().unwrap().ends_with(shown),
-            "the history's times too: {first}"
-        );
-        // The live part is fetched again every 2 s: still the reader's time.
-        js(
-            &b,
-            "document.getElementById('job-facts').dataset.old = '1'; return null;",
-        )
-        .await;
-        wait_for(
-            Duration::from_secs(10),
-            "a refresh of the live part",
-            || async move {
-                js(
-                    me,
-                    "return !document.getElementById('job-facts').dataset.old;",
-                )
-                .await
-                .as_bool()
-                    == Some(true)
-            },
-        )
-        .await;
-        let again = js(&b, read).await;
-        assert_eq!(
-            again["text"],
-            want.as_str(),
-            "{zone} after a refresh: {again}"
-        );
-        let errors = b.console_errors().await;
-        assert!(errors.is_empty(), "console errors: {errors:?}");
-        b.close().await;
-    }
 }
