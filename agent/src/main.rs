@@ -95,6 +95,11 @@ enum Cmd {
         /// File of the campus image authorities' ed25519 public keys (OpenSSH lines).
         #[arg(long)]
         image_authority_keys: Option<PathBuf>,
+        /// With fake GPUs (demos, tests): the utilisation in percent, and the same share
+        /// of memory, that a GPU reports while a job's container holds it. 0: idle.
+        #[arg(long, env = "COMMONS_FAKE_BUSY_UTIL", default_value_t = 0,
+              value_parser = clap::value_parser!(u32).range(0..=100))]
+        fake_busy_util: u32,
     },
     /// The running agent's view: GPUs, what runs on each, what is lent and why, the
     /// portal link. Exits non-zero when the agent is not running.
@@ -208,6 +213,7 @@ fn main() -> anyhow::Result<()> {
             allow_pull,
             require_signed_images,
             image_authority_keys,
+            fake_busy_util,
         } => {
             let idle_guest = commons_agent::config::parse_idle(&idle_guest)
                 .map_err(|e| anyhow::anyhow!("--idle-guest: {e}"))?;
@@ -250,6 +256,7 @@ fn main() -> anyhow::Result<()> {
                 socket_group,
                 capacity,
                 images,
+                fake_busy_util,
             }))
         }
         Cmd::Status { state_dir } => {

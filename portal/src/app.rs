@@ -25,6 +25,8 @@ pub struct RunningPortal {
     pub ssh: Option<crate::ssh::Gateway>,
     /// Passes other replicas' messages to the agents held here (PostgreSQL only).
     pub mail: Option<tokio::task::JoinHandle<()>>,
+    /// Deletes utilisation samples past their retention, hourly.
+    pub samples: tokio::task::JoinHandle<()>,
 }
 
 impl RunningPortal {
@@ -50,6 +52,7 @@ impl RunningPortal {
         if let Some(m) = &self.mail {
             m.abort();
         }
+        self.samples.abort();
         self.handle.stop(true).await;
     }
 }
@@ -185,11 +188,16 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let scheduler = tokio::spawn(crate::broker::tick::run(state.clone()));
     let mail = (state.db.backend == crate::db::Backend::Postgres)
         .then(|| tokio::spawn(crate::service::agents::forward_mail(state.ctx.clone())));
+    let samples = tokio::spawn(crate::service::samples::expire_loop(
+        state.ctx.clone(),
+        state.config.utilization.clone(),
+    ));
     let ssh = match crate::ssh::start(state.clone()).await {
         Ok(g) => g,
         Err(e) => {
             handle.stop(false).await;
             scheduler.abort();
+            samples.abort();
             return Err(e);
         }
     };
@@ -201,5 +209,6 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         scheduler,
         ssh,
         mail,
+        samples,
     })
 }

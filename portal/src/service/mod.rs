@@ -29,11 +29,13 @@ pub mod owner;
 pub mod policy;
 pub mod relays;
 pub mod reports;
+pub mod samples;
 pub mod sessions;
 pub mod ssh;
 pub mod ssh_keys;
 #[cfg(test)]
 pub(crate) mod testkit;
+pub mod utilization;
 pub mod views;
 
 use crate::db::models::{Job, Lab, Node, Role, User};
