@@ -44,9 +44,16 @@ pub struct ReplayArgs {
     /// Write an HTML report with SVG plots into this directory.
     #[arg(long)]
     pub report: Option<PathBuf>,
-    /// Replay only the first N jobs of the trace.
+    /// Replay only the first N jobs of the trace (of the window, with --from-s/--until-s).
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Replay only the jobs submitted at or after this many seconds (the trace's
+    /// `submit_time_s`; times are not shifted, and earlier jobs are left out altogether).
+    #[arg(long)]
+    pub from_s: Option<i64>,
+    /// Replay only the jobs submitted before this many seconds (`submit_time_s`).
+    #[arg(long)]
+    pub until_s: Option<i64>,
     /// Seed of the random departures.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
