@@ -88,11 +88,11 @@ pub struct ReplayArgs {
     pub return_risk_step: Option<f64>,
     /// Expected take-backs from which a guest already taken back does not borrow a
     /// node, for `commons`, `commons-nockpt` and `commons-boost` (default: `sched`'s,
-    /// 0.3; 0 turns the rule off).
+    /// 0.1; 0 turns the rule off).
     #[arg(long)]
     pub taken_back_max_risk: Option<f64>,
     /// Seconds after its last take-back during which that rule holds for a job
-    /// (default: `sched`'s, 21600).
+    /// (default: `sched`'s, 43200).
     #[arg(long)]
     pub taken_back_patience_s: Option<i64>,
     /// Policies simulated at once, each on a thread (the figures do not depend on it).
