@@ -6,8 +6,11 @@
 //!    them by then, so no job runs twice).
 //! 2. Read the snapshot in one transaction.
 //! 3. `commons_sched::plan` (pure).
-//! 4. Commit the plan in a second transaction that re-checks every start.
+//! 4. Commit the plan in a second transaction that re-checks every start, in a fixed
+//!    number of statements (`service::plan_commit`).
 //! 5. Send the `Start`s to the agents.
+//! 6. Write what the waiting jobs show (reason, place, estimate) where the plan changed
+//!    it: for people to read, so after the `Start`s are on their way.
 //!
 //! The loop runs every `tick_ms`, and sooner when woken (submission, freed GPUs).
 //!
@@ -22,7 +25,7 @@
 use crate::db::{nodes, now, snapshot, users};
 use crate::error::AppError;
 use crate::metrics::{preemption_cause, CauseLabel, KindLabel, LabLabel, Metrics, PhaseLabel};
-use crate::service::attempts;
+use crate::service::{attempts, plan_commit};
 use crate::state::AppState;
 use commons_proto::{PortalMsg, StopReason};
 use std::collections::HashMap;
@@ -147,7 +150,7 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
     let policy = state.config.policy.clone();
     let metrics = std::sync::Arc::clone(&state.metrics);
     let m = std::sync::Arc::clone(&metrics);
-    let snapshot = state
+    let (snapshot, shown) = state
         .db
         .run(move |c| {
             let silent = now() - chrono::Duration::seconds(3 * cfg.heartbeat_s as i64 + 5);
@@ -163,12 +166,12 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
             if lost > 0 {
                 tracing::warn!(lost, "attempts lost with their servers; jobs requeued");
             }
-            let snapshot = snapshot::read(c, &policy)?;
+            let (snapshot, shown) = snapshot::read_with_waiting(c, &policy)?;
             let labs = snapshot.nodes.iter().map(|n| n.lab);
             if !m.knows_labs(labs.chain(snapshot.queue.iter().map(|q| q.lab))) {
                 m.set_labs(users::all_lab_slugs(c)?);
             }
-            Ok::<_, AppError>(snapshot)
+            Ok::<_, AppError>((snapshot, shown))
         })
         .await?;
     let now_s = chrono::Utc::now().timestamp();
@@ -213,9 +216,10 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
     }
     let committing = Instant::now();
     let timing = crate::broker::agent::timing(state);
+    let pending = std::mem::take(&mut plan.pending);
     let orders = state
         .db
-        .run(move |c| attempts::apply_plan(c, &plan, timing))
+        .run(move |c| plan_commit::apply_plan(c, &plan, timing))
         .await?;
     phase(&metrics, "commit", committing);
     let sending = Instant::now();
@@ -265,6 +269,12 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
         }
     }
     phase(&metrics, "send", sending);
+    let waiting = Instant::now();
+    state
+        .db
+        .run(move |c| plan_commit::record_waiting(c, &pending, &shown))
+        .await?;
+    phase(&metrics, "waiting", waiting);
     metrics.tick_duration.observe(began.elapsed().as_secs_f64());
     Ok(())
 }

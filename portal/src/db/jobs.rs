@@ -102,6 +102,15 @@ pub fn time_limits(
         .collect())
 }
 
+/// The jobs `ids` that exist (one query), in id order.
+pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Job>, AppError> {
+    Ok(jobs::table
+        .filter(jobs::id.eq_any(ids))
+        .order(jobs::id)
+        .select(Job::as_select())
+        .load(c)?)
+}
+
 pub fn get(c: &mut DbConn, id: i64) -> Result<Job, AppError> {
     jobs::table
         .find(id)

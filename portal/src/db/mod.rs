@@ -22,6 +22,7 @@ pub mod jobs;
 pub mod models;
 pub mod nodes;
 pub mod overview;
+pub mod plan;
 pub mod schema;
 pub mod snapshot;
 pub mod ssh_keys;

@@ -339,6 +339,24 @@ pub fn set_lending(
     Ok(())
 }
 
+/// The nodes among `ids` that are online and not revoked (one query).
+pub fn online_nodes(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, AppError> {
+    Ok(nodes::table
+        .filter(nodes::id.eq_any(ids))
+        .filter(nodes::online.eq(true))
+        .filter(nodes::revoked_at.is_null())
+        .select(Node::as_select())
+        .load(c)?)
+}
+
+/// The nodes `ids` (one query).
+pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, AppError> {
+    Ok(nodes::table
+        .filter(nodes::id.eq_any(ids))
+        .select(Node::as_select())
+        .load(c)?)
+}
+
 /// Node `id` if it is online and not revoked (where a start may go).
 pub fn online_node(c: &mut DbConn, id: i64) -> Result<Option<Node>, AppError> {
     Ok(nodes::table

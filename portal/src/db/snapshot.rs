@@ -8,7 +8,8 @@
 //! another lab's node is borrowing: it counts against its lab's quota and ledger, and to
 //! the node's lab as lending.
 
-use super::models::{Attempt, Gpu, Job, JobState, Lab, Node};
+use super::models::{Attempt, Gpu, JobState, Lab, Node};
+use super::plan::Waiting;
 use super::schema::*;
 use super::{now, DbConn};
 use crate::error::AppError;
@@ -27,6 +28,36 @@ fn secs(t: chrono::NaiveDateTime) -> i64 {
 
 /// Reads the campus into a scheduler snapshot (one transaction).
 pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, AppError> {
+    Ok(read_with_waiting(c, policy)?.0)
+}
+
+/// A queued job as the scheduler needs it (not its image, command or environment), and
+/// what it shows while it waits.
+#[derive(Queryable, Selectable)]
+#[diesel(table_name = jobs)]
+struct QueuedRow {
+    id: i64,
+    user_id: i64,
+    lab_id: i64,
+    gpus: i32,
+    gpu_models: super::types::Json<Vec<String>>,
+    min_gpu_memory_mb: i64,
+    cpus: f64,
+    memory_mb: i64,
+    time_limit_s: i64,
+    kind: crate::domain::JobKind,
+    created_at: chrono::NaiveDateTime,
+    reason: Option<String>,
+    queue_position: Option<i32>,
+    estimated_start_at: Option<chrono::NaiveDateTime>,
+}
+
+/// The snapshot, and what each queued job shows now (its reason, place and estimated
+/// start), so that the tick writes only what its plan changes.
+pub fn read_with_waiting(
+    c: &mut DbConn,
+    policy: &Policy,
+) -> Result<(commons_sched::Snapshot, BTreeMap<i64, Waiting>), AppError> {
     c.transaction(|c| {
         let t = now();
         let now_s = secs(t);
@@ -42,10 +73,10 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
         let gpu_by_id: BTreeMap<i64, &Gpu> = gpus.iter().map(|g| (g.id, g)).collect();
         let node_lab: BTreeMap<i64, i64> = nodes.iter().map(|n| (n.id, n.lab_id)).collect();
         let active = super::attempts::active_attempts(c)?;
-        let queued: Vec<Job> = jobs::table
+        let queued: Vec<QueuedRow> = jobs::table
             .filter(jobs::state.eq(JobState::Queued))
             .order(jobs::id)
-            .select(Job::as_select())
+            .select(QueuedRow::as_select())
             .load(c)?;
         let take_backs: BTreeMap<i64, (u32, i64)> = super::attempts::take_backs_of_queued(c)?
             .into_iter()
@@ -170,7 +201,24 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
         let pairs: Vec<(i64, i32)> = active.iter().map(|a| (a.job_id, a.attempt)).collect();
         let checkpointed = super::checkpoints::latest_at_for_attempts(c, &pairs)?;
 
-        Ok(commons_sched::Snapshot {
+        let mut on_node: BTreeMap<i64, Vec<&Gpu>> = BTreeMap::new();
+        for g in gpus.iter().filter(|g| g.present) {
+            on_node.entry(g.node_id).or_default().push(g);
+        }
+        let waiting = queued
+            .iter()
+            .map(|j| {
+                (
+                    j.id,
+                    Waiting {
+                        reason: j.reason.clone(),
+                        position: j.queue_position,
+                        estimated_start: j.estimated_start_at,
+                    },
+                )
+            })
+            .collect();
+        let snapshot = commons_sched::Snapshot {
             nodes: nodes
                 .iter()
                 .map(|n| commons_sched::Node {
@@ -185,9 +233,10 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                     owner_return_rate: return_rates.get(&n.id).cloned().unwrap_or_default(),
                     cpus: n.cpus.max(0.0),
                     memory_mb: n.memory_mb.max(0) as u64,
-                    gpus: gpus
-                        .iter()
-                        .filter(|g| g.node_id == n.id && g.present)
+                    gpus: on_node
+                        .get(&n.id)
+                        .into_iter()
+                        .flatten()
                         .map(|g| commons_sched::Gpu {
                             id: g.id,
                             model: g.model.clone(),
@@ -249,7 +298,8 @@ pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, 
                 .collect(),
             labs: lab_info.into_values().collect(),
             members: member_info.into_values().collect(),
-        })
+        };
+        Ok((snapshot, waiting))
     })
 }
 
