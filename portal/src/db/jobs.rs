@@ -8,7 +8,6 @@ use super::schema::*;
 use super::types::to_json;
 use super::{now, DbConn};
 use crate::error::AppError;
-use crate::insert_returning_id;
 use crate::validate::ValidJob;
 use diesel::prelude::*;
 
@@ -51,33 +50,34 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
     let env = to_json(&v.env).map_err(json)?;
     let models = to_json(&v.gpu_models).map_err(json)?;
     c.transaction(|c| {
-        let id = insert_returning_id!(
-            c,
-            diesel::insert_into(jobs::table).values((
-                jobs::user_id.eq(user),
-                jobs::lab_id.eq(v.lab_id),
-                jobs::image.eq(&v.image),
-                jobs::command.eq(&command),
-                jobs::env.eq(&env),
-                jobs::gpus.eq(v.gpus),
-                jobs::gpu_models.eq(&models),
-                jobs::min_gpu_memory_mb.eq(v.min_gpu_memory_mb),
-                jobs::cpus.eq(v.cpus),
-                jobs::memory_mb.eq(v.memory_mb),
-                jobs::time_limit_s.eq(v.time_limit_s),
-                jobs::checkpoint_interval_s.eq(v.checkpoint_interval_s),
-                jobs::shm_mb.eq(v.shm_mb),
-                jobs::image_digest.eq(&v.image_digest),
-                jobs::image_signature.eq(&v.image_signature),
-                jobs::kind.eq(v.kind),
-                jobs::state.eq(JobState::Queued),
-                jobs::reason.eq(Some("waiting for the scheduler")),
-                jobs::created_at.eq(now()),
-            )),
-            jobs::id
-        )?;
-        add_event(c, id, JobState::Queued, "submitted")?;
-        get(c, id)
+        let insert = diesel::insert_into(jobs::table).values((
+            jobs::user_id.eq(user),
+            jobs::lab_id.eq(v.lab_id),
+            jobs::image.eq(&v.image),
+            jobs::command.eq(&command),
+            jobs::env.eq(&env),
+            jobs::gpus.eq(v.gpus),
+            jobs::gpu_models.eq(&models),
+            jobs::min_gpu_memory_mb.eq(v.min_gpu_memory_mb),
+            jobs::cpus.eq(v.cpus),
+            jobs::memory_mb.eq(v.memory_mb),
+            jobs::time_limit_s.eq(v.time_limit_s),
+            jobs::checkpoint_interval_s.eq(v.checkpoint_interval_s),
+            jobs::shm_mb.eq(v.shm_mb),
+            jobs::image_digest.eq(&v.image_digest),
+            jobs::image_signature.eq(&v.image_signature),
+            jobs::kind.eq(v.kind),
+            jobs::state.eq(JobState::Queued),
+            jobs::reason.eq(Some("waiting for the scheduler")),
+            jobs::created_at.eq(now()),
+        ));
+        // The stored row comes back with the insert: no second read.
+        let job: Job = match c {
+            DbConn::Pg(c) => insert.returning(Job::as_returning()).get_result(c)?,
+            DbConn::Sqlite(c) => insert.returning(Job::as_returning()).get_result(c)?,
+        };
+        add_event(c, job.id, JobState::Queued, "submitted")?;
+        Ok(job)
     })
 }
 
