@@ -105,12 +105,14 @@ pub fn node_by_credential(c: &mut DbConn, credential: &str) -> Result<Option<Nod
 }
 
 /// Records the agent message a lease can count from (every `Hello` and `Heartbeat`).
+/// Returns false, and writes nothing, when the node's credential was revoked (on any
+/// replica): one statement both checks and records.
 pub fn set_agent_clock(
     c: &mut DbConn,
     node: i64,
     clock: &super::models::AgentClock,
-) -> Result<(), AppError> {
-    diesel::update(nodes::table.find(node))
+) -> Result<bool, AppError> {
+    let written = diesel::update(nodes::table.find(node).filter(nodes::revoked_at.is_null()))
         .set((
             nodes::agent_session.eq(clock.session as i64),
             nodes::agent_seq.eq(clock.seq as i64),
@@ -119,7 +121,7 @@ pub fn set_agent_clock(
             nodes::last_seen_at.eq(clock.received_at),
         ))
         .execute(c)?;
-    Ok(())
+    Ok(written > 0)
 }
 
 pub fn set_online(c: &mut DbConn, node: i64, online: bool) -> Result<(), AppError> {
@@ -393,17 +395,6 @@ pub fn revoke(c: &mut DbConn, node: i64) -> Result<(), AppError> {
     Ok(())
 }
 
-/// Whether node `id` has been revoked (asked on every heartbeat, so a revocation made
-/// on any replica reaches a connection held by any other).
-pub fn is_revoked(c: &mut DbConn, node: i64) -> Result<bool, AppError> {
-    Ok(nodes::table
-        .find(node)
-        .select(nodes::revoked_at)
-        .first::<Option<chrono::NaiveDateTime>>(c)
-        .optional()?
-        .is_none_or(|r| r.is_some()))
-}
-
 pub fn set_draining(c: &mut DbConn, node: i64, draining: bool) -> Result<(), AppError> {
     diesel::update(nodes::table.find(node))
         .set(nodes::draining.eq(draining))
@@ -478,5 +469,29 @@ mod tests {
             .unwrap();
         assert!(local);
         assert_eq!(util, 90);
+    }
+
+    #[test]
+    fn a_revoked_node_gets_no_clock() {
+        let (_d, mut c) = sqlite();
+        let node = campus(&mut c, 0).node;
+        let clock = crate::db::models::AgentClock {
+            session: 9,
+            seq: 5,
+            received_at: now(),
+        };
+        assert!(set_agent_clock(&mut c, node.id, &clock).unwrap());
+        diesel::update(nodes::table.find(node.id))
+            .set(nodes::revoked_at.eq(now()))
+            .execute(&mut c)
+            .unwrap();
+        let clock = crate::db::models::AgentClock { seq: 6, ..clock };
+        assert!(!set_agent_clock(&mut c, node.id, &clock).unwrap());
+        let seq: i64 = nodes::table
+            .find(node.id)
+            .select(nodes::agent_seq)
+            .first(&mut c)
+            .unwrap();
+        assert_eq!(seq, 5, "nothing written for a revoked node");
     }
 }

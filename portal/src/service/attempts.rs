@@ -262,8 +262,12 @@ pub fn renew(
     ttl_s: u64,
 ) -> Result<PortalMsg, AppError> {
     let until = clock.lease_until(ttl_s);
-    let attempts = db::transaction(c, |c| db::attempts::renew_on(c, node, until))?;
-    let time_limits = super::extend::time_limits(c, &attempts)?;
+    let attempts = db::attempts::renew_on(c, node, until)?;
+    let time_limits = if attempts.is_empty() {
+        Vec::new()
+    } else {
+        super::extend::time_limits(c, &attempts)?
+    };
     Ok(PortalMsg::Renew {
         lease: clock.lease(ttl_s),
         attempts,
@@ -488,5 +492,38 @@ mod tests {
         );
         renew(&mut c, k.node.id, &clock(4, 2000), 60).unwrap();
         assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(2060));
+    }
+
+    #[test]
+    fn a_renewal_is_one_update_and_one_read_whatever_the_attempts() {
+        use diesel::connection::{Connection, InstrumentationEvent};
+        use std::sync::{Arc, Mutex};
+        for n in [0, 1, 6] {
+            let (_d, mut c) = sqlite();
+            let k = campus(&mut c, n);
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let s = seen.clone();
+            c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
+                if let InstrumentationEvent::StartQuery { query, .. } = e {
+                    s.lock().unwrap().push(query.to_string());
+                }
+            });
+            let clock = AgentClock {
+                session: 7,
+                seq: 2,
+                received_at: db::now(),
+            };
+            let PortalMsg::Renew {
+                attempts,
+                time_limits,
+                ..
+            } = renew(&mut c, k.node.id, &clock, 60).unwrap()
+            else {
+                panic!("not a renewal")
+            };
+            assert_eq!((attempts.len(), time_limits.len()), (n, n));
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), if n == 0 { 1 } else { 2 }, "{seen:#?}");
+        }
     }
 }
