@@ -117,6 +117,9 @@ pub struct Metrics {
     pub agent_messages_refused: Counter,
     pub db_pool: Family<PoolLabel, Gauge>,
     pub db_pool_max: Gauge,
+    /// Time from asking the pool for a connection to having one (the database work's
+    /// queueing delay).
+    pub db_pool_wait: Histogram,
     /// Lab id to slug, for labels; refreshed at each scrape and when a tick meets a
     /// lab it does not know.
     labs: RwLock<HashMap<i64, String>>,
@@ -153,6 +156,8 @@ impl Metrics {
             agent_messages_refused: Counter::default(),
             db_pool: Family::default(),
             db_pool_max: Gauge::default(),
+            // 50 us .. about 26 s.
+            db_pool_wait: Histogram::new(exponential_buckets(0.000_05, 2.0, 20)),
             labs: RwLock::default(),
         };
         r.register_with_unit(
@@ -258,6 +263,12 @@ impl Metrics {
             "db_pool_max_connections",
             "Size limit of the database pool",
             m.db_pool_max.clone(),
+        );
+        r.register_with_unit(
+            "db_pool_wait",
+            "Time from asking the database pool for a connection to having one",
+            Unit::Seconds,
+            m.db_pool_wait.clone(),
         );
         Metrics { registry: r, ..m }
     }

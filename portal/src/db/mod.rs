@@ -152,6 +152,8 @@ pub fn run_migrations(conn: &mut DbConn) -> Result<(), DbError> {
 pub struct Db {
     pool: r2d2::Pool<Manager>,
     pub backend: Backend,
+    /// Where [`Db::run`] records how long it waited for a connection (set once).
+    waits: std::sync::Arc<std::sync::OnceLock<prometheus_client::metrics::histogram::Histogram>>,
 }
 
 impl Db {
@@ -169,7 +171,16 @@ impl Db {
                 url: url.to_string(),
             })?;
         run_migrations(&mut *pool.get()?)?;
-        Ok(Self { pool, backend })
+        Ok(Self {
+            pool,
+            backend,
+            waits: Default::default(),
+        })
+    }
+
+    /// Records from now on, in `h`, how long each [`Db::run`] waits for a connection.
+    pub fn observe_waits(&self, h: prometheus_client::metrics::histogram::Histogram) {
+        let _ = self.waits.set(h);
     }
 
     /// Runs blocking database work on the blocking pool.
@@ -180,8 +191,13 @@ impl Db {
         E: From<DbError> + Send + 'static,
     {
         let pool = self.pool.clone();
+        let waits = self.waits.clone();
+        let asked = std::time::Instant::now();
         tokio::task::spawn_blocking(move || {
             let mut conn = pool.get().map_err(DbError::from)?;
+            if let Some(h) = waits.get() {
+                h.observe(asked.elapsed().as_secs_f64());
+            }
             f(&mut conn)
         })
         .await
