@@ -9,7 +9,8 @@
 //! - A guest is preempted only while its job and attempt still start or run.
 //! - Every state change writes its history row in the same transaction.
 //! - What waiting jobs show (reason, place, estimate) is written only where it changed,
-//!   and outside the commit: it is for people to read, nothing decides on it.
+//!   and outside the commit: it is for people to read, nothing decides on it. A new
+//!   reason is written at once; a new place or estimate alone at the caller's pace.
 
 use super::attempts::{Order, Timing};
 use crate::db::models::{AttemptStatus, Gpu, Job, JobState, Node};
@@ -275,14 +276,20 @@ pub(crate) fn start_msg(
 /// Writes what the waiting jobs of a plan show (reason, place in the queue, estimated
 /// start) where it differs from what they show now (`shown`, read with the snapshot);
 /// returns how many rows were written. One statement on PostgreSQL.
+///
+/// Without `moves`, only rows whose reason changed (a job the scheduler saw for the
+/// first time, one that now waits for something else) are written: when a round starts
+/// jobs, every job behind them moves up and tens of thousands of rows would change each
+/// round for their place alone. The caller passes `moves` every few seconds.
 pub fn record_waiting(
     c: &mut DbConn,
     pending: &[commons_sched::Pending],
     shown: &BTreeMap<i64, Waiting>,
+    moves: bool,
 ) -> Result<usize, AppError> {
     let changed: Vec<(i64, Waiting)> = pending
         .iter()
-        .map(|p| {
+        .filter_map(|p| {
             let w = Waiting {
                 reason: Some(p.reason.to_string()),
                 position: Some(p.position as i32),
@@ -291,9 +298,14 @@ pub fn record_waiting(
                     .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
                     .map(|t| t.naive_utc()),
             };
-            (p.job, w)
+            let now = shown.get(&p.job);
+            let write = match now {
+                Some(now) if moves => *now != w,
+                Some(now) => now.reason != w.reason,
+                None => true,
+            };
+            write.then_some((p.job, w))
         })
-        .filter(|(job, w)| shown.get(job) != Some(w))
         .collect();
     db::transaction(c, |c| db::plan::set_waiting(c, &changed))?;
     Ok(changed.len())

@@ -261,7 +261,7 @@ fn waiting_rows_are_written_only_where_they_change() {
             .collect()
     };
     let now = shown(&mut c);
-    assert_eq!(record_waiting(&mut c, &pending(1), &now).unwrap(), 30);
+    assert_eq!(record_waiting(&mut c, &pending(1), &now, true).unwrap(), 30);
     let now = shown(&mut c);
     let j = db::jobs::get(&mut c, jobs[4]).unwrap();
     assert_eq!(j.queue_position, Some(5));
@@ -271,7 +271,9 @@ fn waiting_rows_are_written_only_where_they_change() {
     );
     assert!(j.reason.is_some());
     // The same plan again writes nothing.
-    let (seen, n) = statements(&mut c, |c| record_waiting(c, &pending(1), &now).unwrap());
+    let (seen, n) = statements(&mut c, |c| {
+        record_waiting(c, &pending(1), &now, true).unwrap()
+    });
     assert_eq!(n, 0);
     assert!(
         !seen
@@ -279,8 +281,16 @@ fn waiting_rows_are_written_only_where_they_change() {
             .any(|q| q.starts_with("UPDATE") || q.contains(" UPDATE ")),
         "{seen:?}"
     );
-    // Everyone moved up one place: one statement for all of them.
-    let (seen, n) = statements(&mut c, |c| record_waiting(c, &pending(0), &now).unwrap());
+    // Everyone moved up one place: nothing yet unless moves are written, then one
+    // statement for all of them.
+    assert_eq!(record_waiting(&mut c, &pending(0), &now, false).unwrap(), 0);
+    assert_eq!(
+        db::jobs::get(&mut c, jobs[4]).unwrap().queue_position,
+        Some(5)
+    );
+    let (seen, n) = statements(&mut c, |c| {
+        record_waiting(c, &pending(0), &now, true).unwrap()
+    });
     assert_eq!(n, 30);
     assert_eq!(
         seen.iter().filter(|q| q.contains("UPDATE")).count(),
