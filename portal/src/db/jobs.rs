@@ -273,16 +273,34 @@ pub fn set_result(
     Ok(())
 }
 
-/// Records the job's first start time (later attempts keep it).
-pub fn set_first_start(
+/// Job `job` to `running`, if it is starting attempt `attempt`, with `at` as its first
+/// start time unless an earlier attempt set one; whether it moved. (The caller writes
+/// the history row.)
+pub fn set_running(
     c: &mut DbConn,
     job: i64,
+    attempt: i32,
     at: chrono::NaiveDateTime,
-) -> Result<(), AppError> {
-    diesel::update(jobs::table.find(job).filter(jobs::started_at.is_null()))
-        .set(jobs::started_at.eq(at))
-        .execute(c)?;
-    Ok(())
+) -> Result<bool, AppError> {
+    use diesel::dsl::case_when;
+    use diesel::sql_types::{Nullable, Timestamp};
+    let first = case_when(
+        jobs::started_at.is_null(),
+        Some(at).into_sql::<Nullable<Timestamp>>(),
+    )
+    .otherwise(jobs::started_at);
+    let moved = diesel::update(
+        jobs::table
+            .find(job)
+            .filter(jobs::state.eq(JobState::Starting))
+            .filter(jobs::attempts.eq(attempt)),
+    )
+    .set((
+        jobs::state.eq(JobState::Running),
+        jobs::started_at.eq(first),
+    ))
+    .execute(c)?;
+    Ok(moved > 0)
 }
 
 /// Why a queued job waits, its place in the queue and its estimated start (a job no

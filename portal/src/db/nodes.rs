@@ -185,46 +185,55 @@ pub fn upsert_gpus(
 /// Records a heartbeat's GPU numbers. Returns whether any GPU's local use or fault
 /// changed (the scheduler should look again).
 pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<bool, AppError> {
+    // What the portal knew before this heartbeat, read once for the whole node. Only
+    // GPUs whose figures changed are written: at rest a heartbeat writes no GPU row (the
+    // node's row, with its clock, is written by `set_agent_clock`), and opens no
+    // transaction either (this node's agent is the only writer of these figures, one
+    // message at a time).
+    type Known = (bool, i32, Option<chrono::NaiveDateTime>, Option<String>);
+    let known: std::collections::BTreeMap<String, Known> = gpus::table
+        .filter(gpus::node_id.eq(node))
+        .select((
+            gpus::uuid,
+            gpus::local_use,
+            gpus::utilization_pct,
+            gpus::idle_since,
+            gpus::fault,
+        ))
+        .load::<(
+            String,
+            bool,
+            i32,
+            Option<chrono::NaiveDateTime>,
+            Option<String>,
+        )>(c)?
+        .into_iter()
+        .map(|(uuid, local, util, idle, fault)| (uuid, (local, util, idle, fault)))
+        .collect();
+    let mut changed = false;
+    let mut writes = Vec::new();
+    for s in stats {
+        let Some((was_local, was_util, idle_since, fault)) = known.get(&s.uuid).cloned() else {
+            continue;
+        };
+        let util = s.utilization_pct.min(100) as i32;
+        if !s.local_use && !was_local && util == was_util && fault == s.fault {
+            continue;
+        }
+        changed |= was_local != s.local_use || fault != s.fault;
+        // Idle time counts from the owner's last direct use.
+        let idle_since = if s.local_use || was_local {
+            Some(now())
+        } else {
+            idle_since
+        };
+        writes.push((s, util, idle_since));
+    }
+    if writes.is_empty() {
+        return Ok(false);
+    }
     c.transaction(|c| {
-        // What the portal knew before this heartbeat, read once for the whole node. Only
-        // GPUs whose figures changed are written: at rest a heartbeat writes no GPU row
-        // (the node's row, with its clock, is written by `set_agent_clock`).
-        type Known = (bool, i32, Option<chrono::NaiveDateTime>, Option<String>);
-        let known: std::collections::BTreeMap<String, Known> = gpus::table
-            .filter(gpus::node_id.eq(node))
-            .select((
-                gpus::uuid,
-                gpus::local_use,
-                gpus::utilization_pct,
-                gpus::idle_since,
-                gpus::fault,
-            ))
-            .load::<(
-                String,
-                bool,
-                i32,
-                Option<chrono::NaiveDateTime>,
-                Option<String>,
-            )>(c)?
-            .into_iter()
-            .map(|(uuid, local, util, idle, fault)| (uuid, (local, util, idle, fault)))
-            .collect();
-        let mut changed = false;
-        for s in stats {
-            let Some((was_local, was_util, idle_since, fault)) = known.get(&s.uuid).cloned() else {
-                continue;
-            };
-            let util = s.utilization_pct.min(100) as i32;
-            if !s.local_use && !was_local && util == was_util && fault == s.fault {
-                continue;
-            }
-            changed |= was_local != s.local_use || fault != s.fault;
-            // Idle time counts from the owner's last direct use.
-            let idle_since = if s.local_use || was_local {
-                Some(now())
-            } else {
-                idle_since
-            };
+        for (s, util, idle_since) in writes {
             diesel::update(
                 gpus::table
                     .filter(gpus::node_id.eq(node))
@@ -424,6 +433,7 @@ mod tests {
     use super::*;
     use crate::service::testkit::{campus, sqlite};
     use diesel::connection::{Connection, InstrumentationEvent};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
     fn stat(util: u32, local_use: bool) -> GpuStat {
@@ -443,9 +453,11 @@ mod tests {
         let node = campus(&mut c, 0).node;
         update_gpu_stats(&mut c, node.id, &[stat(10, false)]).unwrap();
         let writes = Arc::new(Mutex::new(Vec::new()));
-        let w = writes.clone();
+        let reads = Arc::new(AtomicUsize::new(0));
+        let (w, r) = (writes.clone(), reads.clone());
         c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
             if let InstrumentationEvent::StartQuery { query, .. } = e {
+                r.fetch_add(1, Ordering::SeqCst);
                 let q = query.to_string();
                 if q.starts_with("UPDATE") {
                     w.lock().unwrap().push(q);
@@ -453,6 +465,7 @@ mod tests {
             }
         });
         assert!(!update_gpu_stats(&mut c, node.id, &[stat(10, false)]).unwrap());
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "one read, no transaction");
         assert!(
             writes.lock().unwrap().is_empty(),
             "{:?}",

@@ -187,12 +187,11 @@ pub fn apply_report(
                 if a.state == AttemptStatus::Starting {
                     let t = now();
                     db::attempts::mark_running(c, a.id, t)?;
-                    let job = db::jobs::get(c, a.job_id)?;
-                    if job.state == JobState::Starting && job.attempts == a.attempt {
-                        db::jobs::set_first_start(c, job.id, t)?;
-                        set_state(
+                    // The job moves only while it starts this attempt (one statement).
+                    if db::jobs::set_running(c, a.job_id, a.attempt, t)? {
+                        add_event(
                             c,
-                            job.id,
+                            a.job_id,
                             JobState::Running,
                             &format!("attempt {} running", a.attempt),
                         )?;
@@ -525,5 +524,51 @@ mod tests {
             let seen = seen.lock().unwrap().clone();
             assert_eq!(seen.len(), if n == 0 { 1 } else { 2 }, "{seen:#?}");
         }
+    }
+
+    #[test]
+    fn a_running_report_moves_its_job_once_and_keeps_the_first_start() {
+        let (_d, mut c) = sqlite();
+        let k = campus(&mut c, 1);
+        let job = &k.jobs[0];
+        apply_report(
+            &mut c,
+            k.node.id,
+            &report(job, AttemptState::Running, None),
+            TIMING,
+        )
+        .unwrap();
+        let j = db::jobs::get(&mut c, job.id).unwrap();
+        assert_eq!(j.state, JobState::Running);
+        let first = j.started_at.expect("a first start");
+        // Reported again: nothing moves, no second history row.
+        apply_report(
+            &mut c,
+            k.node.id,
+            &report(job, AttemptState::Running, None),
+            TIMING,
+        )
+        .unwrap();
+        let events = db::jobs::events(&mut c, job.id).unwrap();
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e.message == "attempt 1 running")
+                .count(),
+            1
+        );
+        // A later attempt keeps the job's first start time.
+        assert!(db::jobs::set_running(&mut c, job.id, 1, first).is_ok_and(|m| !m));
+        db::jobs::set_state(&mut c, job.id, JobState::Starting, "again").unwrap();
+        let later = first + chrono::Duration::seconds(60);
+        assert!(db::jobs::set_running(&mut c, job.id, 1, later).unwrap());
+        assert_eq!(
+            db::jobs::get(&mut c, job.id).unwrap().started_at,
+            Some(first)
+        );
+        assert!(
+            !db::jobs::set_running(&mut c, job.id, 2, later).unwrap(),
+            "another attempt's report does not move it"
+        );
     }
 }
