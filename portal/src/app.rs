@@ -124,6 +124,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         config: Arc::new(config.clone()),
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
     };
+    state.db.observe_waits(state.metrics.db_pool_wait.clone());
     let sessions = crate::auth::store::DbSessionStore::new(state.db.clone());
     let data = web::Data::new(state.clone());
     let hsts = state

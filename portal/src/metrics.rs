@@ -117,6 +117,12 @@ pub struct Metrics {
     pub agent_messages_refused: Counter,
     pub db_pool: Family<PoolLabel, Gauge>,
     pub db_pool_max: Gauge,
+    /// Time from asking the pool for a connection to having one (the database work's
+    /// queueing delay).
+    pub db_pool_wait: Histogram,
+    /// Statements the pool's connections sent (moved up to the pool's own count at each
+    /// scrape, under the lock).
+    db_statements: std::sync::Mutex<Counter>,
     /// Lab id to slug, for labels; refreshed at each scrape and when a tick meets a
     /// lab it does not know.
     labs: RwLock<HashMap<i64, String>>,
@@ -153,6 +159,9 @@ impl Metrics {
             agent_messages_refused: Counter::default(),
             db_pool: Family::default(),
             db_pool_max: Gauge::default(),
+            // 50 us .. about 26 s.
+            db_pool_wait: Histogram::new(exponential_buckets(0.000_05, 2.0, 20)),
+            db_statements: Default::default(),
             labs: RwLock::default(),
         };
         r.register_with_unit(
@@ -259,7 +268,27 @@ impl Metrics {
             "Size limit of the database pool",
             m.db_pool_max.clone(),
         );
+        r.register(
+            "db_statements",
+            "Statements this process sent to the database",
+            m.db_statements
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        );
+        r.register_with_unit(
+            "db_pool_wait",
+            "Time from asking the database pool for a connection to having one",
+            Unit::Seconds,
+            m.db_pool_wait.clone(),
+        );
         Metrics { registry: r, ..m }
+    }
+
+    /// Brings `commons_db_statements_total` up to `total` (the pool's own count).
+    pub fn count_statements(&self, total: u64) {
+        let c = self.db_statements.lock().unwrap_or_else(|p| p.into_inner());
+        c.inc_by(total.saturating_sub(c.get()));
     }
 
     /// The registry in the text format.

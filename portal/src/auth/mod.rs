@@ -105,7 +105,8 @@ impl FromRequest for CurrentUser {
             state
                 .db
                 .run(move |c| {
-                    let user = match (token, uid) {
+                    let (user, labs) = match (token, uid) {
+                        // The token's user and their labs in one query.
                         (Some(t), _) => {
                             crate::db::users::user_by_token(c, &t)?.ok_or_else(|| {
                                 AppError::Unauthenticated(
@@ -113,13 +114,16 @@ impl FromRequest for CurrentUser {
                                 )
                             })?
                         }
-                        (None, Some(id)) => crate::db::users::user_by_id(c, id)
-                            .map_err(|_| AppError::Unauthenticated("please log in".into()))?,
+                        (None, Some(id)) => {
+                            let user = crate::db::users::user_by_id(c, id)
+                                .map_err(|_| AppError::Unauthenticated("please log in".into()))?;
+                            let labs = crate::db::users::labs_of(c, user.id)?;
+                            (user, labs)
+                        }
                         (None, None) => {
                             return Err(AppError::Unauthenticated("please log in".into()))
                         }
                     };
-                    let labs = crate::db::users::labs_of(c, user.id)?;
                     Ok(CurrentUser(Actor { user, labs }))
                 })
                 .await

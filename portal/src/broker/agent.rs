@@ -282,7 +282,11 @@ async fn handle(
                         received_at,
                     };
                     nodes::upsert_gpus(c, node, &agent_version, &gpus)?;
-                    nodes::set_agent_clock(c, node, &clock)?;
+                    if !nodes::set_agent_clock(c, node, &clock)? {
+                        return Err(AppError::Unauthenticated(
+                            "the node's credential was revoked".into(),
+                        ));
+                    }
                     replies.push(PortalMsg::Welcome {
                         node_id: node,
                         heartbeat_s,
@@ -308,8 +312,13 @@ async fn handle(
                 } => {
                     let session = session
                         .ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
+                    let clock = AgentClock {
+                        session,
+                        seq,
+                        received_at,
+                    };
                     // Revoked on any replica: refused here too, and nothing is renewed.
-                    if nodes::is_revoked(c, node)? {
+                    if !nodes::set_agent_clock(c, node, &clock)? {
                         return Err(AppError::Unauthenticated(
                             "the node's credential was revoked".into(),
                         ));
@@ -317,12 +326,6 @@ async fn handle(
                     if let Some(cap) = &capacity {
                         nodes::set_capacity(c, node, cap)?;
                     }
-                    let clock = AgentClock {
-                        session,
-                        seq,
-                        received_at,
-                    };
-                    nodes::set_agent_clock(c, node, &clock)?;
                     wake |= nodes::update_gpu_stats(c, node, &gpu_stats)?;
                     let (stops, freed) =
                         crate::service::reports::apply_reports(c, node, &reports, timing)?;

@@ -6,10 +6,18 @@
 //!    them by then, so no job runs twice).
 //! 2. Read the snapshot in one transaction.
 //! 3. `commons_sched::plan` (pure).
-//! 4. Commit the plan in a second transaction that re-checks every start.
+//! 4. Commit the plan in a second transaction that re-checks every start, in a fixed
+//!    number of statements (`service::plan_commit`).
 //! 5. Send the `Start`s to the agents.
+//! 6. Write what the waiting jobs show (reason, place, estimate) where the plan changed
+//!    it: for people to read, so after the `Start`s are on their way. A changed reason
+//!    at once; places and estimates that moved at most every [`WAITING_MOVES_EVERY`].
 //!
-//! The loop runs every `tick_ms`, and sooner when woken (submission, freed GPUs).
+//! The loop runs every `tick_ms`, and sooner when woken (submission, freed GPUs): a
+//! woken round starts once the previous one has been over for as long as it took, so
+//! that submissions arriving hundreds a second do not keep the scheduler (and its
+//! snapshot reads) running back to back. A round that left starts out (the cap
+//! `max_starts_per_tick`) is followed at once.
 //!
 //! Leases are judged only by a scheduler that has watched for a whole lease plus the
 //! margin: after a portal start (or a replica taking over), agents first get the time
@@ -22,7 +30,7 @@
 use crate::db::{nodes, now, snapshot, users};
 use crate::error::AppError;
 use crate::metrics::{preemption_cause, CauseLabel, KindLabel, LabLabel, Metrics, PhaseLabel};
-use crate::service::attempts;
+use crate::service::{attempts, plan_commit};
 use crate::state::AppState;
 use commons_proto::{PortalMsg, StopReason};
 use std::collections::HashMap;
@@ -30,6 +38,11 @@ use std::time::{Duration, Instant};
 
 /// How often the leader prunes the checkpoints of jobs that ended (it lists the store).
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
+/// How often the waiting jobs' places and estimates are written when only they moved
+/// (at 50,000 queued, a round that starts jobs moves nearly every row; writing them all
+/// took about as long as the round itself).
+pub const WAITING_MOVES_EVERY: Duration = Duration::from_secs(10);
 
 /// Advisory lock key of the scheduler leader ("GPUC" in ASCII).
 pub const LEADER_LOCK: i64 = 0x4750_5543;
@@ -96,6 +109,9 @@ pub async fn run(state: AppState) {
     // Since when this portal runs the scheduler without a break.
     let mut leading_since: Option<std::time::Instant> = None;
     let mut last_prune = std::time::Instant::now();
+    let mut moves_written: Option<Instant> = None;
+    // When the last round ended, and how long it took.
+    let mut last_round = (Instant::now(), Duration::ZERO);
     loop {
         let lead = if postgres {
             let l = std::sync::Arc::clone(&leader);
@@ -116,13 +132,19 @@ pub async fn run(state: AppState) {
             state.metrics.scheduler_leader.set(1);
             let since = *leading_since.get_or_insert_with(std::time::Instant::now);
             let judge_leases = since.elapsed() >= watch;
-            match tick(&state, judge_leases).await {
-                Ok(()) => {
+            let began = Instant::now();
+            let more = match tick(&state, judge_leases, &mut moves_written).await {
+                Ok(more) => {
                     let at = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
                     state.metrics.last_tick.set(at);
+                    more
                 }
-                Err(e) => tracing::error!("scheduler tick failed: {e:#}"),
-            }
+                Err(e) => {
+                    tracing::error!("scheduler tick failed: {e:#}");
+                    false
+                }
+            };
+            last_round = (Instant::now(), began.elapsed());
             if last_prune.elapsed() >= PRUNE_EVERY {
                 last_prune = std::time::Instant::now();
                 match crate::service::checkpoints::prune_finished(&state).await {
@@ -131,23 +153,35 @@ pub async fn run(state: AppState) {
                     Err(e) => tracing::error!("pruning checkpoints failed: {e:#}"),
                 }
             }
+            if more {
+                continue;
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
-            _ = state.wake.notified() => {}
+            _ = state.wake.notified() => {
+                let (ended, took) = last_round;
+                tokio::time::sleep_until((ended + took.min(period)).into()).await;
+            }
         }
     }
 }
 
 /// One round; leases are judged only when `judge_leases` (see the module docs). Its
-/// phases and what it saw go to the metrics.
-pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> {
+/// phases and what it saw go to the metrics. `moves_written`: when the waiting jobs'
+/// places and estimates were last written (updated here). Returns whether starts were
+/// left out for the next round (`max_starts_per_tick`).
+pub async fn tick(
+    state: &AppState,
+    judge_leases: bool,
+    moves_written: &mut Option<Instant>,
+) -> Result<bool, AppError> {
     let began = Instant::now();
     let cfg = state.config.scheduler.clone();
     let policy = state.config.policy.clone();
     let metrics = std::sync::Arc::clone(&state.metrics);
     let m = std::sync::Arc::clone(&metrics);
-    let snapshot = state
+    let (snapshot, shown) = state
         .db
         .run(move |c| {
             let silent = now() - chrono::Duration::seconds(3 * cfg.heartbeat_s as i64 + 5);
@@ -163,12 +197,12 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
             if lost > 0 {
                 tracing::warn!(lost, "attempts lost with their servers; jobs requeued");
             }
-            let snapshot = snapshot::read(c, &policy)?;
+            let (snapshot, shown) = snapshot::read_with_waiting(c, &policy)?;
             let labs = snapshot.nodes.iter().map(|n| n.lab);
             if !m.knows_labs(labs.chain(snapshot.queue.iter().map(|q| q.lab))) {
                 m.set_labs(users::all_lab_slugs(c)?);
             }
-            Ok::<_, AppError>(snapshot)
+            Ok::<_, AppError>((snapshot, shown))
         })
         .await?;
     let now_s = chrono::Utc::now().timestamp();
@@ -190,17 +224,15 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
     {
         metrics.plan_size.clear();
         metrics.tick_duration.observe(began.elapsed().as_secs_f64());
-        return Ok(());
+        return Ok(false);
     }
     let planning = Instant::now();
     let mut plan = commons_sched::plan(&snapshot, &state.config.policy, now_s);
     phase(&metrics, "plan", planning);
     // A bounded commit: the starts left out are planned again in the next round, at once.
     let cap = state.config.scheduler.max_starts_per_tick.max(1);
-    if plan.start.len() > cap {
-        plan.start.truncate(cap);
-        state.wake.notify_one();
-    }
+    let more = plan.start.len() > cap;
+    plan.start.truncate(cap);
     for (kind, n) in [
         ("start", plan.start.len()),
         ("preempt", plan.preempt.len()),
@@ -213,9 +245,10 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
     }
     let committing = Instant::now();
     let timing = crate::broker::agent::timing(state);
+    let pending = std::mem::take(&mut plan.pending);
     let orders = state
         .db
-        .run(move |c| attempts::apply_plan(c, &plan, timing))
+        .run(move |c| plan_commit::apply_plan(c, &plan, timing))
         .await?;
     phase(&metrics, "commit", committing);
     let sending = Instant::now();
@@ -265,8 +298,18 @@ pub async fn tick(state: &AppState, judge_leases: bool) -> Result<(), AppError> 
         }
     }
     phase(&metrics, "send", sending);
+    let waiting = Instant::now();
+    let moves = moves_written.is_none_or(|t| t.elapsed() >= WAITING_MOVES_EVERY);
+    state
+        .db
+        .run(move |c| plan_commit::record_waiting(c, &pending, &shown, moves))
+        .await?;
+    if moves {
+        *moves_written = Some(waiting);
+    }
+    phase(&metrics, "waiting", waiting);
     metrics.tick_duration.observe(began.elapsed().as_secs_f64());
-    Ok(())
+    Ok(more)
 }
 
 fn phase(metrics: &Metrics, phase: &'static str, since: Instant) {

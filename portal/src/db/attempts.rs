@@ -136,26 +136,32 @@ pub fn end(
 }
 
 /// Extends every active attempt of `node` to at least `until` (a lease never shrinks
-/// here: the agent may hold a longer one granted earlier); returns their (job, attempt).
+/// here: the agent may hold a longer one granted earlier); returns their (job, attempt),
+/// in job order. One statement.
 pub fn renew_on(
     c: &mut DbConn,
     node: i64,
     until: NaiveDateTime,
 ) -> Result<Vec<(i64, i32)>, AppError> {
-    let ours: Vec<(i64, i32)> = job_attempts::table
-        .filter(job_attempts::node_id.eq(node))
-        .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
-        .order(job_attempts::id)
-        .select((job_attempts::job_id, job_attempts::attempt))
-        .load(c)?;
-    diesel::update(
+    use diesel::dsl::case_when;
+    use diesel::sql_types::Timestamp;
+    let longer = case_when(
+        job_attempts::lease_until.lt(until),
+        until.into_sql::<Timestamp>(),
+    )
+    .otherwise(job_attempts::lease_until);
+    let update = diesel::update(
         job_attempts::table
             .filter(job_attempts::node_id.eq(node))
-            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
-            .filter(job_attempts::lease_until.lt(until)),
+            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE)),
     )
-    .set(job_attempts::lease_until.eq(until))
-    .execute(c)?;
+    .set(job_attempts::lease_until.eq(longer))
+    .returning((job_attempts::job_id, job_attempts::attempt));
+    let mut ours: Vec<(i64, i32)> = match c {
+        DbConn::Pg(c) => update.load(c)?,
+        DbConn::Sqlite(c) => update.load(c)?,
+    };
+    ours.sort_unstable();
     Ok(ours)
 }
 

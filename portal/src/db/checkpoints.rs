@@ -106,6 +106,17 @@ pub fn latest(c: &mut DbConn, job: i64) -> Result<Option<Checkpoint>, AppError> 
         .optional()?)
 }
 
+/// Which of `jobs` have any committed checkpoint (one query).
+pub fn jobs_with_any(c: &mut DbConn, jobs: &[i64]) -> Result<BTreeSet<i64>, AppError> {
+    Ok(checkpoints::table
+        .filter(checkpoints::job_id.eq_any(jobs))
+        .select(checkpoints::job_id)
+        .distinct()
+        .load::<i64>(c)?
+        .into_iter()
+        .collect())
+}
+
 pub fn delete(c: &mut DbConn, ids: &[i64]) -> Result<usize, AppError> {
     Ok(diesel::delete(checkpoints::table.filter(checkpoints::id.eq_any(ids))).execute(c)?)
 }

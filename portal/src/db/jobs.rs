@@ -8,7 +8,6 @@ use super::schema::*;
 use super::types::to_json;
 use super::{now, DbConn};
 use crate::error::AppError;
-use crate::insert_returning_id;
 use crate::validate::ValidJob;
 use diesel::prelude::*;
 
@@ -50,34 +49,73 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
     let command = to_json(&v.command).map_err(json)?;
     let env = to_json(&v.env).map_err(json)?;
     let models = to_json(&v.gpu_models).map_err(json)?;
+    let created_at = now();
+    let reason = "waiting for the scheduler";
+    if let DbConn::Pg(pg) = c {
+        // PostgreSQL: the job and its history row in one statement (atomic by itself),
+        // one round trip instead of four (BEGIN, two INSERTs, COMMIT).
+        use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text, Timestamp};
+        return Ok(diesel::sql_query(format!(
+            "WITH j AS (INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, \
+                 gpu_models, min_gpu_memory_mb, cpus, memory_mb, time_limit_s, \
+                 checkpoint_interval_s, shm_mb, image_digest, image_signature, kind, state, \
+                 reason, created_at) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+                 $16, '{queued}', $17, $18) RETURNING *), \
+             e AS (INSERT INTO job_events (job_id, at, state, message) \
+               SELECT id, created_at, state, 'submitted' FROM j) \
+             SELECT * FROM j",
+            queued = JobState::Queued.as_str()
+        ))
+        .bind::<BigInt, _>(user)
+        .bind::<BigInt, _>(v.lab_id)
+        .bind::<Text, _>(&v.image)
+        .bind::<Text, _>(&command)
+        .bind::<Text, _>(&env)
+        .bind::<Integer, _>(v.gpus)
+        .bind::<Text, _>(&models)
+        .bind::<BigInt, _>(v.min_gpu_memory_mb)
+        .bind::<Double, _>(v.cpus)
+        .bind::<BigInt, _>(v.memory_mb)
+        .bind::<BigInt, _>(v.time_limit_s)
+        .bind::<Nullable<BigInt>, _>(v.checkpoint_interval_s)
+        .bind::<Nullable<BigInt>, _>(v.shm_mb)
+        .bind::<Nullable<Text>, _>(&v.image_digest)
+        .bind::<Nullable<Text>, _>(&v.image_signature)
+        .bind::<Text, _>(v.kind)
+        .bind::<Text, _>(reason)
+        .bind::<Timestamp, _>(created_at)
+        .get_result::<Job>(pg)?);
+    }
     c.transaction(|c| {
-        let id = insert_returning_id!(
-            c,
-            diesel::insert_into(jobs::table).values((
-                jobs::user_id.eq(user),
-                jobs::lab_id.eq(v.lab_id),
-                jobs::image.eq(&v.image),
-                jobs::command.eq(&command),
-                jobs::env.eq(&env),
-                jobs::gpus.eq(v.gpus),
-                jobs::gpu_models.eq(&models),
-                jobs::min_gpu_memory_mb.eq(v.min_gpu_memory_mb),
-                jobs::cpus.eq(v.cpus),
-                jobs::memory_mb.eq(v.memory_mb),
-                jobs::time_limit_s.eq(v.time_limit_s),
-                jobs::checkpoint_interval_s.eq(v.checkpoint_interval_s),
-                jobs::shm_mb.eq(v.shm_mb),
-                jobs::image_digest.eq(&v.image_digest),
-                jobs::image_signature.eq(&v.image_signature),
-                jobs::kind.eq(v.kind),
-                jobs::state.eq(JobState::Queued),
-                jobs::reason.eq(Some("waiting for the scheduler")),
-                jobs::created_at.eq(now()),
-            )),
-            jobs::id
-        )?;
-        add_event(c, id, JobState::Queued, "submitted")?;
-        get(c, id)
+        let insert = diesel::insert_into(jobs::table).values((
+            jobs::user_id.eq(user),
+            jobs::lab_id.eq(v.lab_id),
+            jobs::image.eq(&v.image),
+            jobs::command.eq(&command),
+            jobs::env.eq(&env),
+            jobs::gpus.eq(v.gpus),
+            jobs::gpu_models.eq(&models),
+            jobs::min_gpu_memory_mb.eq(v.min_gpu_memory_mb),
+            jobs::cpus.eq(v.cpus),
+            jobs::memory_mb.eq(v.memory_mb),
+            jobs::time_limit_s.eq(v.time_limit_s),
+            jobs::checkpoint_interval_s.eq(v.checkpoint_interval_s),
+            jobs::shm_mb.eq(v.shm_mb),
+            jobs::image_digest.eq(&v.image_digest),
+            jobs::image_signature.eq(&v.image_signature),
+            jobs::kind.eq(v.kind),
+            jobs::state.eq(JobState::Queued),
+            jobs::reason.eq(Some(reason)),
+            jobs::created_at.eq(created_at),
+        ));
+        // The stored row comes back with the insert: no second read.
+        let job: Job = match c {
+            DbConn::Pg(c) => insert.returning(Job::as_returning()).get_result(c)?,
+            DbConn::Sqlite(c) => insert.returning(Job::as_returning()).get_result(c)?,
+        };
+        add_event(c, job.id, JobState::Queued, "submitted")?;
+        Ok(job)
     })
 }
 
@@ -100,6 +138,15 @@ pub fn time_limits(
         .load::<(i64, i64)>(c)?
         .into_iter()
         .collect())
+}
+
+/// The jobs `ids` that exist (one query), in id order.
+pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Job>, AppError> {
+    Ok(jobs::table
+        .filter(jobs::id.eq_any(ids))
+        .order(jobs::id)
+        .select(Job::as_select())
+        .load(c)?)
 }
 
 pub fn get(c: &mut DbConn, id: i64) -> Result<Job, AppError> {
@@ -264,16 +311,34 @@ pub fn set_result(
     Ok(())
 }
 
-/// Records the job's first start time (later attempts keep it).
-pub fn set_first_start(
+/// Job `job` to `running`, if it is starting attempt `attempt`, with `at` as its first
+/// start time unless an earlier attempt set one; whether it moved. (The caller writes
+/// the history row.)
+pub fn set_running(
     c: &mut DbConn,
     job: i64,
+    attempt: i32,
     at: chrono::NaiveDateTime,
-) -> Result<(), AppError> {
-    diesel::update(jobs::table.find(job).filter(jobs::started_at.is_null()))
-        .set(jobs::started_at.eq(at))
-        .execute(c)?;
-    Ok(())
+) -> Result<bool, AppError> {
+    use diesel::dsl::case_when;
+    use diesel::sql_types::{Nullable, Timestamp};
+    let first = case_when(
+        jobs::started_at.is_null(),
+        Some(at).into_sql::<Nullable<Timestamp>>(),
+    )
+    .otherwise(jobs::started_at);
+    let moved = diesel::update(
+        jobs::table
+            .find(job)
+            .filter(jobs::state.eq(JobState::Starting))
+            .filter(jobs::attempts.eq(attempt)),
+    )
+    .set((
+        jobs::state.eq(JobState::Running),
+        jobs::started_at.eq(first),
+    ))
+    .execute(c)?;
+    Ok(moved > 0)
 }
 
 /// Why a queued job waits, its place in the queue and its estimated start (a job no

@@ -22,6 +22,8 @@ pub mod jobs;
 pub mod models;
 pub mod nodes;
 pub mod overview;
+pub mod plan;
+mod pool;
 pub mod samples;
 pub mod schema;
 pub mod snapshot;
@@ -33,8 +35,9 @@ pub mod web_sessions;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel::r2d2::{self, ManageConnection};
+use diesel::r2d2;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use pool::Manager;
 use thiserror::Error;
 
 pub const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations/sqlite");
@@ -60,6 +63,8 @@ pub enum DbError {
     Query(#[from] diesel::result::Error),
     #[error("database task panicked or was cancelled")]
     Join,
+    #[error("the database connection was lost during the request")]
+    Lost,
 }
 
 impl From<DbError> for crate::error::AppError {
@@ -68,7 +73,7 @@ impl From<DbError> for crate::error::AppError {
         match e {
             // No connection to be had (the server restarts, or every connection is busy
             // past the pool's timeout): a 503 to try again, and the pool reconnects.
-            DbError::Connect(_) | DbError::Pool(_) => {
+            DbError::Connect(_) | DbError::Pool(_) | DbError::Lost => {
                 tracing::warn!("the database is unavailable: {e}");
                 AppError::Unavailable("the database is unavailable for a moment; try again".into())
             }
@@ -116,27 +121,6 @@ pub fn establish(url: &str) -> Result<DbConn, DbError> {
     }
 }
 
-pub struct Manager {
-    url: String,
-}
-
-impl ManageConnection for Manager {
-    type Connection = DbConn;
-    type Error = DbError;
-
-    fn connect(&self) -> Result<DbConn, DbError> {
-        establish(&self.url)
-    }
-
-    fn is_valid(&self, conn: &mut DbConn) -> Result<(), DbError> {
-        conn.batch_execute("SELECT 1").map_err(DbError::from)
-    }
-
-    fn has_broken(&self, _conn: &mut DbConn) -> bool {
-        false
-    }
-}
-
 pub fn run_migrations(conn: &mut DbConn) -> Result<(), DbError> {
     let migrations = match conn {
         DbConn::Pg(_) => POSTGRES_MIGRATIONS,
@@ -152,6 +136,10 @@ pub fn run_migrations(conn: &mut DbConn) -> Result<(), DbError> {
 pub struct Db {
     pool: r2d2::Pool<Manager>,
     pub backend: Backend,
+    /// Where [`Db::run`] records how long it waited for a connection (set once).
+    waits: std::sync::Arc<std::sync::OnceLock<prometheus_client::metrics::histogram::Histogram>>,
+    /// Statements sent on the pool's connections so far.
+    statements: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Db {
@@ -162,17 +150,32 @@ impl Db {
             Backend::Sqlite => 1,
             Backend::Postgres => 8,
         };
+        let statements = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .connection_timeout(std::time::Duration::from_secs(30))
-            .build(Manager {
-                url: url.to_string(),
-            })?;
-        run_migrations(&mut *pool.get()?)?;
-        Ok(Self { pool, backend })
+            .build(Manager::new(url, statements.clone()))?;
+        pool::with(&mut *pool.get()?, run_migrations)?;
+        Ok(Self {
+            pool,
+            backend,
+            waits: Default::default(),
+            statements,
+        })
     }
 
-    /// Runs blocking database work on the blocking pool.
+    /// Records from now on, in `h`, how long each [`Db::run`] waits for a connection.
+    pub fn observe_waits(&self, h: prometheus_client::metrics::histogram::Histogram) {
+        let _ = self.waits.set(h);
+    }
+
+    /// Statements sent on the pool's connections since it opened.
+    pub fn statements(&self) -> u64 {
+        self.statements.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs blocking database work on the blocking pool. Work that fails because the
+    /// connection died (the database restarted) fails with [`DbError::Lost`] (a 503).
     pub async fn run<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&mut DbConn) -> Result<T, E> + Send + 'static,
@@ -180,9 +183,14 @@ impl Db {
         E: From<DbError> + Send + 'static,
     {
         let pool = self.pool.clone();
+        let waits = self.waits.clone();
+        let asked = std::time::Instant::now();
         tokio::task::spawn_blocking(move || {
             let mut conn = pool.get().map_err(DbError::from)?;
-            f(&mut conn)
+            if let Some(h) = waits.get() {
+                h.observe(asked.elapsed().as_secs_f64());
+            }
+            pool::with(&mut conn, f)
         })
         .await
         .map_err(|_| E::from(DbError::Join))?
@@ -201,7 +209,7 @@ impl Db {
         E: From<DbError>,
     {
         let mut conn = self.pool.get().map_err(DbError::from)?;
-        f(&mut conn)
+        pool::with(&mut conn, f)
     }
 }
 

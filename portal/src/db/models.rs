@@ -140,7 +140,7 @@ pub struct Gpu {
     pub fault: Option<String>,
 }
 
-#[derive(Debug, Clone, Queryable, Selectable)]
+#[derive(Debug, Clone, Queryable, QueryableByName, Selectable)]
 #[diesel(table_name = jobs)]
 pub struct Job {
     pub id: i64,

@@ -105,12 +105,14 @@ pub fn node_by_credential(c: &mut DbConn, credential: &str) -> Result<Option<Nod
 }
 
 /// Records the agent message a lease can count from (every `Hello` and `Heartbeat`).
+/// Returns false, and writes nothing, when the node's credential was revoked (on any
+/// replica): one statement both checks and records.
 pub fn set_agent_clock(
     c: &mut DbConn,
     node: i64,
     clock: &super::models::AgentClock,
-) -> Result<(), AppError> {
-    diesel::update(nodes::table.find(node))
+) -> Result<bool, AppError> {
+    let written = diesel::update(nodes::table.find(node).filter(nodes::revoked_at.is_null()))
         .set((
             nodes::agent_session.eq(clock.session as i64),
             nodes::agent_seq.eq(clock.seq as i64),
@@ -119,7 +121,7 @@ pub fn set_agent_clock(
             nodes::last_seen_at.eq(clock.received_at),
         ))
         .execute(c)?;
-    Ok(())
+    Ok(written > 0)
 }
 
 pub fn set_online(c: &mut DbConn, node: i64, online: bool) -> Result<(), AppError> {
@@ -183,46 +185,55 @@ pub fn upsert_gpus(
 /// Records a heartbeat's GPU numbers. Returns whether any GPU's local use or fault
 /// changed (the scheduler should look again).
 pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<bool, AppError> {
+    // What the portal knew before this heartbeat, read once for the whole node. Only
+    // GPUs whose figures changed are written: at rest a heartbeat writes no GPU row (the
+    // node's row, with its clock, is written by `set_agent_clock`), and opens no
+    // transaction either (this node's agent is the only writer of these figures, one
+    // message at a time).
+    type Known = (bool, i32, Option<chrono::NaiveDateTime>, Option<String>);
+    let known: std::collections::BTreeMap<String, Known> = gpus::table
+        .filter(gpus::node_id.eq(node))
+        .select((
+            gpus::uuid,
+            gpus::local_use,
+            gpus::utilization_pct,
+            gpus::idle_since,
+            gpus::fault,
+        ))
+        .load::<(
+            String,
+            bool,
+            i32,
+            Option<chrono::NaiveDateTime>,
+            Option<String>,
+        )>(c)?
+        .into_iter()
+        .map(|(uuid, local, util, idle, fault)| (uuid, (local, util, idle, fault)))
+        .collect();
+    let mut changed = false;
+    let mut writes = Vec::new();
+    for s in stats {
+        let Some((was_local, was_util, idle_since, fault)) = known.get(&s.uuid).cloned() else {
+            continue;
+        };
+        let util = s.utilization_pct.min(100) as i32;
+        if !s.local_use && !was_local && util == was_util && fault == s.fault {
+            continue;
+        }
+        changed |= was_local != s.local_use || fault != s.fault;
+        // Idle time counts from the owner's last direct use.
+        let idle_since = if s.local_use || was_local {
+            Some(now())
+        } else {
+            idle_since
+        };
+        writes.push((s, util, idle_since));
+    }
+    if writes.is_empty() {
+        return Ok(false);
+    }
     c.transaction(|c| {
-        // What the portal knew before this heartbeat, read once for the whole node. Only
-        // GPUs whose figures changed are written: at rest a heartbeat writes no GPU row
-        // (the node's row, with its clock, is written by `set_agent_clock`).
-        type Known = (bool, i32, Option<chrono::NaiveDateTime>, Option<String>);
-        let known: std::collections::BTreeMap<String, Known> = gpus::table
-            .filter(gpus::node_id.eq(node))
-            .select((
-                gpus::uuid,
-                gpus::local_use,
-                gpus::utilization_pct,
-                gpus::idle_since,
-                gpus::fault,
-            ))
-            .load::<(
-                String,
-                bool,
-                i32,
-                Option<chrono::NaiveDateTime>,
-                Option<String>,
-            )>(c)?
-            .into_iter()
-            .map(|(uuid, local, util, idle, fault)| (uuid, (local, util, idle, fault)))
-            .collect();
-        let mut changed = false;
-        for s in stats {
-            let Some((was_local, was_util, idle_since, fault)) = known.get(&s.uuid).cloned() else {
-                continue;
-            };
-            let util = s.utilization_pct.min(100) as i32;
-            if !s.local_use && !was_local && util == was_util && fault == s.fault {
-                continue;
-            }
-            changed |= was_local != s.local_use || fault != s.fault;
-            // Idle time counts from the owner's last direct use.
-            let idle_since = if s.local_use || was_local {
-                Some(now())
-            } else {
-                idle_since
-            };
+        for (s, util, idle_since) in writes {
             diesel::update(
                 gpus::table
                     .filter(gpus::node_id.eq(node))
@@ -339,6 +350,24 @@ pub fn set_lending(
     Ok(())
 }
 
+/// The nodes among `ids` that are online and not revoked (one query).
+pub fn online_nodes(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, AppError> {
+    Ok(nodes::table
+        .filter(nodes::id.eq_any(ids))
+        .filter(nodes::online.eq(true))
+        .filter(nodes::revoked_at.is_null())
+        .select(Node::as_select())
+        .load(c)?)
+}
+
+/// The nodes `ids` (one query).
+pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, AppError> {
+    Ok(nodes::table
+        .filter(nodes::id.eq_any(ids))
+        .select(Node::as_select())
+        .load(c)?)
+}
+
 /// Node `id` if it is online and not revoked (where a start may go).
 pub fn online_node(c: &mut DbConn, id: i64) -> Result<Option<Node>, AppError> {
     Ok(nodes::table
@@ -375,17 +404,6 @@ pub fn revoke(c: &mut DbConn, node: i64) -> Result<(), AppError> {
     Ok(())
 }
 
-/// Whether node `id` has been revoked (asked on every heartbeat, so a revocation made
-/// on any replica reaches a connection held by any other).
-pub fn is_revoked(c: &mut DbConn, node: i64) -> Result<bool, AppError> {
-    Ok(nodes::table
-        .find(node)
-        .select(nodes::revoked_at)
-        .first::<Option<chrono::NaiveDateTime>>(c)
-        .optional()?
-        .is_none_or(|r| r.is_some()))
-}
-
 pub fn set_draining(c: &mut DbConn, node: i64, draining: bool) -> Result<(), AppError> {
     diesel::update(nodes::table.find(node))
         .set(nodes::draining.eq(draining))
@@ -415,6 +433,7 @@ mod tests {
     use super::*;
     use crate::service::testkit::{campus, sqlite};
     use diesel::connection::{Connection, InstrumentationEvent};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
     fn stat(util: u32, local_use: bool) -> GpuStat {
@@ -434,9 +453,11 @@ mod tests {
         let node = campus(&mut c, 0).node;
         update_gpu_stats(&mut c, node.id, &[stat(10, false)]).unwrap();
         let writes = Arc::new(Mutex::new(Vec::new()));
-        let w = writes.clone();
+        let reads = Arc::new(AtomicUsize::new(0));
+        let (w, r) = (writes.clone(), reads.clone());
         c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
             if let InstrumentationEvent::StartQuery { query, .. } = e {
+                r.fetch_add(1, Ordering::SeqCst);
                 let q = query.to_string();
                 if q.starts_with("UPDATE") {
                     w.lock().unwrap().push(q);
@@ -444,6 +465,7 @@ mod tests {
             }
         });
         assert!(!update_gpu_stats(&mut c, node.id, &[stat(10, false)]).unwrap());
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "one read, no transaction");
         assert!(
             writes.lock().unwrap().is_empty(),
             "{:?}",
@@ -460,5 +482,29 @@ mod tests {
             .unwrap();
         assert!(local);
         assert_eq!(util, 90);
+    }
+
+    #[test]
+    fn a_revoked_node_gets_no_clock() {
+        let (_d, mut c) = sqlite();
+        let node = campus(&mut c, 0).node;
+        let clock = crate::db::models::AgentClock {
+            session: 9,
+            seq: 5,
+            received_at: now(),
+        };
+        assert!(set_agent_clock(&mut c, node.id, &clock).unwrap());
+        diesel::update(nodes::table.find(node.id))
+            .set(nodes::revoked_at.eq(now()))
+            .execute(&mut c)
+            .unwrap();
+        let clock = crate::db::models::AgentClock { seq: 6, ..clock };
+        assert!(!set_agent_clock(&mut c, node.id, &clock).unwrap());
+        let seq: i64 = nodes::table
+            .find(node.id)
+            .select(nodes::agent_seq)
+            .first(&mut c)
+            .unwrap();
+        assert_eq!(seq, 5, "nothing written for a revoked node");
     }
 }

@@ -422,10 +422,23 @@ pub fn revoke_token(c: &mut DbConn, user: i64, id: i64) -> Result<(), AppError> 
     Ok(())
 }
 
-/// The user a personal access token belongs to, if it is valid; records its use.
-pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<User>, AppError> {
+/// The user a personal access token belongs to, if it is valid, with their labs and
+/// roles (one query); records its use when the last one recorded is over
+/// [`TOKEN_USE_SLACK_S`] old.
+pub fn user_by_token(
+    c: &mut DbConn,
+    secret: &str,
+) -> Result<Option<(User, Vec<(Lab, Role)>)>, AppError> {
     let t = now();
-    let row: Option<(i64, i64)> = api_tokens::table
+    type Row = (
+        i64,
+        Option<chrono::NaiveDateTime>,
+        User,
+        Option<Lab>,
+        Option<Role>,
+    );
+    let rows: Vec<Row> = api_tokens::table
+        .inner_join(users::table.left_join(memberships::table.inner_join(labs::table)))
         .filter(api_tokens::token_hash.eq(hash_secret(secret)))
         .filter(api_tokens::revoked_at.is_null())
         .filter(
@@ -433,17 +446,35 @@ pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<User>, AppEr
                 .is_null()
                 .or(api_tokens::expires_at.gt(t)),
         )
-        .select((api_tokens::id, api_tokens::user_id))
-        .first(c)
-        .optional()?;
-    let Some((token_id, user_id)) = row else {
+        .order(labs::slug)
+        .select((
+            api_tokens::id,
+            api_tokens::last_used_at,
+            User::as_select(),
+            Option::<Lab>::as_select(),
+            memberships::role.nullable(),
+        ))
+        .load(c)?;
+    let Some((token_id, last_used, user, ..)) = rows.first().cloned() else {
         return Ok(None);
     };
-    diesel::update(api_tokens::table.find(token_id))
-        .set(api_tokens::last_used_at.eq(t))
-        .execute(c)?;
-    Ok(Some(user_by_id(c, user_id)?))
+    let labs = rows
+        .into_iter()
+        .filter_map(|(.., lab, role)| Some((lab?, role?)))
+        .collect();
+    // "Last used" is shown to the minute: a script's every call need not write (and wait
+    // for a commit to reach the disk) to keep it so.
+    let stale = t - chrono::Duration::seconds(TOKEN_USE_SLACK_S);
+    if last_used.is_none_or(|u| u < stale) {
+        diesel::update(api_tokens::table.find(token_id))
+            .set(api_tokens::last_used_at.eq(t))
+            .execute(c)?;
+    }
+    Ok(Some((user, labs)))
 }
+
+/// How far a token's recorded last use may lag behind its real last use.
+pub const TOKEN_USE_SLACK_S: i64 = 60;
 
 /// How long an enrolment token stays valid.
 pub const ENROL_TOKEN_TTL_H: i64 = 24;
@@ -460,4 +491,82 @@ pub fn create_enrol_token(c: &mut DbConn, lab: i64) -> Result<String, AppError> 
         ))
         .execute(c)?;
     Ok(secret)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::testkit::sqlite;
+    use diesel::connection::{Connection, InstrumentationEvent};
+    use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn a_token_in_use_is_one_read_and_its_use_is_written_once_a_minute() {
+        let (_d, mut c) = sqlite();
+        let user = create_user(&mut c, "alice", "alice@x.test", false).unwrap();
+        let secret = create_api_token(&mut c, user.id, "script").unwrap();
+        // A user in no lab is found too, with no labs.
+        assert!(user_by_token(&mut c, &secret)
+            .unwrap()
+            .unwrap()
+            .1
+            .is_empty());
+        for (slug, role) in [("vision", Role::Member), ("physics", Role::Admin)] {
+            let lab = create_lab(&mut c, slug, slug).unwrap();
+            set_membership(&mut c, user.id, lab.id, role).unwrap();
+        }
+        diesel::update(api_tokens::table)
+            .set(api_tokens::last_used_at.eq(None::<chrono::NaiveDateTime>))
+            .execute(&mut c)
+            .unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = e {
+                s.lock().unwrap().push(query.to_string());
+            }
+        });
+        let last_used = |c: &mut DbConn| -> Option<chrono::NaiveDateTime> {
+            api_tokens::table
+                .select(api_tokens::last_used_at)
+                .first(c)
+                .unwrap()
+        };
+        // First use: the read and the write.
+        assert_eq!(
+            user_by_token(&mut c, &secret).unwrap().unwrap().0.id,
+            user.id
+        );
+        assert_eq!(seen.lock().unwrap().len(), 2, "{:?}", seen.lock().unwrap());
+        let first = last_used(&mut c).unwrap();
+        // With the labs and roles that labs_of lists.
+        let slugs = |labs: Vec<(Lab, Role)>| -> Vec<(String, Role)> {
+            labs.into_iter().map(|(l, r)| (l.slug, r)).collect()
+        };
+        let (_, labs) = user_by_token(&mut c, &secret).unwrap().unwrap();
+        assert_eq!(slugs(labs), slugs(labs_of(&mut c, user.id).unwrap()));
+        assert_eq!(labs_of(&mut c, user.id).unwrap().len(), 2);
+        // Within the minute: the read only.
+        seen.lock().unwrap().clear();
+        assert_eq!(
+            user_by_token(&mut c, &secret).unwrap().unwrap().0.id,
+            user.id
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1, "{:?}", seen.lock().unwrap());
+        // A minute later, written again.
+        let old = first - chrono::Duration::seconds(TOKEN_USE_SLACK_S + 1);
+        diesel::update(api_tokens::table)
+            .set(api_tokens::last_used_at.eq(old))
+            .execute(&mut c)
+            .unwrap();
+        assert!(user_by_token(&mut c, &secret).unwrap().is_some());
+        assert!(last_used(&mut c).unwrap() > old);
+        // Unknown and revoked tokens find no one.
+        assert!(user_by_token(&mut c, "gct_nope").unwrap().is_none());
+        diesel::update(api_tokens::table)
+            .set(api_tokens::revoked_at.eq(now()))
+            .execute(&mut c)
+            .unwrap();
+        assert!(user_by_token(&mut c, &secret).unwrap().is_none());
+    }
 }

@@ -1,5 +1,6 @@
-//! The attempt lifecycle: committing the scheduler's plan, and the agent reports that
-//! move attempts (and so jobs) along.
+//! The attempt lifecycle: the agent reports that move attempts (and so jobs) along,
+//! leases, and the `Start`s an agent missed. (Committing the scheduler's plan is
+//! `plan_commit`.)
 //!
 //! Invariants:
 //! - At most one active attempt (starting, running, stopping) per job; active attempts
@@ -8,13 +9,14 @@
 //!   nothing here; if the agent still runs it, the caller answers with a `Stop`.
 //! - Only a job's current attempt decides the job's fate.
 
+use super::plan_commit::{start_msg, StartFacts};
 use crate::db::jobs::{add_event, set_state};
 use crate::db::models::{AgentClock, Attempt, AttemptStatus, Gpu, Job, JobState};
 use crate::db::{self, now, DbConn};
 use crate::error::AppError;
 use chrono::NaiveDateTime;
-use commons_proto::{AttemptReport, AttemptState, JobSpec, Lease, PortalMsg, StopReason};
-use std::collections::BTreeSet;
+use commons_proto::{AttemptReport, AttemptState, PortalMsg, StopReason};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Grace of a `Stop` for an attempt the portal does not expect to run at all, and for a
 /// cancelled one.
@@ -30,7 +32,7 @@ pub struct Timing {
 }
 
 impl Timing {
-    fn grace_on(&self, node_grace_s: i32) -> u64 {
+    pub(crate) fn grace_on(&self, node_grace_s: i32) -> u64 {
         if node_grace_s > 0 {
             node_grace_s as u64
         } else {
@@ -45,150 +47,6 @@ pub struct Order {
     pub msg: PortalMsg,
 }
 
-/// Commits a plan (second transaction), re-checking each change against the database as
-/// it is now:
-/// 1. Preemptions first: the job must still run its attempt; the attempt goes to
-///    `stopping`, the job to `preempting`, and the node gets a `Stop` with the grace.
-/// 2. Starts: the job must still be queued, its node online and its GPUs free.
-/// 3. Waiting jobs get their reason, place in the queue and estimated start.
-pub fn apply_plan(
-    c: &mut DbConn,
-    plan: &commons_sched::Plan,
-    timing: Timing,
-) -> Result<Vec<Order>, AppError> {
-    db::transaction(c, |c| {
-        let active = db::attempts::active_attempts(c)?;
-        let mut held: BTreeSet<i64> = active.iter().flat_map(|a| a.gpu_id_list()).collect();
-        let mut orders = Vec::new();
-        for p in &plan.preempt {
-            let attempt = active.iter().find(|a| {
-                a.job_id == p.job
-                    && matches!(a.state, AttemptStatus::Starting | AttemptStatus::Running)
-            });
-            let job = db::jobs::get(c, p.job)?;
-            let (Some(a), JobState::Starting | JobState::Running) = (attempt, job.state) else {
-                tracing::info!(job = p.job, "plan preemption no longer valid; skipped");
-                continue;
-            };
-            db::attempts::set_status(c, a.id, AttemptStatus::Stopping)?;
-            set_state(
-                c,
-                job.id,
-                JobState::Preempting,
-                &format!("preempting: {} (grace {} s)", p.reason, p.grace_s),
-            )?;
-            orders.push(Order {
-                node: a.node_id,
-                msg: PortalMsg::Stop {
-                    job: a.job_id,
-                    attempt: a.attempt,
-                    grace_s: u64::from(p.grace_s),
-                    reason: StopReason::Preempted,
-                    detail: Some(p.reason.to_string()),
-                },
-            });
-        }
-        for s in &plan.start {
-            let job = db::jobs::get(c, s.job)?;
-            let node = db::nodes::online_node(c, s.node)?;
-            let gpus = db::nodes::gpus_by_ids(c, &s.gpus)?;
-            let gpus_ok = gpus.len() == s.gpus.len()
-                && gpus
-                    .iter()
-                    .all(|g| g.node_id == s.node && g.present && !held.contains(&g.id));
-            let clock = node.as_ref().and_then(|n| n.agent_clock());
-            let (Some(node), Some(clock), true, JobState::Queued) =
-                (node, clock, gpus_ok, job.state)
-            else {
-                tracing::info!(job = s.job, "plan start no longer valid; skipped");
-                continue;
-            };
-            held.extend(s.gpus.iter().copied());
-            let attempt = job.attempts + 1;
-            let t = now();
-            let lease_until = clock.lease_until(timing.lease_ttl_s);
-            db::attempts::insert(c, job.id, attempt, node.id, &s.gpus, lease_until, t)?;
-            db::jobs::set_placed(c, job.id, attempt, node.id)?;
-            let names: Vec<String> = gpus
-                .iter()
-                .map(|g| format!("#{} {}", g.idx, g.model))
-                .collect();
-            set_state(
-                c,
-                job.id,
-                JobState::Starting,
-                &format!(
-                    "attempt {attempt} starting on {} (GPU {})",
-                    node.name,
-                    names.join(", ")
-                ),
-            )?;
-            orders.push(Order {
-                node: node.id,
-                msg: start_msg(
-                    c,
-                    &job,
-                    attempt,
-                    &gpus,
-                    clock.lease(timing.lease_ttl_s),
-                    timing,
-                )?,
-            });
-        }
-        for p in &plan.pending {
-            let estimate = p
-                .estimated_start
-                .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
-                .map(|t| t.naive_utc());
-            db::jobs::set_waiting(c, p.job, &p.reason.to_string(), p.position as i32, estimate)?;
-        }
-        Ok(orders)
-    })
-}
-
-/// The `Start` for an attempt of `job` on `gpus`.
-fn start_msg(
-    c: &mut DbConn,
-    job: &Job,
-    attempt: i32,
-    gpus: &[Gpu],
-    lease: Lease,
-    timing: Timing,
-) -> Result<PortalMsg, AppError> {
-    let lab = db::users::lab_by_id(c, job.lab_id)?;
-    let node = match gpus.first() {
-        Some(g) => Some(db::nodes::node_by_id(c, g.node_id)?),
-        None => None,
-    };
-    let node_lab = node.as_ref().map(|n| n.lab_id);
-    let grace_s = node.as_ref().map(|n| timing.grace_on(n.grace_s));
-    Ok(PortalMsg::Start {
-        job: job.id,
-        attempt,
-        spec: JobSpec {
-            image: job.image.clone(),
-            command: job.command.0.clone(),
-            env: job.env.0.clone(),
-            cpus: job.cpus,
-            memory_mb: job.memory_mb.max(0) as u64,
-            time_limit_s: job.time_limit_s.max(0) as u64,
-            user: db::jobs::owner_name(c, job)?,
-            checkpoint_interval_s: job.checkpoint_interval_s.map(|s| s.max(60) as u64),
-            shm_mb: job.shm_mb.and_then(|m| u64::try_from(m).ok()),
-            interactive: job.kind == crate::domain::JobKind::Interactive,
-            guest: node_lab.is_some_and(|l| l != job.lab_id),
-            lab: Some(lab.slug),
-            grace_s,
-            image_digest: job.image_digest.clone(),
-            image_signature: job.image_signature.clone(),
-        },
-        gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
-        lease,
-        // Any attempt of the job committed a checkpoint: the next one resumes from it.
-        resume: db::checkpoints::latest(c, job.id)?.is_some(),
-    })
-}
-
 /// `Start`s for this node's attempts that should be starting but that the agent does not
 /// report. The database is the truth of what should run: whichever portal replica holds
 /// the agent's connection delivers them, also when the first send was lost. The agent
@@ -201,24 +59,40 @@ pub fn undelivered_starts(
     timing: Timing,
 ) -> Result<Vec<PortalMsg>, AppError> {
     let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
-    let starting = db::attempts::on_node(c, node, &[AttemptStatus::Starting])?;
-    let mut out = Vec::new();
-    for a in starting
-        .iter()
+    let missing: Vec<Attempt> = db::attempts::on_node(c, node, &[AttemptStatus::Starting])?
+        .into_iter()
         .filter(|a| !known.contains(&(a.job_id, a.attempt)))
-    {
-        let job = db::jobs::get(c, a.job_id)?;
-        let gpus = db::nodes::gpus_by_ids(c, &a.gpu_id_list())?;
-        out.push(start_msg(
-            c,
-            &job,
-            a.attempt,
-            &gpus,
-            clock.lease(timing.lease_ttl_s),
-            timing,
-        )?);
+        .collect();
+    if missing.is_empty() {
+        return Ok(Vec::new());
     }
-    Ok(out)
+    let ids: Vec<i64> = missing.iter().map(|a| a.job_id).collect();
+    let jobs: BTreeMap<i64, Job> = db::jobs::by_ids(c, &ids)?
+        .into_iter()
+        .map(|j| (j.id, j))
+        .collect();
+    let gpu_ids: Vec<i64> = missing.iter().flat_map(|a| a.gpu_id_list()).collect();
+    let gpus = db::nodes::gpus_by_ids(c, &gpu_ids)?;
+    let facts = StartFacts::read(c, jobs.values())?.with_nodes(c, &[node])?;
+    Ok(missing
+        .iter()
+        .filter_map(|a| {
+            let ids = a.gpu_id_list();
+            let on: Vec<Gpu> = gpus
+                .iter()
+                .filter(|g| ids.contains(&g.id))
+                .cloned()
+                .collect();
+            Some(start_msg(
+                jobs.get(&a.job_id)?,
+                a.attempt,
+                &on,
+                clock.lease(timing.lease_ttl_s),
+                timing,
+                &facts,
+            ))
+        })
+        .collect())
 }
 
 fn requeue(c: &mut DbConn, job: i64, why: &str) -> Result<(), AppError> {
@@ -313,12 +187,11 @@ pub fn apply_report(
                 if a.state == AttemptStatus::Starting {
                     let t = now();
                     db::attempts::mark_running(c, a.id, t)?;
-                    let job = db::jobs::get(c, a.job_id)?;
-                    if job.state == JobState::Starting && job.attempts == a.attempt {
-                        db::jobs::set_first_start(c, job.id, t)?;
-                        set_state(
+                    // The job moves only while it starts this attempt (one statement).
+                    if db::jobs::set_running(c, a.job_id, a.attempt, t)? {
+                        add_event(
                             c,
-                            job.id,
+                            a.job_id,
                             JobState::Running,
                             &format!("attempt {} running", a.attempt),
                         )?;
@@ -388,8 +261,12 @@ pub fn renew(
     ttl_s: u64,
 ) -> Result<PortalMsg, AppError> {
     let until = clock.lease_until(ttl_s);
-    let attempts = db::transaction(c, |c| db::attempts::renew_on(c, node, until))?;
-    let time_limits = super::extend::time_limits(c, &attempts)?;
+    let attempts = db::attempts::renew_on(c, node, until)?;
+    let time_limits = if attempts.is_empty() {
+        Vec::new()
+    } else {
+        super::extend::time_limits(c, &attempts)?
+    };
     Ok(PortalMsg::Renew {
         lease: clock.lease(ttl_s),
         attempts,
@@ -614,5 +491,84 @@ mod tests {
         );
         renew(&mut c, k.node.id, &clock(4, 2000), 60).unwrap();
         assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(2060));
+    }
+
+    #[test]
+    fn a_renewal_is_one_update_and_one_read_whatever_the_attempts() {
+        use diesel::connection::{Connection, InstrumentationEvent};
+        use std::sync::{Arc, Mutex};
+        for n in [0, 1, 6] {
+            let (_d, mut c) = sqlite();
+            let k = campus(&mut c, n);
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let s = seen.clone();
+            c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
+                if let InstrumentationEvent::StartQuery { query, .. } = e {
+                    s.lock().unwrap().push(query.to_string());
+                }
+            });
+            let clock = AgentClock {
+                session: 7,
+                seq: 2,
+                received_at: db::now(),
+            };
+            let PortalMsg::Renew {
+                attempts,
+                time_limits,
+                ..
+            } = renew(&mut c, k.node.id, &clock, 60).unwrap()
+            else {
+                panic!("not a renewal")
+            };
+            assert_eq!((attempts.len(), time_limits.len()), (n, n));
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), if n == 0 { 1 } else { 2 }, "{seen:#?}");
+        }
+    }
+
+    #[test]
+    fn a_running_report_moves_its_job_once_and_keeps_the_first_start() {
+        let (_d, mut c) = sqlite();
+        let k = campus(&mut c, 1);
+        let job = &k.jobs[0];
+        apply_report(
+            &mut c,
+            k.node.id,
+            &report(job, AttemptState::Running, None),
+            TIMING,
+        )
+        .unwrap();
+        let j = db::jobs::get(&mut c, job.id).unwrap();
+        assert_eq!(j.state, JobState::Running);
+        let first = j.started_at.expect("a first start");
+        // Reported again: nothing moves, no second history row.
+        apply_report(
+            &mut c,
+            k.node.id,
+            &report(job, AttemptState::Running, None),
+            TIMING,
+        )
+        .unwrap();
+        let events = db::jobs::events(&mut c, job.id).unwrap();
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e.message == "attempt 1 running")
+                .count(),
+            1
+        );
+        // A later attempt keeps the job's first start time.
+        assert!(db::jobs::set_running(&mut c, job.id, 1, first).is_ok_and(|m| !m));
+        db::jobs::set_state(&mut c, job.id, JobState::Starting, "again").unwrap();
+        let later = first + chrono::Duration::seconds(60);
+        assert!(db::jobs::set_running(&mut c, job.id, 1, later).unwrap());
+        assert_eq!(
+            db::jobs::get(&mut c, job.id).unwrap().started_at,
+            Some(first)
+        );
+        assert!(
+            !db::jobs::set_running(&mut c, job.id, 2, later).unwrap(),
+            "another attempt's report does not move it"
+        );
     }
 }

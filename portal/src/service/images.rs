@@ -15,7 +15,7 @@
 
 use super::{Actor, Ctx};
 use crate::db::images::{self as q, NewEntry};
-use crate::db::models::ImageAllow;
+use crate::db::models::{ImageAllow, Lab};
 use crate::db::{self, DbConn};
 use crate::error::AppError;
 use chrono::NaiveDateTime;
@@ -297,12 +297,11 @@ pub fn store(
     })
 }
 
-/// The pin a job of lab `lab` naming `image` runs with, or 422 naming `image` that says
+/// The pin a job of lab `l` naming `image` runs with, or 422 naming `image` that says
 /// how to get it allowed.
-pub fn pin_for_job(c: &mut DbConn, lab: i64, image: &str) -> Result<ImageAllow, AppError> {
+pub fn pin_for_job(c: &mut DbConn, l: &Lab, image: &str) -> Result<ImageAllow, AppError> {
     let name = rules::job_image(image)?;
-    let l = db::users::lab_by_id(c, lab)?;
-    let entry = q::for_job(c, lab, &name)?.ok_or_else(|| {
+    let entry = q::for_job(c, l.id, &name)?.ok_or_else(|| {
         AppError::invalid(
             "image",
             format!(

@@ -1,12 +1,12 @@
 //! A user's jobs: submit, list, read, output, history, cancel.
 
-use super::views::{job_view, job_views, JobView};
+use super::views::{job_view, job_views, new_job_view, JobView};
 use super::Actor;
 use super::Ctx;
-use crate::db::models::{Job, JobEvent};
+use crate::db::models::{Job, JobEvent, Lab};
 use crate::db::{self, DbConn};
 use crate::error::AppError;
-use crate::validate::{self, JobRequest};
+use crate::validate::{self, JobRequest, ValidJob};
 use commons_proto::PortalMsg;
 
 /// A job the actor may see, else "not found".
@@ -20,25 +20,34 @@ pub fn visible(c: &mut DbConn, actor: &Actor, id: i64) -> Result<Job, AppError> 
 }
 
 /// Validates and stores a job, then wakes the scheduler. Nothing is written when any
-/// rule fails.
+/// rule fails. A handful of statements and one commit: the caller's lab comes with the
+/// actor, and a new job's view needs no lookups (it has no attempt yet).
 pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobView, AppError> {
-    let mut valid = validate::job(req, &actor.lab_ids())?;
+    let valid = validate::job(req, &actor.lab_ids())?;
     let user = actor.user.id;
-    let view = state
-        .db
-        .run(move |c| {
-            // The allow-list decides which digest this job may ever run.
-            let pin = super::images::pin_for_job(c, valid.lab_id, &valid.image)?;
-            valid.image = pin.name_tag;
-            valid.image_digest = Some(pin.digest);
-            valid.image_signature = pin.signature;
-            let job = db::jobs::insert(c, user, &valid)?;
-            job_view(c, &job)
-        })
-        .await?;
+    let lab = actor
+        .labs
+        .iter()
+        .map(|(l, _)| l)
+        .find(|l| l.id == valid.lab_id)
+        .cloned()
+        .ok_or_else(|| AppError::invalid("lab", "you are not a member of this lab"))?;
+    let view = state.db.run(move |c| store(c, user, &lab, valid)).await?;
     tracing::info!(job = view.id, "job submitted");
     state.wake.notify_one();
     Ok(view)
+}
+
+/// A submission's database work: the allow-list's pin for the image (one read), then
+/// the job and its history row (one transaction).
+fn store(c: &mut DbConn, user: i64, lab: &Lab, mut valid: ValidJob) -> Result<JobView, AppError> {
+    // The allow-list decides which digest this job may ever run.
+    let pin = super::images::pin_for_job(c, lab, &valid.image)?;
+    valid.image = pin.name_tag;
+    valid.image_digest = Some(pin.digest);
+    valid.image_signature = pin.signature;
+    let job = db::jobs::insert(c, user, &valid)?;
+    Ok(new_job_view(&job, &lab.slug))
 }
 
 /// The actor's latest jobs, newest first.
@@ -179,4 +188,71 @@ pub async fn cancel(state: &Ctx, actor: &Actor, id: i64) -> Result<JobView, AppE
         }
     }
     Ok(view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::testkit::sqlite;
+    use diesel::connection::{Connection, InstrumentationEvent};
+    use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn a_submission_is_one_read_and_one_short_transaction() {
+        let (_d, mut c) = sqlite();
+        let lab = db::users::create_lab(&mut c, "vision", "Vision").unwrap();
+        let user = db::users::create_user(&mut c, "alice", "alice@x.test", false).unwrap();
+        let entry = db::images::NewEntry {
+            lab_id: None,
+            name_tag: "commons-demo:latest",
+            digest: "sha256:0123",
+            description: "",
+            signature: None,
+            signed_by: None,
+            created_by: "olga",
+        };
+        db::images::insert(&mut c, &entry).unwrap();
+        let valid = || {
+            let req: JobRequest = serde_json::from_value(serde_json::json!(
+                {"image": "commons-demo:latest", "gpus": 1, "time_limit_minutes": 5}
+            ))
+            .unwrap();
+            validate::job(req, &[("vision".into(), lab.id)]).unwrap()
+        };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = e {
+                s.lock().unwrap().push(query.to_string());
+            }
+        });
+        let view = store(&mut c, user.id, &lab, valid()).unwrap();
+        let seen = seen.lock().unwrap().clone();
+        // The pin, then BEGIN, the job (returned by its INSERT), its history row, COMMIT.
+        assert_eq!(seen.len(), 5, "{seen:#?}");
+        assert!(
+            seen[2].starts_with("INSERT INTO `jobs`")
+                || seen[2].starts_with("INSERT INTO \"jobs\""),
+            "{seen:#?}"
+        );
+        assert_eq!(
+            (view.state, view.lab.as_str(), view.attempts),
+            (crate::domain::JobState::Queued, "vision", 0)
+        );
+        // What the view says is what a later read says.
+        let stored = db::jobs::get(&mut c, view.id).unwrap();
+        let again = super::super::views::job_view(&mut c, &stored).unwrap();
+        assert_eq!(
+            serde_json::to_value(&again).unwrap(),
+            serde_json::to_value(&view).unwrap()
+        );
+        assert_eq!(db::jobs::events(&mut c, view.id).unwrap().len(), 1);
+        assert_eq!(
+            db::jobs::get(&mut c, view.id)
+                .unwrap()
+                .image_digest
+                .as_deref(),
+            Some("sha256:0123")
+        );
+    }
 }

@@ -48,5 +48,6 @@ pub async fn scrape(ctx: &Ctx) -> Result<String, AppError> {
         .get_or_create(&PoolLabel { state: "in_use" })
         .set(i64::from(open.saturating_sub(idle)));
     m.db_pool_max.set(i64::from(max));
+    m.count_statements(ctx.db.statements());
     Ok(m.encode())
 }

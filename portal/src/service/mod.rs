@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod overview;
 pub mod owner;
+pub mod plan_commit;
 pub mod policy;
 pub mod relays;
 pub mod reports;

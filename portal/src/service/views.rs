@@ -92,90 +92,145 @@ pub fn job_view(c: &mut DbConn, job: &Job) -> Result<JobView, AppError> {
         .ok_or(AppError::NotFound("job"))
 }
 
-/// The views of `jobs`, in their order, in five queries whatever their number.
+/// The view of a job just submitted, in lab `lab_slug`: no query (it has no attempt,
+/// node, GPUs or checkpoint yet).
+pub fn new_job_view(job: &Job, lab_slug: &str) -> JobView {
+    view(
+        job,
+        &Facts {
+            lab_slugs: BTreeMap::from([(job.lab_id, lab_slug.to_string())]),
+            ..Facts::default()
+        },
+        db::now(),
+    )
+}
+
+/// What the views of some jobs need beyond their rows.
+#[derive(Default)]
+struct Facts {
+    last: BTreeMap<i64, Attempt>,
+    node_names: BTreeMap<i64, String>,
+    gpus: BTreeMap<i64, GpuView>,
+    lab_slugs: BTreeMap<i64, String>,
+    checkpointed: BTreeMap<i64, NaiveDateTime>,
+}
+
+/// The views of `jobs`, in their order, in at most five queries whatever their number
+/// (fewer when there is nothing to look up: jobs never placed have no attempts, nodes,
+/// GPUs or checkpoints).
 pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError> {
-    let ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
-    let last: BTreeMap<i64, Attempt> = db::jobs::last_attempts(c, &ids)?
-        .into_iter()
-        .map(|a| (a.job_id, a))
+    // A job's attempts count its attempt rows: one never placed has none.
+    let placed: Vec<i64> = jobs
+        .iter()
+        .filter(|j| j.attempts > 0)
+        .map(|j| j.id)
         .collect();
+    let last: BTreeMap<i64, Attempt> = if placed.is_empty() {
+        BTreeMap::new()
+    } else {
+        db::jobs::last_attempts(c, &placed)?
+            .into_iter()
+            .map(|a| (a.job_id, a))
+            .collect()
+    };
     let node_ids: Vec<i64> = jobs
         .iter()
         .filter_map(|j| j.node_id.or(last.get(&j.id).map(|a| a.node_id)))
         .collect();
-    let node_names = db::nodes::names(c, &node_ids)?;
+    let node_names = if node_ids.is_empty() {
+        BTreeMap::new()
+    } else {
+        db::nodes::names(c, &node_ids)?
+    };
     let gpu_ids: Vec<i64> = last.values().flat_map(|a| a.gpu_ids.0.clone()).collect();
-    let gpus: BTreeMap<i64, GpuView> = db::nodes::gpus_by_ids(c, &gpu_ids)?
-        .into_iter()
-        .map(|g| {
-            (
-                g.id,
-                GpuView {
-                    uuid: g.uuid,
-                    index: g.idx,
-                    model: g.model,
-                },
-            )
-        })
-        .collect();
+    let gpus: BTreeMap<i64, GpuView> = if gpu_ids.is_empty() {
+        Vec::new()
+    } else {
+        db::nodes::gpus_by_ids(c, &gpu_ids)?
+    }
+    .into_iter()
+    .map(|g| {
+        (
+            g.id,
+            GpuView {
+                uuid: g.uuid,
+                index: g.idx,
+                model: g.model,
+            },
+        )
+    })
+    .collect();
     let lab_ids: Vec<i64> = jobs.iter().map(|j| j.lab_id).collect();
     let lab_slugs = db::users::lab_slugs(c, &lab_ids)?;
-    let checkpointed = db::checkpoints::latest_at_for_jobs(c, &ids)?;
+    let checkpointed = if placed.is_empty() {
+        BTreeMap::new()
+    } else {
+        db::checkpoints::latest_at_for_jobs(c, &placed)?
+    };
+    let facts = Facts {
+        last,
+        node_names,
+        gpus,
+        lab_slugs,
+        checkpointed,
+    };
     let now = db::now();
-    Ok(jobs
-        .iter()
-        .map(|job| {
-            let attempt = last.get(&job.id);
-            let node = job
-                .node_id
-                .or(attempt.map(|a| a.node_id))
-                .and_then(|id| node_names.get(&id).cloned());
-            let gpus = attempt.map(|a| {
-                let mut v: Vec<GpuView> = a
-                    .gpu_ids
-                    .iter()
-                    .filter_map(|id| gpus.get(id).cloned())
-                    .collect();
-                v.sort_by_key(|g| g.index);
-                v
-            });
-            let running = matches!(job.state, JobState::Running | JobState::Preempting);
-            let time_left_s = attempt
-                .filter(|a| running && a.status().is_active())
-                .and_then(|a| a.started_at)
-                .map(|at| {
-                    (at - now)
-                        .num_seconds()
-                        .saturating_add(job.time_limit_s)
-                        .max(0)
-                });
-            JobView {
-                id: job.id,
-                user_id: job.user_id,
-                state: job.state,
-                reason: job.reason.clone(),
-                queue_position: job.queue_position,
-                estimated_start_at: (job.state == JobState::Queued)
-                    .then_some(job.estimated_start_at),
-                node,
-                gpus,
-                exit_code: job.exit_code,
-                attempts: job.attempts,
-                image: job.image.clone(),
-                command: job.command.0.clone(),
-                gpus_requested: job.gpus,
-                gpu_models: job.gpu_models.0.clone(),
-                time_limit_minutes: job.time_limit_s / 60,
-                kind: job.kind,
-                lab: lab_slugs.get(&job.lab_id).cloned().unwrap_or_default(),
-                created_at: job.created_at,
-                started_at: job.started_at,
-                finished_at: job.finished_at,
-                last_checkpoint_at: checkpointed.get(&job.id).copied(),
-                time_left_s,
-            }
-        })
-        .collect())
+    Ok(jobs.iter().map(|job| view(job, &facts, now)).collect())
+}
+
+fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
+    let attempt = facts.last.get(&job.id);
+    let node = job
+        .node_id
+        .or(attempt.map(|a| a.node_id))
+        .and_then(|id| facts.node_names.get(&id).cloned());
+    let gpus = attempt.map(|a| {
+        let mut v: Vec<GpuView> = a
+            .gpu_ids
+            .iter()
+            .filter_map(|id| facts.gpus.get(id).cloned())
+            .collect();
+        v.sort_by_key(|g| g.index);
+        v
+    });
+    let running = matches!(job.state, JobState::Running | JobState::Preempting);
+    let time_left_s = attempt
+        .filter(|a| running && a.status().is_active())
+        .and_then(|a| a.started_at)
+        .map(|at| {
+            (at - now)
+                .num_seconds()
+                .saturating_add(job.time_limit_s)
+                .max(0)
+        });
+    JobView {
+        id: job.id,
+        user_id: job.user_id,
+        state: job.state,
+        reason: job.reason.clone(),
+        queue_position: job.queue_position,
+        estimated_start_at: (job.state == JobState::Queued).then_some(job.estimated_start_at),
+        node,
+        gpus,
+        exit_code: job.exit_code,
+        attempts: job.attempts,
+        image: job.image.clone(),
+        command: job.command.0.clone(),
+        gpus_requested: job.gpus,
+        gpu_models: job.gpu_models.0.clone(),
+        time_limit_minutes: job.time_limit_s / 60,
+        kind: job.kind,
+        lab: facts
+            .lab_slugs
+            .get(&job.lab_id)
+            .cloned()
+            .unwrap_or_default(),
+        created_at: job.created_at,
+        started_at: job.started_at,
+        finished_at: job.finished_at,
+        last_checkpoint_at: facts.checkpointed.get(&job.id).copied(),
+        time_left_s,
+    }
 }
 
 #[cfg(test)]

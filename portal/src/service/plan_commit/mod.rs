@@ -1,0 +1,315 @@
+//! Committing the scheduler's plan (Nomad's plan applier): the plan was made from a
+//! snapshot; this re-checks it against the database as it is now and writes what still
+//! holds, in a fixed number of statements whatever the plan's size (see `db::plan`).
+//!
+//! Invariants:
+//! - A job starts only if it is still queued when its row is written
+//!   (`db::plan::claim_queued`), on an online node with an agent, on present GPUs of that
+//!   node that no active attempt holds and no other start of the same plan takes.
+//! - A guest is preempted only while its job and attempt still start or run.
+//! - Every state change writes its history row in the same transaction.
+//! - What waiting jobs show (reason, place, estimate) is written only where it changed,
+//!   and outside the commit: it is for people to read, nothing decides on it. A new
+//!   reason is written at once; a new place or estimate alone at the caller's pace.
+
+use super::attempts::{Order, Timing};
+use crate::db::models::{AttemptStatus, Gpu, Job, JobState, Node};
+use crate::db::plan::{NewAttempt, Waiting};
+use crate::db::{self, now, DbConn};
+use crate::error::AppError;
+use commons_proto::{JobSpec, Lease, PortalMsg, StopReason};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Commits a plan (second transaction):
+/// 1. Preemptions first: jobs that still start or run go to `preempting`, their
+///    attempts to `stopping`, and their nodes get a `Stop` with the grace.
+/// 2. Starts: checked against the jobs, nodes and GPUs as they are now (one query
+///    each), then claimed in one statement; the attempts and history rows are inserted
+///    in one statement each, and each start gets its `Start`.
+pub fn apply_plan(
+    c: &mut DbConn,
+    plan: &commons_sched::Plan,
+    timing: Timing,
+) -> Result<Vec<Order>, AppError> {
+    db::transaction(c, |c| {
+        let active = db::attempts::active_attempts(c)?;
+        let mut orders = preempt(c, plan, &active)?;
+        orders.extend(start(c, plan, &active, timing)?);
+        Ok(orders)
+    })
+}
+
+fn preempt(
+    c: &mut DbConn,
+    plan: &commons_sched::Plan,
+    active: &[crate::db::models::Attempt],
+) -> Result<Vec<Order>, AppError> {
+    if plan.preempt.is_empty() {
+        return Ok(Vec::new());
+    }
+    let live: BTreeMap<i64, &crate::db::models::Attempt> = active
+        .iter()
+        .filter(|a| matches!(a.state, AttemptStatus::Starting | AttemptStatus::Running))
+        .map(|a| (a.job_id, a))
+        .collect();
+    let wanted: Vec<i64> = plan
+        .preempt
+        .iter()
+        .map(|p| p.job)
+        .filter(|j| live.contains_key(j))
+        .collect();
+    let moved: BTreeSet<i64> = db::plan::preempt(c, &wanted)?.into_iter().collect();
+    let mut events = Vec::new();
+    let mut orders = Vec::new();
+    for p in &plan.preempt {
+        let (true, Some(a)) = (moved.contains(&p.job), live.get(&p.job)) else {
+            tracing::info!(job = p.job, "plan preemption no longer valid; skipped");
+            continue;
+        };
+        events.push((
+            p.job,
+            JobState::Preempting,
+            format!("preempting: {} (grace {} s)", p.reason, p.grace_s),
+        ));
+        orders.push(Order {
+            node: a.node_id,
+            msg: PortalMsg::Stop {
+                job: a.job_id,
+                attempt: a.attempt,
+                grace_s: u64::from(p.grace_s),
+                reason: StopReason::Preempted,
+                detail: Some(p.reason.to_string()),
+            },
+        });
+    }
+    db::plan::add_events(c, &events, now())?;
+    Ok(orders)
+}
+
+fn start(
+    c: &mut DbConn,
+    plan: &commons_sched::Plan,
+    active: &[crate::db::models::Attempt],
+    timing: Timing,
+) -> Result<Vec<Order>, AppError> {
+    if plan.start.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut held: BTreeSet<i64> = active.iter().flat_map(|a| a.gpu_id_list()).collect();
+    let job_ids: Vec<i64> = plan.start.iter().map(|s| s.job).collect();
+    let jobs: BTreeMap<i64, Job> = db::jobs::by_ids(c, &job_ids)?
+        .into_iter()
+        .map(|j| (j.id, j))
+        .collect();
+    let node_ids: BTreeSet<i64> = plan.start.iter().map(|s| s.node).collect();
+    let node_ids: Vec<i64> = node_ids.into_iter().collect();
+    let nodes: BTreeMap<i64, Node> = db::nodes::online_nodes(c, &node_ids)?
+        .into_iter()
+        .map(|n| (n.id, n))
+        .collect();
+    let gpu_ids: Vec<i64> = plan.start.iter().flat_map(|s| s.gpus.clone()).collect();
+    let gpus: BTreeMap<i64, Gpu> = db::nodes::gpus_by_ids(c, &gpu_ids)?
+        .into_iter()
+        .map(|g| (g.id, g))
+        .collect();
+    // 1. What still holds, in plan order (a GPU goes to the first start that wants it).
+    let mut valid = Vec::new();
+    for s in &plan.start {
+        let node = nodes.get(&s.node);
+        let clock = node.and_then(|n| n.agent_clock());
+        let on: Vec<&Gpu> = s.gpus.iter().filter_map(|g| gpus.get(g)).collect();
+        let gpus_ok = on.len() == s.gpus.len()
+            && on
+                .iter()
+                .all(|g| g.node_id == s.node && g.present && !held.contains(&g.id));
+        let queued = jobs
+            .get(&s.job)
+            .is_some_and(|j| j.state == JobState::Queued);
+        let (Some(node), Some(clock), true, true) = (node, clock, gpus_ok, queued) else {
+            tracing::info!(job = s.job, "plan start no longer valid; skipped");
+            continue;
+        };
+        held.extend(s.gpus.iter().copied());
+        let mut on: Vec<Gpu> = on.into_iter().cloned().collect();
+        on.sort_by_key(|g| g.idx);
+        valid.push((s, node, clock, on));
+    }
+    // 2. Claimed in one statement: a job no longer queued now is left out.
+    let pairs: Vec<(i64, i64)> = valid.iter().map(|(s, ..)| (s.job, s.node)).collect();
+    let claimed: BTreeMap<i64, i32> = db::plan::claim_queued(c, &pairs)?.into_iter().collect();
+    let t = now();
+    let mut attempts = Vec::new();
+    let mut events = Vec::new();
+    let mut started = Vec::new();
+    for (s, node, clock, on) in valid {
+        let Some(&attempt) = claimed.get(&s.job) else {
+            tracing::info!(job = s.job, "plan start no longer valid; skipped");
+            continue;
+        };
+        attempts.push(NewAttempt {
+            job: s.job,
+            attempt,
+            node: node.id,
+            gpus: s.gpus.clone(),
+            lease_until: clock.lease_until(timing.lease_ttl_s),
+        });
+        let names: Vec<String> = on
+            .iter()
+            .map(|g| format!("#{} {}", g.idx, g.model))
+            .collect();
+        events.push((
+            s.job,
+            JobState::Starting,
+            format!(
+                "attempt {attempt} starting on {} (GPU {})",
+                node.name,
+                names.join(", ")
+            ),
+        ));
+        started.push((s.job, attempt, node.id, clock.lease(timing.lease_ttl_s), on));
+    }
+    db::plan::insert_attempts(c, &attempts, t)?;
+    db::plan::add_events(c, &events, t)?;
+    // 3. The `Start`s, from what the jobs' rows say (read before the claim).
+    let mut facts = StartFacts::read(c, started.iter().filter_map(|s| jobs.get(&s.0)))?;
+    facts.nodes = nodes;
+    Ok(started
+        .into_iter()
+        .filter_map(|(job, attempt, node, lease, on)| {
+            let job = jobs.get(&job)?;
+            Some(Order {
+                node,
+                msg: start_msg(job, attempt, &on, lease, timing, &facts),
+            })
+        })
+        .collect())
+}
+
+/// What a `Start` needs beyond the job's row, read for many jobs at once.
+pub(crate) struct StartFacts {
+    lab_slugs: BTreeMap<i64, String>,
+    usernames: BTreeMap<i64, String>,
+    /// Jobs with a committed checkpoint (their next attempt resumes).
+    checkpointed: BTreeSet<i64>,
+    nodes: BTreeMap<i64, Node>,
+}
+
+impl StartFacts {
+    /// Four queries whatever the number of jobs (the nodes of the GPUs are added by the
+    /// caller, or read in [`StartFacts::with_nodes`]).
+    pub(crate) fn read<'a>(
+        c: &mut DbConn,
+        jobs: impl Iterator<Item = &'a Job>,
+    ) -> Result<Self, AppError> {
+        let jobs: Vec<&Job> = jobs.collect();
+        if jobs.is_empty() {
+            return Ok(StartFacts {
+                lab_slugs: BTreeMap::new(),
+                usernames: BTreeMap::new(),
+                checkpointed: BTreeSet::new(),
+                nodes: BTreeMap::new(),
+            });
+        }
+        let labs: Vec<i64> = jobs.iter().map(|j| j.lab_id).collect();
+        let users: Vec<i64> = jobs.iter().map(|j| j.user_id).collect();
+        let ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
+        Ok(StartFacts {
+            lab_slugs: db::users::lab_slugs(c, &labs)?,
+            usernames: db::users::usernames(c, &users)?,
+            checkpointed: db::checkpoints::jobs_with_any(c, &ids)?,
+            nodes: BTreeMap::new(),
+        })
+    }
+
+    /// Adds the nodes `ids` (one query).
+    pub(crate) fn with_nodes(mut self, c: &mut DbConn, ids: &[i64]) -> Result<Self, AppError> {
+        for n in db::nodes::by_ids(c, ids)? {
+            self.nodes.insert(n.id, n);
+        }
+        Ok(self)
+    }
+}
+
+/// The `Start` for an attempt of `job` on `gpus`.
+pub(crate) fn start_msg(
+    job: &Job,
+    attempt: i32,
+    gpus: &[Gpu],
+    lease: Lease,
+    timing: Timing,
+    facts: &StartFacts,
+) -> PortalMsg {
+    let node = gpus.first().and_then(|g| facts.nodes.get(&g.node_id));
+    let node_lab = node.map(|n| n.lab_id);
+    let grace_s = node.map(|n| timing.grace_on(n.grace_s));
+    PortalMsg::Start {
+        job: job.id,
+        attempt,
+        spec: JobSpec {
+            image: job.image.clone(),
+            command: job.command.0.clone(),
+            env: job.env.0.clone(),
+            cpus: job.cpus,
+            memory_mb: job.memory_mb.max(0) as u64,
+            time_limit_s: job.time_limit_s.max(0) as u64,
+            user: facts
+                .usernames
+                .get(&job.user_id)
+                .cloned()
+                .unwrap_or_default(),
+            checkpoint_interval_s: job.checkpoint_interval_s.map(|s| s.max(60) as u64),
+            shm_mb: job.shm_mb.and_then(|m| u64::try_from(m).ok()),
+            interactive: job.kind == crate::domain::JobKind::Interactive,
+            guest: node_lab.is_some_and(|l| l != job.lab_id),
+            lab: facts.lab_slugs.get(&job.lab_id).cloned(),
+            grace_s,
+            image_digest: job.image_digest.clone(),
+            image_signature: job.image_signature.clone(),
+        },
+        gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
+        lease,
+        // Any attempt of the job committed a checkpoint: the next one resumes from it.
+        resume: facts.checkpointed.contains(&job.id),
+    }
+}
+
+/// Writes what the waiting jobs of a plan show (reason, place in the queue, estimated
+/// start) where it differs from what they show now (`shown`, read with the snapshot);
+/// returns how many rows were written. One statement on PostgreSQL.
+///
+/// Without `moves`, only rows whose reason changed (a job the scheduler saw for the
+/// first time, one that now waits for something else) are written: when a round starts
+/// jobs, every job behind them moves up and tens of thousands of rows would change each
+/// round for their place alone. The caller passes `moves` every few seconds.
+pub fn record_waiting(
+    c: &mut DbConn,
+    pending: &[commons_sched::Pending],
+    shown: &BTreeMap<i64, Waiting>,
+    moves: bool,
+) -> Result<usize, AppError> {
+    let changed: Vec<(i64, Waiting)> = pending
+        .iter()
+        .filter_map(|p| {
+            let w = Waiting {
+                reason: Some(p.reason.to_string()),
+                position: Some(p.position as i32),
+                estimated_start: p
+                    .estimated_start
+                    .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+                    .map(|t| t.naive_utc()),
+            };
+            let now = shown.get(&p.job);
+            let write = match now {
+                Some(now) if moves => *now != w,
+                Some(now) => now.reason != w.reason,
+                None => true,
+            };
+            write.then_some((p.job, w))
+        })
+        .collect();
+    db::transaction(c, |c| db::plan::set_waiting(c, &changed))?;
+    Ok(changed.len())
+}
+
+#[cfg(test)]
+mod tests;
