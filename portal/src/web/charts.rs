@@ -281,6 +281,16 @@ impl UseBar {
             },
         }
     }
+
+    /// GPUs at once against a limit of GPUs ("3 in use of 4").
+    pub fn gpus(used_text: String, used: f64, limit: Option<f64>) -> UseBar {
+        UseBar::new(used_text, used, limit, |l| format!("of {l:.0}"))
+    }
+
+    /// GPU-hours against a limit of GPU-hours ("12 h used of 40 h").
+    pub fn hours(used_text: String, used: f64, limit: Option<f64>) -> UseBar {
+        UseBar::new(used_text, used, limit, |l| format!("of {l} h"))
+    }
 }
 
 #[cfg(test)]

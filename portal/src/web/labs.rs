@@ -81,22 +81,20 @@ impl LabAdminPage {
     /// A member's GPUs in use against their limit (their own, else the lab default).
     fn gpu_use(&self, m: &MemberRow) -> super::charts::UseBar {
         let limit = m.quota.max_gpus.or(self.member_default.max_gpus);
-        super::charts::UseBar::new(
+        super::charts::UseBar::gpus(
             format!("{} in use", m.gpus_now),
             m.gpus_now as f64,
             limit.map(f64::from),
-            |l| format!("of {l:.0}"),
         )
     }
 
     /// A member's GPU-hours over 7 days against their limit.
     fn hours_use(&self, m: &MemberRow) -> super::charts::UseBar {
         let limit = m.quota.max_gpu_hours.or(self.member_default.max_gpu_hours);
-        super::charts::UseBar::new(
+        super::charts::UseBar::hours(
             format!("{} used", super::human::hours(m.gpu_hours)),
             m.gpu_hours,
             limit,
-            |l| format!("of {l} h"),
         )
     }
 }

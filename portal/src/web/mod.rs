@@ -114,8 +114,9 @@ pub async fn error_pages(
     Ok(res)
 }
 
-/// A page answered with `status` (a refused form, a page of its own state) and never
-/// cached: it may carry what the user typed.
+/// A page answered with `status` (a refused form, a page of its own state). Like every
+/// answer it is never cached (`cache-control: no-store` from the security headers in
+/// `app.rs`): it may carry what the user typed.
 pub(crate) fn html_page(
     status: actix_web::http::StatusCode,
     page: &impl Template,
@@ -123,7 +124,6 @@ pub(crate) fn html_page(
     let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
     Ok(HttpResponse::build(status)
         .content_type("text/html; charset=utf-8")
-        .insert_header(("cache-control", "no-store"))
         .body(body))
 }
 

@@ -59,17 +59,15 @@ async fn index(
         .map(|u| {
             (
                 u.lab.clone(),
-                UseBar::new(
+                UseBar::gpus(
                     format!("{} in use", u.gpus_now),
                     u.gpus_now as f64,
                     u.max_gpus.map(f64::from),
-                    |l| format!("of {l:.0}"),
                 ),
-                UseBar::new(
+                UseBar::hours(
                     format!("{} used in 7 days", human::hours(u.gpu_hours)),
                     u.gpu_hours,
                     u.max_gpu_hours,
-                    |l| format!("of {l} h"),
                 ),
             )
         })

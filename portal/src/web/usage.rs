@@ -57,14 +57,6 @@ struct UsagePage {
     labs: Vec<LabBlock>,
 }
 
-fn of_gpus(l: f64) -> String {
-    format!("of {l:.0}")
-}
-
-fn of_hours(l: f64) -> String {
-    format!("of {l} h")
-}
-
 fn block(
     a: &LabAccount,
     usage: Option<&LabUsageView>,
@@ -77,31 +69,28 @@ fn block(
         Row {
             label: "Your GPU-hours",
             id: format!("mine-hours-{}", a.slug),
-            bar: UseBar::new(
+            bar: UseBar::hours(
                 format!("{} used in {period_days} days", human::hours(mine)),
                 mine,
                 a.quota.max_gpu_hours,
-                of_hours,
             ),
         },
         Row {
             label: "Your GPUs at once",
             id: format!("mine-gpus-{}", a.slug),
-            bar: UseBar::new(
+            bar: UseBar::gpus(
                 format!("{} in use", a.gpus_in_use),
                 f64::from(a.gpus_in_use),
                 a.quota.max_gpus.map(f64::from),
-                of_gpus,
             ),
         },
         Row {
             label: "The lab's borrowed GPU-hours",
             id: format!("lab-hours-{}", a.slug),
-            bar: UseBar::new(
+            bar: UseBar::hours(
                 format!("{} borrowed in {period_days} days", human::hours(borrowed)),
                 borrowed,
                 a.lab_quota.max_gpu_hours,
-                of_hours,
             ),
         },
     ];
