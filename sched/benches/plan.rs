@@ -164,6 +164,12 @@ fn bench(c: &mut Criterion) {
     for waiting in [10_000, 50_000, 200_000] {
         let s = campus(1000, 6000, waiting);
         let p = plan(&s, &policy, NOW);
+        {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            format!("{p:?}").hash(&mut h);
+            eprintln!("digest {waiting}: {:x}", h.finish());
+        }
         eprintln!(
             "{waiting} waiting: {} starts, {} preempts, {} pending",
             p.start.len(),

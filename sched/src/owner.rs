@@ -23,21 +23,111 @@ use crate::reason::Reason;
 use crate::risk::risk_class;
 use crate::state::{gpu_matches, World};
 use crate::Round;
+use std::collections::HashMap;
 
-/// The lab's schedulable nodes that could ever hold queued job `j` (empty: the job is
-/// not an owner job anywhere). The same for every job of a shape, so plans compute it
-/// once per shape.
-pub(crate) fn own_candidates(world: &World, j: usize) -> Vec<usize> {
-    let job = world.queue[j];
-    world.labs[world.meta[j].lab]
-        .nodes
-        .iter()
-        .copied()
-        .filter(|&n| {
-            let nw = &world.nodes[n];
-            nw.node.schedulable && nw.can_hold(job)
-        })
-        .collect()
+/// What the owner phase knows per shape before the first round: the lab's schedulable
+/// nodes that could ever hold the shape (empty: not an owner job anywhere), and its
+/// offer class.
+pub(crate) struct OwnShapes {
+    pub nodes: Vec<Vec<usize>>,
+    /// Shapes that differ only in what an own node's offer does not read (time limit,
+    /// lab, the take-back rule) share a class, and so share offers (see [`Offers`]).
+    class: Vec<usize>,
+}
+
+impl OwnShapes {
+    pub fn new(world: &World) -> Self {
+        let mut nodes: Vec<Option<Vec<usize>>> = vec![None; world.shapes];
+        let mut class = vec![0; world.shapes];
+        let mut classes: HashMap<OfferClass, usize> = HashMap::new();
+        for (j, meta) in world.meta.iter().enumerate() {
+            if nodes[meta.shape].is_some() {
+                continue;
+            }
+            let job = world.queue[j];
+            nodes[meta.shape] = Some(
+                world.labs[meta.lab]
+                    .nodes
+                    .iter()
+                    .copied()
+                    .filter(|&n| {
+                        let nw = &world.nodes[n];
+                        nw.node.schedulable && nw.can_hold(job)
+                    })
+                    .collect(),
+            );
+            let next = classes.len();
+            class[meta.shape] = *classes.entry(offer_class(job)).or_insert(next);
+        }
+        OwnShapes {
+            nodes: nodes.into_iter().map(Option::unwrap_or_default).collect(),
+            class,
+        }
+    }
+}
+
+/// Everything of a job an offer reads besides its time limit: the GPUs it asks for,
+/// their kind, and the CPUs and memory.
+type OfferClass<'a> = (u32, &'a [String], u64, Option<&'a str>, u64, u64);
+
+fn offer_class(job: &QueuedJob) -> OfferClass<'_> {
+    (
+        job.gpus,
+        &job.models,
+        job.min_memory_mb,
+        job.mig_profile.as_deref(),
+        job.cpus.to_bits(),
+        job.memory_mb,
+    )
+}
+
+/// Offers of one owner phase per (lab, offer class): one slot per own node (in
+/// [`OwnShapes::nodes`] order), each with the node's change count when it was made. An
+/// offer reads the job's time limit only where a free GPU is claimed (may the job use
+/// it before the claim's owner starts?); offers without such a GPU are reused until the
+/// node changes. Owner jobs of one lab mostly differ in time limit alone, so on a busy
+/// campus most offers are reused.
+#[derive(Default)]
+struct Offers {
+    kept: HashMap<(usize, usize), Vec<Option<Kept>>>,
+    scratch: Scratch,
+}
+
+struct Kept {
+    changes: u32,
+    reusable: bool,
+    offer: Offer,
+}
+
+impl Offers {
+    /// The offers of `nodes` (the own nodes of `job`'s shape) to `job`, made where the
+    /// kept ones do not hold.
+    fn refresh(
+        &mut self,
+        world: &World,
+        job: &QueuedJob,
+        key: (usize, usize),
+        nodes: &[usize],
+    ) -> &[Option<Kept>] {
+        let slots = self.kept.entry(key).or_default();
+        slots.resize_with(nodes.len(), || None);
+        for (slot, &n) in slots.iter_mut().zip(nodes) {
+            let changes = world.nodes[n].changes;
+            if slot
+                .as_ref()
+                .is_some_and(|k| k.reusable && k.changes == changes)
+            {
+                continue;
+            }
+            let (offer, reads_limit) = offer(world, job, n, &mut self.scratch);
+            *slot = Some(Kept {
+                changes,
+                reusable: !reads_limit,
+                offer,
+            });
+        }
+        slots
+    }
 }
 
 /// What one own node offers an owner job.
@@ -66,13 +156,15 @@ struct Scratch {
     own_times: Vec<Time>,
 }
 
-fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> Offer {
+/// Node `n`'s offer to `job`, and whether it read the job's time limit.
+fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Offer, bool) {
     let now = world.now;
     let want = job.gpus as usize;
     let ends = end_of(now, job);
     let nw = &world.nodes[n];
     let mut usable = Vec::new();
     let mut guest_held = 0usize;
+    let mut reads_limit = false;
     let times = &mut scratch.times;
     times.clear();
     // When the GPUs come free without stopping a guest (free ones and the lab's own).
@@ -85,6 +177,7 @@ fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> Off
         }
         match gw.holder {
             None => {
+                reads_limit |= gw.claim.is_some();
                 if gw.claim.is_none_or(|c| ends.is_some_and(|e| e <= c.until)) {
                     usable.push(g);
                     times.push(now);
@@ -139,12 +232,23 @@ fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> Off
     } else {
         Kind::Wait
     };
-    Offer {
+    let offer = Offer {
         node: n,
         usable,
         at,
         kind,
-    }
+    };
+    (offer, reads_limit)
+}
+
+/// An owner job that found nothing on its own nodes: every offer was to wait, with no
+/// free GPU it could use. Kept per (lab, offer class) with the sum of its own nodes'
+/// change counts (which only grow) and its end (`end_of`, `Time::MAX` without a limit).
+struct Nothing {
+    changes: u64,
+    limit: Time,
+    reason: usize,
+    at: Time,
 }
 
 /// The order in which owner jobs are placed: by lab, then boosted interactive jobs
@@ -190,7 +294,7 @@ fn safe_elsewhere(world: &World, j: usize) -> Option<(usize, Vec<usize>)> {
 ///
 /// 1. Labs are independent (their nodes are disjoint); jobs go in the given order.
 /// 2. A job over its member quota waits with that reason.
-/// 3. Every own node that could hold the job (`own_nodes`, by shape) makes an offer: start now (best fit wins:
+/// 3. Every own node that could hold the job ([`OwnShapes`]) makes an offer: start now (best fit wins:
 ///    fewest free GPUs left), else preempt guests (the cheapest set wins), else wait
 ///    (the earliest expected start wins). Ties go to the lowest node id. With
 ///    [`crate::Policy::owner_patience_s`], waiting for the lab's own jobs that end
@@ -205,26 +309,50 @@ fn safe_elsewhere(world: &World, j: usize) -> Option<(usize, Vec<usize>)> {
 pub(crate) fn place_owner_jobs(
     world: &mut World,
     jobs: &[usize],
-    own_nodes: &[Vec<usize>],
+    own: &OwnShapes,
     round: &mut Round,
 ) -> Vec<usize> {
     let mut elsewhere = Vec::new();
-    let mut scratch = Scratch::default();
+    let mut offers_made = Offers::default();
     let mut hopeless: Vec<Option<usize>> = vec![None; world.shapes];
+    let mut found_nothing: HashMap<(usize, usize), Nothing> = HashMap::new();
     for &j in jobs {
         let job = world.queue[j];
         if let Some(reason) = member_block(world, j) {
             round.wait(j, reason);
             continue;
         }
-        if let Some(r) = hopeless[world.meta[j].shape] {
+        let shape = world.meta[j].shape;
+        if let Some(r) = hopeless[shape] {
             round.pending.push((j, r));
             elsewhere.push(j);
             continue;
         }
-        let offers: Vec<Offer> = own_nodes[world.meta[j].shape]
+        let class = (world.meta[j].lab, own.class[shape]);
+        let changes: u64 = own.nodes[shape]
             .iter()
-            .map(|&n| offer(world, job, n, &mut scratch))
+            .map(|&n| u64::from(world.nodes[n].changes))
+            .sum();
+        let limit = end_of(world.now, job).unwrap_or(Time::MAX);
+        if let Some(seen) = found_nothing
+            .get(&class)
+            .filter(|s| s.changes == changes && limit >= s.limit)
+        {
+            // The same offers as a job of this class that found nothing: its own nodes
+            // have not changed since, and a later end cannot use more claimed GPUs.
+            round.pending.push((j, seen.reason));
+            if seen.at < Time::MAX {
+                round.estimate(j, seen.at);
+            }
+            hopeless[shape] = Some(seen.reason);
+            elsewhere.push(j);
+            continue;
+        }
+        let offers: Vec<&Offer> = offers_made
+            .refresh(world, job, class, &own.nodes[shape])
+            .iter()
+            .flatten()
+            .map(|k| &k.offer)
             .collect();
         // Start now (best fit), else preempt (cheapest), else wait (earliest); ties go
         // to the lowest node id (offers are in node order and comparisons are strict).
@@ -292,15 +420,25 @@ pub(crate) fn place_owner_jobs(
             .iter()
             .all(|o| matches!(o.kind, Kind::Wait) && o.usable.is_empty())
         {
-            hopeless[world.meta[j].shape] = Some(r);
+            hopeless[shape] = Some(r);
+            let at = offers[chosen].at;
+            found_nothing.insert(
+                class,
+                Nothing {
+                    changes,
+                    limit,
+                    reason: r,
+                    at,
+                },
+            );
         }
-        for (i, o) in offers.into_iter().enumerate() {
+        for (i, o) in offers.iter().enumerate() {
             let until = if i == chosen && !matches!(o.kind, Kind::Wait) {
                 world.now
             } else {
                 o.at
             };
-            for g in o.usable {
+            for &g in &o.usable {
                 world.claim(g, until);
             }
         }

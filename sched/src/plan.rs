@@ -10,7 +10,7 @@
 
 use crate::fairshare::FairQueue;
 use crate::model::*;
-use crate::owner::{own_candidates, owner_order, place_owner_jobs};
+use crate::owner::{owner_order, place_owner_jobs, OwnShapes};
 use crate::placement::{reserve, search, Verdict};
 use crate::policy::Policy;
 use crate::preemption::reclaims;
@@ -83,19 +83,9 @@ impl Round {
 pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Time) -> Plan {
     let mut world = World::new(snapshot, policy, now);
     let n = world.queue.len();
-    let mut own_nodes: Vec<Option<Vec<usize>>> = vec![None; world.shapes];
-    for j in 0..n {
-        let shape = world.meta[j].shape;
-        if own_nodes[shape].is_none() {
-            own_nodes[shape] = Some(own_candidates(&world, j));
-        }
-    }
-    let own_nodes: Vec<Vec<usize>> = own_nodes
-        .into_iter()
-        .map(Option::unwrap_or_default)
-        .collect();
+    let own_shapes = OwnShapes::new(&world);
     let own: Vec<bool> = (0..n)
-        .map(|j| !own_nodes[world.meta[j].shape].is_empty())
+        .map(|j| !own_shapes.nodes[world.meta[j].shape].is_empty())
         .collect();
     // The world keeps the queue in fair-share grouping order already.
     let fair_order: Vec<usize> = (0..n).collect();
@@ -104,7 +94,14 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Time) -> Plan {
     let mut out = Plan::default();
     loop {
         world.new_round();
-        let r = round(&mut world, &own, &own_nodes, &owners, &fair_order, &started);
+        let r = round(
+            &mut world,
+            &own,
+            &own_shapes,
+            &owners,
+            &fair_order,
+            &started,
+        );
         if r.starts.is_empty() && r.preempts.is_empty() {
             let estimates = crate::estimate::estimates(&world, &r);
             out.pending = r
@@ -142,7 +139,7 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Time) -> Plan {
 fn round(
     world: &mut World,
     own: &[bool],
-    own_nodes: &[Vec<usize>],
+    own_shapes: &OwnShapes,
     owners: &[usize],
     fair_order: &[usize],
     started: &[bool],
@@ -157,7 +154,7 @@ fn round(
 
     let owners: Vec<usize> = owners.iter().copied().filter(|&j| !started[j]).collect();
     let mut elsewhere = vec![false; world.queue.len()];
-    for j in place_owner_jobs(world, &owners, own_nodes, &mut out) {
+    for j in place_owner_jobs(world, &owners, own_shapes, &mut out) {
         elsewhere[j] = true;
     }
     let guests: Vec<usize> = fair_order

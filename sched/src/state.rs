@@ -53,6 +53,9 @@ pub(crate) struct NodeW<'a> {
     pub cpus_free: f64,
     /// Memory in MiB not given to running jobs (`u64::MAX` when unknown).
     pub memory_free_mb: u64,
+    /// Bumped by every start, preemption and claim on the node and by a new round, so
+    /// a result computed from the node's state can tell whether it still holds.
+    pub changes: u32,
 }
 
 impl NodeW<'_> {
@@ -294,6 +297,7 @@ impl<'a> World<'a> {
                 grace_s,
                 guest_gpus: 0,
                 free: 0,
+                changes: 0,
                 kinds,
                 cpus_free: if node.cpus > 0.0 {
                     node.cpus
@@ -322,10 +326,6 @@ impl<'a> World<'a> {
             .filter(|l| l.interactive_boost)
             .map(|l| l.id)
             .collect();
-        let tier = |j: &QueuedJob| boost_tier(j, boosting.contains(&j.lab));
-        // Fair-share order groups jobs by lab and member, boosted jobs first, then first
-        // come; storing the queue that way lets every round walk it front to back.
-        queue.sort_by_key(|j| (j.lab, j.user, tier(j), j.submitted_at, j.id));
         let mut running: Vec<&RunningJob> = snapshot.running.iter().collect();
         running.sort_by_key(|r| r.id);
 
@@ -386,24 +386,48 @@ impl<'a> World<'a> {
             })
             .collect();
 
-        // Interning only looks up (never iterates), and ids follow queue order, so a
-        // hash map keeps the plan deterministic.
+        // Interning only looks up (never iterates), and ids follow id order, so a hash
+        // map keeps the plan deterministic. Each job is read once, in id order (the
+        // snapshot's, so memory is read in sequence), and its metadata travels with it
+        // through the sort.
         let mut shape_ids: std::collections::HashMap<Shape, usize> = Default::default();
-        let meta = queue
+        let mut last: Option<((LabId, UserId), (usize, usize))> = None;
+        let mut keys = Vec::with_capacity(queue.len());
+        let mut metas: Vec<Option<JobMeta>> = queue
             .iter()
-            .map(|q| {
+            .enumerate()
+            .map(|(i, &q)| {
                 let next = shape_ids.len();
-                JobMeta {
+                let (lab, member) = match last {
+                    Some((key, slots)) if key == (q.lab, q.user) => slots,
+                    _ => {
+                        let found = (slots.labs[&q.lab], slots.members[&(q.lab, q.user)]);
+                        last = Some(((q.lab, q.user), found));
+                        found
+                    }
+                };
+                let tier = boost_tier(q, boosting.contains(&q.lab));
+                let meta = JobMeta {
                     id: q.id,
-                    lab: slots.labs[&q.lab],
-                    member: slots.members[&(q.lab, q.user)],
+                    lab,
+                    member,
                     shape: *shape_ids.entry(shape(q, policy, now)).or_insert(next),
                     gpus: q.gpus,
                     ask: crate::quota::Ask::of(q),
-                    tier: tier(q),
-                }
+                    tier,
+                };
+                keys.push(((q.lab, q.user, tier, q.submitted_at, q.id), i));
+                Some(meta)
             })
             .collect();
+        // Fair-share order groups jobs by lab and member, boosted jobs first, then first
+        // come; storing the queue that way lets every round walk it front to back. The
+        // keys are unique (ids are), so an unstable sort gives a stable sort's order.
+        keys.sort_unstable_by_key(|&(key, _)| key);
+        let (queue, meta): (Vec<&QueuedJob>, Vec<JobMeta>) = keys
+            .into_iter()
+            .filter_map(|(_, i)| Some((queue[i], metas[i].take()?)))
+            .unzip();
         let mut world = World {
             now,
             policy,
@@ -491,6 +515,9 @@ impl<'a> World<'a> {
             g.claim = None;
             g.reserved = None;
         }
+        for n in &mut self.nodes {
+            n.changes = n.changes.wrapping_add(1);
+        }
         self.free_total = self
             .nodes
             .iter()
@@ -511,6 +538,7 @@ impl<'a> World<'a> {
             }
         }
         self.nodes[node].free -= u32::try_from(gpus.len()).unwrap_or(u32::MAX);
+        self.nodes[node].changes = self.nodes[node].changes.wrapping_add(1);
         self.add_running(RunW {
             job: job.id,
             lab: self.meta[j].lab,
@@ -538,6 +566,10 @@ impl<'a> World<'a> {
     pub fn preempt(&mut self, run: usize, reason: String) -> Preempt {
         let r = &mut self.running[run];
         r.preempting = true;
+        if let Some(n) = r.node {
+            self.nodes[n].changes = self.nodes[n].changes.wrapping_add(1);
+        }
+        let r = &self.running[run];
         let grace_s = r
             .node
             .map_or(self.policy.default_grace_s, |n| self.nodes[n].grace_s);
@@ -558,6 +590,8 @@ impl<'a> World<'a> {
         {
             self.free_total -= 1;
         }
+        let nw = &mut self.nodes[self.gpus[g].node];
+        nw.changes = nw.changes.wrapping_add(1);
         let gw = &mut self.gpus[g];
         gw.claim = Some(Claim {
             until: gw.claim.map_or(until, |c| c.until.min(until)),
