@@ -48,6 +48,7 @@ mod policy;
 mod preemption;
 mod quota;
 mod reason;
+mod request;
 mod risk;
 mod state;
 
