@@ -28,6 +28,9 @@ pub struct AgentConfig {
     pub capacity: CapacityMode,
     /// Pulls and image signatures (`runtime::images`).
     pub images: crate::runtime::images::ImagePolicy,
+    /// With fake GPUs: the utilisation (percent) a GPU reports while our container holds
+    /// it (`--fake-busy-util`); 0 (idle) by default.
+    pub fake_busy_util: u32,
 }
 
 /// What the agent reports as the server's CPUs and memory.
@@ -96,6 +99,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("idle_guest", &self.idle_guest)
             .field("socket_group", &self.socket_group)
             .field("images", &self.images)
+            .field("fake_busy_util", &self.fake_busy_util)
             .finish()
     }
 }
@@ -193,6 +197,7 @@ mod tests {
             socket_group: None,
             capacity: Default::default(),
             images: Default::default(),
+            fake_busy_util: 0,
         };
         let shown = format!("{c:?}");
         assert!(

@@ -10,6 +10,11 @@ use commons_proto::{Attempt, JobId};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Where the agent keeps its credential, attempts and socket unless `--state-dir` says
+/// otherwise: the directory the Debian package and the systemd unit use, so that an
+/// owner's `commons-agent status` finds the agent the package started.
+const DEFAULT_STATE_DIR: &str = "/var/lib/gpu-commons/agent";
+
 #[derive(Parser)]
 #[command(
     name = "commons-agent",
@@ -50,7 +55,7 @@ enum Cmd {
         #[arg(long, env = "COMMONS_ENROL_TOKEN")]
         enrol_token: Option<String>,
         /// Where the node credential and fake-GPU overrides live.
-        #[arg(long, default_value = "/var/lib/commons-agent")]
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
         /// auto | nvml | fake:2xA100-80GB,1xRTX4090-24GB
         #[arg(long, default_value = "auto")]
@@ -90,11 +95,16 @@ enum Cmd {
         /// File of the campus image authorities' ed25519 public keys (OpenSSH lines).
         #[arg(long)]
         image_authority_keys: Option<PathBuf>,
+        /// With fake GPUs (demos, tests): the utilisation in percent, and the same share
+        /// of memory, that a GPU reports while a job's container holds it. 0: idle.
+        #[arg(long, env = "COMMONS_FAKE_BUSY_UTIL", default_value_t = 0,
+              value_parser = clap::value_parser!(u32).range(0..=100))]
+        fake_busy_util: u32,
     },
     /// The running agent's view: GPUs, what runs on each, what is lent and why, the
     /// portal link. Exits non-zero when the agent is not running.
     Status {
-        #[arg(long, default_value = "/var/lib/commons-agent")]
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
     /// The lending rule: never, always, or windows "mon-fri 19:00-07:00" ["sat,sun 00:00-24:00" ...].
@@ -103,23 +113,23 @@ enum Cmd {
         rule: String,
         /// With `windows`: one or more "DAYS HH:MM-HH:MM".
         windows: Vec<String>,
-        #[arg(long, default_value = "/var/lib/commons-agent")]
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
     /// No new guests; running guests are checkpointed and move elsewhere; owner jobs finish.
     Drain {
-        #[arg(long, default_value = "/var/lib/commons-agent")]
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
     /// Take jobs again after a drain.
     Undrain {
-        #[arg(long, default_value = "/var/lib/commons-agent")]
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
     /// Stop every job here (requeued elsewhere), deregister the node (its credential is
     /// revoked) and stop the agent.
     Leave {
-        #[arg(long, default_value = "/var/lib/commons-agent")]
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
     /// The kill switch: `--now` stops every guest (SIGTERM, the grace, then killed) and
@@ -129,12 +139,12 @@ enum Cmd {
         now: bool,
         #[arg(long)]
         off: bool,
-        #[arg(long, default_value = "/var/lib/commons-agent")]
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
     /// Drive a fake GPU (for demos and tests): mark it in local use, set its utilisation.
     Fake {
-        #[arg(long, default_value = "/var/lib/commons-agent")]
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
         #[arg(long)]
         gpu: u32,
@@ -203,6 +213,7 @@ fn main() -> anyhow::Result<()> {
             allow_pull,
             require_signed_images,
             image_authority_keys,
+            fake_busy_util,
         } => {
             let idle_guest = commons_agent::config::parse_idle(&idle_guest)
                 .map_err(|e| anyhow::anyhow!("--idle-guest: {e}"))?;
@@ -245,6 +256,7 @@ fn main() -> anyhow::Result<()> {
                 socket_group,
                 capacity,
                 images,
+                fake_busy_util,
             }))
         }
         Cmd::Status { state_dir } => {
@@ -341,4 +353,34 @@ fn finish(r: Reply) -> anyhow::Result<()> {
 fn fail(message: &str) -> anyhow::Result<()> {
     eprintln!("commons-agent: {message}");
     std::process::exit(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_command_defaults_to_the_state_dir_the_package_uses() {
+        // The unit ran the agent in /var/lib/gpu-commons/agent while `status`, `drain`
+        // and the rest looked in /var/lib/commons-agent by default: "not running".
+        let unit = include_str!("../../deploy/systemd/commons-agent.service");
+        assert!(
+            unit.contains(&format!("--state-dir {DEFAULT_STATE_DIR} ")),
+            "the systemd unit's --state-dir is not {DEFAULT_STATE_DIR}"
+        );
+        let mut checked = 0;
+        // `guard` is started by the agent with the agent's own --state-dir: it has none.
+        for sub in Cli::command()
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set())
+        {
+            for arg in sub.get_arguments().filter(|a| a.get_id() == "state_dir") {
+                let defaults: Vec<_> = arg.get_default_values().iter().collect();
+                assert_eq!(defaults, [DEFAULT_STATE_DIR], "{}", sub.get_name());
+                checked += 1;
+            }
+        }
+        assert!(checked >= 8, "only {checked} commands take --state-dir");
+    }
 }

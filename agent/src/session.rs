@@ -47,8 +47,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
 /// Serves the portal with the node's credential, reconnecting until the task is dropped.
 async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> {
-    let gpus: std::sync::Arc<dyn GpuSource> =
-        std::sync::Arc::from(gpu::from_mode(&config.gpus, &config.state_dir)?);
+    let gpus: std::sync::Arc<dyn GpuSource> = std::sync::Arc::from(gpu::from_mode(
+        &config.gpus,
+        &config.state_dir,
+        config.fake_busy_util,
+    )?);
     let inventory = gpus.inventory()?;
     // Bound before anything else runs: a second agent on this state dir stops here.
     let listener = owner::server::bind(&config.state_dir, config.socket_group.as_deref())?;

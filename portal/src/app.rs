@@ -25,6 +25,8 @@ pub struct RunningPortal {
     pub ssh: Option<crate::ssh::Gateway>,
     /// Passes other replicas' messages to the agents held here (PostgreSQL only).
     pub mail: Option<tokio::task::JoinHandle<()>>,
+    /// Deletes utilisation samples past their retention, hourly.
+    pub samples: tokio::task::JoinHandle<()>,
 }
 
 impl RunningPortal {
@@ -50,12 +52,15 @@ impl RunningPortal {
         if let Some(m) = &self.mail {
             m.abort();
         }
+        self.samples.abort();
         self.handle.stop(true).await;
     }
 }
 
 /// Headers on every response: the Content-Security-Policy, no MIME sniffing, no framing,
-/// no referrer outside the portal, and HSTS when the portal is served over https.
+/// no referrer outside the portal, no caching (pages and API answers hold people's data
+/// and CSRF tokens; the static assets set their own), and HSTS when the portal is served
+/// over https.
 fn security_headers(hsts: bool, sso_origin: Option<&str>) -> actix_web::middleware::DefaultHeaders {
     let h = actix_web::middleware::DefaultHeaders::new()
         .add((
@@ -64,7 +69,8 @@ fn security_headers(hsts: bool, sso_origin: Option<&str>) -> actix_web::middlewa
         ))
         .add(("x-content-type-options", "nosniff"))
         .add(("x-frame-options", "DENY"))
-        .add(("referrer-policy", "same-origin"));
+        .add(("referrer-policy", "same-origin"))
+        .add(("cache-control", "no-store"));
     if hsts {
         h.add(("strict-transport-security", "max-age=31536000"))
     } else {
@@ -183,11 +189,16 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let scheduler = tokio::spawn(crate::broker::tick::run(state.clone()));
     let mail = (state.db.backend == crate::db::Backend::Postgres)
         .then(|| tokio::spawn(crate::service::agents::forward_mail(state.ctx.clone())));
+    let samples = tokio::spawn(crate::service::samples::expire_loop(
+        state.ctx.clone(),
+        state.config.utilization.clone(),
+    ));
     let ssh = match crate::ssh::start(state.clone()).await {
         Ok(g) => g,
         Err(e) => {
             handle.stop(false).await;
             scheduler.abort();
+            samples.abort();
             return Err(e);
         }
     };
@@ -199,5 +210,6 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         scheduler,
         ssh,
         mail,
+        samples,
     })
 }

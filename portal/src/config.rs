@@ -36,6 +36,28 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The image allow-list's signatures.
     pub images: ImagesConfig,
+    /// Jobs' GPU utilisation over time, from the agents' heartbeats.
+    pub utilization: UtilizationConfig,
+}
+
+/// How jobs' GPU utilisation is sampled and kept (`attempt_samples`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UtilizationConfig {
+    /// At most one sample per running attempt this often, in seconds: the mean of the
+    /// heartbeats in between (the peak of their memory).
+    pub sample_interval_s: u64,
+    /// Samples older than this many days are deleted (checked hourly).
+    pub retention_days: u64,
+}
+
+impl Default for UtilizationConfig {
+    fn default() -> Self {
+        Self {
+            sample_interval_s: 60,
+            retention_days: 30,
+        }
+    }
 }
 
 /// `/metrics` (Prometheus text format) on the portal's own listener.
@@ -391,6 +413,7 @@ impl Default for Config {
             ssh: SshConfig::default(),
             metrics: MetricsConfig::default(),
             images: ImagesConfig::default(),
+            utilization: UtilizationConfig::default(),
         }
     }
 }
@@ -467,6 +490,10 @@ impl Config {
         anyhow::ensure!(
             s.lease_ttl_s >= 3 * s.heartbeat_s,
             "scheduler.lease_ttl_s must be at least three heartbeats"
+        );
+        anyhow::ensure!(
+            self.utilization.sample_interval_s >= 1 && self.utilization.retention_days >= 1,
+            "utilization.sample_interval_s and utilization.retention_days must be at least 1"
         );
         anyhow::ensure!(
             self.session_idle_minutes >= 1,

@@ -271,7 +271,7 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!(
                 config.insecure_dev_login || config.session_key_file.is_some(),
                 "session_key_file is not set: make one with `head -c 64 /dev/urandom > \
-                 /etc/commons/session.key` (mode 0600, the same file on every replica) and \
+                 /etc/gpu-commons/session.key` (mode 0600, the same file on every replica) and \
                  set session_key_file; only --insecure-dev-login runs without one"
             );
             runtime()?.block_on(async {

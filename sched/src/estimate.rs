@@ -66,7 +66,7 @@ pub(crate) fn estimates(world: &World, round: &Round) -> Vec<Option<Time>> {
             out.push(known);
             continue;
         }
-        let job = world.queue[j];
+        let job = world.meta[j].ask;
         let need = u64::from(job.gpus);
         while free < need {
             let Some(Reverse((at, gpus))) = releases.pop() else {

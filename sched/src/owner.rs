@@ -59,16 +59,25 @@ enum Kind {
     Wait,
 }
 
-fn offer(world: &World, job: &QueuedJob, n: usize) -> Offer {
+/// Buffers `offer` reuses between calls (it runs for every own node of every owner job).
+#[derive(Default)]
+struct Scratch {
+    times: Vec<Time>,
+    own_times: Vec<Time>,
+}
+
+fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> Offer {
     let now = world.now;
     let want = job.gpus as usize;
     let ends = end_of(now, job);
     let nw = &world.nodes[n];
     let mut usable = Vec::new();
     let mut guest_held = 0usize;
-    let mut times: Vec<Time> = Vec::new();
+    let times = &mut scratch.times;
+    times.clear();
     // When the GPUs come free without stopping a guest (free ones and the lab's own).
-    let mut own_times: Vec<Time> = Vec::new();
+    let own_times = &mut scratch.own_times;
+    own_times.clear();
     for g in nw.gpus.clone() {
         let gw = &world.gpus[g];
         if gw.gpu.local_use || !gpu_matches(job, gw.gpu) {
@@ -200,6 +209,7 @@ pub(crate) fn place_owner_jobs(
     round: &mut Round,
 ) -> Vec<usize> {
     let mut elsewhere = Vec::new();
+    let mut scratch = Scratch::default();
     let mut hopeless: Vec<Option<usize>> = vec![None; world.shapes];
     for &j in jobs {
         let job = world.queue[j];
@@ -214,7 +224,7 @@ pub(crate) fn place_owner_jobs(
         }
         let offers: Vec<Offer> = own_nodes[world.meta[j].shape]
             .iter()
-            .map(|&n| offer(world, job, n))
+            .map(|&n| offer(world, job, n, &mut scratch))
             .collect();
         // Start now (best fit), else preempt (cheapest), else wait (earliest); ties go
         // to the lowest node id (offers are in node order and comparisons are strict).

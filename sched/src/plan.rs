@@ -113,7 +113,7 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Time) -> Plan {
                 .zip(estimates)
                 .zip(1..)
                 .map(|((&(j, reason), estimated_start), position)| Pending {
-                    job: world.queue[j].id,
+                    job: world.meta[j].id,
                     reason: r.reasons[reason].clone(),
                     position,
                     estimated_start,

@@ -16,13 +16,24 @@ use crate::state::{Use, World};
 /// Slack for float sums of GPU-hours, so a job that uses exactly the rest fits.
 const EPS: f64 = 1e-6;
 
-fn check(
-    quota: &Quota,
-    scope: QuotaScope,
-    usage: Use,
-    period: f64,
-    job: &QueuedJob,
-) -> Option<Reason> {
+/// What a quota check needs of a job, copied so that the hot loops do not chase the
+/// job's pointer (a cache miss per check on a large queue).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    pub gpus: u32,
+    pub time_limit_s: i64,
+}
+
+impl Ask {
+    pub fn of(job: &QueuedJob) -> Self {
+        Ask {
+            gpus: job.gpus,
+            time_limit_s: job.time_limit_s,
+        }
+    }
+}
+
+fn check(quota: &Quota, scope: QuotaScope, usage: Use, period: f64, job: Ask) -> Option<Reason> {
     if let Some(limit_s) = quota.max_time_limit_s {
         if job.time_limit_s <= 0 || job.time_limit_s > limit_s {
             return Some(Reason::QuotaTimeLimit { scope, limit_s });
@@ -56,7 +67,7 @@ fn check(
 }
 
 /// GPU-hours a job may use under its time limit.
-pub(crate) fn job_gpu_hours(job: &QueuedJob) -> f64 {
+fn job_gpu_hours(job: Ask) -> f64 {
     f64::from(job.gpus) * job.time_limit_s.max(0) as f64 / 3600.0
 }
 
@@ -70,7 +81,7 @@ pub(crate) fn member_block(world: &World, j: usize) -> Option<Reason> {
         QuotaScope::Member,
         usage,
         info.period_gpu_hours,
-        world.queue[j],
+        world.meta[j].ask,
     )
 }
 
@@ -84,7 +95,7 @@ pub(crate) fn lab_block(world: &World, j: usize) -> Option<Reason> {
         QuotaScope::Lab,
         usage,
         info.period_gpu_hours,
-        world.queue[j],
+        world.meta[j].ask,
     )
 }
 
@@ -156,18 +167,24 @@ mod tests {
             ),
         ];
         for (name, usage, period, j, want) in cases {
-            assert_eq!(check(&q, lab, usage, period, &j), want, "{name}");
+            assert_eq!(check(&q, lab, usage, period, Ask::of(&j)), want, "{name}");
         }
         let hours_only = Quota {
             max_gpu_hours: Some(1.0),
             ..Default::default()
         };
         assert_eq!(
-            check(&hours_only, lab, Use::default(), 0.0, &job(1, 0)),
+            check(&hours_only, lab, Use::default(), 0.0, Ask::of(&job(1, 0))),
             Some(Reason::QuotaNeedsTimeLimit { scope: lab })
         );
         assert_eq!(
-            check(&Quota::default(), lab, held(100, 1e9), 1e9, &job(8, 0)),
+            check(
+                &Quota::default(),
+                lab,
+                held(100, 1e9),
+                1e9,
+                Ask::of(&job(8, 0))
+            ),
             None
         );
     }

@@ -117,9 +117,13 @@ pub enum Reason {
     },
 }
 
-/// "90 min", "4 h", "1.5 h": a duration as researchers write it.
+/// "30 s", "1 min 30 s", "90 min", "4 h", "1.5 h": a duration as researchers write it.
 pub(crate) fn hours(seconds: i64) -> String {
-    if seconds < 2 * 3600 && seconds % 3600 != 0 {
+    if seconds < 60 {
+        format!("{} s", seconds.max(0))
+    } else if seconds < 600 && seconds % 60 != 0 {
+        format!("{} min {} s", seconds / 60, seconds % 60)
+    } else if seconds < 2 * 3600 && seconds % 3600 != 0 {
         format!("{} min", seconds / 60)
     } else if seconds % 3600 == 0 {
         format!("{} h", seconds / 3600)
@@ -186,6 +190,29 @@ impl fmt::Display for Reason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_durations_are_not_rounded_to_nothing() {
+        // A 30 s grace period used to read "grace period 0 min".
+        let cases = [
+            (0, "0 s"),
+            (30, "30 s"),
+            (60, "1 min"),
+            (90, "1 min 30 s"),
+            (1800, "30 min"),
+            (5400, "90 min"),
+            (7200, "2 h"),
+            (9000, "2.5 h"),
+        ];
+        for (s, want) in cases {
+            assert_eq!(hours(s), want, "{s} s");
+        }
+        let r = Reason::WaitingForGuestsToLeave {
+            node: "n1".into(),
+            grace_s: 30,
+        };
+        assert!(r.to_string().ends_with("(grace period 30 s)"), "{r}");
+    }
 
     #[test]
     fn display_and_code() {

@@ -159,6 +159,8 @@ pub(crate) struct Use {
 
 /// What a plan needs to know about a queued job that does not change between rounds.
 pub(crate) struct JobMeta {
+    /// The job's id (copied, like `gpus` and `ask`).
+    pub id: JobId,
     /// Lab slot.
     pub lab: usize,
     /// Member slot.
@@ -168,6 +170,8 @@ pub(crate) struct JobMeta {
     pub shape: usize,
     /// GPUs asked for (copied: the hot loop should not chase the job's pointer).
     pub gpus: u32,
+    /// GPUs and time limit for the quota checks (copied for the same reason).
+    pub ask: crate::quota::Ask,
     /// 0 for an interactive job of a lab with [`LabInfo::interactive_boost`], else 1:
     /// inside a lab, jobs go by tier first (see `boost_tier`).
     pub tier: u8,
@@ -390,10 +394,12 @@ impl<'a> World<'a> {
             .map(|q| {
                 let next = shape_ids.len();
                 JobMeta {
+                    id: q.id,
                     lab: slots.labs[&q.lab],
                     member: slots.members[&(q.lab, q.user)],
                     shape: *shape_ids.entry(shape(q, policy, now)).or_insert(next),
                     gpus: q.gpus,
+                    ask: crate::quota::Ask::of(q),
                     tier: tier(q),
                 }
             })

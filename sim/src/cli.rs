@@ -44,9 +44,16 @@ pub struct ReplayArgs {
     /// Write an HTML report with SVG plots into this directory.
     #[arg(long)]
     pub report: Option<PathBuf>,
-    /// Replay only the first N jobs of the trace.
+    /// Replay only the first N jobs of the trace (of the window, with --from-s/--until-s).
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Replay only the jobs submitted at or after this many seconds (the trace's
+    /// `submit_time_s`; times are not shifted, and earlier jobs are left out altogether).
+    #[arg(long)]
+    pub from_s: Option<i64>,
+    /// Replay only the jobs submitted before this many seconds (`submit_time_s`).
+    #[arg(long)]
+    pub until_s: Option<i64>,
     /// Seed of the random departures.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -81,11 +88,11 @@ pub struct ReplayArgs {
     pub return_risk_step: Option<f64>,
     /// Expected take-backs from which a guest already taken back does not borrow a
     /// node, for `commons`, `commons-nockpt` and `commons-boost` (default: `sched`'s,
-    /// 0.3; 0 turns the rule off).
+    /// 0.1; 0 turns the rule off).
     #[arg(long)]
     pub taken_back_max_risk: Option<f64>,
     /// Seconds after its last take-back during which that rule holds for a job
-    /// (default: `sched`'s, 21600).
+    /// (default: `sched`'s, 43200).
     #[arg(long)]
     pub taken_back_patience_s: Option<i64>,
     /// Policies simulated at once, each on a thread (the figures do not depend on it).

@@ -40,7 +40,12 @@ fn main() -> Result<()> {
 fn run_replay(args: ReplayArgs) -> Result<()> {
     let policies = PolicyKind::parse_list(&args.policies)?;
     let campus = CampusFile::read(&args.campus)?.build()?;
-    let trace = read_trace(&args.trace, args.limit)?;
+    let windowed = args.from_s.is_some() || args.until_s.is_some();
+    let mut trace = read_trace(&args.trace, args.limit.filter(|_| !windowed))?;
+    if windowed {
+        trace = commons_sim::trace::submitted_within(trace, args.from_s, args.until_s)?;
+        trace.truncate(args.limit.unwrap_or(usize::MAX));
+    }
     let work = Workload::new(&trace, &campus)?;
     let settings = ReplaySettings {
         policies,

@@ -36,6 +36,10 @@ pub enum TraceError {
     UnknownTenant { line: u64, vc: String },
     #[error("the trace has no jobs")]
     Empty,
+    #[error("--from-s ({from}) must be below --until-s ({until})")]
+    BadWindow { from: i64, until: i64 },
+    #[error("no job of the trace was submitted in [{from}, {until}) seconds")]
+    EmptyWindow { from: String, until: String },
 }
 
 /// One row of the trace.
@@ -110,6 +114,37 @@ fn parse_rows<R: std::io::Read>(
         return Err(TraceError::Empty);
     }
     Ok(jobs)
+}
+
+/// The jobs submitted in `[from_s, until_s)` (seconds after the trace's first
+/// submission, as in `submit_time_s`; `None`: unbounded), in their order. Times are
+/// kept as they are (not shifted to start at 0), so a window of the trace replays on the
+/// same clock, hours of the week included. Jobs submitted before `from_s` are left out
+/// altogether, even those that would still run at `from_s`: a window starts on an idle
+/// campus.
+pub fn submitted_within(
+    jobs: Vec<TraceJob>,
+    from_s: Option<i64>,
+    until_s: Option<i64>,
+) -> Result<Vec<TraceJob>, TraceError> {
+    if let (Some(from), Some(until)) = (from_s, until_s) {
+        if from >= until {
+            return Err(TraceError::BadWindow { from, until });
+        }
+    }
+    let inside = |t: i64| from_s.is_none_or(|f| t >= f) && until_s.is_none_or(|u| t < u);
+    let kept: Vec<TraceJob> = jobs
+        .into_iter()
+        .filter(|j| inside(j.submit_time_s))
+        .collect();
+    if kept.is_empty() {
+        let bound = |b: Option<i64>, open: &str| b.map_or(open.to_string(), |v| v.to_string());
+        return Err(TraceError::EmptyWindow {
+            from: bound(from_s, "-inf"),
+            until: bound(until_s, "inf"),
+        });
+    }
+    Ok(kept)
 }
 
 /// A job as the simulator sees it.
@@ -266,6 +301,36 @@ mod tests {
         // A trace without the column reads as before, with the rule.
         let plain = parse_trace(&format!("{HEADER}5,0,x,3600,1,a,0\n"), None).unwrap();
         assert_eq!(plain[0].interactive, None);
+    }
+
+    #[test]
+    fn a_window_keeps_the_jobs_submitted_inside_it() {
+        let text =
+            format!("{HEADER}0,0,x,5,1,a,0\n1,100,x,5,1,a,0\n2,200,x,5,1,a,0\n3,300,x,5,1,a,0\n");
+        let trace = parse_trace(&text, None).unwrap();
+        let ids = |w: &[TraceJob]| w.iter().map(|j| j.job_id).collect::<Vec<_>>();
+        let all = submitted_within(trace.clone(), None, None).unwrap();
+        assert_eq!(ids(&all), [0, 1, 2, 3]);
+        // [from, until): 100 is in, 300 is out; times are not shifted.
+        let mid = submitted_within(trace.clone(), Some(100), Some(300)).unwrap();
+        assert_eq!(ids(&mid), [1, 2]);
+        assert_eq!(mid[0].submit_time_s, 100);
+        assert_eq!(
+            ids(&submitted_within(trace.clone(), Some(101), None).unwrap()),
+            [2, 3]
+        );
+        assert_eq!(
+            ids(&submitted_within(trace.clone(), None, Some(100)).unwrap()),
+            [0]
+        );
+        let e = submitted_within(trace.clone(), Some(300), Some(300)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--from-s (300) must be below --until-s (300)"),
+            "{e}"
+        );
+        let e = submitted_within(trace, Some(301), None).unwrap_err();
+        assert!(e.to_string().contains("[301, inf)"), "{e}");
     }
 
     #[test]

@@ -477,14 +477,31 @@ impl<R: ContainerRuntime> Executor<R> {
         });
     }
 
-    /// Our containers, by id, and the host pids inside them.
+    /// Our containers, by id, the host pids inside them, and the GPUs of those running.
     pub async fn ours(&self) -> Ours {
-        let ids: BTreeSet<String> = self
-            .table()
-            .have
-            .values()
-            .filter_map(|h| container_of(&h.phase).map(str::to_string))
-            .collect();
+        let (ids, gpus) = {
+            let t = self.table();
+            let ids: BTreeSet<String> = t
+                .have
+                .values()
+                .filter_map(|h| container_of(&h.phase).map(str::to_string))
+                .collect();
+            let gpus: BTreeSet<String> = t
+                .have
+                .iter()
+                .filter(|(_, h)| {
+                    matches!(
+                        h.phase,
+                        Phase::Running { .. }
+                            | Phase::Draining { .. }
+                            | Phase::Found { running: true, .. }
+                    )
+                })
+                .filter_map(|(key, _)| t.want.get(key)?.launch.clone())
+                .flat_map(|l| l.gpus.iter().map(|g| g.uuid.clone()).collect::<Vec<_>>())
+                .collect();
+            (ids, gpus)
+        };
         let mut pids = BTreeSet::new();
         for id in &ids {
             pids.extend(self.inner.runtime.pids(id).await);
@@ -492,6 +509,7 @@ impl<R: ContainerRuntime> Executor<R> {
         Ours {
             containers: ids,
             pids,
+            gpus,
         }
     }
 

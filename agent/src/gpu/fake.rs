@@ -1,5 +1,10 @@
 //! Fake GPUs from a fixed list; `commons-agent fake` flips local use and utilisation by
 //! writing the state dir's `fake-gpus.json`, which is re-read on every heartbeat.
+//!
+//! A fake GPU that one of our running containers holds reports the busy utilisation
+//! (`--fake-busy-util`, 0 unless set: an idle-looking guest, as the idle-guest rule's
+//! tests want) and that share of its memory used, unless `commons-agent fake --util`
+//! set a higher one; jobs' utilisation charts then have something to show.
 
 use super::{GpuError, GpuSource, Ours};
 use crate::config::FakeGpuModel;
@@ -10,11 +15,25 @@ use std::path::PathBuf;
 pub struct FakeGpus {
     models: Vec<FakeGpuModel>,
     state_dir: PathBuf,
+    /// Utilisation (percent) of a GPU our containers hold.
+    busy_util: u32,
 }
 
 impl FakeGpus {
     pub fn new(models: Vec<FakeGpuModel>, state_dir: PathBuf) -> Self {
-        Self { models, state_dir }
+        Self {
+            models,
+            state_dir,
+            busy_util: 0,
+        }
+    }
+
+    /// GPUs our running containers hold report `pct` percent busy.
+    pub fn busy_at(self, pct: u32) -> Self {
+        Self {
+            busy_util: pct.min(100),
+            ..self
+        }
     }
 }
 
@@ -34,17 +53,24 @@ impl GpuSource for FakeGpus {
             .collect())
     }
 
-    fn stats(&self, _ours: &Ours) -> Result<Vec<GpuStat>, GpuError> {
+    fn stats(&self, ours: &Ours) -> Result<Vec<GpuStat>, GpuError> {
         let overrides = load_fake_overrides(&self.state_dir);
         Ok(self
             .inventory()?
             .into_iter()
             .map(|g| {
                 let o = overrides.get(&g.index).cloned().unwrap_or_default();
+                let busy = if ours.gpus.contains(&g.uuid) {
+                    self.busy_util
+                } else {
+                    0
+                };
+                let ours_mb = g.memory_mb * u64::from(busy) / 100;
+                let local_mb = if o.local_use { g.memory_mb / 4 } else { 0 };
                 GpuStat {
                     uuid: g.uuid,
-                    utilization_pct: o.util_pct.min(100),
-                    memory_used_mb: if o.local_use { g.memory_mb / 4 } else { 0 },
+                    utilization_pct: o.util_pct.max(busy).min(100),
+                    memory_used_mb: (ours_mb + local_mb).min(g.memory_mb),
                     local_use: o.local_use,
                     fault: o.fault.clone(),
                 }
@@ -90,5 +116,26 @@ mod tests {
         assert!(after[1].local_use);
         assert_eq!(after[1].utilization_pct, 90);
         assert!(!after[0].local_use);
+    }
+
+    #[test]
+    fn gpus_our_containers_hold_report_the_busy_utilisation() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = FakeGpuModel {
+            model: "A100-80GB".into(),
+            memory_mb: 81920,
+        };
+        let idle = FakeGpus::new(vec![model.clone(); 2], dir.path().into());
+        let busy = FakeGpus::new(vec![model; 2], dir.path().into()).busy_at(75);
+        let ours = Ours {
+            gpus: ["GPU-fake-01-A100-80GB".to_string()].into(),
+            ..Ours::default()
+        };
+        // Unless told, a fake GPU sits at 0% even when a job holds it.
+        assert_eq!(idle.stats(&ours).unwrap()[1].utilization_pct, 0);
+        let s = busy.stats(&ours).unwrap();
+        assert_eq!((s[0].utilization_pct, s[0].memory_used_mb), (0, 0));
+        assert_eq!((s[1].utilization_pct, s[1].memory_used_mb), (75, 61440));
+        assert!(!s[1].local_use, "our own use is no local use");
     }
 }

@@ -40,18 +40,21 @@ pub struct Ours {
     /// Host PIDs the container runtime lists inside them (processes that a cgroup
     /// reading would miss, e.g. on a runtime whose cgroup layout is not recognised).
     pub pids: BTreeSet<u32>,
+    /// UUIDs of the GPUs our running containers hold (what a fake GPU counts as busy).
+    pub gpus: BTreeSet<String>,
 }
 
-/// Builds the source that `--gpus` asks for.
+/// Builds the source that `--gpus` asks for; fake GPUs that our containers hold report
+/// `fake_busy_util` percent busy (`--fake-busy-util`).
 pub fn from_mode(
     mode: &crate::GpuMode,
     state_dir: &std::path::Path,
+    fake_busy_util: u32,
 ) -> Result<Box<dyn GpuSource>, GpuError> {
     match mode {
         crate::GpuMode::Auto | crate::GpuMode::Nvml => Ok(Box::new(nvml::NvmlGpus::init()?)),
-        crate::GpuMode::Fake(models) => Ok(Box::new(fake::FakeGpus::new(
-            models.clone(),
-            state_dir.to_path_buf(),
-        ))),
+        crate::GpuMode::Fake(models) => Ok(Box::new(
+            fake::FakeGpus::new(models.clone(), state_dir.to_path_buf()).busy_at(fake_busy_util),
+        )),
     }
 }

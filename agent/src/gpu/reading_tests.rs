@@ -65,6 +65,7 @@ fn recorded_readings_map_to_the_expected_gpus() {
         let ours = Ours {
             containers: f.ours.containers,
             pids: f.ours.pids,
+            gpus: BTreeSet::new(),
         };
         let got = map(&f.reading, &ours);
         assert_eq!(got.len(), f.expect.len(), "{file} ({}): GPU count", f.what);
@@ -137,6 +138,7 @@ fn a_container_id_matches_whatever_its_case() {
     let ours = Ours {
         containers: [id].into(),
         pids: BTreeSet::new(),
+        gpus: BTreeSet::new(),
     };
     assert!(!map(&r, &ours)[0].stat.local_use);
 }

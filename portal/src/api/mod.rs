@@ -9,6 +9,7 @@ mod nodes;
 mod policy;
 mod ssh_gateway;
 mod ssh_keys;
+mod utilization;
 
 use crate::error::{ApiError, AppError};
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
@@ -26,7 +27,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .configure(nodes::configure)
             .configure(policy::configure)
             .configure(ssh_gateway::configure)
-            .configure(ssh_keys::configure),
+            .configure(ssh_keys::configure)
+            .configure(utilization::configure),
     );
 }
 

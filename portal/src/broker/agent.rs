@@ -7,6 +7,7 @@ use crate::db::models::{AgentClock, Node};
 use crate::db::{jobs, nodes, now};
 use crate::error::{ApiError, AppError};
 use crate::service::attempts::{self, Timing};
+use crate::service::samples::{self, Sampler};
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
 use commons_proto::{
@@ -83,6 +84,10 @@ async fn serve(
     let mut agent_session: Option<u64> = None;
     let mut rate = super::limits::Rate::new(std::time::Instant::now());
     let mut refused: u64 = 0;
+    // This connection's view of the node's running attempts, for their utilisation.
+    let sampler = std::sync::Arc::new(std::sync::Mutex::new(Sampler::new(
+        state.config.utilization.sample_interval_s,
+    )));
     loop {
         tokio::select! {
             msg = tokio::time::timeout(silence, stream.next()) => {
@@ -136,7 +141,7 @@ async fn serve(
                             agent_session = Some(*session);
                         }
                         let began = std::time::Instant::now();
-                        let handled = handle(&state, node.id, agent_session, m).await;
+                        let handled = handle(&state, node.id, agent_session, &sampler, m).await;
                         state
                             .metrics
                             .agent_message_duration
@@ -244,8 +249,10 @@ async fn handle(
     state: &AppState,
     node: i64,
     session: Option<u64>,
+    sampler: &std::sync::Arc<std::sync::Mutex<Sampler>>,
     msg: AgentMsg,
 ) -> Result<Vec<PortalMsg>, AppError> {
+    let sampler = sampler.clone();
     let timing = timing(state);
     let heartbeat_s = state.config.scheduler.heartbeat_s;
     let lease_ttl_s = state.config.scheduler.lease_ttl_s;
@@ -328,6 +335,14 @@ async fn handle(
                     replies.extend(attempts::undelivered_starts(
                         c, node, &reports, &clock, timing,
                     )?);
+                    // Last, and never in the way of the leases: a sample lost is a dot
+                    // missing from a chart.
+                    let mut sampler = sampler.lock().unwrap_or_else(|e| e.into_inner());
+                    let at = received_at;
+                    if let Err(e) = samples::record(c, &mut sampler, node, &gpu_stats, &reports, at)
+                    {
+                        tracing::warn!(node, "utilisation samples not written: {e:#}");
+                    }
                 }
                 AgentMsg::AttemptEvent {
                     job,

@@ -24,6 +24,7 @@ pub mod nodes;
 pub mod overview;
 pub mod plan;
 mod pool;
+pub mod samples;
 pub mod schema;
 pub mod snapshot;
 pub mod ssh_keys;

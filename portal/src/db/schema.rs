@@ -284,6 +284,17 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    attempt_samples (id) {
+        id -> BigInt,
+        job_id -> BigInt,
+        attempt -> Integer,
+        at -> Timestamp,
+        utilization_pct -> Double,
+        memory_used_mb -> BigInt,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
 diesel::joinable!(job_templates -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
@@ -298,6 +309,7 @@ diesel::joinable!(job_attempts -> nodes (node_id));
 diesel::joinable!(job_events -> jobs (job_id));
 diesel::joinable!(job_logs -> jobs (job_id));
 diesel::joinable!(checkpoints -> jobs (job_id));
+diesel::joinable!(attempt_samples -> jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     labs,
@@ -320,4 +332,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     web_sessions,
     image_allows,
     job_templates,
+    attempt_samples,
 );

@@ -422,16 +422,13 @@ pub fn revoke_token(c: &mut DbConn, user: i64, id: i64) -> Result<(), AppError> 
     Ok(())
 }
 
-/// A user and their labs with their role in each.
-pub type UserAndLabs = (User, Vec<(Lab, Role)>);
+/// A user with their labs and their role in each.
+pub type UserWithLabs = (User, Vec<(Lab, Role)>);
 
 /// The user a personal access token belongs to, if it is valid, with their labs and
 /// roles (one query); records its use when the last one recorded is over
 /// [`TOKEN_USE_SLACK_S`] old.
-pub fn user_by_token(
-    c: &mut DbConn,
-    secret: &str,
-) -> Result<Option<UserAndLabs>, AppError> {
+pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<UserWithLabs>, AppError> {
     let t = now();
     type Row = (
         i64,

@@ -204,6 +204,8 @@ impl Servers {
                 .arg("--state-dir")
                 .arg(&state_dir)
                 .args(["--gpus", lab.gpus, "--name", lab.server])
+                // Jobs' GPUs look busy, so their pages' utilisation charts show a run.
+                .args(["--fake-busy-util", "70"])
                 .env_remove("COMMONS_PORTAL")
                 .env_remove("COMMONS_ENROL_TOKEN")
                 .stdin(Stdio::null())

@@ -30,11 +30,13 @@ pub mod plan_commit;
 pub mod policy;
 pub mod relays;
 pub mod reports;
+pub mod samples;
 pub mod sessions;
 pub mod ssh;
 pub mod ssh_keys;
 #[cfg(test)]
 pub(crate) mod testkit;
+pub mod utilization;
 pub mod views;
 
 use crate::db::models::{Job, Lab, Node, Role, User};

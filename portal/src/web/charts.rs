@@ -1,9 +1,11 @@
 //! Charts drawn on the server as inline SVG: no chart library, no script, readable
 //! without colour (each bar has a title with its number; the table beside it has them
-//! all).
+//! all; a line chart carries its summary in words).
 
 use super::human;
 use crate::db::usage::WeekUsage;
+use crate::service::utilization::{Point, Utilization};
+use chrono::NaiveDateTime;
 use std::fmt::Write;
 
 /// The series of the usage chart: name, colour, value of a week.
@@ -109,6 +111,150 @@ pub fn usage_legend() -> Vec<(&'static str, &'static str)> {
     SERIES.iter().map(|(n, c, _)| (*n, *c)).collect()
 }
 
+/// Colours of the attempts' lines, in turn (each readable on white, AA for large marks).
+const ATTEMPT_COLOURS: [&str; 4] = ["#0969da", "#8250df", "#1a7f37", "#bc4c00"];
+
+/// The colour of the `i`-th attempt shown.
+pub fn attempt_colour(i: usize) -> &'static str {
+    ATTEMPT_COLOURS[i % ATTEMPT_COLOURS.len()]
+}
+
+/// Most points drawn per attempt: a longer series is averaged in this many runs of
+/// neighbouring samples (its memory peaks kept).
+const MAX_POINTS: usize = 240;
+
+/// `points` thinned to at most `max`: (time, utilisation, memory in GB).
+fn thin(points: &[Point], max: usize) -> Vec<(NaiveDateTime, f64, f64)> {
+    let per = points.len().div_ceil(max.max(1)).max(1);
+    points
+        .chunks(per)
+        .map(|run| {
+            let util = run.iter().map(|p| p.utilization_pct).sum::<f64>() / run.len() as f64;
+            let mem = run.iter().map(|p| p.memory_used_mb).max().unwrap_or(0);
+            (run[run.len() - 1].at, util, mem as f64 / 1024.0)
+        })
+        .collect()
+}
+
+/// A job's GPU utilisation (percent, top) and memory used (GB, bottom) over time, one
+/// line per attempt, each attempt's start marked; the time axis counts from the first
+/// sample. `None` without samples (the page says "no samples yet" instead).
+pub fn utilization_svg(u: &Utilization) -> Option<String> {
+    let series: Vec<Vec<(NaiveDateTime, f64, f64)>> = u
+        .attempts
+        .iter()
+        .map(|a| thin(&a.samples, MAX_POINTS))
+        .collect();
+    let first = series.iter().flatten().map(|p| p.0).min()?;
+    let last = series.iter().flatten().map(|p| p.0).max()?;
+    let span = (last - first)
+        .num_seconds()
+        .max(u.sample_interval_s as i64)
+        .max(1) as f64;
+    let mem_max = nice_max(series.iter().flatten().map(|p| p.2).fold(0.0, f64::max));
+    let (w, left, right) = (640.0, 44.0, 12.0);
+    let plot_w = w - left - right;
+    // Two panels: (top, height, axis maximum, unit, value of a point).
+    type Value = fn(&(NaiveDateTime, f64, f64)) -> f64;
+    let panels: [(f64, f64, f64, &str, Value); 2] = [
+        (22.0, 110.0, 100.0, "%", |p| p.1),
+        (170.0, 90.0, mem_max, "GB", |p| p.2),
+    ];
+    let h = 290.0;
+    let x_of = |t: NaiveDateTime| left + plot_w * (t - first).num_seconds() as f64 / span;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg class="chart" viewBox="0 0 {w} {h}" role="img" aria-labelledby="util-chart-title util-chart-desc" xmlns="http://www.w3.org/2000/svg"><title id="util-chart-title">GPU utilisation (percent) and GPU memory used (GB) of job-{job} over time, one line per attempt</title><desc id="util-chart-desc">{desc}</desc>"#,
+        job = u.job,
+        desc = escape(&u.summary.words()),
+    );
+    for (top, ph, max, unit, value) in panels {
+        let _ = write!(
+            s,
+            r##"<text x="{left}" y="{y:.1}" font-size="11" fill="#57606a">{what}</text>"##,
+            y = top - 8.0,
+            what = if unit == "%" {
+                "GPU utilisation, %"
+            } else {
+                "GPU memory used, GB"
+            },
+        );
+        for i in 0..=2 {
+            let v = max * i as f64 / 2.0;
+            let y = top + ph - ph * i as f64 / 2.0;
+            let _ = write!(
+                s,
+                r##"<line x1="{left}" x2="{x2}" y1="{y:.1}" y2="{y:.1}" stroke="#d0d7de"/><text x="{tx:.1}" y="{ty:.1}" font-size="11" text-anchor="end" fill="#57606a">{v}</text>"##,
+                x2 = w - right,
+                tx = left - 4.0,
+                ty = y + 4.0,
+                v = axis_label(v),
+            );
+        }
+        for (i, pts) in series.iter().enumerate() {
+            let colour = attempt_colour(i);
+            let y_of = |p: &(NaiveDateTime, f64, f64)| top + ph - ph * (value(p) / max).min(1.0);
+            if let [one] = pts.as_slice() {
+                let _ = write!(
+                    s,
+                    r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{colour}"/>"#,
+                    x = x_of(one.0),
+                    y = y_of(one),
+                );
+            } else {
+                let line: Vec<String> = pts
+                    .iter()
+                    .map(|p| format!("{:.1},{:.1}", x_of(p.0), y_of(p)))
+                    .collect();
+                let _ = write!(
+                    s,
+                    r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/>"#,
+                    line.join(" ")
+                );
+            }
+        }
+    }
+    // Where each later attempt began.
+    if series.len() > 1 {
+        for (i, pts) in series.iter().enumerate() {
+            let (Some(p), Some(a)) = (pts.first(), u.attempts.get(i)) else {
+                continue;
+            };
+            let x = x_of(p.0);
+            let _ = write!(
+                s,
+                r##"<line x1="{x:.1}" x2="{x:.1}" y1="14" y2="260" stroke="{c}" stroke-dasharray="4 3"/><text x="{tx:.1}" y="{ty}" font-size="11" fill="{c}">attempt {n}</text>"##,
+                c = attempt_colour(i),
+                tx = x + 3.0,
+                ty = 146.0 + 10.0 * (i % 2) as f64,
+                n = a.attempt,
+            );
+        }
+    }
+    for i in 0..=4 {
+        let x = left + plot_w * i as f64 / 4.0;
+        let secs = (span * i as f64 / 4.0).round() as i64;
+        let label = if i == 0 {
+            "0".to_string()
+        } else {
+            human::duration(secs)
+        };
+        let _ = write!(
+            s,
+            r##"<text x="{x:.1}" y="{y}" font-size="11" text-anchor="{anchor}" fill="#57606a">{label}</text>"##,
+            y = h - 8.0,
+            anchor = match i {
+                0 => "start",
+                4 => "end",
+                _ => "middle",
+            },
+        );
+    }
+    s.push_str("</svg>");
+    Some(s)
+}
+
 /// Use against a quota, as text and a bar.
 pub(crate) struct UseBar {
     pub text: String,
@@ -165,6 +311,56 @@ mod tests {
         assert_eq!(axis_label(0.25), "0.25");
         assert_eq!(axis_label(2.5), "2.5");
         assert_eq!(axis_label(20.0), "20");
+    }
+
+    #[test]
+    fn utilisation_is_a_line_per_attempt_with_its_summary_and_long_runs_are_thinned() {
+        use crate::service::utilization::{build, Utilization};
+        let t0 = chrono::NaiveDate::from_ymd_opt(2026, 12, 8)
+            .unwrap()
+            .and_hms_opt(10, 0, 0)
+            .unwrap();
+        let sample = |attempt, min: i64, util: f64| crate::db::samples::Sample {
+            job_id: 7,
+            attempt,
+            at: t0 + chrono::Duration::minutes(min),
+            utilization_pct: util,
+            memory_used_mb: 2048,
+        };
+        let config = crate::config::UtilizationConfig::default();
+        let empty = build(7, vec![], &Default::default(), &config);
+        assert!(
+            utilization_svg(&empty).is_none(),
+            "no chart without samples"
+        );
+        let mut rows: Vec<_> = (0..1000).map(|m| sample(1, m, 50.0)).collect();
+        rows.push(sample(2, 1200, 100.0));
+        let u: Utilization = build(7, rows, &Default::default(), &config);
+        let svg = utilization_svg(&u).unwrap();
+        // Two panels: a line for attempt 1 in each, a dot for attempt 2's one sample.
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert_eq!(svg.matches("<circle").count(), 2);
+        assert!(svg.contains(">attempt 2</text>"), "its start is marked");
+        let points = svg
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        // At most 240 points: 1,000 samples in runs of 5.
+        assert_eq!(points.split(' ').count(), 200);
+        assert!(
+            svg.contains(
+                "<desc id=\"util-chart-desc\">mean 50 %, peak 100 %, memory up to 2.0 GB</desc>"
+            ),
+            "{svg}"
+        );
+        assert!(
+            svg.contains(">20 h</text>"),
+            "the time axis in words: {svg}"
+        );
+        assert_eq!(thin(&[], 10), vec![]);
     }
 
     #[test]

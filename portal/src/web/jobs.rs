@@ -365,6 +365,8 @@ struct JobPage {
     /// The "Extend" form, for the owner of a queued or running interactive job. Outside
     /// the live fragment, so a refresh keeps what was typed and the error beside it.
     extend: Option<ExtendBox>,
+    /// The GPU utilisation chart (refreshed by the page's script on its own).
+    utilization: super::job_chart::UtilizationBlock,
 }
 
 /// The extend form as shown: the minutes typed, and why they were refused.
@@ -460,11 +462,13 @@ async fn detail(
     let status = load_status(&state, &session, user.clone(), id.into_inner()).await?;
     let extend = offer(&status.job);
     let ssh = ssh_block(&state, status.job.id).await?;
+    let utilization = super::job_chart::block(&state, &user, status.job.id).await?;
     Ok(JobPage {
         banner,
         status,
         extend,
         ssh,
+        utilization,
     })
 }
 
@@ -546,6 +550,7 @@ async fn extend(
             error: Some(refused.to_string()),
         }),
         ssh: ssh_block(&state, id).await?,
+        utilization: super::job_chart::block(&state, &user, id).await?,
     };
     let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
     Ok(HttpResponse::build(status)

@@ -413,7 +413,7 @@ async fn post_enrol_token(
         format!("{}://{}", info.scheme(), info.host())
     });
     let command = format!(
-        "commons-agent run --portal {portal} --enrol-token {token} --state-dir /var/lib/commons-agent --gpus auto"
+        "commons-agent run --portal {portal} --enrol-token {token} --state-dir /var/lib/gpu-commons/agent --gpus auto"
     );
     let mut page = load(&state, &session, user, slug, None).await?;
     page.enrol = Some((token, command));

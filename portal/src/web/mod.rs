@@ -5,6 +5,7 @@ mod charts;
 mod cli_login;
 pub mod human;
 mod images;
+mod job_chart;
 mod job_list;
 mod jobs;
 mod labs;
@@ -13,6 +14,7 @@ mod nodes;
 mod overview;
 mod ssh_keys;
 mod tokens;
+mod usage;
 
 use crate::auth::{csrf_token, CurrentUser};
 use crate::error::{AppError, ErrorPageInfo};
@@ -30,12 +32,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(login::configure)
         .configure(cli_login::configure)
         .configure(images::configure)
+        .configure(job_chart::configure)
         .configure(job_list::configure)
         .configure(jobs::configure)
         .configure(labs::configure)
         .configure(nodes::configure)
         .configure(ssh_keys::configure)
-        .configure(tokens::configure);
+        .configure(tokens::configure)
+        .configure(usage::configure);
 }
 
 /// What the base layout shows on every page.

@@ -40,6 +40,16 @@ impl Browser {
     /// Starts chromedriver on a free port and a headless Chromium session with a fresh
     /// `--user-data-dir`.
     pub async fn start() -> Browser {
+        Self::start_with_env(&[]).await
+    }
+
+    /// The same, with Chromium in time zone `tz` (an IANA name, `Asia/Kolkata`): the
+    /// browser reads `TZ` from the environment chromedriver passes on.
+    pub async fn start_in_zone(tz: &str) -> Browser {
+        Self::start_with_env(&[("TZ", tz)]).await
+    }
+
+    async fn start_with_env(env: &[(&str, &str)]) -> Browser {
         let missing: Vec<&str> = [
             ("chromium", "chromium"),
             ("chromedriver", "chromium-driver"),
@@ -65,6 +75,7 @@ impl Browser {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
+            .envs(env.iter().copied())
             // Chromium inherits this process group: Drop kills both at once.
             .process_group(0)
             .spawn()

@@ -176,6 +176,8 @@ pub struct PortalOpts {
     pub relay_host: Option<String>,
     /// `--log-format json`.
     pub json_logs: bool,
+    /// More TOML for the configuration file (whole sections: `[utilization]\n...`).
+    pub extra_toml: String,
 }
 
 impl Default for PortalOpts {
@@ -187,6 +189,7 @@ impl Default for PortalOpts {
             db_url: None,
             ssh: false,
             relay_host: None,
+            extra_toml: String::new(),
         }
     }
 }
@@ -309,6 +312,7 @@ impl PortalProcess {
                 text.push_str(&format!("relay_url = \"http://{h}:{port}\"\n"));
             }
         }
+        text.push_str(&o.extra_toml);
         std::fs::write(&config, text).unwrap();
         PortalProcess {
             dir,

@@ -206,6 +206,7 @@ impl TestPortal {
             socket_group: None,
             capacity: Default::default(),
             images: Default::default(),
+            fake_busy_util: 0,
         };
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {

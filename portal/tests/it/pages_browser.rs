@@ -110,7 +110,7 @@ async fn press_tab(b: &Browser) {
     b.client.perform_actions(keys).await.unwrap();
 }
 
-async fn js(b: &Browser, script: &str) -> Value {
+pub async fn js(b: &Browser, script: &str) -> Value {
     b.client.execute(script, vec![]).await.unwrap()
 }
 
@@ -133,8 +133,8 @@ async fn check_page(b: &Browser, what: &str) {
     assert!(
         facts["title"]
             .as_str()
-            .is_some_and(|t| t.contains("GPU Commons")),
-        "{what}: {facts}"
+            .is_some_and(|t| t.ends_with("GPU Commons") && !t.contains('<')),
+        "{what}: a title of words: {facts}"
     );
     assert_eq!(facts["h1"], 1, "{what}: one h1");
     assert!(
@@ -164,6 +164,8 @@ fn pages_for(c: &Campus, user: &str) -> Vec<String> {
         format!("/jobs/{}", c.waiting[0]),
         "/jobs/new".into(),
         "/nodes".into(),
+        "/usage".into(),
+        "/tokens".into(),
     ];
     match user {
         "alice" => pages.push(format!("/jobs/{}", c.owner_job)),
@@ -334,6 +336,14 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
         .await
         .unwrap();
     js(&b, "window.noReload = 'still here'; return null;").await;
+    assert_eq!(
+        js(
+            &b,
+            "return document.getElementById('util-summary').textContent;"
+        )
+        .await,
+        "no samples yet"
+    );
     let (status, v) = p
         .post_json(
             &p.alice,
@@ -385,6 +395,21 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
         },
     )
     .await;
+    // The utilisation chart followed too: the heartbeats of the run are on it.
+    wait_for(
+        Duration::from_secs(10),
+        "the utilisation chart on the page",
+        || async move {
+            js(
+                me,
+                "return !!document.querySelector('#utilization svg.chart');",
+            )
+            .await
+            .as_bool()
+                == Some(true)
+        },
+    )
+    .await;
     let history = js(&b, "return document.getElementById('history').textContent;").await;
     assert!(history.as_str().unwrap().contains("succeeded"), "{history}");
     // The log as a file; "submit again" fills the form from the job.
@@ -425,17 +450,41 @@ async fn screenshots() {
     let c = campus(Backend::Sqlite).await;
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/screenshots");
     std::fs::create_dir_all(&out).unwrap();
-    let b = Browser::start().await;
-    browser_login(&b, &c.p, "carol").await;
     let shots = [
-        ("overview", "/".to_string(), 1280),
-        ("overview-phone", "/".to_string(), 375),
-        ("jobs", "/jobs?scope=lab:vision".to_string(), 1280),
-        ("job", format!("/jobs/{}", c.waiting[0]), 1280),
-        ("submit", "/jobs/new".to_string(), 1280),
-        ("lab-console", "/labs/vision/admin".to_string(), 1280),
+        ("carol", "overview", "/".to_string(), 1280),
+        ("carol", "overview-phone", "/".to_string(), 375),
+        ("carol", "jobs", "/jobs?scope=lab:vision".to_string(), 1280),
+        ("carol", "job", format!("/jobs/{}", c.waiting[0]), 1280),
+        ("carol", "submit", "/jobs/new".to_string(), 1280),
+        (
+            "carol",
+            "lab-console",
+            "/labs/vision/admin".to_string(),
+            1280,
+        ),
+        ("alice", "usage", "/usage".to_string(), 1280),
+        (
+            "alice",
+            "job-running",
+            format!("/jobs/{}", c.owner_job),
+            1280,
+        ),
     ];
-    for (name, path, width) in shots {
+    let mut who = "";
+    let mut b = Browser::start().await;
+    for (user, name, path, width) in shots {
+        if user != who {
+            if user == "alice" {
+                // Quotas, so that "My usage" has bars to show (after the other pages: a
+                // quota would change why their jobs wait).
+                crate::screenshot_data::quotas_for_the_usage_shot(&c.p).await;
+                crate::screenshot_data::minutes_of_samples(&c.p, c.owner_job).await;
+            }
+            b.close().await;
+            b = Browser::start().await;
+            browser_login(&b, &c.p, user).await;
+            who = user;
+        }
         b.client.set_window_size(width, 900).await.unwrap();
         b.client.goto(&format!("{}{path}", c.p.url)).await.unwrap();
         // The whole page, up to a limit (measured once laid out).

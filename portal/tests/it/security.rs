@@ -76,6 +76,7 @@ async fn pages_carry_a_strict_policy_and_no_inline_script() {
         "/login".to_string(),
         format!("/jobs/{id}"),
         "/api/v1/jobs".into(),
+        "/jobs/new".into(),
     ] {
         let r = b.get(format!("{}{path}", p.url)).send().await.unwrap();
         let h = r.headers();
@@ -87,11 +88,15 @@ async fn pages_carry_a_strict_policy_and_no_inline_script() {
         assert!(csp.contains("frame-ancestors 'none'"), "{path}");
         assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
         assert_eq!(h["referrer-policy"], "same-origin", "{path}");
+        // Pages and API answers hold a person's data and CSRF tokens: a shared proxy or
+        // the browser's history must not keep them (a refused form's 422 page had no
+        // cache-control at all).
+        assert_eq!(h["cache-control"], "no-store", "{path}");
         assert!(
             !h.contains_key("strict-transport-security"),
             "plain http: no HSTS"
         );
-        if path.starts_with("/jobs/") {
+        if path == format!("/jobs/{id}") {
             let page = r.text().await.unwrap();
             assert!(!page.contains("<script>"), "no inline script: {page}");
             assert!(page.contains("src=\"/assets/job.js\""));
@@ -103,6 +108,7 @@ async fn pages_carry_a_strict_policy_and_no_inline_script() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["cache-control"], "public, max-age=300");
     assert!(r.headers()["content-type"]
         .to_str()
         .unwrap()

@@ -181,9 +181,14 @@ async fn submit_in_the_browser_form_and_watch_the_job() {
 }
 
 pub async fn logged_in(p: &TestPortal, user: &str) -> reqwest::Client {
+    logged_in_at(&p.url, user).await
+}
+
+/// The same, for the portal at `url` (a portal process, say).
+pub async fn logged_in_at(url: &str, user: &str) -> reqwest::Client {
     let b = browser();
     let login = b
-        .get(format!("{}/login", p.url))
+        .get(format!("{url}/login"))
         .send()
         .await
         .unwrap()
@@ -192,7 +197,7 @@ pub async fn logged_in(p: &TestPortal, user: &str) -> reqwest::Client {
         .unwrap();
     let csrf = hidden_csrf(&login);
     let r = b
-        .post(format!("{}/login", p.url))
+        .post(format!("{url}/login"))
         .form(&[("username", user), ("csrf", &csrf)])
         .send()
         .await

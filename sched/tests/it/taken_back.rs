@@ -9,13 +9,13 @@ fn rates(per_hour: f64) -> Vec<f64> {
     vec![per_hour; WEEK_HOURS]
 }
 
-/// The rule as by default: no node expecting 0.3 take-backs or more within the job's
-/// limit, for 6 hours after the last take-back.
+/// The rule as by default: no node expecting 0.1 take-backs or more within the job's
+/// limit, for 12 hours after the last take-back.
 fn strict() -> Policy {
     let p = Policy::default();
     assert_eq!(
         (p.taken_back_max_risk, p.taken_back_patience_s),
-        (0.3, 6 * H)
+        (0.1, 12 * H)
     );
     p
 }

@@ -372,7 +372,8 @@ mod tests {
         assert_eq!(plain.relend_delay_s, defaults.relend_delay_s);
         assert_eq!(plain.return_risk_step, defaults.return_risk_step);
         assert_eq!(plain.taken_back_max_risk, defaults.taken_back_max_risk);
-        assert_eq!(plain.taken_back_max_risk, 0.3);
+        assert_eq!(plain.taken_back_max_risk, 0.1);
+        assert_eq!(plain.taken_back_patience_s, 12 * 3600);
         // A policy without the hysteresis keeps it off, tuned or not.
         let old = sched_policy(&campus, PolicyKind::CommonsOld, &tuning);
         assert_eq!(old.relend_delay_s, 0);
