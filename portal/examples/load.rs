@@ -11,14 +11,22 @@
 //!    being sent to the agent receiving `Start` (p50/p99).
 //! 4. Sustained submissions: `--submissions` jobs, `--concurrency` in flight, spread over
 //!    `--users` users; jobs that never end, so the queue grows once the GPUs are full.
+//!    With `--rate R`, R a second (open loop, latency counted from when each was due);
+//!    without, as fast as the portal answers (closed loop).
 //! 5. The scheduler at that queue: tick duration end to end and by phase over
-//!    `--tick-s` seconds (from the portal's metrics).
+//!    `--tick-s` seconds (from the portal's metrics). With `--seed-queued N`, N more
+//!    queued jobs are added first as test setup, straight into the database (see
+//!    [`seed_queue`]): the figure measured is the scheduler's round, not the submission
+//!    path, and filling 50,000 jobs through the API would take minutes.
 //!
 //! ```sh
 //! ulimit -n 65536
 //! cargo build --release -p commons-portal
 //! TEST_DATABASE_URL=postgres://postgres@127.0.0.1:55432/postgres \
 //!   cargo run --release -p commons-portal --example load -- --agents 2000 --gpus 8
+//! # the scheduler's round at 1,000 nodes x 8 GPUs and 50,000 queued jobs:
+//! TEST_DATABASE_URL=... cargo run --release -p commons-portal --example load -- \
+//!   --agents 1000 --gpus 8 --idle-jobs 0 --submissions 0 --seed-queued 50000 --seed-run-s 30
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test program: a failure is a crash
@@ -29,7 +37,7 @@ mod load;
 
 use commons_portal::db::models::Role;
 use commons_portal::db::Db;
-use load::{connect_agents, job, percentile, scrape, submit, total};
+use load::{connect_agents, job, percentile, scrape, submit, submit_at, total};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -63,6 +71,27 @@ fn usage(pid: u32) -> (f64, f64) {
     (cpu, rss_kb / 1024.0)
 }
 
+/// CPU seconds used so far by the PostgreSQL backends serving database `name` (those
+/// alive now: the portal's pooled connections).
+fn db_cpu(name: &str) -> f64 {
+    let mut cpu = 0.0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmd) = std::fs::read_to_string(e.path().join("cmdline")) else {
+            continue;
+        };
+        if cmd.starts_with("postgres: ") && cmd.split_whitespace().any(|w| w == name) {
+            let pid: u32 = e.file_name().to_string_lossy().parse().unwrap_or(0);
+            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                let after = &stat[stat.rfind(')').unwrap() + 2..];
+                let f: Vec<&str> = after.split_whitespace().collect();
+                cpu += (f[11].parse::<f64>().unwrap_or(0.0) + f[12].parse::<f64>().unwrap_or(0.0))
+                    / 100.0;
+            }
+        }
+    }
+    cpu
+}
+
 struct Portal {
     child: Child,
     url: String,
@@ -90,6 +119,10 @@ async fn main() {
     let idle_jobs = arg("--idle-jobs", 200) as usize;
     let rest_s = arg("--rest-s", 30);
     let tick_s = arg("--tick-s", 30);
+    let seed_queued = arg("--seed-queued", 0);
+    let seed_run_s = arg("--seed-run-s", 30);
+    // Submissions a second in phase 4 (open loop); 0: as fast as `--concurrency` allows.
+    let rate = Some(arg("--rate", 0) as f64).filter(|r| *r > 0.0);
     let admin = std::env::var("TEST_DATABASE_URL")
         .expect("set TEST_DATABASE_URL=postgres://USER@HOST:PORT/postgres");
     let name = format!("commons_load_{:08x}", rand::random::<u32>());
@@ -124,6 +157,22 @@ async fn main() {
         .unwrap();
         user_tokens.push(commons_portal::admin::api_token(&db, &username).unwrap());
     }
+    // The simulated agents run no image: a campus-wide entry with a made-up digest.
+    db.run_blocking(|c| {
+        commons_portal::db::images::insert(
+            c,
+            &commons_portal::db::images::NewEntry {
+                lab_id: None,
+                name_tag: "commons-demo:latest",
+                digest: "sha256:10ad",
+                description: "load test",
+                signature: None,
+                signed_by: None,
+                created_by: "load",
+            },
+        )
+    })
+    .unwrap();
     let enrol: Vec<String> = (0..agents)
         .map(|a| commons_portal::admin::enrol_token(&db, &slugs[a % labs]).unwrap())
         .collect();
@@ -147,18 +196,30 @@ async fn main() {
         ),
     )
     .unwrap();
-    let bin =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/commons-portal");
+    // Another build of the portal may be measured with the same generator (side by side).
+    let bin = std::env::var_os("COMMONS_PORTAL_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/release/commons-portal")
+        });
     assert!(
         bin.exists(),
         "{} is missing: cargo build --release -p commons-portal",
         bin.display()
     );
-    let log = std::fs::File::create(dir.path().join("portal.log")).unwrap();
+    // LOAD_PORTAL_LOG=FILE keeps the portal's log (and LOAD_PORTAL_RUST_LOG its filter).
+    let log_path = std::env::var_os("LOAD_PORTAL_LOG")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| dir.path().join("portal.log"));
+    let log = std::fs::File::create(log_path).unwrap();
     let child = Command::new(&bin)
         .args(["serve", "--config"])
         .arg(&config)
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("LOAD_PORTAL_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -210,9 +271,11 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(10)).await;
     let m0 = scrape(&portal.url).await;
     let (cpu0, _) = usage(pid);
+    let db0 = db_cpu(&name);
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(rest_s)).await;
     let (cpu1, rss) = usage(pid);
+    let db1 = db_cpu(&name);
     let m1 = scrape(&portal.url).await;
     let wall = t0.elapsed().as_secs_f64();
     let hb = "commons_agent_message_handling_seconds_count{kind=\"heartbeat\"}";
@@ -220,12 +283,16 @@ async fn main() {
     let beats = total(&m1, hb) - total(&m0, hb);
     let handling = total(&m1, hb_sum) - total(&m0, hb_sum);
     println!(
-        "2. at rest: RSS {rss:.0} MiB, CPU {:.1} % of one core, {:.0} heartbeats/s, \
-         {:.2} ms handling each (mean, database included), {:.2} ms portal CPU per heartbeat",
+        "2. at rest: RSS {rss:.0} MiB, CPU {:.1} % of one core (PostgreSQL {:.1} %), \
+         {:.0} heartbeats/s, {:.2} ms handling each (mean, database included), \
+         {:.2} ms portal CPU per heartbeat, {:.1} statements per heartbeat",
         100.0 * (cpu1 - cpu0) / wall,
+        100.0 * (db1 - db0) / wall,
         beats / wall,
         1000.0 * handling / beats.max(1.0),
-        1000.0 * (cpu1 - cpu0) / beats.max(1.0)
+        1000.0 * (cpu1 - cpu0) / beats.max(1.0),
+        (total(&m1, "commons_db_statements_total") - total(&m0, "commons_db_statements_total"))
+            / beats.max(1.0),
     );
 
     // 3. Idle campus: submission to Start.
@@ -263,35 +330,132 @@ async fn main() {
     }
 
     // 4. Sustained submissions (jobs that hold their GPUs).
+    if submissions > 0 {
+        sustained(
+            &portal.url,
+            &user_tokens,
+            submissions,
+            concurrency,
+            rate,
+            pid,
+            &name,
+        )
+        .await;
+    }
+    if seed_queued > 0 {
+        let template = submit(
+            &portal.url,
+            &user_tokens[..1],
+            1,
+            1,
+            job(Some(seed_run_s as f64)),
+        )
+        .await;
+        let template = template
+            .jobs
+            .first()
+            .expect("the template job was refused")
+            .0;
+        let began = Instant::now();
+        let n = seed_queue(&url, template, seed_queued, seed_run_s);
+        println!(
+            "   seeded {n} queued jobs of {seed_run_s} s in {:.1} s (test setup, straight into the database)",
+            began.elapsed().as_secs_f64()
+        );
+    }
+    scheduler_figures(&portal.url, tick_s, &campus, agents, gpus).await;
+    let (_, rss) = usage(pid);
+    println!("   portal RSS {rss:.0} MiB at the end");
+    drop(portal);
+    {
+        use diesel::{Connection, RunQueryDsl};
+        let mut c = diesel::PgConnection::establish(&admin).unwrap();
+        let _ = diesel::sql_query(format!("DROP DATABASE {name} WITH (FORCE)")).execute(&mut c);
+    }
+}
+
+/// Phase 4: `total` submissions, `concurrency` in flight.
+async fn sustained(
+    url: &str,
+    user_tokens: &[String],
+    submissions: usize,
+    concurrency: usize,
+    rate: Option<f64>,
+    pid: u32,
+    db: &str,
+) {
     let (c0, _) = usage(pid);
-    let s = submit(
-        &portal.url,
-        &user_tokens,
-        submissions,
-        concurrency,
-        job(None),
-    )
-    .await;
+    let db0 = db_cpu(db);
+    let m0 = scrape(url).await;
+    let s = submit_at(url, user_tokens, submissions, concurrency, job(None), rate).await;
+    let m1 = scrape(url).await;
     let (c1, _) = usage(pid);
+    let db1 = db_cpu(db);
     println!(
-        "4. {} submissions ({} errors), {concurrency} in flight: {:.0}/s, p50 {}, p99 {}, \
-         portal CPU {:.0} % of one core",
+        "4. {} submissions ({} errors), {} {concurrency} in flight: {:.0}/s, p50 {}, p99 {}, \
+         portal CPU {:.0} % of one core, PostgreSQL {:.0} %",
         s.jobs.len(),
         s.errors.len(),
+        rate.map_or("closed loop,".to_string(), |r| format!(
+            "offered {r:.0}/s, at most"
+        )),
         s.per_second(),
         ms(s.latency(0.5)),
         ms(s.latency(0.99)),
-        100.0 * (c1 - c0) / s.elapsed.as_secs_f64()
+        100.0 * (c1 - c0) / s.elapsed.as_secs_f64(),
+        100.0 * (db1 - db0) / s.elapsed.as_secs_f64(),
     );
     if let Some(e) = s.errors.first() {
         println!("   first error: {e}");
     }
+    let d = |k: &str| total(&m1, k) - total(&m0, k);
+    let route = "method=\"POST\",route=\"/api/v1/jobs\",status=\"201\"";
+    let n = d(&format!(
+        "commons_http_request_duration_seconds_count{{{route}}}"
+    ));
+    let waits = d("commons_db_pool_wait_seconds_count");
+    let secs = s.elapsed.as_secs_f64();
+    let busy = |k: &str| d(k) / secs;
+    println!(
+        "   busy seconds a second: submissions {:.2}, heartbeats {:.2}, attempt events {:.2}, \
+         scheduler {:.2}; {:.0} statements a second",
+        busy(&format!(
+            "commons_http_request_duration_seconds_sum{{{route}}}"
+        )),
+        busy("commons_agent_message_handling_seconds_sum{kind=\"heartbeat\"}"),
+        busy("commons_agent_message_handling_seconds_sum{kind=\"attempt_event\"}"),
+        busy("commons_scheduler_tick_duration_seconds_sum"),
+        busy("commons_db_statements_total"),
+    );
+    println!(
+        "   in the portal: {:.1} ms per submission (mean, handler), database pool wait {:.2} ms \
+         mean over {waits:.0} uses, {:.0} agent messages/s, {:.0} ticks ({:.0} ms each)",
+        1000.0
+            * d(&format!(
+                "commons_http_request_duration_seconds_sum{{{route}}}"
+            ))
+            / n.max(1.0),
+        1000.0 * d("commons_db_pool_wait_seconds_sum") / waits.max(1.0),
+        d("commons_agent_message_handling_seconds_count") / s.elapsed.as_secs_f64(),
+        d("commons_scheduler_tick_duration_seconds_count"),
+        1000.0 * d("commons_scheduler_tick_duration_seconds_sum")
+            / d("commons_scheduler_tick_duration_seconds_count").max(1.0),
+    );
+}
 
-    // 5. The scheduler at that queue.
+/// Phase 5: the scheduler's rounds over `tick_s` seconds.
+async fn scheduler_figures(
+    url: &str,
+    tick_s: u64,
+    campus: &load::Campus,
+    agents: usize,
+    gpus: u32,
+) {
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let m0 = scrape(&portal.url).await;
+    let m0 = scrape(url).await;
+    let starts0 = campus.starts.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(tick_s)).await;
-    let m1 = scrape(&portal.url).await;
+    let m1 = scrape(url).await;
     let d = |k: &str| total(&m1, k) - total(&m0, k);
     let ticks = d("commons_scheduler_tick_duration_seconds_count");
     let mean = |k: &str| 1000.0 * d(&format!("{k}_sum")) / ticks.max(1.0);
@@ -305,24 +469,107 @@ async fn main() {
             ))
             .max(1.0)
     };
+    let started = campus.starts.load(Ordering::SeqCst);
+    let p99 = bucket_quantile(&m0, &m1, "commons_scheduler_tick_duration_seconds", 0.99);
     println!(
-        "5. scheduler with {:.0} queued and {} started on {} GPUs: {ticks:.0} ticks in {tick_s} s, \
-         {:.0} ms each (read {:.0}, plan {:.0}, commit {:.0}, send {:.0})",
+        "5. scheduler with {:.0} queued and {started} started on {} GPUs ({} in the window): \
+         {ticks:.0} ticks in {tick_s} s, {:.0} ms each with the waiting jobs' rows \
+         (read {:.0}, plan {:.0}, commit {:.0}, send {:.0}; round {:.0}; waiting rows {:.0})",
         total(&m1, "commons_queue_jobs"),
-        campus.starts.load(Ordering::SeqCst),
         agents as u64 * u64::from(gpus),
+        started - starts0,
         mean("commons_scheduler_tick_duration_seconds"),
         phase("read"),
         phase("plan"),
         phase("commit"),
         phase("send"),
+        phase("read") + phase("plan") + phase("commit") + phase("send"),
+        phase("waiting"),
     );
-    let (_, rss) = usage(pid);
-    println!("   portal RSS {rss:.0} MiB at the end");
-    drop(portal);
-    {
-        use diesel::{Connection, RunQueryDsl};
-        let mut c = diesel::PgConnection::establish(&admin).unwrap();
-        let _ = diesel::sql_query(format!("DROP DATABASE {name} WITH (FORCE)")).execute(&mut c);
+    println!(
+        "   {:.0} starts a tick; 99 % of ticks took at most {}",
+        (started - starts0) as f64 / ticks.max(1.0),
+        p99.map_or("?".into(), |s| format!("{:.0} ms", s * 1000.0)),
+    );
+}
+
+/// The upper bound of the histogram bucket holding the `q` quantile of what `name`
+/// observed between two scrapes.
+fn bucket_quantile(
+    m0: &std::collections::BTreeMap<String, f64>,
+    m1: &std::collections::BTreeMap<String, f64>,
+    name: &str,
+    q: f64,
+) -> Option<f64> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let mut buckets: Vec<(f64, f64)> = m1
+        .iter()
+        .filter_map(|(k, v)| {
+            let le = k.strip_prefix(&prefix)?.strip_suffix("\"}")?;
+            let le: f64 = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, v - m0.get(k).copied().unwrap_or(0.0)))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    buckets
+        .into_iter()
+        .find(|(_, n)| *n >= q * total && total > 0.0)
+        .map(|(le, _)| le)
+}
+
+/// Adds `n` queued jobs like job `template` (its pinned image; `sleep run_s`), spread
+/// over the users round robin, with their `submitted` history rows: two `INSERT ...
+/// SELECT`s and an `ANALYZE` (test setup, documented in the README). Returns how many
+/// were added.
+fn seed_queue(url: &str, template: i64, n: u64, run_s: u64) -> usize {
+    use diesel::{Connection, RunQueryDsl};
+    let mut c = diesel::PgConnection::establish(url).unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        id: i64,
     }
+    let last = |c: &mut diesel::PgConnection| {
+        diesel::sql_query("SELECT COALESCE(MAX(id), 0) AS id FROM jobs")
+            .get_result::<Id>(c)
+            .unwrap()
+            .id
+    };
+    let before = last(&mut c);
+    let added = diesel::sql_query(format!(
+        "WITH m AS (SELECT user_id, lab_id, row_number() OVER (ORDER BY user_id) - 1 AS k, \
+                           count(*) OVER () AS n FROM memberships) \
+         INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, gpu_models, \
+             min_gpu_memory_mb, cpus, memory_mb, time_limit_s, kind, state, reason, \
+             attempts, log_bytes, created_at, image_digest, image_signature) \
+         SELECT m.user_id, m.lab_id, t.image, '[\"sleep\",\"{run_s}\"]', t.env, t.gpus, \
+             t.gpu_models, t.min_gpu_memory_mb, t.cpus, t.memory_mb, t.time_limit_s, t.kind, \
+             'queued', 'waiting for the scheduler', 0, 0, now() AT TIME ZONE 'UTC', \
+             t.image_digest, t.image_signature \
+         FROM generate_series(0, {n} - 1) AS g(i) \
+         JOIN m ON m.k = g.i % m.n \
+         JOIN jobs t ON t.id = {template} \
+         ORDER BY g.i"
+    ))
+    .execute(&mut c)
+    .unwrap();
+    diesel::sql_query(format!(
+        "INSERT INTO job_events (job_id, at, state, message) \
+         SELECT id, created_at, 'queued', 'submitted (seeded by the load test)' \
+         FROM jobs WHERE id > {before}"
+    ))
+    .execute(&mut c)
+    .unwrap();
+    // Fresh statistics, as autovacuum keeps them on a campus's database (it would analyze
+    // these tables within its naptime; until then the planner believes the 50,000 rows
+    // are not there).
+    diesel::sql_query("ANALYZE jobs, job_events")
+        .execute(&mut c)
+        .unwrap();
+    added
 }

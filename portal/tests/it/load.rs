@@ -266,6 +266,20 @@ pub async fn submit(
     concurrency: usize,
     body: Value,
 ) -> Submitted {
+    submit_at(url, tokens, total, concurrency, body, None).await
+}
+
+/// The same at `rate` submissions a second when given (open loop: the i-th is due at
+/// i / rate, sent then by whichever of the `concurrency` senders is free, and its
+/// latency counts from when it was due, so a late send counts against the portal).
+pub async fn submit_at(
+    url: &str,
+    tokens: &[String],
+    total: usize,
+    concurrency: usize,
+    body: Value,
+    rate: Option<f64>,
+) -> Submitted {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()
@@ -278,8 +292,19 @@ pub async fn submit(
         let token = tokens[w % tokens.len()].clone();
         tasks.push(tokio::spawn(async move {
             let mut out = Submitted::default();
-            while next.fetch_add(1, Ordering::Relaxed) < total {
-                let sent = Instant::now();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                let sent = match rate {
+                    Some(r) => {
+                        let due = began + Duration::from_secs_f64(i as f64 / r);
+                        tokio::time::sleep_until(due.into()).await;
+                        due
+                    }
+                    None => Instant::now(),
+                };
                 let res = http
                     .post(format!("{url}/api/v1/jobs"))
                     .bearer_auth(&token)
