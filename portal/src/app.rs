@@ -99,7 +99,8 @@ fn session_key(config: &Config) -> anyhow::Result<Key> {
 pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     config.validate()?;
     let url = config.database_url.clone();
-    let db = tokio::task::spawn_blocking(move || Db::open(&url)).await??;
+    let pool_size = config.database_pool_size;
+    let db = tokio::task::spawn_blocking(move || Db::open_with(&url, pool_size)).await??;
     let key = session_key(&config)?;
     // Secure cookies need HTTPS: off for the dev login and for a portal served over http.
     let secure_cookies = !config.insecure_dev_login

@@ -196,7 +196,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Admin { db, cmd } => {
             let config = db.config()?;
             config.validate()?;
-            let db = Db::open(&config.database_url)?;
+            let db = Db::open_with(&config.database_url, config.database_pool_size)?;
             let out = match cmd {
                 AdminCmd::CreateLab { slug, name } => admin::create_lab(&db, &slug, &name)?,
                 AdminCmd::CreateUser {

@@ -131,6 +131,9 @@ pub fn run_migrations(conn: &mut DbConn) -> Result<(), DbError> {
     Ok(())
 }
 
+/// Connections to PostgreSQL by default (`database_pool_size`).
+pub const DEFAULT_POOL_SIZE: u32 = 8;
+
 /// A pool of connections and the way to use them from async code.
 #[derive(Clone)]
 pub struct Db {
@@ -143,12 +146,18 @@ pub struct Db {
 }
 
 impl Db {
-    /// Connects, and applies pending migrations.
+    /// Connects with the default pool size, and applies pending migrations.
     pub fn open(url: &str) -> Result<Self, DbError> {
+        Self::open_with(url, DEFAULT_POOL_SIZE)
+    }
+
+    /// Connects, and applies pending migrations: a pool of up to `pool_size` connections
+    /// on PostgreSQL, of one on SQLite (see the module's invariants).
+    pub fn open_with(url: &str, pool_size: u32) -> Result<Self, DbError> {
         let backend = backend_of(url)?;
         let size = match backend {
             Backend::Sqlite => 1,
-            Backend::Postgres => 8,
+            Backend::Postgres => pool_size.max(1),
         };
         let statements = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let pool = r2d2::Pool::builder()
