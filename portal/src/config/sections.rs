@@ -250,7 +250,7 @@ impl CheckpointsConfig {
         self.part_mb.saturating_mul(1 << 20)
     }
 
-    fn validate(&self, database_url: &str) -> anyhow::Result<()> {
+    pub(super) fn validate(&self, database_url: &str) -> anyhow::Result<()> {
         let location = self.location(database_url)?;
         anyhow::ensure!(
             self.keep_per_job >= 1,
