@@ -408,6 +408,7 @@ async fn sustained(
     if let Some(e) = s.errors.first() {
         println!("   first error: {e}");
     }
+    println!("   p99 by 10-s window of sending: {}", by_window(&s));
     let d = |k: &str| total(&m1, k) - total(&m0, k);
     let route = "method=\"POST\",route=\"/api/v1/jobs\",status=\"201\"";
     let n = d(&format!(
@@ -520,6 +521,28 @@ fn bucket_quantile(
         .into_iter()
         .find(|(_, n)| *n >= q * total && total > 0.0)
         .map(|(le, _)| le)
+}
+
+/// The p99 latency of the submissions sent in each 10-s window, in order: where a tail
+/// comes from (a burst at the start, a slow round, a checkpoint of the database).
+fn by_window(s: &load::Submitted) -> String {
+    let Some(first) = s.jobs.iter().map(|j| j.1).min() else {
+        return "-".into();
+    };
+    let mut windows: Vec<Vec<Duration>> = Vec::new();
+    for &(_, sent, took) in &s.jobs {
+        let w = (sent - first).as_secs() as usize / 10;
+        if windows.len() <= w {
+            windows.resize(w + 1, Vec::new());
+        }
+        windows[w].push(took);
+    }
+    windows
+        .into_iter()
+        .map(|w| format!("{:.0}", percentile(w, 0.99).as_secs_f64() * 1000.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+        + " ms"
 }
 
 /// Adds `n` queued jobs like job `template` (its pinned image; `sleep run_s`), spread

@@ -116,6 +116,53 @@ pub fn mark_running(c: &mut DbConn, id: i64, at: NaiveDateTime) -> Result<(), Ap
     Ok(())
 }
 
+/// PostgreSQL only: the usual `Running` report in one statement (atomic by itself, no
+/// transaction). Attempt `attempt` of `job`, on `node` and still `starting`, becomes
+/// `running`; its job, if it is still starting that attempt, becomes `running` (keeping
+/// its first start) with an "attempt N running" history row. `Some(true)` when the
+/// attempt moved; `Some(false)` when it did not (another state, another node, unknown:
+/// the caller's general path decides); `None` on SQLite.
+pub fn start_running(
+    c: &mut DbConn,
+    node: i64,
+    job: i64,
+    attempt: i32,
+    at: NaiveDateTime,
+) -> Result<Option<bool>, AppError> {
+    use diesel::sql_types::{BigInt, Integer, Timestamp};
+    let DbConn::Pg(pg) = c else {
+        return Ok(None);
+    };
+    #[derive(QueryableByName)]
+    struct Moved {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let moved = diesel::sql_query(format!(
+        "WITH a AS (UPDATE job_attempts SET state = '{running}', started_at = $4 \
+           WHERE job_id = $1 AND attempt = $2 AND node_id = $3 AND state = '{starting}' \
+           RETURNING job_id, attempt), \
+         j AS (UPDATE jobs SET state = '{job_running}', \
+             started_at = COALESCE(jobs.started_at, $4) \
+           FROM a WHERE jobs.id = a.job_id AND jobs.state = '{job_starting}' \
+             AND jobs.attempts = a.attempt \
+           RETURNING jobs.id, a.attempt), \
+         e AS (INSERT INTO job_events (job_id, at, state, message) \
+           SELECT id, $4, '{job_running}', 'attempt ' || attempt || ' running' FROM j) \
+         SELECT count(*) AS n FROM a",
+        running = AttemptStatus::Running.as_str(),
+        starting = AttemptStatus::Starting.as_str(),
+        job_running = JobState::Running.as_str(),
+        job_starting = JobState::Starting.as_str(),
+    ))
+    .bind::<BigInt, _>(job)
+    .bind::<Integer, _>(attempt)
+    .bind::<BigInt, _>(node)
+    .bind::<Timestamp, _>(at)
+    .get_result::<Moved>(pg)?;
+    Ok(Some(moved.n > 0))
+}
+
 pub fn end(
     c: &mut DbConn,
     id: i64,

@@ -1,8 +1,6 @@
 use super::*;
-use crate::service::testkit::{campus, sqlite};
+use crate::service::testkit::{campus, sqlite, statements, take};
 use chrono::Duration;
-use diesel::connection::{Connection, InstrumentationEvent};
-use std::sync::{Arc, Mutex};
 
 fn stat(util: u32, memory_used_mb: u64) -> GpuStat {
     GpuStat {
@@ -23,22 +21,6 @@ fn running(job: i64) -> AttemptReport {
         stop: None,
         reason: None,
     }
-}
-
-/// Every statement the connection runs from now on.
-fn statements(c: &mut DbConn) -> Arc<Mutex<Vec<String>>> {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
-        if let InstrumentationEvent::StartQuery { query, .. } = e {
-            s.lock().unwrap().push(query.to_string());
-        }
-    });
-    seen
-}
-
-fn take(seen: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
-    std::mem::take(&mut *seen.lock().unwrap())
 }
 
 #[test]

@@ -1,8 +1,11 @@
-//! A small campus in a fresh SQLite file, for the service layer's unit tests.
+//! A small campus in a fresh SQLite file (or PostgreSQL database), for the service
+//! layer's unit tests.
 
 use crate::db::models::{AgentClock, Job, Node};
 use crate::db::{self, establish, run_migrations, DbConn};
 use crate::validate::{self, JobRequest};
+use diesel::connection::{Connection, InstrumentationEvent};
+use std::sync::{Arc, Mutex};
 
 pub struct Campus {
     pub node: Node,
@@ -15,6 +18,63 @@ pub fn sqlite() -> (tempfile::TempDir, DbConn) {
     let mut c = establish(&format!("sqlite://{}/t.db", dir.path().display())).unwrap();
     run_migrations(&mut c).unwrap();
     (dir, c)
+}
+
+/// A fresh database on the PostgreSQL server named by `TEST_DATABASE_URL` (scripts/test.sh
+/// starts a private one), dropped with the guard. A missing server fails the test that
+/// asked for it, with how to get one; it never skips it.
+pub struct PgGuard {
+    admin: String,
+    name: String,
+}
+
+impl Drop for PgGuard {
+    fn drop(&mut self) {
+        use diesel::{Connection, RunQueryDsl};
+        if let Ok(mut c) = diesel::PgConnection::establish(&self.admin) {
+            let _ = diesel::sql_query(format!("DROP DATABASE {} WITH (FORCE)", self.name))
+                .execute(&mut c);
+        }
+    }
+}
+
+pub fn postgres() -> (PgGuard, DbConn) {
+    use diesel::{Connection, RunQueryDsl};
+    let admin = std::env::var("TEST_DATABASE_URL").expect(
+        "this test needs TEST_DATABASE_URL=postgres://USER@HOST:PORT/postgres \
+         (run scripts/test.sh, which starts a private PostgreSQL server)",
+    );
+    let name = format!("commons_u_{:016x}", rand::random::<u64>());
+    let mut a = diesel::PgConnection::establish(&admin)
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at TEST_DATABASE_URL: {e}"));
+    diesel::sql_query(format!("CREATE DATABASE {name}"))
+        .execute(&mut a)
+        .unwrap();
+    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+    let guard = PgGuard {
+        admin: admin.clone(),
+        name: name.clone(),
+    };
+    let mut c = establish(&format!("{base}/{name}")).unwrap();
+    run_migrations(&mut c).unwrap();
+    (guard, c)
+}
+
+/// Every statement the connection runs from now on (read them with [`take`]).
+pub fn statements(c: &mut DbConn) -> Arc<Mutex<Vec<String>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
+        if let InstrumentationEvent::StartQuery { query, .. } = e {
+            s.lock().unwrap().push(query.to_string());
+        }
+    });
+    seen
+}
+
+/// The statements seen since the last call.
+pub fn take(seen: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
+    std::mem::take(&mut *seen.lock().unwrap())
 }
 
 /// One lab, one node with one GPU that has said hello, and `n` jobs placed on it.

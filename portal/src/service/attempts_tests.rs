@@ -1,0 +1,328 @@
+use super::*;
+use crate::service::testkit::{campus, postgres, sqlite, statements, take};
+
+const TIMING: Timing = Timing {
+    lease_ttl_s: 60,
+    default_grace_s: 300,
+};
+
+fn report(job: &Job, state: AttemptState, stop: Option<StopReason>) -> AttemptReport {
+    AttemptReport {
+        job: job.id,
+        attempt: 1,
+        state,
+        exit_code: None,
+        stop,
+        reason: None,
+    }
+}
+
+#[test]
+fn a_start_that_crosses_the_hello_is_delivered_again_not_lost() {
+    let (_d, mut c) = sqlite();
+    let k = campus(&mut c, 1);
+    let job = &k.jobs[0];
+    // The agent's Hello does not list the attempt: its Start is still on the wire.
+    assert!(!reconcile_missing(&mut c, k.node.id, &[]).unwrap());
+    assert_eq!(
+        db::jobs::get(&mut c, job.id).unwrap().state,
+        JobState::Starting
+    );
+    let clock = k.node.agent_clock().unwrap();
+    let again = undelivered_starts(&mut c, k.node.id, &[], &clock, TIMING).unwrap();
+    assert!(
+        matches!(&again[..], [PortalMsg::Start { job: j, attempt: 1, lease, .. }]
+            if *j == job.id && lease.session == 7 && lease.valid_for_s == 60),
+        "{again:?}"
+    );
+    // Once running, an attempt the agent no longer has is lost and requeued.
+    apply_report(
+        &mut c,
+        k.node.id,
+        &report(job, AttemptState::Running, None),
+        TIMING,
+    )
+    .unwrap();
+    assert!(reconcile_missing(&mut c, k.node.id, &[]).unwrap());
+    assert_eq!(
+        db::jobs::get(&mut c, job.id).unwrap().state,
+        JobState::Queued
+    );
+}
+
+#[test]
+fn stop_reasons_decide_requeue_or_end() {
+    for (why, end) in [
+        (StopReason::LeaseExpired, JobState::Queued),
+        (StopReason::Lost, JobState::Queued),
+        (StopReason::TimeLimit, JobState::Failed),
+    ] {
+        let (_d, mut c) = sqlite();
+        let k = campus(&mut c, 1);
+        let job = &k.jobs[0];
+        let t = TIMING;
+        apply_report(
+            &mut c,
+            k.node.id,
+            &report(job, AttemptState::Running, None),
+            t,
+        )
+        .unwrap();
+        let out = apply_report(
+            &mut c,
+            k.node.id,
+            &report(job, AttemptState::Stopped, Some(why)),
+            t,
+        )
+        .unwrap();
+        assert!(out.freed);
+        assert_eq!(db::jobs::get(&mut c, job.id).unwrap().state, end, "{why}");
+    }
+}
+
+#[test]
+fn a_preempted_guest_gets_its_grace_on_every_path() {
+    let (_d, mut c) = sqlite();
+    let k = campus(&mut c, 2);
+    let t = TIMING;
+    for j in &k.jobs {
+        apply_report(
+            &mut c,
+            k.node.id,
+            &report(j, AttemptState::Running, None),
+            t,
+        )
+        .unwrap();
+    }
+    // Job 0 is being preempted, job 1 cancelled.
+    let a0 = db::attempts::find(&mut c, k.jobs[0].id, 1)
+        .unwrap()
+        .unwrap();
+    db::attempts::set_status(&mut c, a0.id, AttemptStatus::Stopping).unwrap();
+    set_state(&mut c, k.jobs[0].id, JobState::Preempting, "preempting").unwrap();
+    db::jobs::cancel(&mut c, &k.jobs[1], "alice").unwrap();
+    let grace = |msgs: &[PortalMsg], job: i64| {
+        msgs.iter()
+            .find_map(|m| match m {
+                PortalMsg::Stop {
+                    job: j,
+                    grace_s,
+                    reason,
+                    ..
+                } if *j == job => Some((*grace_s, *reason)),
+                _ => None,
+            })
+            .unwrap()
+    };
+    // After a reconnect: the campus default, then the node's own grace.
+    let stops = pending_stops(&mut c, k.node.id, t).unwrap();
+    assert_eq!(grace(&stops, k.jobs[0].id), (300, StopReason::Preempted));
+    assert_eq!(
+        grace(&stops, k.jobs[1].id),
+        (SHORT_GRACE_S, StopReason::Cancelled)
+    );
+    db::nodes::set_lending(&mut c, k.node.id, "{}", 77, false).unwrap();
+    let stops = pending_stops(&mut c, k.node.id, t).unwrap();
+    assert_eq!(grace(&stops, k.jobs[0].id), (77, StopReason::Preempted));
+    // In a heartbeat that still reports it running.
+    let out = apply_report(
+        &mut c,
+        k.node.id,
+        &report(&k.jobs[0], AttemptState::Running, None),
+        t,
+    )
+    .unwrap();
+    assert_eq!(
+        grace(out.stop.as_slice(), k.jobs[0].id),
+        (77, StopReason::Preempted)
+    );
+}
+
+#[test]
+fn leases_count_from_when_the_portal_received_the_agents_message_and_never_shrink() {
+    let (_d, mut c) = sqlite();
+    let k = campus(&mut c, 1);
+    let base = db::now();
+    let clock = |seq, secs| AgentClock {
+        session: 7,
+        seq,
+        received_at: base + chrono::Duration::seconds(secs),
+    };
+    let lease_of = |c: &mut DbConn| {
+        db::attempts::find(c, k.jobs[0].id, 1)
+            .unwrap()
+            .unwrap()
+            .lease_until
+    };
+    renew(&mut c, k.node.id, &clock(2, 0), 1800).unwrap();
+    assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(1800));
+    // A later, shorter renewal does not shrink what the agent may already hold.
+    let msg = renew(&mut c, k.node.id, &clock(3, 10), 60).unwrap();
+    assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(1800));
+    assert!(
+        matches!(msg, PortalMsg::Renew { lease, .. } if lease.seq == 3 && lease.valid_for_s == 60)
+    );
+    renew(&mut c, k.node.id, &clock(4, 2000), 60).unwrap();
+    assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(2060));
+}
+
+#[test]
+fn a_renewal_is_one_update_and_one_read_whatever_the_attempts() {
+    use diesel::connection::{Connection, InstrumentationEvent};
+    use std::sync::{Arc, Mutex};
+    for n in [0, 1, 6] {
+        let (_d, mut c) = sqlite();
+        let k = campus(&mut c, n);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = e {
+                s.lock().unwrap().push(query.to_string());
+            }
+        });
+        let clock = AgentClock {
+            session: 7,
+            seq: 2,
+            received_at: db::now(),
+        };
+        let PortalMsg::Renew {
+            attempts,
+            time_limits,
+            ..
+        } = renew(&mut c, k.node.id, &clock, 60).unwrap()
+        else {
+            panic!("not a renewal")
+        };
+        assert_eq!((attempts.len(), time_limits.len()), (n, n));
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), if n == 0 { 1 } else { 2 }, "{seen:#?}");
+    }
+}
+
+#[test]
+fn a_running_report_moves_its_job_once_and_keeps_the_first_start() {
+    let (_d, mut c) = sqlite();
+    let k = campus(&mut c, 1);
+    let job = &k.jobs[0];
+    apply_report(
+        &mut c,
+        k.node.id,
+        &report(job, AttemptState::Running, None),
+        TIMING,
+    )
+    .unwrap();
+    let j = db::jobs::get(&mut c, job.id).unwrap();
+    assert_eq!(j.state, JobState::Running);
+    let first = j.started_at.expect("a first start");
+    // Reported again: nothing moves, no second history row.
+    apply_report(
+        &mut c,
+        k.node.id,
+        &report(job, AttemptState::Running, None),
+        TIMING,
+    )
+    .unwrap();
+    let events = db::jobs::events(&mut c, job.id).unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.message == "attempt 1 running")
+            .count(),
+        1
+    );
+    // A later attempt keeps the job's first start time.
+    assert!(db::jobs::set_running(&mut c, job.id, 1, first).is_ok_and(|m| !m));
+    db::jobs::set_state(&mut c, job.id, JobState::Starting, "again").unwrap();
+    let later = first + chrono::Duration::seconds(60);
+    assert!(db::jobs::set_running(&mut c, job.id, 1, later).unwrap());
+    assert_eq!(
+        db::jobs::get(&mut c, job.id).unwrap().started_at,
+        Some(first)
+    );
+    assert!(
+        !db::jobs::set_running(&mut c, job.id, 2, later).unwrap(),
+        "another attempt's report does not move it"
+    );
+}
+
+/// The usual `Running` report is one statement on PostgreSQL (it was six: BEGIN, the
+/// read, two UPDATEs, the history row, COMMIT), and does the same on both backends: the
+/// attempt and its job run once, one history row, and a report from another node or
+/// for an attempt that is not starting goes the general way.
+#[test]
+fn a_running_report_is_one_statement_on_postgres_and_the_same_on_both() {
+    for pg in [false, true] {
+        let (_sqlite, _pg, mut c) = if pg {
+            let (g, c) = postgres();
+            (None, Some(g), c)
+        } else {
+            let (d, c) = sqlite();
+            (Some(d), None, c)
+        };
+        let k = campus(&mut c, 2);
+        let (job, other) = (&k.jobs[0], &k.jobs[1]);
+        let seen = statements(&mut c);
+        let out = apply_report(
+            &mut c,
+            k.node.id,
+            &report(job, AttemptState::Running, None),
+            TIMING,
+        )
+        .unwrap();
+        let sent = take(&seen);
+        assert_eq!(sent.len(), if pg { 1 } else { 6 }, "pg {pg}: {sent:#?}");
+        assert!(out.stop.is_none() && !out.freed);
+        let a = db::attempts::find(&mut c, job.id, 1).unwrap().unwrap();
+        let j = db::jobs::get(&mut c, job.id).unwrap();
+        assert_eq!(
+            (a.state, j.state),
+            (AttemptStatus::Running, JobState::Running)
+        );
+        assert!(
+            a.started_at.is_some() && j.started_at == a.started_at,
+            "pg {pg}"
+        );
+        let running_rows = |c: &mut DbConn, id| {
+            db::jobs::events(c, id)
+                .unwrap()
+                .iter()
+                .filter(|e| e.message == "attempt 1 running" && e.state == JobState::Running)
+                .count()
+        };
+        assert_eq!(running_rows(&mut c, job.id), 1, "pg {pg}");
+
+        // Again: the attempt is running already, nothing moves, no second row.
+        let out = apply_report(
+            &mut c,
+            k.node.id,
+            &report(job, AttemptState::Running, None),
+            TIMING,
+        )
+        .unwrap();
+        assert!(out.stop.is_none());
+        assert_eq!(running_rows(&mut c, job.id), 1, "pg {pg}");
+
+        // From a node that does not run it: told to stop, and nothing moves.
+        let out = apply_report(
+            &mut c,
+            k.node.id + 1,
+            &report(other, AttemptState::Running, None),
+            TIMING,
+        )
+        .unwrap();
+        assert!(
+            matches!(
+                out.stop,
+                Some(PortalMsg::Stop {
+                    reason: StopReason::NotExpected,
+                    ..
+                })
+            ),
+            "pg {pg}: {:?}",
+            out.stop
+        );
+        let a = db::attempts::find(&mut c, other.id, 1).unwrap().unwrap();
+        assert_eq!(a.state, AttemptStatus::Starting, "pg {pg}");
+        assert_eq!(running_rows(&mut c, other.id), 0, "pg {pg}");
+    }
+}
