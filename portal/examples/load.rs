@@ -339,6 +339,7 @@ async fn main() {
             rate,
             pid,
             &name,
+            &url,
         )
         .await;
     }
@@ -383,7 +384,9 @@ async fn sustained(
     rate: Option<f64>,
     pid: u32,
     db: &str,
+    db_url: &str,
 ) {
+    let jobs_before = count_jobs(db_url);
     let (c0, _) = usage(pid);
     let db0 = db_cpu(db);
     let m0 = scrape(url).await;
@@ -408,6 +411,17 @@ async fn sustained(
     if let Some(e) = s.errors.first() {
         println!("   first error: {e}");
     }
+    // Nothing accepted is lost, and nothing refused or failed in flight was stored.
+    let stored = count_jobs(db_url) - jobs_before;
+    println!(
+        "   jobs stored: {stored} for {} accepted{}",
+        s.jobs.len(),
+        if stored == s.jobs.len() as i64 {
+            ""
+        } else {
+            " (MISMATCH)"
+        }
+    );
     println!("   p99 by 10-s window of sending: {}", by_window(&s));
     let d = |k: &str| total(&m1, k) - total(&m0, k);
     let route = "method=\"POST\",route=\"/api/v1/jobs\",status=\"201\"";
@@ -521,6 +535,21 @@ fn bucket_quantile(
         .into_iter()
         .find(|(_, n)| *n >= q * total && total > 0.0)
         .map(|(le, _)| le)
+}
+
+/// Jobs in the database at `url`.
+fn count_jobs(url: &str) -> i64 {
+    use diesel::{Connection, RunQueryDsl};
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut c = diesel::PgConnection::establish(url).unwrap();
+    diesel::sql_query("SELECT count(*) AS n FROM jobs")
+        .get_result::<N>(&mut c)
+        .unwrap()
+        .n
 }
 
 /// The p99 latency of the submissions sent in each 10-s window, in order: where a tail

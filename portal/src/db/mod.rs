@@ -5,7 +5,10 @@
 //! - Migrations are embedded and applied at start, per backend.
 //! - SQLite runs with WAL, foreign keys on and a busy timeout, through a pool of one
 //!   connection: SQLite serialises writers anyway, and one connection rules out
-//!   `database is locked` errors under load.
+//!   `database is locked` errors under load. PostgreSQL gets `database_pool_size`
+//!   connections (16 by default): with `fsync` on, concurrent commits share their WAL
+//!   flushes, and the load test measured 594-645 submissions/s with a pool of 8 against
+//!   803-1,143/s with 32.
 //! - Blocking diesel calls run on the blocking thread pool ([`Db::run`]), never on the
 //!   async executor.
 
@@ -132,7 +135,7 @@ pub fn run_migrations(conn: &mut DbConn) -> Result<(), DbError> {
 }
 
 /// Connections to PostgreSQL by default (`database_pool_size`).
-pub const DEFAULT_POOL_SIZE: u32 = 8;
+pub const DEFAULT_POOL_SIZE: u32 = 16;
 
 /// A pool of connections and the way to use them from async code.
 #[derive(Clone)]

@@ -325,7 +325,7 @@ pub async fn submit_at(
                         out.errors
                             .push(format!("{status}: {}", r.text().await.unwrap_or_default()))
                     }
-                    Err(e) => out.errors.push(e.to_string()),
+                    Err(e) => out.errors.push(chain(&e)),
                 }
             }
             out
@@ -342,6 +342,18 @@ pub async fn submit_at(
 }
 
 /// The `q` quantile (0..=1) of some durations, nearest rank.
+/// An error with its causes ("error sending request" alone says nothing).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
+
 pub fn percentile(mut v: Vec<Duration>, q: f64) -> Duration {
     if v.is_empty() {
         return Duration::ZERO;
