@@ -338,7 +338,6 @@ async fn main() {
             concurrency,
             rate,
             pid,
-            &name,
             &url,
         )
         .await;
@@ -383,9 +382,9 @@ async fn sustained(
     concurrency: usize,
     rate: Option<f64>,
     pid: u32,
-    db: &str,
     db_url: &str,
 ) {
+    let db = db_url.rsplit('/').next().unwrap_or(db_url);
     let jobs_before = count_jobs(db_url);
     let (c0, _) = usage(pid);
     let db0 = db_cpu(db);
