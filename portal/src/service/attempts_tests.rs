@@ -17,6 +17,11 @@ fn report(job: &Job, state: AttemptState, stop: Option<StopReason>) -> AttemptRe
     }
 }
 
+/// The agent reports attempt 1 of `job` running on `node`.
+fn running(c: &mut DbConn, node: i64, job: &Job) -> ReportOutcome {
+    apply_report(c, node, &report(job, AttemptState::Running, None), TIMING).unwrap()
+}
+
 #[test]
 fn a_start_that_crosses_the_hello_is_delivered_again_not_lost() {
     let (_d, mut c) = sqlite();
@@ -36,13 +41,7 @@ fn a_start_that_crosses_the_hello_is_delivered_again_not_lost() {
         "{again:?}"
     );
     // Once running, an attempt the agent no longer has is lost and requeued.
-    apply_report(
-        &mut c,
-        k.node.id,
-        &report(job, AttemptState::Running, None),
-        TIMING,
-    )
-    .unwrap();
+    running(&mut c, k.node.id, job);
     assert!(reconcile_missing(&mut c, k.node.id, &[]).unwrap());
     assert_eq!(
         db::jobs::get(&mut c, job.id).unwrap().state,
@@ -61,13 +60,7 @@ fn stop_reasons_decide_requeue_or_end() {
         let k = campus(&mut c, 1);
         let job = &k.jobs[0];
         let t = TIMING;
-        apply_report(
-            &mut c,
-            k.node.id,
-            &report(job, AttemptState::Running, None),
-            t,
-        )
-        .unwrap();
+        running(&mut c, k.node.id, job);
         let out = apply_report(
             &mut c,
             k.node.id,
@@ -86,13 +79,7 @@ fn a_preempted_guest_gets_its_grace_on_every_path() {
     let k = campus(&mut c, 2);
     let t = TIMING;
     for j in &k.jobs {
-        apply_report(
-            &mut c,
-            k.node.id,
-            &report(j, AttemptState::Running, None),
-            t,
-        )
-        .unwrap();
+        running(&mut c, k.node.id, j);
     }
     // Job 0 is being preempted, job 1 cancelled.
     let a0 = db::attempts::find(&mut c, k.jobs[0].id, 1)
@@ -125,13 +112,7 @@ fn a_preempted_guest_gets_its_grace_on_every_path() {
     let stops = pending_stops(&mut c, k.node.id, t).unwrap();
     assert_eq!(grace(&stops, k.jobs[0].id), (77, StopReason::Preempted));
     // In a heartbeat that still reports it running.
-    let out = apply_report(
-        &mut c,
-        k.node.id,
-        &report(&k.jobs[0], AttemptState::Running, None),
-        t,
-    )
-    .unwrap();
+    let out = running(&mut c, k.node.id, &k.jobs[0]);
     assert_eq!(
         grace(out.stop.as_slice(), k.jobs[0].id),
         (77, StopReason::Preempted)
@@ -204,24 +185,12 @@ fn a_running_report_moves_its_job_once_and_keeps_the_first_start() {
     let (_d, mut c) = sqlite();
     let k = campus(&mut c, 1);
     let job = &k.jobs[0];
-    apply_report(
-        &mut c,
-        k.node.id,
-        &report(job, AttemptState::Running, None),
-        TIMING,
-    )
-    .unwrap();
+    running(&mut c, k.node.id, job);
     let j = db::jobs::get(&mut c, job.id).unwrap();
     assert_eq!(j.state, JobState::Running);
     let first = j.started_at.expect("a first start");
     // Reported again: nothing moves, no second history row.
-    apply_report(
-        &mut c,
-        k.node.id,
-        &report(job, AttemptState::Running, None),
-        TIMING,
-    )
-    .unwrap();
+    running(&mut c, k.node.id, job);
     let events = db::jobs::events(&mut c, job.id).unwrap();
     assert_eq!(
         events
@@ -262,13 +231,7 @@ fn a_running_report_is_one_statement_on_postgres_and_the_same_on_both() {
         let k = campus(&mut c, 2);
         let (job, other) = (&k.jobs[0], &k.jobs[1]);
         let seen = statements(&mut c);
-        let out = apply_report(
-            &mut c,
-            k.node.id,
-            &report(job, AttemptState::Running, None),
-            TIMING,
-        )
-        .unwrap();
+        let out = running(&mut c, k.node.id, job);
         let sent = take(&seen);
         assert_eq!(sent.len(), if pg { 1 } else { 6 }, "pg {pg}: {sent:#?}");
         assert!(out.stop.is_none() && !out.freed);
@@ -292,24 +255,12 @@ fn a_running_report_is_one_statement_on_postgres_and_the_same_on_both() {
         assert_eq!(running_rows(&mut c, job.id), 1, "pg {pg}");
 
         // Again: the attempt is running already, nothing moves, no second row.
-        let out = apply_report(
-            &mut c,
-            k.node.id,
-            &report(job, AttemptState::Running, None),
-            TIMING,
-        )
-        .unwrap();
+        let out = running(&mut c, k.node.id, job);
         assert!(out.stop.is_none());
         assert_eq!(running_rows(&mut c, job.id), 1, "pg {pg}");
 
         // From a node that does not run it: told to stop, and nothing moves.
-        let out = apply_report(
-            &mut c,
-            k.node.id + 1,
-            &report(other, AttemptState::Running, None),
-            TIMING,
-        )
-        .unwrap();
+        let out = running(&mut c, k.node.id + 1, other);
         assert!(
             matches!(
                 out.stop,
