@@ -231,6 +231,8 @@ fn main() -> anyhow::Result<()> {
                 allow_pull,
                 require_signed: require_signed_images,
                 authority_keys,
+                // Set from the node's credential once it is known (the session).
+                own_lab: None,
             };
             let hostname = name.unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")

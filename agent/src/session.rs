@@ -63,7 +63,11 @@ async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> 
         })
         .await
         .context("setting up the guests' network")?
-        .with_images(config.images.clone());
+        .with_images(crate::runtime::images::ImagePolicy {
+            // This server's own lab: its own allow-list entries may use local images.
+            own_lab: Some(cred.lab.clone()),
+            ..config.images.clone()
+        });
     let program = guard::default_program();
     if program.is_none() {
         tracing::warn!(

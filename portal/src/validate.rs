@@ -48,6 +48,8 @@ pub struct ValidJob {
     /// here, which know nothing of the allow-list).
     pub image_digest: Option<String>,
     pub image_signature: Option<String>,
+    /// The pin came from the campus allow-list (not the lab's own).
+    pub image_campus: bool,
 }
 
 /// Checks a request against the rules and the labs the user belongs to (slug -> id).
@@ -103,6 +105,7 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         shm_mb: req.shm_mb,
         image_digest: None,
         image_signature: None,
+        image_campus: false,
     })
 }
 

@@ -45,7 +45,11 @@ pub use relay::RelayOpen;
 /// 3: `JobSpec::image_digest` (and `image_signature`): the agent runs the image only if
 /// its local ID equals the pin. An agent of protocol 2 would ignore the pin and run the
 /// tag, so the portal refuses it (upgrade agents before or with the portal).
-pub const PROTOCOL_VERSION: u32 = 3;
+///
+/// 4: `JobSpec::image_campus` (a lab's own allow-list entry runs from a local image on
+/// that lab's servers only) and the hardening round's other fields; an agent of protocol
+/// 3 would run another lab's private local image for a guest, so it is refused.
+pub const PROTOCOL_VERSION: u32 = 4;
 /// One-time enrolment: `POST` an [`EnrolRequest`], get an [`EnrolResponse`].
 pub const ENROL_PATH: &str = "/api/agent/v1/enrol";
 /// The agent's WebSocket, authenticated with `Authorization: Bearer <node credential>`.
@@ -347,6 +351,13 @@ pub struct JobSpec {
     /// `gpu-commons-image-v1 IMAGE@DIGEST`), for nodes that check signatures themselves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_signature: Option<String>,
+    /// The pin is the campus allow-list's. Absent or false: it is the allow-list of
+    /// `lab` (the job's lab), which vouches for images on that lab's own servers only: on
+    /// another lab's server the agent runs such an image only when it pulls it there by
+    /// digest from a registry the server allows, never a copy that merely sits in the
+    /// server's engine (its owners may keep private images there).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub image_campus: bool,
 }
 
 fn is_false(b: &bool) -> bool {

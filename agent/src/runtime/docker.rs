@@ -230,9 +230,21 @@ impl DockerRuntime {
 
 impl DockerRuntime {
     /// The image ID to create the container from, after the checks of `images` (pin,
-    /// signature, local ID, pulls only where allowed and only by digest).
+    /// signature, whose pins a local copy serves, local ID, pulls only where allowed and
+    /// only by digest).
     async fn resolve_image(&self, spec: &JobSpec) -> Result<String, RuntimeError> {
         let pin = self.images.check_spec(spec)?;
+        if !self.images.local_ok(spec) {
+            // Another lab's own entry: never look at (or reveal) what this engine holds.
+            if !self.images.may_pull(&spec.image) {
+                return Err(RuntimeError::NotSharedHere {
+                    image: spec.image.clone(),
+                    lab: spec.lab.clone().unwrap_or_else(|| "another".into()),
+                    registry: images::registry_of(&spec.image).to_string(),
+                });
+            }
+            return self.pull_by_digest(spec, pin).await;
+        }
         match self.docker.inspect_image(&spec.image).await {
             Ok(info) => {
                 let local = info.id.unwrap_or_default();
@@ -247,6 +259,12 @@ impl DockerRuntime {
         if !self.images.may_pull(&spec.image) {
             return Err(RuntimeError::ImageMissing(spec.image.clone()));
         }
+        self.pull_by_digest(spec, pin).await
+    }
+
+    /// Pulls `REPOSITORY@pin` from the image's registry (the caller checked the node
+    /// allows it) and answers the pulled image's ID, once it is shown to be the pin.
+    async fn pull_by_digest(&self, spec: &JobSpec, pin: &str) -> Result<String, RuntimeError> {
         let by_digest = format!("{}@{pin}", images::repository_of(&spec.image));
         tracing::info!(image = %by_digest, "pulling an allowed image by digest");
         let mut pull = self.docker.create_image(
@@ -266,7 +284,12 @@ impl DockerRuntime {
             .await
             .map_err(|e| RuntimeError::PullFailed(by_digest.clone(), e.to_string()))?;
         let local = info.id.unwrap_or_default();
-        images::compare(&spec.image, &local, pin)?;
+        let digests = info.repo_digests.unwrap_or_default();
+        if !images::pulled_is_pin(&local, &digests, &by_digest, pin) {
+            // Neither its ID nor a registry digest of this pull: refused, as a local
+            // image that is not the pin is.
+            images::compare(&spec.image, &local, pin)?;
+        }
         Ok(local)
     }
 }
@@ -575,6 +598,7 @@ mod tests {
             grace_s: None,
             image_digest: None,
             image_signature: None,
+            image_campus: true,
         }
     }
 

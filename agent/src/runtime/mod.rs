@@ -42,11 +42,13 @@ pub const LABEL_AGENT: &str = "commons.agent";
 pub enum RuntimeError {
     #[error("the image {0} is missing on this server: it is not on this server's Docker Engine, and this node does not pull from its registry (a lab admin loads the allowed image, or lets the node pull it with --allow-pull REGISTRY)")]
     ImageMissing(String),
-    #[error("the local image {image} was changed: {local} ≠ pinned {pinned} (the lab admin loads the allowed image again, or updates the allow-list entry)")]
-    ImageChanged {
+    #[error("the local image {image} is not the one the allow-list pins ({pinned}) (the lab admin loads the allowed image again, or updates the allow-list entry)")]
+    ImageChanged { image: String, pinned: String },
+    #[error("the image {image} is allowed by lab {lab}'s own allow-list, which serves that lab's servers: on this server (another lab's) it runs only when pulled by digest from a registry this server allows (--allow-pull), and {registry} is not one of them; ask an operator to allow the image campus-wide, or this server's admins to allow pulls from {registry}")]
+    NotSharedHere {
         image: String,
-        local: String,
-        pinned: String,
+        lab: String,
+        registry: String,
     },
     #[error("the image {0} has no pinned digest from the allow-list; this agent runs allow-listed images only")]
     ImageNotPinned(String),

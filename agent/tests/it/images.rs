@@ -1,8 +1,11 @@
 //! The agent's image checks against the real Docker Engine: the pin must equal the local
 //! image ID (a retagged image is refused and nothing of it runs), the container is made
 //! from the ID, missing images are pulled only from allowed registries and only by
-//! digest, and a node that requires signatures checks them with its own keys.
+//! digest, and a node that requires signatures checks them with its own keys. A guest's
+//! image pinned by its own lab's allow-list never runs from this server's local copy: it
+//! is pulled by digest from a real registry ([`crate::registry`]) or refused.
 
+use super::registry::Registry;
 use super::{final_event, guard_exe, lease_from_hello, local_id, new_agent_id, spec};
 use commons_agent::executor::Executor;
 use commons_agent::runtime::images::ImagePolicy;
@@ -100,7 +103,8 @@ async fn a_retagged_image_is_refused_and_the_pinned_one_runs_by_id() {
         lease_from_hello(&exec, 3600),
     );
     let mut config_image = String::new();
-    for _ in 0..50 {
+    // Up to 60 s: a busy machine may take its time to create the container.
+    for _ in 0..600 {
         if let Some(c) = rt.list().await.unwrap().first() {
             let out = Command::new("docker")
                 .args(["inspect", "--format", "{{.Config.Image}}", &c.id])
@@ -131,9 +135,14 @@ async fn a_retagged_image_is_refused_and_the_pinned_one_runs_by_id() {
     assert_eq!(end.state, AttemptState::Failed, "{end:?}");
     let reason = end.reason.unwrap_or_default();
     assert!(
-        reason.contains(&format!("the local image {tag} was changed"))
-            && reason.contains(&format!("{other} ≠ pinned {pinned_id}")),
+        reason.contains(&format!(
+            "the local image {tag} is not the one the allow-list pins ({pinned_id})"
+        )),
         "{reason}"
+    );
+    assert!(
+        !reason.contains(other.trim_start_matches("sha256:")),
+        "the reason, which the job's user reads, never tells the local ID: {reason}"
     );
     assert!(!end.logs.contains("swapped"), "{:?}", end.logs);
     assert!(rt.list().await.unwrap().is_empty(), "no container made");
@@ -315,4 +324,141 @@ async fn a_node_that_requires_signatures_checks_them_with_its_own_keys() {
         assert!(!end.logs.contains("signed-and-running"));
     }
     assert!(rt.list().await.unwrap().is_empty());
+}
+
+/// A guest's job (lab physics) on a vision server, its image pinned by physics' own
+/// allow-list entry.
+fn guest_of_physics(image: &str, digest: &str, cmd: &str) -> JobSpec {
+    let mut s = pinned(image, digest, cmd);
+    s.image_campus = false;
+    s.guest = true;
+    s.lab = Some("physics".into());
+    s
+}
+
+fn vision_server(allow_pull: Vec<String>) -> ImagePolicy {
+    ImagePolicy {
+        allow_pull,
+        own_lab: Some("vision".into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guests_lab_entry_never_runs_the_servers_local_copy() {
+    let tag = format!("commons-private-{:08x}:v1", rand::random::<u32>());
+    let id = build(&tag, "vision's private files");
+    let _clean = Cleanup(vec![tag.clone(), id.clone()]);
+    // Pulls allowed from Docker Hub, where a local name like this one lives: the pull
+    // by digest is tried and fails (nothing there, no network), and the local copy is
+    // still not used.
+    for (job, policy, why) in [
+        (1, vision_server(vec![]), "is not one of them"),
+        (
+            2,
+            vision_server(vec!["docker.io".into()]),
+            "by digest failed",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (exec, mut rx, rt) = agent_with(dir.path(), policy).await;
+        let zero = format!("sha256:{}", "0".repeat(64));
+        for (attempt, pin) in [(1, &zero), (2, &id)] {
+            exec.start(
+                job,
+                attempt,
+                guest_of_physics(&tag, pin, "cat /marker"),
+                vec![],
+                lease_from_hello(&exec, 3600),
+            );
+            let end = final_event(&mut rx).await;
+            assert_eq!(end.state, AttemptState::Failed, "{end:?}");
+            let reason = end.reason.unwrap_or_default();
+            assert!(reason.contains(why), "job {job}: {reason}");
+            if pin == &zero {
+                assert!(
+                    !reason.contains(id.trim_start_matches("sha256:")),
+                    "the local ID is never told: {reason}"
+                );
+            }
+            assert!(!end.logs.contains("private"), "{:?}", end.logs);
+            assert!(rt.list().await.unwrap().is_empty(), "no container made");
+        }
+    }
+    assert_eq!(containers_of(&id), "", "nothing of the private image ran");
+
+    // The same entry for the server's own lab runs from the local copy.
+    let dir = tempfile::tempdir().unwrap();
+    let (exec, mut rx, _rt) = agent_with(dir.path(), vision_server(vec![])).await;
+    let mut own = guest_of_physics(&tag, &id, "cat /marker");
+    own.guest = false;
+    own.lab = Some("vision".into());
+    exec.start(9, 1, own, vec![], lease_from_hello(&exec, 3600));
+    let end = final_event(&mut rx).await;
+    assert_eq!(end.state, AttemptState::Exited, "{end:?}");
+    assert!(
+        end.logs.contains("vision's private files"),
+        "{:?}",
+        end.logs
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guests_lab_entry_runs_when_pulled_by_its_registry_digest() {
+    let registry = Registry::start();
+    let tag = format!(
+        "{}/commons-shared-{:08x}:v1",
+        registry.host,
+        rand::random::<u32>()
+    );
+    let id = build(&tag, "physics' published image");
+    let manifest = registry.push(&tag);
+    let repo = tag.rsplit_once(':').unwrap().0.to_string();
+    let _clean = Cleanup(vec![format!("{repo}@{manifest}"), tag.clone(), id.clone()]);
+    // Gone from the engine: only the registry has it now.
+    let out = Command::new("docker").args(["rmi", &tag]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let (exec, mut rx, _rt) =
+        agent_with(dir.path(), vision_server(vec![registry.host.clone()])).await;
+    exec.start(
+        1,
+        1,
+        guest_of_physics(&tag, &manifest, "cat /marker"),
+        vec![],
+        lease_from_hello(&exec, 3600),
+    );
+    let end = final_event(&mut rx).await;
+    assert_eq!(end.state, AttemptState::Exited, "{end:?}");
+    assert!(
+        end.logs.contains("physics' published image"),
+        "{:?}",
+        end.logs
+    );
+    assert_eq!(
+        local_id(&format!("{repo}@{manifest}")),
+        id,
+        "pulled by digest"
+    );
+
+    // The image now sits in this engine with the ID `id`. A pin of that ID (not a
+    // registry digest) is still not served from the local copy: the pull by it fails.
+    exec.start(
+        2,
+        1,
+        guest_of_physics(&tag, &id, "cat /marker"),
+        vec![],
+        lease_from_hello(&exec, 3600),
+    );
+    let end = final_event(&mut rx).await;
+    assert_eq!(end.state, AttemptState::Failed, "{end:?}");
+    assert!(
+        end.reason.unwrap_or_default().contains("by digest failed"),
+        "refused"
+    );
 }

@@ -19,6 +19,7 @@ mod images;
 mod portal_double;
 mod reconcile;
 mod reconcile_checkpoints;
+mod registry;
 mod restart;
 
 use commons_agent::executor::Executor;
@@ -65,6 +66,7 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
     JobSpec {
         image_digest: Some(local_id("commons-demo:latest")),
         image_signature: None,
+        image_campus: true,
         image: "commons-demo:latest".into(),
         command: vec!["sh".into(), "-c".into(), cmd.into()],
         env: Default::default(),

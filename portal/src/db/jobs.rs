@@ -54,14 +54,14 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
     if let DbConn::Pg(pg) = c {
         // PostgreSQL: the job and its history row in one statement (atomic by itself),
         // one round trip instead of four (BEGIN, two INSERTs, COMMIT).
-        use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text, Timestamp};
+        use diesel::sql_types::{BigInt, Bool, Double, Integer, Nullable, Text, Timestamp};
         return Ok(diesel::sql_query(format!(
             "WITH j AS (INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, \
                  gpu_models, min_gpu_memory_mb, cpus, memory_mb, time_limit_s, \
-                 checkpoint_interval_s, shm_mb, image_digest, image_signature, kind, state, \
-                 reason, created_at) \
+                 checkpoint_interval_s, shm_mb, image_digest, image_signature, image_campus, kind, \
+                 state, reason, created_at) \
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                 $16, '{queued}', $17, $18) RETURNING *), \
+                 $16, $17, '{queued}', $18, $19) RETURNING *), \
              e AS (INSERT INTO job_events (job_id, at, state, message) \
                SELECT id, created_at, state, 'submitted' FROM j) \
              SELECT * FROM j",
@@ -82,6 +82,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
         .bind::<Nullable<BigInt>, _>(v.shm_mb)
         .bind::<Nullable<Text>, _>(&v.image_digest)
         .bind::<Nullable<Text>, _>(&v.image_signature)
+        .bind::<Bool, _>(v.image_campus)
         .bind::<Text, _>(v.kind)
         .bind::<Text, _>(reason)
         .bind::<Timestamp, _>(created_at)
@@ -104,6 +105,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
             jobs::shm_mb.eq(v.shm_mb),
             jobs::image_digest.eq(&v.image_digest),
             jobs::image_signature.eq(&v.image_signature),
+            jobs::image_campus.eq(v.image_campus),
             jobs::kind.eq(v.kind),
             jobs::state.eq(JobState::Queued),
             jobs::reason.eq(Some(reason)),

@@ -178,6 +178,9 @@ pub struct Job {
     pub image_digest: Option<String>,
     /// The allow-list entry's signature, if it had one (the agent may check it again).
     pub image_signature: Option<String>,
+    /// The pin is the campus allow-list's; false: the job's lab's own entry, which runs
+    /// from a local image on that lab's servers only.
+    pub image_campus: bool,
 }
 
 impl Job {

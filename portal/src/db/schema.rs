@@ -149,6 +149,7 @@ diesel::table! {
         estimated_start_at -> Nullable<Timestamp>,
         image_digest -> Nullable<Text>,
         image_signature -> Nullable<Text>,
+        image_campus -> Bool,
     }
 }
 

@@ -46,6 +46,7 @@ fn store(c: &mut DbConn, user: i64, lab: &Lab, mut valid: ValidJob) -> Result<Jo
     valid.image = pin.name_tag;
     valid.image_digest = Some(pin.digest);
     valid.image_signature = pin.signature;
+    valid.image_campus = pin.lab_id.is_none();
     let job = db::jobs::insert(c, user, &valid)?;
     Ok(new_job_view(&job, &lab.slug))
 }

@@ -20,6 +20,7 @@ mod fuzzkit;
 mod ha;
 mod harness;
 mod images;
+mod images_cross_lab;
 mod interactive;
 mod jobs;
 mod leases;
