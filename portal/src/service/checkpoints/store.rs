@@ -16,6 +16,9 @@
 //!   Two objects for one part number (a crash between the two) count as no part at all.
 //! - Every write is a single atomic PUT (parts are at most `part_mb`).
 //! - A local store's directory is made on first use, not at start.
+//! - A local store keeps a free-space floor on its filesystem ([`Store::check_room`],
+//!   `statvfs`): the store sits beside the SQLite file by default, and a disk filled by
+//!   checkpoints would stop the database too. S3 has no floor here (the bucket's quotas).
 
 use crate::config::{CheckpointLocation, Config};
 use crate::error::AppError;
