@@ -1,6 +1,7 @@
 //! Gaps found in review, one test each: what another site's page could make a signed-in
-//! browser do through the JSON API, and the headers that keep the pages from being framed
-//! or sniffed.
+//! browser do through the JSON API, the headers that keep the pages from being framed
+//! or sniffed, and what a rogue agent can write (only into the attempt placed on its
+//! node now).
 
 use crate::harness::{wait_for, Backend, TestPortal, BACKENDS};
 use crate::web::{hidden_csrf, logged_in};

@@ -5,6 +5,7 @@
 
 use super::*;
 use commons_portal::config::CheckpointsConfig;
+use std::process::Command;
 
 /// 40 kB parts: the caps below are a few of them.
 const PART: usize = 40_000;
