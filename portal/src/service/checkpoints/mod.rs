@@ -33,7 +33,7 @@ mod caps;
 mod prune;
 pub mod store;
 
-use crate::db::checkpoint_parts as staged;
+use crate::db::checkpoint_parts as staging;
 use crate::db::checkpoints::{self as rows, Checkpoint, NewCheckpoint};
 use crate::db::{self, DbConn};
 use crate::domain::AttemptStatus;
@@ -110,6 +110,7 @@ pub async fn put_part(
     sha256: Option<&str>,
     data: Bytes,
 ) -> Result<CheckpointPart, AppError> {
+    // Another node's (or a past) attempt is "not found" before anything else is said.
     ctx.db.run(move |c| uploader(c, node, job, attempt)).await?;
     let limits = ctx.checkpoints.limits();
     let claimed = checksum(
@@ -198,7 +199,7 @@ pub async fn put_part(
     let (key, sha) = (up.key(), part.sha256.clone());
     if !ctx
         .db
-        .run(move |c| staged::is_staged(c, key, n, &sha))
+        .run(move |c| staging::is_staged(c, key, n, &sha))
         .await?
     {
         ctx.checkpoints.delete(&path).await?;
@@ -289,7 +290,7 @@ struct Recorded {
 /// held, as when parts are staged or uploads pruned.
 fn record(c: &mut DbConn, limits: Limits, new: &NewCheckpoint<'_>) -> Result<Recorded, AppError> {
     db::transaction(c, |c| {
-        staged::lock_lab(c, new.lab_id)?;
+        staging::lock_lab(c, new.lab_id)?;
         uploader(c, new.node_id, new.job_id, new.attempt)?;
         let existing = rows::for_job(c, new.job_id)?;
         let keep = limits.keep_per_job.max(1) as usize;
@@ -324,7 +325,7 @@ fn record(c: &mut DbConn, limits: Limits, new: &NewCheckpoint<'_>) -> Result<Rec
             ));
         }
         let row = rows::insert(c, new)?;
-        staged::unstage_upload(c, (new.job_id, new.attempt, new.seq))?;
+        staging::unstage_upload(c, (new.job_id, new.attempt, new.seq))?;
         let ids: Vec<i64> = pruned.iter().map(|k| k.id).collect();
         rows::delete(c, &ids)?;
         Ok(Recorded { row, pruned })
