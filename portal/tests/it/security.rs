@@ -168,17 +168,17 @@ async fn lab_admins_see_their_labs_jobs_and_no_one_elses() {
     );
 }
 
-/// A rogue agent: a real node credential, speaking the protocol by hand.
-struct Rogue {
+/// An agent speaking the protocol by hand, with a real node credential.
+struct HandAgent {
     ws: tokio_tungstenite::WebSocketStream<
         tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
     >,
     seq: u64,
 }
 
-impl Rogue {
+impl HandAgent {
     /// Connects and says `Hello` with `gpus` (fake ones) and no attempts.
-    async fn connect(p: &TestPortal, credential: &str, gpus: u32) -> Rogue {
+    async fn connect(p: &TestPortal, credential: &str, gpus: u32) -> HandAgent {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         let mut req = format!(
             "{}{}",
@@ -192,7 +192,7 @@ impl Rogue {
             format!("Bearer {credential}").parse().unwrap(),
         );
         let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
-        let mut rogue = Rogue { ws, seq: 1 };
+        let mut rogue = HandAgent { ws, seq: 1 };
         let gpus = (0..gpus)
             .map(|i| commons_proto::GpuInfo {
                 uuid: format!("GPU-fake-rogue-{i}"),
@@ -281,6 +281,60 @@ fn event(job: i64, attempt: i32, state: AttemptState) -> AgentMsg {
     }
 }
 
+/// A node of `lab` enrolled through the API: its credential.
+async fn enrol(p: &TestPortal, lab: &str, host: &str) -> String {
+    let enrolled: serde_json::Value = p
+        .http
+        .post(format!("{}{}", p.url, commons_proto::ENROL_PATH))
+        .json(&json!({"token": p.enrol_token(lab), "hostname": host, "agent_version": "0.1.0"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    enrolled["credential"].as_str().unwrap().to_string()
+}
+
+/// An honest agent's last lines may reach the portal after its report of the end (a
+/// heartbeat carrying the end overtook them, or the link was down): they are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_last_lines_after_its_report_of_the_end_are_kept() {
+    let p = TestPortal::start(Backend::Sqlite).await;
+    let credential = enrol(&p, "vision", "by-hand").await;
+    let mut agent = HandAgent::connect(&p, &credential, 1).await;
+    let id = p
+        .submit(
+            &p.alice,
+            json!({"image": "commons-demo:latest", "command": ["true"], "gpus": 1, "time_limit_minutes": 5}),
+        )
+        .await;
+    agent
+        .until(
+            "the Start of attempt 1",
+            |m| matches!(m, PortalMsg::Start { job, attempt: 1, .. } if *job == id),
+        )
+        .await;
+    agent.send(event(id, 1, AttemptState::Running)).await;
+    let exited = AttemptReport {
+        job: id,
+        attempt: 1,
+        state: AttemptState::Exited,
+        exit_code: Some(0),
+        stop: None,
+        reason: None,
+    };
+    agent.handled(vec![exited]).await;
+    assert_eq!(p.job(&p.alice, id).await["state"], "succeeded");
+    agent
+        .send(logs(id, 1, "the last line, after the end"))
+        .await;
+    agent.handled(vec![]).await;
+    let log = p.logs(&p.alice, id).await;
+    assert!(log.contains("the last line, after the end"), "{log}");
+    p.stop().await;
+}
+
 /// A rogue agent (a real credential) writes only into the attempt placed on its node now.
 /// It runs attempt 1 of a job, goes away, and comes back once a real agent runs attempt 2;
 /// then its late output for attempt 1, its output and events for attempt 2 (another
@@ -291,18 +345,8 @@ fn event(job: i64, attempt: i32, state: AttemptState) -> AgentMsg {
 async fn a_rogue_agent_writes_only_into_the_attempt_placed_on_its_node_now() {
     for backend in BACKENDS {
         let p = TestPortal::start(backend).await;
-        let enrolled: serde_json::Value = p
-            .http
-            .post(format!("{}{}", p.url, commons_proto::ENROL_PATH))
-            .json(&json!({"token": p.enrol_token("vision"), "hostname": "rogue", "agent_version": "0.1.0"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let credential = enrolled["credential"].as_str().unwrap().to_string();
-        let mut rogue = Rogue::connect(&p, &credential, 1).await;
+        let credential = enrol(&p, "vision", "rogue").await;
+        let mut rogue = HandAgent::connect(&p, &credential, 1).await;
         let id = p
             .submit(
                 &p.alice,
@@ -357,7 +401,7 @@ async fn a_rogue_agent_writes_only_into_the_attempt_placed_on_its_node_now() {
 
         // Back, the rogue writes for the attempt it held before, and for the one it never
         // held: output, the job's end, a start.
-        let mut rogue = Rogue::connect(&p, &credential, 0).await;
+        let mut rogue = HandAgent::connect(&p, &credential, 0).await;
         rogue
             .send(logs(id, 1, "late output of an old attempt"))
             .await;
