@@ -35,6 +35,9 @@ pub enum AppError {
     /// A service we depend on is down; the message says which, in user words.
     #[error("{0}")]
     Unavailable(String),
+    /// Storage we write to is at its floor (507); the message gives the figures.
+    #[error("{0}")]
+    InsufficientStorage(String),
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
 }
@@ -68,6 +71,7 @@ impl AppError {
             AppError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AppError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -82,6 +86,7 @@ impl AppError {
             AppError::TooLarge(_) => "too_large",
             AppError::UnsupportedMediaType(_) => "unsupported_media_type",
             AppError::Unavailable(_) => "unavailable",
+            AppError::InsufficientStorage(_) => "insufficient_storage",
             AppError::Internal(_) => "internal",
         }
     }

@@ -3,10 +3,11 @@
 //! credential as a Bearer token.
 //!
 //! Each call is one request; retrying is the caller's ([`super::upload`]), guided by
-//! [`ApiError::is_final`]: the portal's refusals (409 `checkpoint_cap`, `job_ended`,
-//! `checkpoint_superseded`; 404 for an attempt this node no longer holds; 401/403) are
-//! final, while unreachable portals, 5xx, and damage on the way (422 for a part, a
-//! download whose checksum does not match) are worth another try.
+//! [`ApiError::is_final`]: the portal's refusals (409 `checkpoint_cap`,
+//! `checkpoint_attempt_cap`, `job_ended`, `checkpoint_superseded`; 404 for an attempt this
+//! node no longer holds; 401/403) are final, while unreachable portals, 5xx (507: the
+//! store is at its free-space floor), and damage on the way (422 for a part, a download
+//! whose checksum does not match) are worth another try.
 //!
 //! Invariants: the credential never appears in `Debug` output or errors; a download is
 //! streamed to a file and hashed on the way, and is only ever used once its size and
@@ -322,6 +323,8 @@ mod tests {
             message: "m".into(),
         };
         assert!(status(409, Some("checkpoint_cap")).is_final());
+        assert!(status(409, Some("checkpoint_attempt_cap")).is_final());
+        assert!(!status(507, Some("insufficient_storage")).is_final());
         assert!(status(404, None).is_final());
         assert!(status(401, None).is_final());
         assert!(!status(422, None).is_final());

@@ -54,6 +54,9 @@ fn refusal(e: &ApiError) -> String {
         (Some("checkpoint_cap"), ApiError::Status { message, .. }) => {
             format!("the lab's checkpoint storage is full ({message})")
         }
+        (Some("checkpoint_attempt_cap"), ApiError::Status { message, .. }) => {
+            format!("/checkpoint is larger than an attempt may store ({message})")
+        }
         _ => e.to_string(),
     }
 }
@@ -309,6 +312,23 @@ async fn upload_task<R: ContainerRuntime>(weak: Weak<Inner<R>>, key: Key) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cap_refusals_read_well() {
+        let over = |code: &str| ApiError::Status {
+            status: 409,
+            code: Some(code.into()),
+            message: "m".into(),
+        };
+        assert_eq!(
+            refusal(&over("checkpoint_attempt_cap")),
+            "/checkpoint is larger than an attempt may store (m)"
+        );
+        assert_eq!(
+            refusal(&over("checkpoint_cap")),
+            "the lab's checkpoint storage is full (m)"
+        );
+    }
 
     #[test]
     fn sizes_read_well() {

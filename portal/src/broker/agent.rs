@@ -4,9 +4,10 @@
 //! `AttemptEvent`s are applied in the order they happened.
 
 use crate::db::models::{AgentClock, Node};
-use crate::db::{jobs, nodes, now};
+use crate::db::{nodes, now};
 use crate::error::{ApiError, AppError};
 use crate::service::attempts::{self, Timing};
+use crate::service::output::{self, Verdict};
 use crate::service::samples::{self, Sampler};
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -258,6 +259,7 @@ async fn handle(
     let lease_ttl_s = state.config.scheduler.lease_ttl_s;
     // Leases count from when this message arrived (the agent counts from when it left).
     let received_at = now();
+    let metrics = state.metrics.clone();
     let (replies, wake) = state
         .db
         .run(move |c| -> Result<(Vec<PortalMsg>, bool), AppError> {
@@ -368,17 +370,23 @@ async fn handle(
                     job,
                     attempt,
                     chunk,
-                } => {
-                    // Only the node that runs (or ran) an attempt writes its output.
-                    let ours = crate::db::attempts::find(c, job, attempt)?
-                        .is_some_and(|a| a.node_id == node);
-                    if !ours {
+                } => match output::append(c, node, job, attempt, &chunk, received_at)? {
+                    Verdict::Written => {}
+                    Verdict::Over => {
+                        metrics.agent_messages_refused.inc();
+                        tracing::debug!(
+                            node,
+                            job,
+                            attempt,
+                            "output of an attempt that is over dropped"
+                        );
+                    }
+                    Verdict::Foreign => {
                         return Err(AppError::Forbidden(format!(
                             "output for job {job} attempt {attempt}, which this node does not run"
                         )));
                     }
-                    jobs::append_log(c, job, attempt, &chunk)?
-                }
+                },
             }
             Ok((replies, wake))
         })

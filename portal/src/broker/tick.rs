@@ -36,7 +36,8 @@ use commons_proto::{PortalMsg, StopReason};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// How often the leader prunes the checkpoints of jobs that ended (it lists the store).
+/// How often the leader prunes the checkpoints of jobs that ended (it lists the store)
+/// and the uploads of attempts no longer placed (so those go within 10 minutes).
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
 /// How often the waiting jobs' places and estimates are written when only they moved
@@ -151,6 +152,9 @@ pub async fn run(state: AppState) {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(jobs = n, "checkpoints of ended jobs pruned"),
                     Err(e) => tracing::error!("pruning checkpoints failed: {e:#}"),
+                }
+                if let Err(e) = crate::service::checkpoints::prune_abandoned(&state).await {
+                    tracing::error!("removing abandoned checkpoint uploads failed: {e:#}");
                 }
             }
             if more {

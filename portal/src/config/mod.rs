@@ -332,6 +332,26 @@ mod tests {
         assert!(!format!("{c:?}").contains("very-secret"));
         c.checkpoints.keep_per_job = 0;
         assert!(c.validate().is_err());
+        c.checkpoints.keep_per_job = 2;
+        for (attempt_cap_gb, min_free_gb, min_free_percent, field) in [
+            (0.0, 2.0, 5.0, "attempt_cap_gb"),
+            (f64::NAN, 2.0, 5.0, "attempt_cap_gb"),
+            (20.0, -1.0, 5.0, "min_free_gb"),
+            (20.0, 2.0, 100.0, "min_free_percent"),
+            (20.0, 2.0, -0.5, "min_free_percent"),
+        ] {
+            c.checkpoints.attempt_cap_gb = attempt_cap_gb;
+            c.checkpoints.min_free_gb = min_free_gb;
+            c.checkpoints.min_free_percent = min_free_percent;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+        c.checkpoints = CheckpointsConfig {
+            min_free_percent: 0.0,
+            min_free_gb: 0.0,
+            ..CheckpointsConfig::default()
+        };
+        c.validate().unwrap();
         assert!(toml::from_str::<Config>("[checkpoints]\nkeep = 3").is_err());
     }
 

@@ -169,6 +169,15 @@ pub struct CheckpointsConfig {
     pub lab_cap_gb: f64,
     /// The largest part an agent uploads in one request, in MiB.
     pub part_mb: u64,
+    /// The most one checkpoint of one attempt may take in the store, in GB (10^9 bytes),
+    /// counted part by part as it is uploaded.
+    pub attempt_cap_gb: f64,
+    /// A local directory store refuses parts that would leave less free space on its
+    /// filesystem than the larger of `min_free_gb` (GB) and `min_free_percent` (% of the
+    /// filesystem's size), so a full store never takes the database beside it down.
+    /// (No floor for S3: the bucket's own quotas apply.)
+    pub min_free_gb: f64,
+    pub min_free_percent: f64,
 }
 
 impl Default for CheckpointsConfig {
@@ -184,6 +193,14 @@ impl Default for CheckpointsConfig {
             keep_per_job: 2,
             lab_cap_gb: 50.0,
             part_mb: 8,
+            // Two fifths of the default lab cap: one attempt cannot take a lab's whole
+            // share, and with keep_per_job = 2 a job's checkpoints fit in the lab's cap.
+            attempt_cap_gb: 20.0,
+            // Room for the SQLite file and its WAL to grow (jobs' logs are kept there)
+            // and for an online backup of a campus database; on a large disk, 5 % keeps
+            // the filesystem out of the nearly-full regime and gives operators time.
+            min_free_gb: 2.0,
+            min_free_percent: 5.0,
         }
     }
 }
@@ -263,6 +280,18 @@ impl CheckpointsConfig {
         anyhow::ensure!(
             (1..=1024).contains(&self.part_mb),
             "checkpoints.part_mb must be between 1 and 1024"
+        );
+        anyhow::ensure!(
+            self.attempt_cap_gb.is_finite() && self.attempt_cap_gb > 0.0,
+            "checkpoints.attempt_cap_gb must be a number of GB, more than 0"
+        );
+        anyhow::ensure!(
+            self.min_free_gb.is_finite() && self.min_free_gb >= 0.0,
+            "checkpoints.min_free_gb must be a number of GB, 0 or more"
+        );
+        anyhow::ensure!(
+            (0.0..100.0).contains(&self.min_free_percent),
+            "checkpoints.min_free_percent must be at least 0 and under 100"
         );
         if let Some(endpoint) = &self.endpoint {
             let url = url::Url::parse(endpoint)

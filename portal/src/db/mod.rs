@@ -14,6 +14,7 @@
 
 pub mod attempts;
 pub mod audit;
+pub mod checkpoint_parts;
 pub mod checkpoints;
 pub mod cli_logins;
 pub mod copy;

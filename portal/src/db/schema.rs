@@ -207,6 +207,20 @@ diesel::table! {
 }
 
 diesel::table! {
+    checkpoint_parts (id) {
+        id -> BigInt,
+        job_id -> BigInt,
+        attempt -> Integer,
+        seq -> Integer,
+        n -> Integer,
+        lab_id -> BigInt,
+        bytes -> BigInt,
+        sha256 -> Text,
+        created_at -> Timestamp,
+    }
+}
+
+diesel::table! {
     ssh_host_keys (algorithm) {
         algorithm -> Text,
         public_key -> Text,
@@ -310,6 +324,7 @@ diesel::joinable!(job_attempts -> nodes (node_id));
 diesel::joinable!(job_events -> jobs (job_id));
 diesel::joinable!(job_logs -> jobs (job_id));
 diesel::joinable!(checkpoints -> jobs (job_id));
+diesel::joinable!(checkpoint_parts -> jobs (job_id));
 diesel::joinable!(attempt_samples -> jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
@@ -326,6 +341,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     job_logs,
     audit_log,
     checkpoints,
+    checkpoint_parts,
     ssh_host_keys,
     agent_mail,
     ssh_keys,

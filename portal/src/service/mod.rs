@@ -24,6 +24,7 @@ pub mod labs;
 pub mod members;
 pub mod metrics;
 pub mod nodes;
+pub mod output;
 pub mod overview;
 pub mod owner;
 pub mod plan_commit;

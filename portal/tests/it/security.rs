@@ -1,10 +1,15 @@
 //! Gaps found in review, one test each: what another site's page could make a signed-in
-//! browser do through the JSON API, and the headers that keep the pages from being framed
-//! or sniffed.
+//! browser do through the JSON API, the headers that keep the pages from being framed
+//! or sniffed, and what a rogue agent can write (only into the attempt placed on its
+//! node now).
 
-use crate::harness::{Backend, TestPortal};
+use crate::harness::{wait_for, Backend, TestPortal, BACKENDS};
 use crate::web::{hidden_csrf, logged_in};
+use commons_proto::{AgentMsg, AttemptReport, AttemptState, PortalMsg, StopReason};
 use serde_json::json;
+use sha2::Digest;
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
 
 fn job() -> serde_json::Value {
     json!({"image": "commons-demo:latest", "command": ["true"], "gpus": 1, "time_limit_minutes": 5})
@@ -163,64 +168,326 @@ async fn lab_admins_see_their_labs_jobs_and_no_one_elses() {
     );
 }
 
-/// A rogue agent (a real credential, another node) writes output into a job it does
-/// not run: refused, the job's log unchanged.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_cannot_write_into_another_nodes_job() {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
-    let p = TestPortal::start(Backend::Sqlite).await;
-    let _agent = p.agent("vision", "fake:1xA100-80GB").await;
-    let id = p
-        .submit(
-            &p.alice,
-            json!({"image": "commons-demo:latest", "command": ["sh", "-c", "echo real; sleep 30"],
-                   "gpus": 1, "time_limit_minutes": 5}),
+/// An agent speaking the protocol by hand, with a real node credential.
+struct HandAgent {
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    seq: u64,
+}
+
+impl HandAgent {
+    /// Connects and says `Hello` with `gpus` (fake ones) and no attempts.
+    async fn connect(p: &TestPortal, credential: &str, gpus: u32) -> HandAgent {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut req = format!(
+            "{}{}",
+            p.url.replacen("http", "ws", 1),
+            commons_proto::CONNECT_PATH
+        )
+        .into_client_request()
+        .unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {credential}").parse().unwrap(),
+        );
+        let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        let mut rogue = HandAgent { ws, seq: 1 };
+        let gpus = (0..gpus)
+            .map(|i| commons_proto::GpuInfo {
+                uuid: format!("GPU-fake-rogue-{i}"),
+                index: i,
+                model: "A100-80GB".into(),
+                memory_mb: 81920,
+                fake: true,
+            })
+            .collect();
+        rogue
+            .send(AgentMsg::Hello {
+                agent_version: "0.1.0".into(),
+                protocol: commons_proto::PROTOCOL_VERSION,
+                session: rand::random(),
+                seq: 1,
+                gpus,
+                attempts: vec![],
+                capacity: None,
+            })
+            .await;
+        rogue
+    }
+
+    async fn send(&mut self, m: AgentMsg) {
+        use futures_util::SinkExt;
+        let text = serde_json::to_string(&m).unwrap();
+        self.ws.send(Message::text(text)).await.unwrap();
+    }
+
+    /// Reads the portal's messages until one matches; fails after a minute.
+    async fn until(&mut self, what: &str, mut ok: impl FnMut(&PortalMsg) -> bool) -> PortalMsg {
+        use futures_util::StreamExt;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let next = tokio::time::timeout_at(deadline, self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("the portal never sent {what}"))
+                .unwrap_or_else(|| panic!("the portal closed the connection before {what}"))
+                .unwrap();
+            if let Message::Text(t) = next {
+                let m: PortalMsg = serde_json::from_str(&t).unwrap();
+                if ok(&m) {
+                    return m;
+                }
+            }
+        }
+    }
+
+    /// Sends a heartbeat reporting `attempts` and waits for its `Renew`: the portal
+    /// handles one connection's messages in order, so everything sent before it was
+    /// handled by then.
+    async fn handled(&mut self, attempts: Vec<AttemptReport>) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.send(AgentMsg::Heartbeat {
+            seq,
+            gpu_stats: vec![],
+            attempts,
+            capacity: None,
+        })
+        .await;
+        self.until(
+            &format!("the Renew of heartbeat {seq}"),
+            |m| matches!(m, PortalMsg::Renew { lease, .. } if lease.seq == seq),
         )
         .await;
-    p.wait_state(
-        &p.alice,
-        id,
-        &["running"],
-        std::time::Duration::from_secs(60),
-    )
-    .await;
-    let token = p.enrol_token("physics");
+    }
+}
+
+fn logs(job: i64, attempt: i32, text: &str) -> AgentMsg {
+    AgentMsg::Logs {
+        job,
+        attempt,
+        chunk: format!("{text}\n"),
+    }
+}
+
+fn event(job: i64, attempt: i32, state: AttemptState) -> AgentMsg {
+    AgentMsg::AttemptEvent {
+        job,
+        attempt,
+        state,
+        exit_code: (state == AttemptState::Exited).then_some(0),
+        stop: None,
+        reason: None,
+    }
+}
+
+/// A node of `lab` enrolled through the API: its credential.
+async fn enrol(p: &TestPortal, lab: &str, host: &str) -> String {
     let enrolled: serde_json::Value = p
         .http
         .post(format!("{}{}", p.url, commons_proto::ENROL_PATH))
-        .json(&json!({"token": token, "hostname": "rogue", "agent_version": "0.1.0"}))
+        .json(&json!({"token": p.enrol_token(lab), "hostname": host, "agent_version": "0.1.0"}))
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    let credential = enrolled["credential"].as_str().unwrap();
-    let mut req = format!(
-        "{}{}",
-        p.url.replacen("http", "ws", 1),
-        commons_proto::CONNECT_PATH
-    )
-    .into_client_request()
-    .unwrap();
-    req.headers_mut().insert(
-        "authorization",
-        format!("Bearer {credential}").parse().unwrap(),
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
-    let hello = json!({"type": "hello", "agent_version": "0.1.0", "protocol": commons_proto::PROTOCOL_VERSION,
-                       "session": 7, "seq": 1, "gpus": [], "attempts": []});
-    ws.send(Message::text(hello.to_string())).await.unwrap();
-    let forged =
-        json!({"type": "logs", "job": id, "attempt": 1, "chunk": "forged by another node\n"});
-    ws.send(Message::text(forged.to_string())).await.unwrap();
-    // Let both be handled (the Welcome shows the Hello was).
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), ws.next()).await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    enrolled["credential"].as_str().unwrap().to_string()
+}
+
+/// An honest agent's last lines may reach the portal after its report of the end (a
+/// heartbeat carrying the end overtook them, or the link was down): they are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_last_lines_after_its_report_of_the_end_are_kept() {
+    let p = TestPortal::start(Backend::Sqlite).await;
+    let credential = enrol(&p, "vision", "by-hand").await;
+    let mut agent = HandAgent::connect(&p, &credential, 1).await;
+    let id = p
+        .submit(
+            &p.alice,
+            json!({"image": "commons-demo:latest", "command": ["true"], "gpus": 1, "time_limit_minutes": 5}),
+        )
+        .await;
+    agent
+        .until(
+            "the Start of attempt 1",
+            |m| matches!(m, PortalMsg::Start { job, attempt: 1, .. } if *job == id),
+        )
+        .await;
+    agent.send(event(id, 1, AttemptState::Running)).await;
+    let exited = AttemptReport {
+        job: id,
+        attempt: 1,
+        state: AttemptState::Exited,
+        exit_code: Some(0),
+        stop: None,
+        reason: None,
+    };
+    agent.handled(vec![exited]).await;
+    assert_eq!(p.job(&p.alice, id).await["state"], "succeeded");
+    agent
+        .send(logs(id, 1, "the last line, after the end"))
+        .await;
+    agent.handled(vec![]).await;
     let log = p.logs(&p.alice, id).await;
-    assert!(!log.contains("forged"), "{log}");
-    assert!(log.contains("real"), "the job's own output is there: {log}");
+    assert!(log.contains("the last line, after the end"), "{log}");
+    p.stop().await;
+}
+
+/// A rogue agent (a real credential) writes only into the attempt placed on its node now.
+/// It runs attempt 1 of a job, goes away, and comes back once a real agent runs attempt 2;
+/// then its late output for attempt 1, its output and events for attempt 2 (another
+/// node's), and its checkpoints for either change nothing. Each outcome is judged once the
+/// portal has handled the messages (a heartbeat sent after them is answered), never after
+/// a fixed sleep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rogue_agent_writes_only_into_the_attempt_placed_on_its_node_now() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let credential = enrol(&p, "vision", "rogue").await;
+        let mut rogue = HandAgent::connect(&p, &credential, 1).await;
+        let id = p
+            .submit(
+                &p.alice,
+                json!({"image": "commons-demo:latest", "command": ["sh", "-c", "echo real; sleep 300"],
+                       "gpus": 1, "time_limit_minutes": 5}),
+            )
+            .await;
+        // The only server is the rogue's: it gets attempt 1, runs it, and writes its log.
+        rogue
+            .until(
+                "the Start of attempt 1",
+                |m| matches!(m, PortalMsg::Start { job, attempt: 1, .. } if *job == id),
+            )
+            .await;
+        rogue.send(event(id, 1, AttemptState::Running)).await;
+        rogue
+            .send(logs(id, 1, "written while it held the attempt"))
+            .await;
+        let running = AttemptReport {
+            job: id,
+            attempt: 1,
+            state: AttemptState::Running,
+            exit_code: None,
+            stop: None,
+            reason: None,
+        };
+        rogue.handled(vec![running]).await;
+        let log = p.logs(&p.alice, id).await;
+        assert!(
+            log.contains("written while it held the attempt"),
+            "[{backend:?}] the rogue's own attempt takes its output: {log}"
+        );
+        // The rogue goes away: its lease runs out, and a real agent runs attempt 2.
+        drop(rogue);
+        let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+        let me = &p;
+        wait_for(
+            Duration::from_secs(90),
+            "attempt 2 running",
+            || async move {
+                let j = me.job(&me.alice, id).await;
+                j["state"] == "running" && j["attempts"] == 2
+            },
+        )
+        .await;
+        wait_for(
+            Duration::from_secs(30),
+            "attempt 2's output",
+            || async move { me.logs(&me.alice, id).await.contains("real") },
+        )
+        .await;
+
+        // Back, the rogue writes for the attempt it held before, and for the one it never
+        // held: output, the job's end, a start.
+        let mut rogue = HandAgent::connect(&p, &credential, 0).await;
+        rogue
+            .send(logs(id, 1, "late output of an old attempt"))
+            .await;
+        rogue
+            .send(logs(id, 2, "forged into another node's attempt"))
+            .await;
+        rogue.send(event(id, 1, AttemptState::Exited)).await;
+        rogue.send(event(id, 2, AttemptState::Exited)).await;
+        rogue.send(event(id, 2, AttemptState::Running)).await;
+        // The last one is answered: that attempt is not expected to run there.
+        rogue
+            .until("a Stop for attempt 2", |m| {
+                matches!(m, PortalMsg::Stop { job, attempt: 2, reason: StopReason::NotExpected, .. } if *job == id)
+            })
+            .await;
+        rogue.handled(vec![]).await;
+        let log = p.logs(&p.alice, id).await;
+        assert!(
+            !log.contains("late output") && !log.contains("forged"),
+            "[{backend:?}] {log}"
+        );
+        assert!(log.contains("real"), "the job's own output is there: {log}");
+        let j = p.job(&p.alice, id).await;
+        assert_eq!(
+            (j["state"].as_str(), j["attempts"].as_i64()),
+            (Some("running"), Some(2)),
+            "[{backend:?}] the rogue's events changed nothing: {j}"
+        );
+
+        // Checkpoints: neither attempt 1 (held before) nor attempt 2 (another node's).
+        let archive = b"a checkpoint the rogue wants stored".to_vec();
+        let sum = hex::encode(sha2::Sha256::digest(&archive));
+        for attempt in [1, 2] {
+            let url = |path: String| format!("{}{path}", p.url);
+            let r = p
+                .http
+                .put(url(commons_proto::checkpoint_part_path(id, attempt, 0)))
+                .bearer_auth(&credential)
+                .header(commons_proto::SHA256_HEADER, &sum)
+                .body(archive.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                r.status(),
+                404,
+                "[{backend:?}] a part for attempt {attempt}"
+            );
+            let r = p
+                .http
+                .get(url(commons_proto::checkpoint_parts_path(id, attempt)))
+                .bearer_auth(&credential)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                r.status(),
+                404,
+                "[{backend:?}] the parts of attempt {attempt}"
+            );
+            let r = p
+                .http
+                .post(url(commons_proto::checkpoint_commit_path(id, attempt)))
+                .bearer_auth(&credential)
+                .json(&json!({"parts": 1, "bytes": archive.len(), "sha256": sum}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                r.status(),
+                404,
+                "[{backend:?}] a commit for attempt {attempt}"
+            );
+        }
+        let store = p.portal.state.checkpoints.clone();
+        for attempt in [1, 2] {
+            let parts = store
+                .parts(&commons_portal::service::checkpoints::store::commit_prefix(
+                    id, attempt, 1,
+                ))
+                .await
+                .unwrap();
+            assert!(parts.is_empty(), "[{backend:?}] nothing kept: {parts:?}");
+        }
+        p.stop().await;
+    }
 }
 
 /// `serve` without a persistent session key (outside the development login) would log

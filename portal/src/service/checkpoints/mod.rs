@@ -7,9 +7,15 @@
 //! downloads the latest checkpoint of its job.
 //!
 //! Invariants:
-//! - Only the node that holds an attempt (its `job_attempts` row) uploads for it, and
-//!   only while the job has not ended; only a node with a starting or running attempt of
-//!   a job downloads the job's checkpoint. Anything else is "not found".
+//! - Only the node an attempt is placed on now (starting, running or stopping there)
+//!   lists, uploads or commits for it, and only while the job has not ended ([`caps`]);
+//!   only a node with a starting or running attempt of a job downloads the job's
+//!   checkpoint. Anything else is "not found".
+//! - Each part counts as it arrives against the attempt's cap and the lab's cap
+//!   (committed checkpoints plus staged parts, [`caps`]); a part over either is refused
+//!   (409 `checkpoint_attempt_cap`, `checkpoint_cap`), nothing of it is stored, and the
+//!   upload it belonged to is discarded. A local store also refuses (507) a part that
+//!   would leave its filesystem under the free-space floor.
 //! - A row in `checkpoints` exists only for an archive whose every part is in the store
 //!   and whose concatenation was read back and matched the committed size and checksum;
 //!   the row is written after the manifest, so a row always names a whole archive.
@@ -17,69 +23,38 @@
 //!   earlier attempt's (rank by attempt, then commit number), and a commit that would rank
 //!   below the kept ones is refused as superseded.
 //! - A lab's checkpoints stay within its cap (its own, or the campus default), counted
-//!   after this commit's pruning; a commit over it is refused (409 `checkpoint_cap`).
-//!   Concurrent commits of one lab on PostgreSQL may each pass the check once.
+//!   again at commit after its pruning (the cap may have been lowered meanwhile); a commit
+//!   over it is refused (409 `checkpoint_cap`).
 //! - Rows go before their objects: a failure in between leaves unreferenced objects,
-//!   which [`prune_finished`] removes once the job has ended.
+//!   which [`prune_finished`] removes once the job has ended. Uploads of attempts no
+//!   longer placed go at the next [`prune_abandoned`].
 
+mod caps;
+mod prune;
 pub mod store;
 
+use crate::db::checkpoint_parts as staging;
 use crate::db::checkpoints::{self as rows, Checkpoint, NewCheckpoint};
 use crate::db::{self, DbConn};
 use crate::domain::AttemptStatus;
 use crate::error::AppError;
 use crate::service::Ctx;
 use bytes::Bytes;
+pub use caps::attempt_cap_bytes;
+use caps::{uploader, Part, Reserved};
 use chrono::NaiveDateTime;
 use commons_proto::{
     CheckpointCommit, CheckpointCommitted, CheckpointManifest, CheckpointPart, MAX_CHECKPOINT_PARTS,
 };
 use futures_util::stream::BoxStream;
 use futures_util::TryStreamExt;
+pub use prune::{prune_abandoned, prune_finished};
 use sha2::{Digest, Sha256};
-use store::{commit_prefix, job_prefix, part_path, StoredPart, MANIFEST};
+use store::{part_path, StoredPart, MANIFEST};
 pub use store::{Limits, Store};
 
 /// How long an ended job's checkpoints are kept.
 pub const KEEP_ENDED_S: i64 = 24 * 3600;
-
-/// An upload's place: the attempt's job and lab, and the commit number its parts go to.
-struct Upload {
-    job: i64,
-    attempt: i32,
-    lab: i64,
-    seq: i32,
-}
-
-impl Upload {
-    fn prefix(&self) -> object_store::path::Path {
-        commit_prefix(self.job, self.attempt, self.seq)
-    }
-}
-
-/// The node `node` holds attempt `attempt` of `job`, which has not ended.
-fn uploader(c: &mut DbConn, node: i64, job: i64, attempt: i32) -> Result<Upload, AppError> {
-    let held = db::attempts::find(c, job, attempt)?.filter(|a| a.node_id == node);
-    if held.is_none() {
-        return Err(AppError::NotFound("attempt"));
-    }
-    let j = db::jobs::get(c, job)?;
-    if j.state.is_final() {
-        return Err(AppError::conflict(
-            "job_ended",
-            format!(
-                "job {job} has ended ({}): its checkpoints are no longer kept",
-                j.state
-            ),
-        ));
-    }
-    Ok(Upload {
-        job,
-        attempt,
-        lab: j.lab_id,
-        seq: rows::next_seq(c, job, attempt)?,
-    })
-}
 
 fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
@@ -98,13 +73,17 @@ fn checksum(field: &str, given: &str) -> Result<String, AppError> {
     }
 }
 
-/// Decimal GB, as the cap message shows them: "51.2", "50", "0.0012".
+/// Decimal GB, as the cap messages show them: "51.2", "50", "0.0012", "0.00024" (two
+/// significant digits at least, so two figures in one message do not look alike).
 pub fn gb(bytes: f64) -> String {
     let v = bytes / 1e9;
     let s = if v >= 1.0 {
         format!("{v:.1}")
+    } else if v > 0.0 {
+        let decimals = (1 - v.log10().floor() as i32).clamp(4, 12) as usize;
+        format!("{v:.decimals$}")
     } else {
-        format!("{v:.4}")
+        "0".into()
     };
     let s = s.trim_end_matches('0').trim_end_matches('.');
     if s.is_empty() {
@@ -120,7 +99,8 @@ fn rfc3339(t: NaiveDateTime) -> String {
 }
 
 /// Stores part `n` of the attempt's next checkpoint. `sha256` is the checksum the agent
-/// claims (the `x-commons-sha256` header); a different one is refused, naming it.
+/// claims (the `x-commons-sha256` header); a different one is refused, naming it. The part
+/// counts against the caps before it is stored ([`caps`]).
 pub async fn put_part(
     ctx: &Ctx,
     node: i64,
@@ -130,7 +110,8 @@ pub async fn put_part(
     sha256: Option<&str>,
     data: Bytes,
 ) -> Result<CheckpointPart, AppError> {
-    let up = ctx.db.run(move |c| uploader(c, node, job, attempt)).await?;
+    // Another node's (or a past) attempt is "not found" before anything else is said.
+    ctx.db.run(move |c| uploader(c, node, job, attempt)).await?;
     let limits = ctx.checkpoints.limits();
     let claimed = checksum(
         commons_proto::SHA256_HEADER,
@@ -166,20 +147,44 @@ pub async fn put_part(
             ),
         ));
     }
-    let prefix = up.prefix();
-    let before = ctx.checkpoints.parts(&prefix).await?.remove(&n);
+    ctx.checkpoints.check_room(data.len() as u64).await?;
     let part = CheckpointPart {
         n,
         bytes: data.len() as u64,
         sha256: actual,
     };
+    let sha = part.sha256.clone();
+    let reserved = ctx
+        .db
+        .run(move |c| {
+            let counted = Part {
+                node,
+                job,
+                attempt,
+                n,
+                bytes: part.bytes as i64,
+                sha256: &sha,
+            };
+            caps::reserve(c, &limits, &counted)
+        })
+        .await?;
+    let up = match reserved {
+        Reserved::Staged(up) => up,
+        Reserved::OverCap(refusal, key) => {
+            if let Err(e) = prune::drop_upload(ctx, key, prune::When::OverCap).await {
+                tracing::warn!(job, attempt, "a refused upload's parts stay for now: {e}");
+            }
+            return Err(refusal);
+        }
+    };
+    let prefix = up.prefix();
+    let before = ctx.checkpoints.parts(&prefix).await?.remove(&n);
     let already = before
         .as_deref()
         .is_some_and(|v| v.len() == 1 && v[0].sha256 == part.sha256);
+    let path = part_path(&prefix, n, &part.sha256);
     if !already {
-        ctx.checkpoints
-            .put(&part_path(&prefix, n, &part.sha256), data)
-            .await?;
+        ctx.checkpoints.put(&path, data).await?;
         // Other contents sent for the same part before: this one replaces them.
         for old in before.unwrap_or_default() {
             if old.sha256 != part.sha256 {
@@ -188,6 +193,23 @@ pub async fn put_part(
                     .await?;
             }
         }
+    }
+    // Its row may have gone while it was stored (the attempt ended and its upload was
+    // pruned, or another part went over a cap): then it goes too.
+    let (key, sha) = (up.key(), part.sha256.clone());
+    if !ctx
+        .db
+        .run(move |c| staging::is_staged(c, key, n, &sha))
+        .await?
+    {
+        ctx.checkpoints.delete(&path).await?;
+        return Err(AppError::conflict(
+            "checkpoint_upload_discarded",
+            format!(
+                "the upload of job {job} attempt {attempt} was discarded while part {n} was \
+                 stored"
+            ),
+        ));
     }
     Ok(part)
 }
@@ -263,9 +285,13 @@ struct Recorded {
     pruned: Vec<Checkpoint>,
 }
 
-/// Records the checkpoint if the lab's cap allows, pruning the job's older ones.
+/// Records the checkpoint if the node still holds the attempt and the lab's cap allows,
+/// pruning the job's older ones; its staged parts become the checkpoint. The lab's row is
+/// held, as when parts are staged or uploads pruned.
 fn record(c: &mut DbConn, limits: Limits, new: &NewCheckpoint<'_>) -> Result<Recorded, AppError> {
     db::transaction(c, |c| {
+        staging::lock_lab(c, new.lab_id)?;
+        uploader(c, new.node_id, new.job_id, new.attempt)?;
         let existing = rows::for_job(c, new.job_id)?;
         let keep = limits.keep_per_job.max(1) as usize;
         let newer = existing
@@ -299,6 +325,7 @@ fn record(c: &mut DbConn, limits: Limits, new: &NewCheckpoint<'_>) -> Result<Rec
             ));
         }
         let row = rows::insert(c, new)?;
+        staging::unstage_upload(c, (new.job_id, new.attempt, new.seq))?;
         let ids: Vec<i64> = pruned.iter().map(|k| k.id).collect();
         rows::delete(c, &ids)?;
         Ok(Recorded { row, pruned })
@@ -498,37 +525,6 @@ pub async fn latest(ctx: &Ctx, node: i64, job: i64) -> Result<Option<Download>, 
     Ok(Some(Download { checkpoint, body }))
 }
 
-/// Deletes the checkpoints of jobs that ended (succeeded, failed, cancelled) more than
-/// [`KEEP_ENDED_S`] ago: their rows and every object under their prefix, and also objects
-/// of such jobs that no row names (uploads never committed, deletions cut short). Lists
-/// the store's job prefixes once: call it every few minutes, not every tick. Returns the
-/// number of jobs cleared.
-pub async fn prune_finished(ctx: &Ctx) -> Result<usize, AppError> {
-    let before = db::now() - chrono::Duration::seconds(KEEP_ENDED_S);
-    let listed = ctx.checkpoints.jobs().await?;
-    let jobs = ctx
-        .db
-        .run(move |c| {
-            let mut jobs = rows::ended_jobs_with_checkpoints(c, before)?;
-            jobs.extend(rows::gone_or_ended_before(c, &listed, before)?);
-            jobs.sort_unstable();
-            jobs.dedup();
-            Ok::<_, AppError>(jobs)
-        })
-        .await?;
-    let mut cleared = 0;
-    for job in jobs {
-        // Objects first: should this fail, the rows stay and the next run tries again.
-        ctx.checkpoints.delete_prefix(&job_prefix(job)).await?;
-        ctx.db.run(move |c| rows::delete_for_job(c, job)).await?;
-        cleared += 1;
-    }
-    if cleared > 0 {
-        tracing::info!(jobs = cleared, "checkpoints of ended jobs pruned");
-    }
-    Ok(cleared)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,6 +534,9 @@ mod tests {
         assert_eq!(gb(51.2e9), "51.2");
         assert_eq!(gb(50e9), "50");
         assert_eq!(gb(1_200_000.0), "0.0012");
+        assert_eq!(gb(240_000.0), "0.00024");
+        assert_eq!(gb(200_000.0), "0.0002");
+        assert_eq!(gb(120.0), "0.00000012");
         assert_eq!(gb(0.0), "0");
     }
 

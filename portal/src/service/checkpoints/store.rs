@@ -16,6 +16,9 @@
 //!   Two objects for one part number (a crash between the two) count as no part at all.
 //! - Every write is a single atomic PUT (parts are at most `part_mb`).
 //! - A local store's directory is made on first use, not at start.
+//! - A local store keeps a free-space floor on its filesystem ([`Store::check_room`],
+//!   `statvfs`): the store sits beside the SQLite file by default, and a disk filled by
+//!   checkpoints would stop the database too. S3 has no floor here (the bucket's quotas).
 
 use crate::config::{CheckpointLocation, Config};
 use crate::error::AppError;
@@ -37,6 +40,50 @@ pub struct Limits {
     pub keep_per_job: u32,
     pub lab_cap_gb: f64,
     pub part_bytes: u64,
+    /// The campus's cap on one attempt's checkpoint (read it through
+    /// `checkpoints::attempt_cap_bytes`, which knows the job).
+    pub attempt_cap_gb: f64,
+}
+
+/// The free space a local directory store keeps on its filesystem: the larger of the two.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Floor {
+    pub min_free_gb: f64,
+    pub min_free_percent: f64,
+}
+
+impl Floor {
+    /// The floor in bytes on a filesystem of `size` bytes.
+    pub fn bytes(&self, size: u64) -> u64 {
+        let by_share = size as f64 * self.min_free_percent / 100.0;
+        (self.min_free_gb * 1e9).max(by_share).ceil() as u64
+    }
+}
+
+/// A filesystem's space, from `statvfs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    /// Bytes an unprivileged writer may still use (`f_bavail`).
+    pub free: u64,
+    /// Bytes in all (`f_blocks`).
+    pub size: u64,
+}
+
+/// The space of the filesystem holding `path`.
+pub fn space(path: &std::path::Path) -> std::io::Result<Space> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter
+    // that statvfs fills in; it is read only when the call succeeded.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let frsize = st.f_frsize as u64;
+    Ok(Space {
+        free: (st.f_bavail as u64).saturating_mul(frsize),
+        size: (st.f_blocks as u64).saturating_mul(frsize),
+    })
 }
 
 /// The checkpoint store: cheap to clone, shared by every request.
@@ -48,6 +95,8 @@ pub struct Store {
 struct Inner {
     backend: Backend,
     limits: Limits,
+    /// A local directory's free-space floor (none for S3 and in memory).
+    floor: Option<Floor>,
     /// `file:///...` or `s3://bucket/prefix`, for logs.
     describe: String,
 }
@@ -123,8 +172,13 @@ impl Store {
             keep_per_job: c.keep_per_job.max(1),
             lab_cap_gb: c.lab_cap_gb,
             part_bytes: c.part_bytes(),
+            attempt_cap_gb: c.attempt_cap_gb,
         };
-        let (backend, describe) = match c.location(&config.database_url)? {
+        let floor = Floor {
+            min_free_gb: c.min_free_gb,
+            min_free_percent: c.min_free_percent,
+        };
+        let (backend, describe, floor) = match c.location(&config.database_url)? {
             CheckpointLocation::Dir(dir) => {
                 let describe = format!("file://{}", dir.display());
                 (
@@ -133,6 +187,7 @@ impl Store {
                         opened: Default::default(),
                     },
                     describe,
+                    Some(floor),
                 )
             }
             CheckpointLocation::S3 { bucket, prefix } => {
@@ -155,13 +210,18 @@ impl Store {
                         Path::from(prefix.as_str()),
                     ))
                 };
-                (Backend::Ready(store), format!("s3://{bucket}/{prefix}"))
+                (
+                    Backend::Ready(store),
+                    format!("s3://{bucket}/{prefix}"),
+                    None,
+                )
             }
         };
         Ok(Store {
             inner: Arc::new(Inner {
                 backend,
                 limits,
+                floor,
                 describe,
             }),
         })
@@ -173,6 +233,7 @@ impl Store {
             inner: Arc::new(Inner {
                 backend: Backend::Ready(Arc::new(object_store::memory::InMemory::new())),
                 limits,
+                floor: None,
                 describe: "memory".into(),
             }),
         }
@@ -213,6 +274,45 @@ impl Store {
                 .await
                 .cloned(),
         }
+    }
+
+    /// Refuses (507) a write of `incoming` bytes that would leave a local store's
+    /// filesystem under its floor. Stores without a floor (S3, memory) take it.
+    pub async fn check_room(&self, incoming: u64) -> Result<(), AppError> {
+        let (Some(floor), Backend::Dir { dir, .. }) = (self.inner.floor, &self.inner.backend)
+        else {
+            return Ok(());
+        };
+        // The directory exists from here on (statvfs needs it).
+        self.objects().await?;
+        let at = dir.clone();
+        let measured = tokio::task::spawn_blocking(move || space(&at))
+            .await
+            .map_err(|e| AppError::Internal(e.into()))?;
+        let s = measured.map_err(|e| {
+            tracing::error!("checkpoint store {}: statvfs: {e}", self.inner.describe);
+            AppError::Unavailable("the checkpoint store's free space cannot be read".into())
+        })?;
+        let keep = floor.bytes(s.size);
+        if s.free.saturating_sub(incoming) >= keep {
+            return Ok(());
+        }
+        tracing::warn!(
+            free = s.free,
+            size = s.size,
+            floor = keep,
+            "checkpoint store at its free-space floor: uploads refused"
+        );
+        Err(AppError::InsufficientStorage(format!(
+            "the checkpoint store has {} GB free of {} GB, and keeps at least {} GB free \
+             (its floor: the larger of {} GB and {} % of the disk): uploads resume once \
+             space is freed",
+            super::gb(s.free as f64),
+            super::gb(s.size as f64),
+            super::gb(keep as f64),
+            floor.min_free_gb,
+            floor.min_free_percent,
+        )))
     }
 
     /// The parts under `prefix`, by number: each with every object found for it (one,
@@ -331,6 +431,24 @@ mod tests {
     const SHA: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
     #[test]
+    fn the_floor_is_the_larger_of_its_two_figures() {
+        let f = Floor {
+            min_free_gb: 2.0,
+            min_free_percent: 5.0,
+        };
+        assert_eq!(f.bytes(10_000_000_000), 2_000_000_000);
+        assert_eq!(f.bytes(100_000_000_000), 5_000_000_000);
+        let none = Floor {
+            min_free_gb: 0.0,
+            min_free_percent: 0.0,
+        };
+        assert_eq!(none.bytes(1 << 40), 0);
+        let s = space(std::path::Path::new("/")).unwrap();
+        assert!(s.size > 0 && s.free <= s.size, "{s:?}");
+        assert!(space(std::path::Path::new("/no/such/dir")).is_err());
+    }
+
+    #[test]
     fn part_names_carry_number_and_checksum() {
         let p = part_path(&commit_prefix(7, 2, 1), 3, SHA);
         assert_eq!(p.as_ref(), format!("jobs/7/2/1/part-00003-{SHA}"));
@@ -351,6 +469,7 @@ mod tests {
             keep_per_job: 2,
             lab_cap_gb: 1.0,
             part_bytes: 16,
+            attempt_cap_gb: 1.0,
         });
         let prefix = commit_prefix(1, 1, 1);
         store

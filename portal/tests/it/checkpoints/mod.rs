@@ -16,8 +16,11 @@ use commons_proto::{
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+mod caps;
+mod moto;
+
+use moto::Moto;
 
 /// Which object store a portal keeps checkpoints in.
 enum Kind {
@@ -25,70 +28,22 @@ enum Kind {
     S3,
 }
 
-/// A moto S3 server on a free loopback port, stopped on drop.
-struct Moto {
-    child: Child,
-    endpoint: String,
-}
-
-impl Moto {
-    async fn start() -> Moto {
-        let bin = std::env::var("COMMONS_TEST_MOTO").unwrap_or_else(|_| {
-            format!(
-                "{}/../target/test-venv/bin/moto_server",
-                env!("CARGO_MANIFEST_DIR")
-            )
-        });
-        assert!(
-            std::path::Path::new(&bin).exists(),
-            "the S3 tests need moto's server at {bin}: install it with\n  \
-             python3 -m venv target/test-venv && target/test-venv/bin/pip install \"moto[server]\"\n\
-             (or set COMMONS_TEST_MOTO to a moto_server)"
-        );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(&bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let moto = Moto {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto did not start on {port}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        // moto takes unsigned requests: make the bucket.
-        let r = reqwest::Client::new()
-            .put(format!("{}/checkpoints", moto.endpoint))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "create bucket: {}", r.status());
-        moto
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A portal with its checkpoint store, the scheduler stopped (the tests place attempts
-/// by hand), and a 64 KiB part size.
+/// by hand), and a 1 MiB part size.
 async fn portal(
     backend: Backend,
     kind: &Kind,
     moto: Option<&Moto>,
+) -> (TestPortal, tempfile::TempDir) {
+    portal_with(backend, kind, moto, |_| {}).await
+}
+
+/// The same, with `[checkpoints]` adjusted after.
+async fn portal_with(
+    backend: Backend,
+    kind: &Kind,
+    moto: Option<&Moto>,
+    adjust: impl FnOnce(&mut commons_portal::config::CheckpointsConfig),
 ) -> (TestPortal, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let p = TestPortal::start_with(backend, |c| {
@@ -106,6 +61,7 @@ async fn portal(
                 k.secret_access_key = Some(commons_portal::config::Secret("testing".into()));
             }
         }
+        adjust(k);
     })
     .await;
     p.portal.scheduler.abort();
@@ -303,6 +259,17 @@ async fn count(p: &TestPortal, job: i64) -> usize {
     run(p, move |c| rows::for_job(c, job)).await.len()
 }
 
+/// The parts of `attempt` of `job` staged (uploaded, not committed): how many, how many
+/// bytes.
+async fn staged(p: &TestPortal, job: i64, attempt: i32) -> (usize, i64) {
+    let parts: Vec<_> = run(p, move |c| db::checkpoint_parts::staged_of_job(c, job))
+        .await
+        .into_iter()
+        .filter(|s| s.attempt == attempt)
+        .collect();
+    (parts.len(), parts.iter().map(|s| s.bytes).sum())
+}
+
 /// Everything the brief asks of the store, on one portal.
 async fn scenario(p: &TestPortal) {
     let (node, credential) = enrol(p, "vision", "vision-a").await;
@@ -407,7 +374,14 @@ async fn scenario(p: &TestPortal) {
     let running = snap.running.iter().find(|r| r.id == job).unwrap();
     assert!(running.last_checkpoint_at.is_some());
 
-    // A third commit: the first is pruned (keep_per_job = 2), objects and row.
+    // A third commit, made while the attempt is being stopped (the agent uploads its
+    // final checkpoint before it reports the stop): the first is pruned (keep_per_job =
+    // 2), objects and row.
+    run(p, move |c| {
+        let a = db::attempts::find(c, job, 1)?.unwrap();
+        db::attempts::set_status(c, a.id, AttemptStatus::Stopping)
+    })
+    .await;
     let three = archive(50_000, 3);
     a.upload(job, 1, &three, PART, None).await;
     assert_eq!(a.commit(job, 1, 2, &three).await.0, 200);
@@ -428,31 +402,63 @@ async fn scenario(p: &TestPortal) {
         3
     );
 
+    // An upload cut short (the agent went away before it committed): its parts are
+    // staged against the caps until the attempt is over.
+    let cut = archive(60_000, 8);
+    a.upload(job, 1, &cut, PART, None).await;
+    assert_eq!(staged(p, job, 1).await, (2, 60_000));
+
     // The next attempt, on node B of another lab: it downloads; node A no longer may.
     run(p, move |c| place(c, job, 2, node_b)).await;
     let (status, body, _) = b.latest(job).await;
     assert_eq!(status, 200);
     assert!(body == three);
     assert_eq!(a.latest(job).await.0, 404);
-    // Its first checkpoint supersedes attempt 1's; a late one of attempt 1 still counts
-    // while within keep_per_job.
+    // Its first checkpoint supersedes attempt 1's.
     let four = archive(30_000, 4);
     b.upload(job, 2, &four, PART, None).await;
     assert_eq!(b.commit(job, 2, 1, &four).await.0, 200);
     assert!(b.latest(job).await.1 == four);
+    // Node A no longer holds attempt 1: it may neither list, upload nor commit for it,
+    // and nothing it sends is kept.
     let late = archive(1_000, 5);
-    a.upload(job, 1, &late, PART, None).await;
-    let (status, v) = a.commit(job, 1, 1, &late).await;
-    assert_eq!(status, 200, "{v}");
-    assert!(b.latest(job).await.1 == four, "a later attempt wins");
-    let (status, v) = a.commit(job, 1, 1, &late).await;
-    assert_eq!(status, 200, "the same commit again: {v}");
+    let (status, v) = a.put(job, 1, 0, &late, &sha(&late)).await;
+    assert_eq!(
+        status, 404,
+        "an upload for an attempt the node no longer holds: {v}"
+    );
+    assert_eq!(a.parts(job, 1).await.0, 404);
+    assert_eq!(a.commit(job, 1, 2, &cut).await.0, 404);
+    assert_eq!(a.commit(job, 1, 1, &late).await.0, 404);
+    assert_eq!(count(p, job).await, 2);
+    assert!(b.latest(job).await.1 == four);
+    // The cut-short upload of the replaced attempt goes at the next pruning, from the
+    // store and from the staged parts; attempt 2's own upload under way stays.
+    let five_part = archive(10_000, 9);
+    b.upload(job, 2, &five_part, PART, None).await;
+    checkpoints::prune_abandoned(&p.portal.state).await.unwrap();
+    assert_eq!(staged(p, job, 1).await, (0, 0));
+    assert!(store
+        .parts(&store::commit_prefix(job, 1, 4))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(staged(p, job, 2).await, (1, 10_000));
+    assert_eq!(
+        store
+            .parts(&store::commit_prefix(job, 2, 2))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 
-    // Over the lab's cap: refused with the numbers, nothing recorded.
-    let vision = run(p, |c| db::users::lab_by_slug(c, "vision")).await.id;
-    run(p, move |c| rows::set_lab_cap(c, vision, Some(0.0001))).await;
+    // Over the lab's cap at commit (an operator lowered it after the parts came; the
+    // caps as parts arrive are `caps.rs`'): refused with the numbers, nothing recorded.
     let five = archive(170_000, 6);
     b.upload(job, 2, &five, PART, None).await;
+    let vision = run(p, |c| db::users::lab_by_slug(c, "vision")).await.id;
+    run(p, move |c| rows::set_lab_cap(c, vision, Some(0.0001))).await;
     let before = count(p, job).await;
     let (status, v) = b.commit(job, 2, 5, &five).await;
     assert_eq!(
