@@ -6,7 +6,7 @@
 //! [`portal_double`], a test double of the portal's checkpoint API over HTTP. [`extend`]
 //! moves a running attempt's time limit as a `Renew` asks. [`images`] checks pins, pulls
 //! and signatures against the real engine. [`logs`] holds a flooding job's output to its
-//! rate there.
+//! rate there. [`signals`] checks that an SSH user's signals never outlive their exec.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod checkpoints;
@@ -22,6 +22,7 @@ mod portal_double;
 mod reconcile;
 mod reconcile_checkpoints;
 mod restart;
+mod signals;
 
 use commons_agent::executor::Executor;
 use commons_agent::outbox::{self, OutboxRx};
