@@ -3,7 +3,8 @@
 //! The process runs as the container's user (the job's, never root), with the container's
 //! environment plus the SSH client's accepted variables and `TERM`. Input goes to its
 //! stdin, output comes back tagged stdout or stderr (one stream with a terminal), its exit
-//! status ends the relay. Signals go to the process by its host pid. When the user closes
+//! status ends the relay. Signals go to the process through a pidfd ([`super::signals`]),
+//! so none reaches another process that took its pid after it ended. When the user closes
 //! the channel first, the process gets SIGHUP, as a terminal's would, and SIGKILL if it
 //! ignores that.
 
