@@ -7,9 +7,10 @@
 //! executor, which remembers when it sent each: the leases in `Start` and `Renew` count from
 //! there. A `Stop` for an attempt the agent does not know is answered with a report that it
 //! is stopped, per the protocol's one rule. Everything else the agent sends (attempt
-//! events, jobs' output) comes through the bounded [`outbox`], control before output. A portal that refuses this agent's protocol
-//! version says so in its close frame, which is logged as an error. Checkpoints travel over
-//! plain HTTP to the same portal, with the same credential (`checkpoint::client`).
+//! events, jobs' output) comes through the bounded [`outbox`], control before output, and
+//! the heartbeat goes before either. A portal that refuses this agent's protocol version
+//! says so in its close frame, which is logged as an error. Checkpoints travel over plain
+//! HTTP to the same portal, with the same credential (`checkpoint::client`).
 
 use crate::checkpoint::{CheckpointClient, Policy};
 use crate::executor::{Admission, Executor};

@@ -224,11 +224,13 @@ impl OutboxRx {
     /// overtakes that attempt's own output (its checkpoint's news, its last lines).
     pub fn try_recv(&mut self) -> Option<AgentMsg> {
         let mut q = lock(&self.shared.queues);
-        let taken = match q.control.front() {
-            Some(m) => match event_key(m).and_then(|k| q.logs.iter().position(|(l, _)| *l == k)) {
-                Some(i) => q.logs.remove(i),
-                None => return q.control.pop_front(),
-            },
+        let own_output = |m: &AgentMsg| {
+            let key = event_key(m)?;
+            q.logs.iter().position(|(k, _)| *k == key)
+        };
+        let taken = match q.control.front().map(own_output) {
+            Some(Some(i)) => q.logs.remove(i),
+            Some(None) => return q.control.pop_front(),
             None => q.logs.pop_front(),
         };
         let ((job, attempt), chunk) = taken?;

@@ -111,7 +111,12 @@ impl ExecSignals {
             Ok(h) => h,
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Target::Gone,
             Err(e) => {
-                tracing::warn!(exec = %self.exec, pid, "no pidfd for an SSH session's process, so no signals to it (Linux 5.3 or later needed): {e}");
+                tracing::warn!(
+                    exec = %self.exec,
+                    pid,
+                    "no pidfd for an SSH session's process, so no signals to it (Linux 5.3 \
+                     or later needed): {e}"
+                );
                 return Target::Gone;
             }
         };

@@ -1,9 +1,10 @@
 //! A noisy guest cannot knock its server off the portal (issue 26, section 4): a job that
 //! prints as fast as it can for a minute, beside a quiet job on the same server, with the
-//! portal and the agent as separate processes (the agent on a host of its own, host 240)
-//! and real containers. The server never disconnects, SSH into the quiet job works all
-//! along, and every numbered line of the quiet job reaches its log. The figures (what the
-//! flood got through, per second) are printed for the README.
+//! portal and the agent as separate processes (the agent on a host of its own) and real
+//! containers, on SQLite (host 240) and PostgreSQL (host 241). The server never
+//! disconnects, SSH into the quiet job works all along, and every numbered line of the
+//! quiet job reaches its log. The figures (what the flood got through, per second) are
+//! printed for the README.
 //!
 //! And the portal's own side, with a hand-driven agent (as an old or rogue one would
 //! behave): thousands of output chunks at once are dropped over the output rate, never
@@ -11,7 +12,7 @@
 //! refused messages still closes the connection.
 
 use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess};
-use crate::harness::{Backend, TestPortal};
+use crate::harness::{Backend, TestDb, TestPortal};
 use crate::observability::scrape;
 use crate::ssh::{add_key, keygen, ssh_options, trust_gateway};
 use commons_proto::{
@@ -47,21 +48,32 @@ fn flood_command() -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flooding_job_never_disconnects_its_server_nor_starves_its_neighbour() {
+async fn a_flooding_job_never_disconnects_its_server_nor_starves_its_neighbour_sqlite() {
+    flood_beside_a_quiet_job(Backend::Sqlite, 240).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_job_never_disconnects_its_server_nor_starves_its_neighbour_postgres() {
+    flood_beside_a_quiet_job(Backend::Postgres, 241).await;
+}
+
+async fn flood_beside_a_quiet_job(backend: Backend, host_n: u8) {
+    let db = TestDb::new(backend);
     let (portal, alice) = PortalProcess::start_opts(PortalOpts {
         ssh: true,
+        db_url: (backend == Backend::Postgres).then(|| db.url.clone()),
         ..Default::default()
     });
     let api = Api::new(portal.url(), alice);
-    let host = Host::new(240);
-    let listen = "10.251.240.2:9108";
+    let host = Host::new(host_n);
+    let listen = format!("10.251.{host_n}.2:9108");
     let agent = AgentProcess::start_with(
         &host,
         &portal,
         "vision",
-        "noisy-240",
+        &format!("noisy-{host_n}"),
         "fake:2xA100-80GB",
-        &["--metrics-listen", listen],
+        &["--metrics-listen", &listen],
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     while api.nodes_online().await == 0 {
@@ -159,7 +171,7 @@ async fn a_flooding_job_never_disconnects_its_server_nor_starves_its_neighbour()
     let reconnects = get(&agent_after, connections) - 1.0;
     let connected_lines = portal_log.matches("agent connected").count();
     eprintln!(
-        "FIGURES flood {FLOOD_S} s: agent sent {:.1} Logs messages/s, {:.0} bytes/s of output \
+        "FIGURES [{backend:?}] flood {FLOOD_S} s: agent sent {:.1} Logs messages/s, {:.0} bytes/s of output \
          ({:.0} bytes/s dropped at the agent), using {cpu:.0} % of a core; the portal refused {} \
          messages and dropped {} output chunks, handled Logs in \
          {:.2} ms on average; the flood's stored log: {} bytes, {} lines of 2,000 x \
