@@ -22,7 +22,8 @@ use futures_util::StreamExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-/// Logs are sent in chunks of at most this many bytes, or every flush interval.
+/// Logs are sent in chunks of this many bytes, or once a chunk's first byte waited the
+/// flush interval.
 const LOG_CHUNK: usize = 16 * 1024;
 const LOG_FLUSH: Duration = Duration::from_millis(300);
 /// How long the end of a container's log stream may take after the container ended, and
@@ -144,8 +145,10 @@ async fn watch<R: ContainerRuntime>(
     exec.step(clock::now());
 }
 
-/// Sends a container's output as `Logs` messages, held to the outbox's limit and batched
-/// by size and time, and keeps its end in `tail` (for `result.json`).
+/// Sends a container's output as `Logs` messages, held to the outbox's limit and batched:
+/// a chunk leaves when it is full or its first byte waited [`LOG_FLUSH`] (so a job that
+/// prints steadily is read live, not when a chunk fills). Keeps the output's end in
+/// `tail` (for `result.json`).
 async fn forward_logs(
     stream: impl futures_util::Stream<Item = String>,
     events: Outbox,
@@ -156,6 +159,9 @@ async fn forward_logs(
     let mut stream = std::pin::pin!(stream);
     let mut throttle = Throttle::new(events.limit(), Instant::now());
     let mut buf = String::new();
+    // When the chunk's first byte came, and when the last output did.
+    let mut since: Option<Instant> = None;
+    let mut last = Instant::now();
     let flush = |buf: &mut String| {
         if !buf.is_empty() {
             events.send(AgentMsg::Logs {
@@ -166,18 +172,39 @@ async fn forward_logs(
         }
     };
     loop {
-        match tokio::time::timeout(LOG_FLUSH, stream.next()).await {
+        // Wake to send the chunk, or to end a drop once the output paused; else wait.
+        let paused_at = throttle.dropping().then(|| last + LOG_FLUSH);
+        let due = since.map(|t| t + LOG_FLUSH);
+        let wake = match (paused_at, due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let next = match wake {
+            Some(w) => tokio::time::timeout_at(w.into(), stream.next()).await,
+            None => Ok(stream.next().await),
+        };
+        let now = Instant::now();
+        match next {
             Ok(Some(s)) => {
+                last = now;
                 keep_tail(&tail, &s);
-                throttle.piece(&s, &mut buf, Instant::now());
+                throttle.piece(&s, &mut buf, now);
                 if buf.len() >= LOG_CHUNK {
                     flush(&mut buf);
                 }
+                since = match since {
+                    _ if buf.is_empty() => None,
+                    None => Some(now),
+                    kept => kept,
+                };
             }
             Ok(None) => break,
             Err(_) => {
-                throttle.pause(&mut buf, Instant::now());
+                if now >= last + LOG_FLUSH {
+                    throttle.pause(&mut buf, now);
+                }
                 flush(&mut buf);
+                since = None;
             }
         }
     }

@@ -58,6 +58,12 @@ impl Throttle {
         }
     }
 
+    /// Whether output was dropped that no marker has said yet (the watcher then wakes
+    /// when the output pauses, to say it).
+    pub fn dropping(&self) -> bool {
+        self.dropped > 0
+    }
+
     /// The output paused or ended: the marker for what was dropped, then the end of it.
     pub fn pause(&mut self, out: &mut String, now: Instant) {
         if self.dropped == 0 {

@@ -1,7 +1,7 @@
 //! A job's output against the real Docker Engine, through a small `--log-rate`: a flood
 //! is held to the rate with markers that count what was left out, the job runs on, its
 //! last words (after the flood) arrive before its end is reported, and `result.json`
-//! keeps the real end of its output.
+//! keeps the real end of its output. And a job that prints steadily is read live.
 
 use super::{demo_image, final_event, guard_exe, lease_from_hello, new_agent_id, spec};
 use commons_agent::executor::Executor;
@@ -90,4 +90,39 @@ async fn a_flood_is_held_to_the_rate_and_the_last_words_arrive_before_the_end() 
         !file.log_tail.contains("bytes dropped"),
         "the tail is the job's own output"
     );
+}
+
+/// A job printing a short line ten times a second never pauses long enough to flush on
+/// quiet, nor fills a chunk for minutes: its lines still reach the portal within the
+/// flush interval, while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_output_arrives_while_the_job_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (exec, mut rx, _rt) = super::docker_agent(&new_agent_id(), dir.path()).await;
+    let ticks = "i=0; while :; do echo tick-$i; i=$((i+1)); sleep 0.1; done";
+    exec.start(
+        4,
+        1,
+        spec(ticks, 300),
+        vec![],
+        lease_from_hello(&exec, 3600),
+    );
+    let mut logs = String::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !logs.contains("tick-10\n") {
+        let msg = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("tick-10 not here within 30 s; got {logs:?}"))
+            .unwrap();
+        match msg {
+            commons_proto::AgentMsg::Logs { chunk, .. } => logs.push_str(&chunk),
+            commons_proto::AgentMsg::AttemptEvent { state, .. } => {
+                assert!(!state.is_final(), "the job ended: {state:?}")
+            }
+            _ => {}
+        }
+    }
+    assert!(logs.starts_with("tick-0\ntick-1\n"), "{logs:?}");
+    exec.stop(4, 1, 0, commons_proto::StopReason::Cancelled, None);
+    final_event(&mut rx).await;
 }
