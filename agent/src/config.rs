@@ -31,6 +31,8 @@ pub struct AgentConfig {
     /// With fake GPUs: the utilisation (percent) a GPU reports while our container holds
     /// it (`--fake-busy-util`); 0 (idle) by default.
     pub fake_busy_util: u32,
+    /// How fast each job's output may reach the portal (`--log-rate`, `--log-burst`).
+    pub log_limit: crate::outbox::rate::LogLimit,
 }
 
 /// What the agent reports as the server's CPUs and memory.
@@ -100,6 +102,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("socket_group", &self.socket_group)
             .field("images", &self.images)
             .field("fake_busy_util", &self.fake_busy_util)
+            .field("log_limit", &self.log_limit)
             .finish()
     }
 }
@@ -198,6 +201,7 @@ mod tests {
             capacity: Default::default(),
             images: Default::default(),
             fake_busy_util: 0,
+            log_limit: Default::default(),
         };
         let shown = format!("{c:?}");
         assert!(

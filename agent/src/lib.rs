@@ -29,6 +29,7 @@ pub mod executor;
 pub mod gpu;
 pub mod guard;
 pub mod metrics;
+pub mod outbox;
 pub mod owner;
 pub mod reconcile;
 pub mod relay;

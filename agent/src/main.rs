@@ -100,6 +100,18 @@ enum Cmd {
         #[arg(long, env = "COMMONS_FAKE_BUSY_UTIL", default_value_t = 0,
               value_parser = clap::value_parser!(u32).range(0..=100))]
         fake_busy_util: u32,
+        /// How fast each job's output may go to the portal, in bytes a second (65536, 64K,
+        /// 1M); output over it is dropped, and the job's log says how much.
+        #[arg(long, env = "COMMONS_LOG_RATE",
+              default_value_t = commons_agent::outbox::rate::DEFAULT_RATE,
+              value_parser = commons_agent::outbox::rate::parse_bytes)]
+        log_rate: u64,
+        /// How much output may pass at once above the rate, after a quieter spell (a
+        /// start-up banner, a traceback).
+        #[arg(long, env = "COMMONS_LOG_BURST",
+              default_value_t = commons_agent::outbox::rate::DEFAULT_BURST,
+              value_parser = commons_agent::outbox::rate::parse_bytes)]
+        log_burst: u64,
     },
     /// The running agent's view: GPUs, what runs on each, what is lent and why, the
     /// portal link. Exits non-zero when the agent is not running.
@@ -214,7 +226,11 @@ fn main() -> anyhow::Result<()> {
             require_signed_images,
             image_authority_keys,
             fake_busy_util,
+            log_rate,
+            log_burst,
         } => {
+            let log_limit = commons_agent::outbox::rate::LogLimit::new(log_rate, log_burst)
+                .map_err(anyhow::Error::msg)?;
             let idle_guest = commons_agent::config::parse_idle(&idle_guest)
                 .map_err(|e| anyhow::anyhow!("--idle-guest: {e}"))?;
             let authority_keys = match &image_authority_keys {
@@ -259,6 +275,7 @@ fn main() -> anyhow::Result<()> {
                 capacity,
                 images,
                 fake_busy_util,
+                log_limit,
             }))
         }
         Cmd::Status { state_dir } => {

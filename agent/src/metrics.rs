@@ -30,6 +30,11 @@ pub struct MessageLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FateLabel {
+    pub fate: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: &'static str,
 }
@@ -51,6 +56,7 @@ pub struct Metrics {
     pub connections: Counter,
     pub messages: Family<MessageLabels, Counter>,
     pub checkpoint_uploads: Family<ResultLabel, Counter>,
+    pub log_bytes: Family<FateLabel, Counter>,
 }
 
 /// This process's metrics.
@@ -75,6 +81,7 @@ impl Metrics {
             connections: Counter::default(),
             messages: Family::default(),
             checkpoint_uploads: Family::default(),
+            log_bytes: Family::default(),
         };
         r.register(
             "gpu_utilization_ratio",
@@ -146,6 +153,12 @@ impl Metrics {
             "Checkpoint uploads by result (stored, nothing, refused, failed)",
             m.checkpoint_uploads.clone(),
         );
+        r.register(
+            "log_bytes",
+            "Jobs' output by fate: sent to the portal, over_rate (over a job's --log-rate, \
+             dropped), unsent (dropped while the portal was unreachable or slow)",
+            m.log_bytes.clone(),
+        );
         Metrics { registry: r, ..m }
     }
 
@@ -160,6 +173,13 @@ impl Metrics {
         self.messages
             .get_or_create(&MessageLabels { direction, kind })
             .inc();
+    }
+
+    /// Counts `n` bytes of jobs' output by what became of them.
+    pub fn log_bytes(&self, fate: &'static str, n: usize) {
+        self.log_bytes
+            .get_or_create(&FateLabel { fate })
+            .inc_by(n as u64);
     }
 
     pub fn checkpoint_upload(&self, result: &'static str) {

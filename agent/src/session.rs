@@ -6,15 +6,18 @@
 //! and obeys `Start`, `Stop` and `Renew`. `Hello` and heartbeats are numbered (`seq`) by the
 //! executor, which remembers when it sent each: the leases in `Start` and `Renew` count from
 //! there. A `Stop` for an attempt the agent does not know is answered with a report that it
-//! is stopped, per the protocol's one rule. A portal that refuses this agent's protocol
-//! version says so in its close frame, which is logged as an error. Checkpoints travel over
-//! plain HTTP to the same portal, with the same credential (`checkpoint::client`).
+//! is stopped, per the protocol's one rule. Everything else the agent sends (attempt
+//! events, jobs' output) comes through the bounded [`outbox`], control before output, and
+//! the heartbeat goes before either. A portal that refuses this agent's protocol version
+//! says so in its close frame, which is logged as an error. Checkpoints travel over plain
+//! HTTP to the same portal, with the same credential (`checkpoint::client`).
 
 use crate::checkpoint::{CheckpointClient, Policy};
 use crate::executor::{Admission, Executor};
 use crate::gpu::{self, GpuSource};
 use crate::guard;
 use crate::metrics::METRICS;
+use crate::outbox::{self, OutboxRx};
 use crate::owner::{self, OwnerState};
 use crate::reconcile::Launch;
 use crate::relay::{self, RelayContext, Relays};
@@ -26,7 +29,6 @@ use anyhow::{bail, Context};
 use commons_proto::*;
 use futures_util::{SinkExt, StreamExt};
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest, Message};
@@ -85,7 +87,7 @@ async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> 
         docker: runtime.docker(),
         relays: Relays::default(),
     };
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = outbox::channel(config.log_limit);
     let exec = Executor::with_checkpoints(runtime, tx, store, Some(checkpoints));
     exec.adopt().await?;
     let owner = OwnerState::new(owner::IdleRule {
@@ -264,7 +266,7 @@ async fn connect_once(
     exec: &Executor,
     relay: &RelayContext,
     owner: &OwnerState,
-    rx: &mut mpsc::UnboundedReceiver<AgentMsg>,
+    rx: &mut OutboxRx,
 ) -> anyhow::Result<()> {
     let mut req = ws_url(&config.portal).into_client_request()?;
     req.headers_mut().insert(
@@ -292,7 +294,26 @@ async fn connect_once(
     // connected or not.
     let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
     loop {
+        // In this order: the heartbeat (a lease counts from it), the portal's messages,
+        // then the outbox (its control before any job's output). Nothing waits behind
+        // output but the one chunk being written.
         tokio::select! {
+            biased;
+            _ = heartbeat.tick() => {
+                let gpu_stats = match exec.gpu_stats(gpus).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!("GPU stats: {e}");
+                        Vec::new()
+                    }
+                };
+                METRICS.gpus(inventory, &gpu_stats);
+                let mut beat = exec.heartbeat(gpu_stats);
+                if let AgentMsg::Heartbeat { capacity, .. } = &mut beat {
+                    *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
+                }
+                sink.send(send(&beat)?).await?;
+            }
             msg = stream.next() => {
                 let Some(msg) = msg else {
                     log_close(None);
@@ -320,21 +341,6 @@ async fn connect_once(
                 }
             }
             Some(ev) = rx.recv() => sink.send(send(&ev)?).await?,
-            _ = heartbeat.tick() => {
-                let gpu_stats = match exec.gpu_stats(gpus).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!("GPU stats: {e}");
-                        Vec::new()
-                    }
-                };
-                METRICS.gpus(inventory, &gpu_stats);
-                let mut beat = exec.heartbeat(gpu_stats);
-                if let AgentMsg::Heartbeat { capacity, .. } = &mut beat {
-                    *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
-                }
-                sink.send(send(&beat)?).await?;
-            }
         }
     }
 }

@@ -115,6 +115,7 @@ pub struct Metrics {
     pub agent_messages: Family<MessageLabels, Counter>,
     pub agent_message_duration: HistogramFamily<KindLabel>,
     pub agent_messages_refused: Counter,
+    pub agent_log_chunks_dropped: Counter,
     pub db_pool: Family<PoolLabel, Gauge>,
     pub db_pool_max: Gauge,
     /// Time from asking the pool for a connection to having one (the database work's
@@ -157,6 +158,7 @@ impl Metrics {
             agent_messages: Family::default(),
             agent_message_duration: Family::new_with_constructor(latency_histogram),
             agent_messages_refused: Counter::default(),
+            agent_log_chunks_dropped: Counter::default(),
             db_pool: Family::default(),
             db_pool_max: Gauge::default(),
             // 50 us .. about 26 s.
@@ -257,6 +259,12 @@ impl Metrics {
             "agent_messages_refused",
             "Agent messages refused (limits, rate, another node's attempt)",
             m.agent_messages_refused.clone(),
+        );
+        r.register(
+            "agent_log_chunks_dropped",
+            "Jobs' output chunks dropped over a connection's output rate (not refusals: \
+             the job's log says how much)",
+            m.agent_log_chunks_dropped.clone(),
         );
         r.register(
             "db_pool_connections",

@@ -149,7 +149,7 @@ impl<R: ContainerRuntime> Executor<R> {
                 ));
             }
             Action::Report { result, .. } => {
-                let _ = self.inner.events.send(AgentMsg::AttemptEvent {
+                self.inner.events.send(AgentMsg::AttemptEvent {
                     job,
                     attempt,
                     state: result.state,
@@ -270,7 +270,7 @@ async fn start_task<R: ContainerRuntime>(
                     container: id.clone(),
                 };
                 exec.save_lease(&t, key);
-                let _ = exec.inner.events.send(AgentMsg::AttemptEvent {
+                exec.inner.events.send(AgentMsg::AttemptEvent {
                     job,
                     attempt,
                     state: AttemptState::Running,

@@ -15,6 +15,7 @@ use crate::checkpoint::{
     self, prepare_dir, ApiError, CheckpointClient, CheckpointFile, FinalUpload,
 };
 use crate::clock;
+use crate::outbox::Outbox;
 use crate::reconcile::{Key, Launch, UploadStage};
 use crate::runtime::{CheckpointMount, ContainerRuntime};
 use crate::store::Store;
@@ -23,15 +24,14 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// How the agent's lines in a job's log begin.
 pub const LOG_PREFIX: &str = "[GPU Commons]";
 
 /// Tells the job's owner, in the job's log.
-fn job_log(events: &mpsc::UnboundedSender<AgentMsg>, (job, attempt): Key, text: &str) {
+fn job_log(events: &Outbox, (job, attempt): Key, text: &str) {
     tracing::info!(job, attempt, "{text}");
-    let _ = events.send(AgentMsg::Logs {
+    events.send(AgentMsg::Logs {
         job,
         attempt,
         chunk: format!("{LOG_PREFIX} {text}\n"),
@@ -89,11 +89,7 @@ impl<R: ContainerRuntime> Executor<R> {
 }
 
 /// What a journey needs from the executor: the client, the events, the attempt's dir.
-type Parts = (
-    Option<CheckpointClient>,
-    mpsc::UnboundedSender<AgentMsg>,
-    PathBuf,
-);
+type Parts = (Option<CheckpointClient>, Outbox, PathBuf);
 
 fn parts<R: ContainerRuntime>(weak: &Weak<Inner<R>>, key: Key) -> Option<Parts> {
     let exec = upgrade(weak)?;
@@ -237,7 +233,7 @@ async fn snapshot_task<R: ContainerRuntime>(
     exec.step(clock::now());
 }
 
-fn left_out(events: &mpsc::UnboundedSender<AgentMsg>, key: Key, skipped: &[String]) {
+fn left_out(events: &Outbox, key: Key, skipped: &[String]) {
     if !skipped.is_empty() {
         let text = format!("left out of the checkpoint: {}", skipped.join(", "));
         job_log(events, key, &text);

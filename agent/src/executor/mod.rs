@@ -47,6 +47,7 @@ mod watch;
 use crate::checkpoint::CheckpointClient;
 use crate::clock::{self, SentLog};
 use crate::gpu::{GpuError, GpuSource, Ours};
+use crate::outbox::Outbox;
 use crate::reconcile::{reconcile, Assignment, ContainerObs, Key, Launch, Phase, StopOrder, Why};
 use crate::runtime::{AssignedGpu, ContainerRuntime, DockerRuntime, RuntimeError};
 use crate::store::Store;
@@ -58,7 +59,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// How often time limits and leases are checked without any other reason to look.
 const TICK: Duration = Duration::from_secs(1);
@@ -77,7 +77,7 @@ struct Table {
 
 struct Inner<R> {
     runtime: Arc<R>,
-    events: mpsc::UnboundedSender<AgentMsg>,
+    events: Outbox,
     store: Store,
     /// The portal's checkpoint store; `None`: checkpoints stay on this server.
     checkpoints: Option<CheckpointClient>,
@@ -122,7 +122,7 @@ fn upgrade<R>(weak: &Weak<Inner<R>>) -> Option<Executor<R>> {
 
 impl<R: ContainerRuntime> Executor<R> {
     /// An executor without a checkpoint store (see [`Executor::with_checkpoints`]).
-    pub fn new(runtime: R, events: mpsc::UnboundedSender<AgentMsg>, store: Store) -> Self {
+    pub fn new(runtime: R, events: Outbox, store: Store) -> Self {
         Self::with_checkpoints(runtime, events, store, None)
     }
 
@@ -131,7 +131,7 @@ impl<R: ContainerRuntime> Executor<R> {
     /// fresh random session.
     pub fn with_checkpoints(
         runtime: R,
-        events: mpsc::UnboundedSender<AgentMsg>,
+        events: Outbox,
         store: Store,
         checkpoints: Option<CheckpointClient>,
     ) -> Self {
@@ -310,7 +310,7 @@ impl<R: ContainerRuntime> Executor<R> {
 
     /// Tells the portal that an attempt it asked to stop is not running here.
     pub fn report_unknown(&self, job: JobId, attempt: Attempt, reason: StopReason) {
-        let _ = self.inner.events.send(AgentMsg::AttemptEvent {
+        self.inner.events.send(AgentMsg::AttemptEvent {
             job,
             attempt,
             state: AttemptState::Stopped,
@@ -470,7 +470,7 @@ impl<R: ContainerRuntime> Executor<R> {
 
     /// Adds a line to an attempt's output (what its owner reads on the job's page).
     pub fn note(&self, job: JobId, attempt: Attempt, line: &str) {
-        let _ = self.inner.events.send(AgentMsg::Logs {
+        self.inner.events.send(AgentMsg::Logs {
             job,
             attempt,
             chunk: format!("{line}\n"),

@@ -5,23 +5,29 @@
 //! running, it is watched again (its log stream restarted if that ended too); ended, its
 //! exit code counts; gone, it is lost (reported as stopped with `StopReason::Lost`, which
 //! the portal requeues). An end the guard caused (`stopped.json`) is recorded with the
-//! guard's reason, never as the job's own exit.
+//! guard's reason, never as the job's own exit. The output goes through the attempt's
+//! [`Throttle`] (its `--log-rate`); all of it, dropped or not, goes into the tail kept for
+//! `result.json`. The end is recorded once the output has left the outbox too (or after
+//! [`LOG_DRAIN`]), so the portal gets an attempt's last lines before its end.
 
 use super::{lock, upgrade, Executor, Inner, Table};
 use crate::clock;
+use crate::outbox::throttle::Throttle;
+use crate::outbox::Outbox;
 use crate::reconcile::{Key, Phase, Stopping, Why};
 use crate::runtime::{ContainerRuntime, ContainerStatus};
 use crate::store::{self, LOG_TAIL_MAX};
-use commons_proto::{AgentMsg, Attempt, JobId};
+use commons_proto::AgentMsg;
 use futures_util::StreamExt;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
-use tokio::sync::mpsc;
+use std::time::{Duration, Instant};
 
-/// Logs are sent in chunks of at most this many bytes, or every flush interval.
+/// Logs are sent in chunks of this many bytes, or once a chunk's first byte waited the
+/// flush interval.
 const LOG_CHUNK: usize = 16 * 1024;
 const LOG_FLUSH: Duration = Duration::from_millis(300);
-/// How long the end of a container's log stream may take after the container ended.
+/// How long the end of a container's log stream may take after the container ended, and
+/// then how long its output may take to leave the outbox.
 const LOG_DRAIN: Duration = Duration::from_secs(5);
 /// Pause before watching a container again after a failed wait.
 const WAIT_RETRY: Duration = Duration::from_secs(1);
@@ -52,7 +58,7 @@ impl<R: ContainerRuntime> Executor<R> {
 async fn watch<R: ContainerRuntime>(
     weak: Weak<Inner<R>>,
     runtime: Arc<R>,
-    events: mpsc::UnboundedSender<AgentMsg>,
+    events: Outbox,
     key: Key,
     container: String,
     logs_since: Option<Duration>,
@@ -63,8 +69,7 @@ async fn watch<R: ContainerRuntime>(
         tokio::spawn(forward_logs(
             runtime.logs(&container, since),
             events.clone(),
-            job,
-            attempt,
+            key,
             tail.clone(),
         ))
     };
@@ -98,8 +103,10 @@ async fn watch<R: ContainerRuntime>(
         }
         tokio::time::sleep(WAIT_RETRY).await;
     };
-    // The log stream ends with the container; give it a moment to drain.
+    // The log stream ends with the container; give it a moment to drain, and its output
+    // a moment to leave (on a link that is down, the end goes first and the rest later).
     let _ = tokio::time::timeout(LOG_DRAIN, logs).await;
+    events.logs_sent(key, LOG_DRAIN).await;
     let Some(exec) = upgrade(&weak) else { return };
     {
         let by_guard = exec.inner.store.read_stopped(key);
@@ -138,20 +145,26 @@ async fn watch<R: ContainerRuntime>(
     exec.step(clock::now());
 }
 
-/// Sends a container's output as `Logs` messages, batched by size and time, and keeps its
-/// end in `tail` (for `result.json`).
+/// Sends a container's output as `Logs` messages, held to the outbox's limit and batched:
+/// a chunk leaves when it is full or its first byte waited [`LOG_FLUSH`] (so a job that
+/// prints steadily is read live, not when a chunk fills). Keeps the output's end in
+/// `tail` (for `result.json`).
 async fn forward_logs(
     stream: impl futures_util::Stream<Item = String>,
-    events: mpsc::UnboundedSender<AgentMsg>,
-    job: JobId,
-    attempt: Attempt,
+    events: Outbox,
+    key: Key,
     tail: Arc<Mutex<String>>,
 ) {
+    let (job, attempt) = key;
     let mut stream = std::pin::pin!(stream);
+    let mut throttle = Throttle::new(events.limit(), Instant::now());
     let mut buf = String::new();
+    // When the chunk's first byte came, and when the last output did.
+    let mut since: Option<Instant> = None;
+    let mut last = Instant::now();
     let flush = |buf: &mut String| {
         if !buf.is_empty() {
-            let _ = events.send(AgentMsg::Logs {
+            events.send(AgentMsg::Logs {
                 job,
                 attempt,
                 chunk: std::mem::take(buf),
@@ -159,19 +172,45 @@ async fn forward_logs(
         }
     };
     loop {
-        match tokio::time::timeout(LOG_FLUSH, stream.next()).await {
+        // Wake to send the chunk, or to end a drop once the output paused; else wait.
+        let paused_at = throttle.dropping().then(|| last + LOG_FLUSH);
+        let due = since.map(|t| t + LOG_FLUSH);
+        let wake = match (paused_at, due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let next = match wake {
+            Some(w) => tokio::time::timeout_at(w.into(), stream.next()).await,
+            None => Ok(stream.next().await),
+        };
+        let now = Instant::now();
+        match next {
             Ok(Some(s)) => {
+                last = now;
                 keep_tail(&tail, &s);
-                buf.push_str(&s);
+                throttle.piece(&s, &mut buf, now);
                 if buf.len() >= LOG_CHUNK {
                     flush(&mut buf);
                 }
+                since = match since {
+                    _ if buf.is_empty() => None,
+                    None => Some(now),
+                    kept => kept,
+                };
             }
             Ok(None) => break,
-            Err(_) => flush(&mut buf),
+            Err(_) => {
+                if now >= last + LOG_FLUSH {
+                    throttle.pause(&mut buf, now);
+                }
+                flush(&mut buf);
+                since = None;
+            }
         }
     }
+    throttle.pause(&mut buf, Instant::now());
     flush(&mut buf);
+    events.finish(key);
 }
 
 /// Appends to the kept end of the output, trimming it now and then (at twice the size kept,

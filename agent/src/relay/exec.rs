@@ -3,10 +3,12 @@
 //! The process runs as the container's user (the job's, never root), with the container's
 //! environment plus the SSH client's accepted variables and `TERM`. Input goes to its
 //! stdin, output comes back tagged stdout or stderr (one stream with a terminal), its exit
-//! status ends the relay. Signals go to the process by its host pid. When the user closes
+//! status ends the relay. Signals go to the process through a pidfd ([`super::signals`]),
+//! so none reaches another process that took its pid after it ended. When the user closes
 //! the channel first, the process gets SIGHUP, as a terminal's would, and SIGKILL if it
 //! ignores that.
 
+use super::signals::ExecSignals;
 use super::{next_incoming, send_ctl, Incoming, Ws};
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, ResizeExecOptions, StartExecOptions, StartExecResults};
@@ -85,7 +87,7 @@ pub async fn run(
         let docker = docker.clone();
         let id = id.clone();
         tokio::spawn(async move {
-            let mut pid = None;
+            let mut signals = ExecSignals::new(&id);
             loop {
                 match next_incoming(&mut stream).await {
                     Incoming::Data(b) => {
@@ -100,7 +102,7 @@ pub async fn run(
                     }
                     Incoming::Ctl(RelayCtl::Signal { name }) => {
                         if let Some(sig) = signal_number(&name) {
-                            signal(&docker, &id, &mut pid, sig).await;
+                            signals.send(&docker, sig).await;
                         }
                     }
                     Incoming::Ctl(_) => {}
@@ -109,7 +111,7 @@ pub async fn run(
             }
         })
     };
-    let mut pid = None;
+    let mut signals = ExecSignals::new(&id);
     let mut user_gone: Option<tokio::time::Instant> = None;
     let ended = loop {
         let hangup_over = async {
@@ -133,7 +135,7 @@ pub async fn run(
                         frame.extend_from_slice(part);
                         if sink.send(Message::binary(frame)).await.is_err() && user_gone.is_none() {
                             user_gone = Some(tokio::time::Instant::now() + Duration::from_secs(2));
-                            signal(docker, &id, &mut pid, libc::SIGHUP).await;
+                            signals.send(docker, libc::SIGHUP).await;
                         }
                     }
                 }
@@ -147,10 +149,10 @@ pub async fn run(
                 // The user closed the channel first: hang up, as a terminal would, and
                 // kill what ignores that.
                 user_gone = Some(tokio::time::Instant::now() + Duration::from_secs(2));
-                signal(docker, &id, &mut pid, libc::SIGHUP).await;
+                signals.send(docker, libc::SIGHUP).await;
             }
             _ = hangup_over => {
-                signal(docker, &id, &mut pid, libc::SIGKILL).await;
+                signals.send(docker, libc::SIGKILL).await;
                 return Ok(());
             }
             _ = closed.changed() => {
@@ -163,7 +165,7 @@ pub async fn run(
     }
     let ctl = match ended {
         Some(message) => {
-            signal(docker, &id, &mut pid, libc::SIGKILL).await;
+            signals.send(docker, libc::SIGKILL).await;
             RelayCtl::Closed { message }
         }
         None => match docker.inspect_exec(&id).await {
@@ -193,25 +195,5 @@ async fn resize(docker: &bollard::Docker, id: &str, cols: u16, rows: u16) {
     };
     if let Err(e) = docker.resize_exec(id, opts).await {
         tracing::debug!("exec resize: {e}");
-    }
-}
-
-/// Sends `sig` to the exec's process (its host pid, looked up once).
-async fn signal(docker: &bollard::Docker, id: &str, pid: &mut Option<i64>, sig: i32) {
-    if pid.is_none() {
-        *pid = docker
-            .inspect_exec(id)
-            .await
-            .ok()
-            .filter(|i| i.running == Some(true))
-            .and_then(|i| i.pid)
-            .filter(|p| *p > 1);
-    }
-    if let Some(p) = pid.and_then(|p| i32::try_from(p).ok()) {
-        // SAFETY: kill(2) with a pid the engine gave for this exec's running process; it
-        // touches no memory of ours.
-        unsafe {
-            libc::kill(p, sig);
-        }
     }
 }

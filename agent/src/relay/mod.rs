@@ -10,6 +10,7 @@
 
 mod exec;
 mod forward;
+pub mod signals;
 
 use crate::executor::Executor;
 use commons_proto::relay::{relay_ws_url, RelayCtl, RelayTarget};

@@ -10,6 +10,7 @@ use commons_agent::checkpoint::{
 };
 use commons_agent::clock;
 use commons_agent::executor::Executor;
+use commons_agent::outbox;
 use commons_agent::reconcile::Launch;
 use commons_agent::store::{self, Store};
 use commons_proto::{AgentMsg, AttemptState, StopReason};
@@ -18,7 +19,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 const JOB_LOG: &str = "[GPU Commons]";
 
@@ -49,7 +49,7 @@ fn ck_agent(
     policy: Policy,
 ) -> (Executor<FakeRuntime>, Events) {
     let client = CheckpointClient::new(&portal.url, CREDENTIAL, policy).unwrap();
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = outbox::channel(Default::default());
     let exec = Executor::with_checkpoints(rt.clone(), tx, Store::new(dir), Some(client));
     (exec, Events::new(rx))
 }

@@ -161,7 +161,7 @@ async fn a_job_writes_its_checkpoint_as_uid_65534_and_a_resumed_attempt_reads_it
     let rt = commons_agent::runtime::DockerRuntime::connect(new_agent_id())
         .await
         .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = commons_agent::outbox::channel(Default::default());
     let client = CheckpointClient::new(&portal.url, CREDENTIAL, Policy::default()).unwrap();
     let store = Store::new(dir.path()).with_guard(Some(super::guard_exe()));
     let exec = Executor::with_checkpoints(rt, tx, store, Some(client));

@@ -5,6 +5,7 @@
 //! event collector.
 
 use commons_agent::executor::Executor;
+use commons_agent::outbox::{self, OutboxRx};
 use commons_agent::runtime::{
     container_body, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
     FoundContainer, RuntimeError,
@@ -18,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// The exit code a stopped fake container reports (SIGTERM).
 pub(crate) const SIGTERM_EXIT: i64 = 143;
@@ -267,7 +268,7 @@ impl ContainerRuntime for FakeRuntime {
 /// Collects the executor's messages so a test can wait for one job's without losing
 /// another's.
 pub(crate) struct Events {
-    rx: mpsc::UnboundedReceiver<AgentMsg>,
+    rx: OutboxRx,
     pub seen: Vec<AgentMsg>,
 }
 
@@ -281,7 +282,7 @@ pub(crate) struct End {
 }
 
 impl Events {
-    pub(crate) fn new(rx: mpsc::UnboundedReceiver<AgentMsg>) -> Self {
+    pub(crate) fn new(rx: OutboxRx) -> Self {
         Self { rx, seen: vec![] }
     }
 
@@ -366,7 +367,7 @@ pub(crate) fn setup() -> Setup {
 
 /// An agent process (a fresh session) over `rt` and the state dir `dir`.
 pub(crate) fn agent(rt: &FakeRuntime, dir: &Path) -> (Executor<FakeRuntime>, Events) {
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = outbox::channel(Default::default());
     (
         Executor::new(rt.clone(), tx, Store::new(dir)),
         Events::new(rx),

@@ -4,18 +4,18 @@
 //! reports what the guard did, or re-adopts with the deadline on disk.
 
 use super::{docker_agent, final_event, lease_from_hello, new_agent_id, spec};
+use commons_agent::outbox::OutboxRx;
 use commons_agent::runtime::{ContainerRuntime, ContainerStatus, DockerRuntime};
 use commons_agent::store::{self, LeaseFile, StoppedFile};
 use commons_agent::{clock, guard};
 use commons_proto::{AgentMsg, AttemptState, StopReason};
 use std::path::Path;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// Slack the guard gets past a deadline: its poll, the stop, the engine.
 const SLACK: Duration = Duration::from_secs(5);
 
-async fn running_event(rx: &mut mpsc::UnboundedReceiver<AgentMsg>) {
+async fn running_event(rx: &mut OutboxRx) {
     loop {
         let msg = tokio::time::timeout(Duration::from_secs(30), rx.recv())
             .await

@@ -5,18 +5,15 @@
 
 use super::{final_event, guard_exe, lease_from_hello, new_agent_id, spec};
 use commons_agent::executor::Executor;
+use commons_agent::outbox::{self, OutboxRx};
 use commons_agent::runtime::guest::{GuestNetwork, Isolation, GUEST_NETWORK};
 use commons_agent::runtime::DockerRuntime;
 use commons_agent::store::Store;
-use commons_proto::{AgentMsg, AttemptState};
+use commons_proto::AttemptState;
 use std::net::TcpListener;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
-async fn agent(
-    dir: &std::path::Path,
-    network: GuestNetwork,
-) -> (Executor, mpsc::UnboundedReceiver<AgentMsg>) {
+async fn agent(dir: &std::path::Path, network: GuestNetwork) -> (Executor, OutboxRx) {
     super::demo_image();
     let rt = DockerRuntime::connect(new_agent_id())
         .await
@@ -24,7 +21,7 @@ async fn agent(
         .with_isolation(Isolation { network })
         .await
         .expect("the guests' network (needs root and iptables)");
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = outbox::channel(Default::default());
     let store = Store::new(dir).with_guard(Some(guard_exe()));
     (Executor::new(rt, tx, store), rx)
 }

@@ -8,13 +8,13 @@
 use super::registry::Registry;
 use super::{final_event, guard_exe, lease_from_hello, local_id, new_agent_id, spec};
 use commons_agent::executor::Executor;
+use commons_agent::outbox::{self, OutboxRx};
 use commons_agent::runtime::images::ImagePolicy;
 use commons_agent::runtime::{ContainerRuntime, DockerRuntime};
 use commons_agent::store::Store;
 use commons_proto::{AttemptState, JobSpec};
 use std::path::Path;
 use std::process::Command;
-use tokio::sync::mpsc;
 
 /// Builds a FROM-scratch busybox image tagged `tag` whose `/marker` holds `marker`;
 /// answers its ID.
@@ -53,19 +53,12 @@ impl Drop for Cleanup {
     }
 }
 
-async fn agent_with(
-    dir: &Path,
-    policy: ImagePolicy,
-) -> (
-    Executor,
-    mpsc::UnboundedReceiver<commons_proto::AgentMsg>,
-    DockerRuntime,
-) {
+async fn agent_with(dir: &Path, policy: ImagePolicy) -> (Executor, OutboxRx, DockerRuntime) {
     let rt = DockerRuntime::connect(new_agent_id())
         .await
         .expect("the Docker Engine must run")
         .with_images(policy);
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = outbox::channel(Default::default());
     let store = Store::new(dir).with_guard(Some(guard_exe()));
     (Executor::new(rt.clone(), tx, store), rx, rt)
 }

@@ -5,7 +5,8 @@
 //! [`checkpoints`] drives restores and uploads through the executor against
 //! [`portal_double`], a test double of the portal's checkpoint API over HTTP. [`extend`]
 //! moves a running attempt's time limit as a `Renew` asks. [`images`] checks pins, pulls
-//! and signatures against the real engine.
+//! and signatures against the real engine. [`logs`] holds a flooding job's output to its
+//! rate there. [`signals`] checks that an SSH user's signals never outlive their exec.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod checkpoints;
@@ -16,19 +17,21 @@ mod fake_runtime;
 mod guard;
 mod guests;
 mod images;
+mod logs;
 mod portal_double;
 mod reconcile;
 mod reconcile_checkpoints;
 mod registry;
 mod restart;
+mod signals;
 
 use commons_agent::executor::Executor;
+use commons_agent::outbox::{self, OutboxRx};
 use commons_agent::runtime::DockerRuntime;
 use commons_agent::store::Store;
 use commons_proto::{AgentMsg, AttemptState, JobSpec, Lease, StopReason};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 fn demo_image() {
     let have = std::process::Command::new("docker")
@@ -94,15 +97,12 @@ fn new_agent_id() -> String {
 }
 
 /// One agent process over the real engine: agent id `id`, state dir `dir`, with guards.
-async fn docker_agent(
-    id: &str,
-    dir: &Path,
-) -> (Executor, mpsc::UnboundedReceiver<AgentMsg>, DockerRuntime) {
+async fn docker_agent(id: &str, dir: &Path) -> (Executor, OutboxRx, DockerRuntime) {
     demo_image();
     let rt = DockerRuntime::connect(id.to_string())
         .await
         .expect("the Docker Engine must run");
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = outbox::channel(Default::default());
     let store = Store::new(dir).with_guard(Some(guard_exe()));
     (Executor::new(rt.clone(), tx, store), rx, rt)
 }
@@ -130,7 +130,7 @@ struct Final {
 }
 
 /// Waits for the final event of an attempt, collecting its output.
-async fn final_event(rx: &mut mpsc::UnboundedReceiver<AgentMsg>) -> Final {
+async fn final_event(rx: &mut OutboxRx) -> Final {
     let mut logs = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {

@@ -83,8 +83,11 @@ async fn serve(
     let silence = Duration::from_secs(state.config.scheduler.heartbeat_s * 3 + 5);
     // The agent process's session, from its `Hello`: leases name it.
     let mut agent_session: Option<u64> = None;
-    let mut rate = super::limits::Rate::new(std::time::Instant::now());
-    let mut refused: u64 = 0;
+    let opened = std::time::Instant::now();
+    let mut rate = super::limits::Rate::new(opened);
+    let mut log_rate = super::limits::Rate::logs(opened);
+    let mut refusals = super::limits::Refusals::new(opened);
+    let mut log_drops = super::limits::LogDrops::default();
     // This connection's view of the node's running attempts, for their utilisation.
     let sampler = std::sync::Arc::new(std::sync::Mutex::new(Sampler::new(
         state.config.utilization.sample_interval_s,
@@ -118,22 +121,29 @@ async fn serve(
                         state.agents.unregister(node.id, conn);
                         return;
                     }
-                    Ok(m) => {
+                    Ok(mut m) => {
                         let kind = m.kind();
                         state.metrics.message("in", kind);
-                        let verdict = if rate.take(std::time::Instant::now()) {
-                            super::limits::check(&m)
-                        } else {
-                            Err("over the message rate".to_string())
-                        };
-                        if let Err(why) = verdict {
-                            state.metrics.agent_messages_refused.inc();
-                            refused += 1;
-                            if refused.is_power_of_two() {
-                                tracing::warn!(node = node.id, refused, "agent message refused: {why}");
+                        let at = std::time::Instant::now();
+                        // Output has a rate of its own; over it, a chunk is dropped (and
+                        // said in the job's log later), never refused.
+                        let verdict = match &m {
+                            AgentMsg::Logs { job, attempt, chunk } if !log_rate.take(at) => {
+                                state.metrics.agent_log_chunks_dropped.inc();
+                                log_drops.add(*job, *attempt, chunk.len());
+                                continue;
                             }
-                            if refused >= super::limits::MAX_REFUSED {
-                                tracing::warn!(node = node.id, "too many refused messages: disconnected");
+                            AgentMsg::Logs { .. } => super::limits::check(&m),
+                            _ if rate.take(at) => super::limits::check(&m),
+                            _ => Err("over the message rate".to_string()),
+                        };
+                        if let (Ok(()), AgentMsg::Logs { job, attempt, chunk }) = (&verdict, &mut m) {
+                            if let Some(line) = log_drops.marker(*job, *attempt) {
+                                chunk.insert_str(0, &line);
+                            }
+                        }
+                        if let Err(why) = verdict {
+                            if refuse(&state, node.id, &mut refusals, &why) {
                                 break;
                             }
                             continue;
@@ -165,12 +175,7 @@ async fn serve(
                                 return;
                             }
                             Err(AppError::Forbidden(why)) => {
-                                state.metrics.agent_messages_refused.inc();
-                                refused += 1;
-                                if refused.is_power_of_two() {
-                                    tracing::warn!(node = node.id, refused, "agent message refused: {why}");
-                                }
-                                if refused >= super::limits::MAX_REFUSED {
+                                if refuse(&state, node.id, &mut refusals, &why) {
                                     break;
                                 }
                             }
@@ -193,6 +198,21 @@ async fn serve(
     }
     tracing::info!(node = node.id, "agent disconnected");
     let _ = session.close(None).await;
+}
+
+/// Counts a refused message; whether the connection is to be closed (refusals piled up
+/// faster than they leak away).
+fn refuse(state: &AppState, node: i64, refusals: &mut super::limits::Refusals, why: &str) -> bool {
+    state.metrics.agent_messages_refused.inc();
+    let close = refusals.add(std::time::Instant::now());
+    let refused = refusals.total;
+    if refused.is_power_of_two() {
+        tracing::warn!(node, refused, "agent message refused: {why}");
+    }
+    if close {
+        tracing::warn!(node, refused, "too many refused messages: disconnected");
+    }
+    close
 }
 
 async fn send(

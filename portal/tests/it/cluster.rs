@@ -578,6 +578,11 @@ impl AgentProcess {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.state.path().join("agent.log")).unwrap_or_default()
     }
+
+    /// The agent's process id (`ip netns exec` becomes the agent), while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
 }
 
 impl Drop for AgentProcess {

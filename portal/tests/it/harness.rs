@@ -211,6 +211,7 @@ impl TestPortal {
             capacity: Default::default(),
             images: Default::default(),
             fake_busy_util: 0,
+            log_limit: Default::default(),
         };
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {

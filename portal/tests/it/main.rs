@@ -30,6 +30,7 @@ mod migrate_db;
 mod migration;
 mod migrations;
 mod node_page;
+mod noisy;
 mod observability;
 mod oidc_provider;
 mod owner;
