@@ -31,6 +31,9 @@ pub struct AgentConfig {
     /// With fake GPUs: the utilisation (percent) a GPU reports while our container holds
     /// it (`--fake-busy-util`); 0 (idle) by default.
     pub fake_busy_util: u32,
+    /// Jobs' disk caps and the free-space floor (`--max-job-disk-gb`, `--min-free-disk`,
+    /// `--job-disk`; see `disk`).
+    pub disk: crate::disk::DiskPolicy,
 }
 
 /// What the agent reports as the server's CPUs and memory.
@@ -100,6 +103,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("socket_group", &self.socket_group)
             .field("images", &self.images)
             .field("fake_busy_util", &self.fake_busy_util)
+            .field("disk", &self.disk)
             .finish()
     }
 }
@@ -198,6 +202,7 @@ mod tests {
             capacity: Default::default(),
             images: Default::default(),
             fake_busy_util: 0,
+            disk: Default::default(),
         };
         let shown = format!("{c:?}");
         assert!(

@@ -100,6 +100,22 @@ enum Cmd {
         #[arg(long, env = "COMMONS_FAKE_BUSY_UTIL", default_value_t = 0,
               value_parser = clap::value_parser!(u32).range(0..=100))]
         fake_busy_util: u32,
+        /// The largest disk (GiB) a job may have here: every host path it can write
+        /// (/checkpoint) and its checkpoint archive hold at most its `disk_gb`, and never
+        /// more than this. Jobs asking for more are not placed here.
+        #[arg(long, env = "COMMONS_MAX_JOB_DISK_GB", default_value_t = commons_agent::disk::DEFAULT_MAX_JOB_GB,
+              value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+        max_job_disk_gb: u64,
+        /// Take no new guests while the file system of --state-dir has less free than
+        /// this: a share (10%) or an amount in GiB (50GB).
+        #[arg(long, env = "COMMONS_MIN_FREE_DISK", default_value = "10%")]
+        min_free_disk: commons_agent::disk::Floor,
+        /// How jobs' disk caps are held: `image` (an ext4 image per job, loop-mounted:
+        /// writes past the cap fail; needs root, loop devices and mkfs.ext4), `watch`
+        /// (a plain directory measured every 2 s; a job over its cap is stopped), or
+        /// `auto` (image when a test image mounts at start, else watch).
+        #[arg(long, env = "COMMONS_JOB_DISK", default_value = "auto")]
+        job_disk: commons_agent::disk::CapMode,
     },
     /// The running agent's view: GPUs, what runs on each, what is lent and why, the
     /// portal link. Exits non-zero when the agent is not running.
@@ -214,6 +230,9 @@ fn main() -> anyhow::Result<()> {
             require_signed_images,
             image_authority_keys,
             fake_busy_util,
+            max_job_disk_gb,
+            min_free_disk,
+            job_disk,
         } => {
             let idle_guest = commons_agent::config::parse_idle(&idle_guest)
                 .map_err(|e| anyhow::anyhow!("--idle-guest: {e}"))?;
@@ -257,6 +276,11 @@ fn main() -> anyhow::Result<()> {
                 capacity,
                 images,
                 fake_busy_util,
+                disk: commons_agent::disk::DiskPolicy {
+                    max_job_gb: max_job_disk_gb,
+                    floor: min_free_disk,
+                    mode: job_disk,
+                },
             }))
         }
         Cmd::Status { state_dir } => {

@@ -198,6 +198,7 @@ mod tests {
             grace_s: Some(20),
             image_digest: None,
             image_signature: None,
+            disk_gb: None,
         }
     }
 

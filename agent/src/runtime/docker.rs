@@ -575,6 +575,7 @@ mod tests {
             grace_s: None,
             image_digest: None,
             image_signature: None,
+            disk_gb: None,
         }
     }
 

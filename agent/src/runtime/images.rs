@@ -125,6 +125,7 @@ mod tests {
             grace_s: None,
             image_digest: None,
             image_signature: None,
+            disk_gb: None,
         };
         let open = ImagePolicy::default();
         assert!(matches!(

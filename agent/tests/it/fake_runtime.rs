@@ -390,6 +390,7 @@ pub(crate) fn spec(image: &str, time_limit_s: u64) -> JobSpec {
         grace_s: None,
         image_digest: None,
         image_signature: None,
+        disk_gb: None,
     }
 }
 

@@ -36,6 +36,7 @@ fn launch() -> Arc<Launch> {
             grace_s: None,
             image_digest: None,
             image_signature: None,
+            disk_gb: None,
         },
         gpus: vec![],
         resume: false,

@@ -309,6 +309,7 @@ async fn handle(
                     gpu_stats,
                     attempts: reports,
                     capacity,
+                    ..
                 } => {
                     let session = session
                         .ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;

@@ -583,6 +583,9 @@ impl AgentProcess {
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.kill9();
+        // Job volumes an agent mounted as images (none under `ip netns exec`, whose
+        // mounts the engine cannot see: such an agent watches its volumes instead).
+        commons_agent::disk::release_all(self.state.path());
     }
 }
 

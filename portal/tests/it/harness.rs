@@ -207,6 +207,8 @@ impl TestPortal {
             capacity: Default::default(),
             images: Default::default(),
             fake_busy_util: 0,
+            // Watched volumes (no mounts): in-process agents are aborted, not stopped.
+            disk: Default::default(),
         };
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {
@@ -420,6 +422,7 @@ impl Drop for TestAgent {
                 }
             }
         }
+        commons_agent::disk::release_all(self.dir.path());
     }
 }
 

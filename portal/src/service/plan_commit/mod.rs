@@ -265,6 +265,7 @@ pub(crate) fn start_msg(
             grace_s,
             image_digest: job.image_digest.clone(),
             image_signature: job.image_signature.clone(),
+            disk_gb: None,
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,
