@@ -87,6 +87,8 @@ diesel::table! {
         cpus -> Double,
         memory_mb -> BigInt,
         disk_gb -> BigInt,
+        max_job_disk_gb -> Nullable<BigInt>,
+        disk_low -> Nullable<Text>,
     }
 }
 
@@ -149,6 +151,7 @@ diesel::table! {
         estimated_start_at -> Nullable<Timestamp>,
         image_digest -> Nullable<Text>,
         image_signature -> Nullable<Text>,
+        disk_gb -> Nullable<BigInt>,
     }
 }
 
