@@ -45,6 +45,9 @@ cleanup() {
   # The guards of the attempts end with their containers; wait for them before removing
   # the state dir they read.
   sleep 1
+  # Jobs' volumes the agent mounted (as root it caps each job's disk with an ext4 image):
+  # unmounted first, or rm would empty them through their mounts and leave them attached.
+  findmnt -rn -o TARGET | grep "^$tmp/" | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT

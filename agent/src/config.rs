@@ -33,6 +33,9 @@ pub struct AgentConfig {
     pub fake_busy_util: u32,
     /// How fast each job's output may reach the portal (`--log-rate`, `--log-burst`).
     pub log_limit: crate::outbox::rate::LogLimit,
+    /// Jobs' disk caps and the free-space floor (`--max-job-disk-gb`, `--min-free-disk`,
+    /// `--job-disk`; see `disk`).
+    pub disk: crate::disk::DiskPolicy,
 }
 
 /// What the agent reports as the server's CPUs and memory.
@@ -103,6 +106,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("images", &self.images)
             .field("fake_busy_util", &self.fake_busy_util)
             .field("log_limit", &self.log_limit)
+            .field("disk", &self.disk)
             .finish()
     }
 }
@@ -202,6 +206,7 @@ mod tests {
             images: Default::default(),
             fake_busy_util: 0,
             log_limit: Default::default(),
+            disk: Default::default(),
         };
         let shown = format!("{c:?}");
         assert!(

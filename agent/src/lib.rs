@@ -8,7 +8,8 @@
 //! list for tests and demos. Each attempt's state is also on disk ([`store`]), where a
 //! per-attempt [`guard`] process enforces its lease and time limit while the agent is down.
 //! Every job gets a writable `/checkpoint` that [`checkpoint`] restores from, and uploads
-//! to, the portal's checkpoint store.
+//! to, the portal's checkpoint store; it lives in the attempt's volume, capped at the
+//! job's `disk_gb` ([`disk`]).
 //!
 //! Invariants:
 //! - The agent never kills containers when it restarts: it re-adopts them by their labels,
@@ -25,6 +26,7 @@
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod disk;
 pub mod executor;
 pub mod gpu;
 pub mod guard;

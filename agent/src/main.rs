@@ -112,6 +112,22 @@ enum Cmd {
               default_value_t = commons_agent::outbox::rate::DEFAULT_BURST,
               value_parser = commons_agent::outbox::rate::parse_bytes)]
         log_burst: u64,
+        /// The largest disk (GiB) a job may have here: every host path it can write
+        /// (/checkpoint) and its checkpoint archive hold at most its `disk_gb`, and never
+        /// more than this. Jobs asking for more are not placed here.
+        #[arg(long, env = "COMMONS_MAX_JOB_DISK_GB", default_value_t = commons_agent::disk::DEFAULT_MAX_JOB_GB,
+              value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+        max_job_disk_gb: u64,
+        /// Take no new guests while the file system of --state-dir has less free than
+        /// this: a share (10%) or an amount in GiB (50GB).
+        #[arg(long, env = "COMMONS_MIN_FREE_DISK", default_value = "10%")]
+        min_free_disk: commons_agent::disk::Floor,
+        /// How jobs' disk caps are held: `image` (an ext4 image per job, loop-mounted:
+        /// writes past the cap fail; needs root, loop devices and mkfs.ext4), `watch`
+        /// (a plain directory measured every 2 s; a job over its cap is stopped), or
+        /// `auto` (image when a test image mounts at start, else watch).
+        #[arg(long, env = "COMMONS_JOB_DISK", default_value = "auto")]
+        job_disk: commons_agent::disk::CapMode,
     },
     /// The running agent's view: GPUs, what runs on each, what is lent and why, the
     /// portal link. Exits non-zero when the agent is not running.
@@ -228,6 +244,9 @@ fn main() -> anyhow::Result<()> {
             fake_busy_util,
             log_rate,
             log_burst,
+            max_job_disk_gb,
+            min_free_disk,
+            job_disk,
         } => {
             let log_limit = commons_agent::outbox::rate::LogLimit::new(log_rate, log_burst)
                 .map_err(anyhow::Error::msg)?;
@@ -276,6 +295,11 @@ fn main() -> anyhow::Result<()> {
                 images,
                 fake_busy_util,
                 log_limit,
+                disk: commons_agent::disk::DiskPolicy {
+                    max_job_gb: max_job_disk_gb,
+                    floor: min_free_disk,
+                    mode: job_disk,
+                },
             }))
         }
         Cmd::Status { state_dir } => {

@@ -48,7 +48,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 }
 
 /// Serves the portal with the node's credential, reconnecting until the task is dropped.
-async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> {
+async fn serve(mut config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> {
     let gpus: std::sync::Arc<dyn GpuSource> = std::sync::Arc::from(gpu::from_mode(
         &config.gpus,
         &config.state_dir,
@@ -79,6 +79,17 @@ async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> 
         );
     }
     let store = Store::new(&config.state_dir).with_guard(program);
+    // `auto` becomes `image` or `watch` here, once, by trying (see `disk`).
+    config.disk = config
+        .disk
+        .settled(&config.state_dir)
+        .context("--job-disk image: jobs' volumes cannot be made here")?;
+    tracing::info!(
+        enforcement = ?config.disk.enforcement(),
+        max_job_gb = config.disk.max_job_gb,
+        floor = ?config.disk.floor,
+        "jobs' disks"
+    );
     let checkpoints = CheckpointClient::new(&config.portal, &cred.credential, Policy::default())
         .context("setting up the checkpoint client")?;
     let relay = RelayContext {
@@ -88,7 +99,7 @@ async fn serve(config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> 
         relays: Relays::default(),
     };
     let (tx, mut rx) = outbox::channel(config.log_limit);
-    let exec = Executor::with_checkpoints(runtime, tx, store, Some(checkpoints));
+    let exec = Executor::with_disk(runtime, tx, store, Some(checkpoints), config.disk);
     exec.adopt().await?;
     let owner = OwnerState::new(owner::IdleRule {
         after: config.idle_guest,
@@ -283,8 +294,11 @@ async fn connect_once(
     let fake = matches!(config.gpus, crate::GpuMode::Fake(_));
     // Numbered and timed as late as possible: leases count from this moment.
     let mut hello = exec.hello(AGENT_VERSION, inventory.to_vec());
-    if let AgentMsg::Hello { capacity, .. } = &mut hello {
+    // The disk report goes in every Hello, and in a heartbeat when it changed.
+    let mut disk_sent = owner_disk(config);
+    if let AgentMsg::Hello { capacity, disk, .. } = &mut hello {
         *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
+        *disk = Some(disk_sent);
     }
     sink.send(send(&hello)?).await?;
     owner.set_link(true, None);
@@ -309,8 +323,13 @@ async fn connect_once(
                 };
                 METRICS.gpus(inventory, &gpu_stats);
                 let mut beat = exec.heartbeat(gpu_stats);
-                if let AgentMsg::Heartbeat { capacity, .. } = &mut beat {
+                if let AgentMsg::Heartbeat { capacity, disk, .. } = &mut beat {
                     *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
+                    let now = owner_disk(config);
+                    if now != disk_sent {
+                        *disk = Some(now);
+                        disk_sent = now;
+                    }
                 }
                 sink.send(send(&beat)?).await?;
             }
@@ -343,6 +362,11 @@ async fn connect_once(
             Some(ev) = rx.recv() => sink.send(send(&ev)?).await?,
         }
     }
+}
+
+/// The node's disk as the portal hears it (see `disk::floor`).
+fn owner_disk(config: &AgentConfig) -> commons_proto::NodeDisk {
+    crate::disk::floor::report(&config.disk, &config.state_dir)
 }
 
 /// `commons_agent_connected` is 1 while this lives.

@@ -11,7 +11,9 @@
 //!     stopped.json   StoppedFile: written by the guard *before* it stops the container, so
 //!                    whoever sees the container end knows why
 //!     result.json    ResultFile: how the attempt ended, written before its container is removed
-//!     checkpoint/ ...  the attempt's /checkpoint and its upload state (see `checkpoint`)
+//!     disk.json, disk.img, disk/  the attempt's volume, capped (see `disk`)
+//!     checkpoint.json ...  its /checkpoint's upload state, the directory in disk/ (see
+//!                    `checkpoint`)
 //! ```
 //!
 //! Invariants: every file is written whole (a temporary file, then a rename), so a reader
@@ -166,9 +168,13 @@ impl Store {
         read_json(&self.dir(key).join(STOPPED_FILE))
     }
 
-    /// Deletes an acknowledged attempt's directory (its guard, if any, then exits).
+    /// Deletes an acknowledged attempt's directory (its guard, if any, then exits), its
+    /// volume released first; a volume that cannot be released keeps the directory (see
+    /// `disk`).
     pub fn remove(&self, key: Key) -> std::io::Result<()> {
-        match std::fs::remove_dir_all(self.dir(key)) {
+        let dir = self.dir(key);
+        crate::disk::release(&dir).map_err(std::io::Error::other)?;
+        match std::fs::remove_dir_all(dir) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             other => other,
         }

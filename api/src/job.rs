@@ -17,6 +17,8 @@ pub const MIN_MEMORY_GB: f64 = 0.0625;
 pub const MAX_GPU_MEMORY_GB: f64 = 1024.0;
 pub const DEFAULT_CPUS: f64 = 4.0;
 pub const DEFAULT_MEMORY_GB: f64 = 16.0;
+/// The largest disk a job may ask for, in GiB (each node has its own, smaller, limit).
+pub const MAX_DISK_GB: i64 = 65_536;
 /// The most often a job may ask for periodic checkpoints, and the least.
 pub const CHECKPOINT_MINUTES: std::ops::RangeInclusive<i64> = 1..=1440;
 
@@ -72,6 +74,11 @@ pub struct JobRequest {
     /// memory; none: 64 MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shm_mb: Option<i64>,
+    /// The job's disk in GiB: every host path it writes (`/checkpoint`) holds at most
+    /// this much, and so does its checkpoint (files at their apparent size). None: the
+    /// campus default. A job is placed only on servers that give a job this much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_gb: Option<i64>,
 }
 
 /// The least CPU share the Docker Engine accepts.
@@ -94,6 +101,7 @@ impl JobRequest {
             lab: None,
             checkpoint_minutes: None,
             shm_mb: None,
+            disk_gb: None,
         }
     }
 }
@@ -182,6 +190,14 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
             return Err(Invalid::new(
                 "shm_mb",
                 format!("/dev/shm must be 1 to {memory_mb} MiB (the job's memory)"),
+            ));
+        }
+    }
+    if let Some(gb) = req.disk_gb {
+        if !(1..=MAX_DISK_GB).contains(&gb) {
+            return Err(Invalid::new(
+                "disk_gb",
+                format!("the job's disk must be 1 to {MAX_DISK_GB} GiB, not {gb}"),
             ));
         }
     }
@@ -293,6 +309,14 @@ mod tests {
         let mut r = req();
         r.lab = Some("Vision Lab".into());
         assert_eq!(field_of(r), "lab");
+        for gb in [0, -5, MAX_DISK_GB + 1] {
+            let mut r = req();
+            r.disk_gb = Some(gb);
+            assert_eq!(field_of(r), "disk_gb", "{gb}");
+        }
+        let mut r = req();
+        r.disk_gb = Some(20);
+        assert_eq!(check(&r), Ok(()));
     }
 
     #[test]

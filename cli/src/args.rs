@@ -108,6 +108,9 @@ pub struct RunArgs {
     /// Snapshot /checkpoint every this many minutes.
     #[arg(long, value_name = "MINUTES")]
     pub checkpoint_minutes: Option<i64>,
+    /// The job's disk in GiB (/checkpoint holds at most this; default: the campus's).
+    #[arg(long, value_name = "GIB")]
+    pub disk: Option<i64>,
     #[command(flatten)]
     pub submit: SubmitFlags,
     /// The command and its arguments, after `--`.

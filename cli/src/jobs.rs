@@ -140,6 +140,7 @@ pub fn run_request(a: &RunArgs) -> Result<JobRequest> {
     req.memory_gb = a.memory;
     req.lab = a.lab.clone();
     req.checkpoint_minutes = a.checkpoint_minutes;
+    req.disk_gb = a.disk;
     req.kind = if a.interactive {
         JobKind::Interactive
     } else {

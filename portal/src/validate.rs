@@ -44,6 +44,8 @@ pub struct ValidJob {
     pub lab_id: i64,
     pub checkpoint_interval_s: Option<i64>,
     pub shm_mb: Option<i64>,
+    /// GiB; none: the campus default, applied when the job is placed and started.
+    pub disk_gb: Option<i64>,
     /// The allow-list's pin for `image` (set by `service::jobs::submit`, not by the rules
     /// here, which know nothing of the allow-list).
     pub image_digest: Option<String>,
@@ -103,6 +105,7 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         lab_id,
         checkpoint_interval_s: req.checkpoint_minutes.map(|m| m * 60),
         shm_mb: req.shm_mb,
+        disk_gb: req.disk_gb,
         image_digest: None,
         image_signature: None,
         image_campus: false,

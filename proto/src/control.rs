@@ -28,6 +28,21 @@ pub struct NodeCapacity {
     pub disk_gb: u64,
 }
 
+/// The node's disk as its agent reports it (`commons-agent run --max-job-disk-gb
+/// --min-free-disk`): the scheduler places no job whose `disk_gb` is above `max_job_gb`
+/// there, and no new guest while it is `below_floor`. Sizes in GiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDisk {
+    /// The largest `disk_gb` a job may have on this server.
+    pub max_job_gb: u64,
+    /// Free space on the file system where jobs' volumes grow (the agent's state dir).
+    pub free_gb: u64,
+    /// The agent's free-space floor on that file system.
+    pub floor_gb: u64,
+    /// Free space is below the floor: the agent takes no new guests.
+    pub below_floor: bool,
+}
+
 /// One weekly lending window, as the portal's lending API takes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -235,13 +250,14 @@ mod tests {
         let m: crate::AgentMsg = serde_json::from_str(hb).unwrap();
         let crate::AgentMsg::Heartbeat {
             capacity,
+            disk,
             gpu_stats,
             ..
         } = m
         else {
             panic!("not a heartbeat")
         };
-        assert!(capacity.is_none());
+        assert!(capacity.is_none() && disk.is_none());
         assert!(gpu_stats[0].fault.is_none());
     }
 }

@@ -37,7 +37,9 @@ use std::collections::BTreeMap;
 
 pub mod control;
 pub mod relay;
-pub use control::{NodeCapacity, NodeCommand, NodeControlAnswer, NodeState, NODE_CONTROL_PATH};
+pub use control::{
+    NodeCapacity, NodeCommand, NodeControlAnswer, NodeDisk, NodeState, NODE_CONTROL_PATH,
+};
 pub use relay::RelayOpen;
 
 /// Protocol version spoken by this build; sent in `Hello`.
@@ -342,6 +344,13 @@ pub struct JobSpec {
     /// `reclaim --now`, idle GPUs); absent: the agent's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_s: Option<u64>,
+    /// The job's disk cap in GiB (`disk_gb`): every host path it can write (today
+    /// `/checkpoint`) holds at most this much, and so does its checkpoint archive,
+    /// counting files at their apparent size. Absent (an older portal, or a job from
+    /// before the field): the node's largest (`--max-job-disk-gb`); a larger one gets
+    /// that too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_gb: Option<u64>,
     /// The allow-list's pin for `image`: `sha256:...`, the image's ID in the Docker
     /// Engine. The agent runs the container from this ID, and only if `image` resolves to
     /// it locally; without a pin it runs nothing.
@@ -397,6 +406,10 @@ pub enum AgentMsg {
         /// portal then places no CPU or memory limits there).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         capacity: Option<NodeCapacity>,
+        /// The largest job's disk and the free-space floor (absent from agents that
+        /// predate it: no limit is placed there).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disk: Option<NodeDisk>,
     },
     Heartbeat {
         /// Increases with every `Hello` and `Heartbeat` of the agent process.
@@ -406,6 +419,9 @@ pub enum AgentMsg {
         /// As in `Hello`, when it changed (CPUs taken offline, memory resized).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         capacity: Option<NodeCapacity>,
+        /// As in `Hello`, when it changed since the last one sent on this connection.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disk: Option<NodeDisk>,
     },
     /// An attempt changed state.
     AttemptEvent {

@@ -6,7 +6,8 @@
 //!   in campus local time, `now + utc_offset_s`.
 //! - A guest may start in a window only if its time limit ends before the window (or a
 //!   chain of adjoining windows) closes, so closing a window never needs a preemption.
-//! - These checks concern guests only; a lab's own jobs ignore its lending rules.
+//! - These checks concern guests only; a lab's own jobs ignore its lending rules (and
+//!   its disk floor, which keeps guests out).
 
 use crate::model::{Node, QueuedJob, Time};
 use crate::policy::{LendMode, WeeklyWindow, WEEK_MINUTES};
@@ -62,6 +63,8 @@ pub(crate) fn window_end(windows: &[WeeklyWindow], now: Time, utc_offset_s: i32)
 pub(crate) enum LendBlock {
     /// The owner reclaimed the node.
     Reclaimed,
+    /// Its agent's disk is under its free-space floor.
+    LowDisk,
     /// Lend never.
     Never,
     /// Lends in windows and none is open now.
@@ -79,6 +82,10 @@ impl LendBlock {
     pub(crate) fn describe(self, node: &str, job: &QueuedJob, rules: &crate::Lending) -> String {
         match self {
             LendBlock::Reclaimed => format!("the owner of node {node} has reclaimed it"),
+            LendBlock::LowDisk => format!(
+                "node {node} is low on disk space (under its agent's free-space floor) and \
+                 takes no new guests"
+            ),
             LendBlock::Never => format!("node {node} does not lend its GPUs"),
             LendBlock::WindowClosed => {
                 format!("node {node} lends only in its time windows, and none is open now")
@@ -111,6 +118,9 @@ pub(crate) fn guest_block(
     let rules = &node.lending;
     if node.reclaim {
         return Some(LendBlock::Reclaimed);
+    }
+    if node.low_disk {
+        return Some(LendBlock::LowDisk);
     }
     if rules.mode == LendMode::Never {
         return Some(LendBlock::Never);

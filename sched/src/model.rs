@@ -75,6 +75,12 @@ pub struct Node {
     pub cpus: f64,
     /// Memory of the server in MiB (from its agent); 0: unknown, no limit.
     pub memory_mb: u64,
+    /// The largest disk (GiB) its agent gives one job ([`QueuedJob::disk_gb`]); 0:
+    /// unknown, no limit.
+    pub max_job_disk_gb: u64,
+    /// Its agent's disk is under its free-space floor: it takes no new guest (owner
+    /// jobs still start; running guests stay).
+    pub low_disk: bool,
 }
 
 /// One schedulable GPU: a whole GPU or a MIG instance (a GPU of its own size).
@@ -130,6 +136,9 @@ pub struct QueuedJob {
     pub cpus: f64,
     /// Memory the job asks for in MiB; placed against the node's [`Node::memory_mb`].
     pub memory_mb: u64,
+    /// Disk the job asks for in GiB (its cap on the server); placed only where
+    /// [`Node::max_job_disk_gb`] allows it. 0: no ask.
+    pub disk_gb: u64,
     /// How many earlier attempts of this job an owner took back (guest attempts stopped
     /// so the node's owner lab could use its GPUs). Such a job borrows again only on
     /// nodes where another take-back is unlikely, see

@@ -283,16 +283,36 @@ fn explain(world: &World, job: &QueuedJob, best: Option<(Verdict, usize)>) -> Re
 }
 
 /// No node can ever take the job: too few matching GPUs anywhere, or the servers that
-/// have the GPUs have fewer CPUs or less memory than it asks for.
+/// have the GPUs have fewer CPUs or less memory than it asks for, or give a job less
+/// disk.
 fn no_fit(world: &World, job: &QueuedJob) -> Reason {
-    let gpus_somewhere = world.nodes.iter().any(|nw| {
-        nw.kinds
-            .iter()
-            .filter(|(g, _)| gpu_matches(job, g))
-            .map(|(_, c)| c)
-            .sum::<u32>()
-            >= job.gpus
-    });
+    let holders: Vec<_> = world
+        .nodes
+        .iter()
+        .filter(|nw| {
+            nw.kinds
+                .iter()
+                .filter(|(g, _)| gpu_matches(job, g))
+                .map(|(_, c)| c)
+                .sum::<u32>()
+                >= job.gpus
+        })
+        .collect();
+    let gpus_somewhere = !holders.is_empty();
+    let roomy: Vec<_> = holders
+        .iter()
+        .filter(|nw| nw.has_cpus_and_memory_for(job))
+        .collect();
+    if job.gpus > 0 && !roomy.is_empty() && roomy.iter().all(|nw| !nw.gives_disk_for(job)) {
+        return Reason::NoNodeDisk {
+            disk_gb: job.disk_gb,
+            largest_gb: roomy
+                .iter()
+                .map(|nw| nw.node.max_job_disk_gb)
+                .max()
+                .unwrap_or(0),
+        };
+    }
     if gpus_somewhere && job.gpus > 0 {
         return Reason::NoNodeCapacity {
             detail: format!(

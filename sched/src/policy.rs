@@ -17,6 +17,10 @@ pub struct Policy {
     pub utc_offset_s: i32,
     /// Grace period for nodes that set none, in seconds.
     pub default_grace_s: u32,
+    /// The disk (GiB) of a job that names none (its `disk_gb`): every host path it
+    /// writes, and its checkpoint, hold at most this much. The portal applies it when
+    /// the job is placed and started; nodes give a job at most their own largest.
+    pub default_disk_gb: u64,
     /// A guest younger than this is preempted only when no older guest frees enough
     /// GPUs (owner reclaim may still take it; nothing else preempts).
     pub min_runtime_s: i64,
@@ -87,6 +91,9 @@ impl Default for Policy {
         Policy {
             utc_offset_s: 0,
             default_grace_s: 300,
+            // A checkpoint directory of a mid-sized model with its optimiser state; the
+            // campus default lab cap on stored checkpoints is 50 GB, two kept per job.
+            default_disk_gb: 20,
             min_runtime_s: 600,
             half_life_s: 7 * 24 * 3600,
             base_share_gpu_hours: 168.0,

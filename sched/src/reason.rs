@@ -42,6 +42,14 @@ pub enum Reason {
         /// What it asks for, e.g. "64 CPUs and 512 GB of memory".
         detail: String,
     },
+    /// The servers that have the GPUs (and CPUs and memory) it needs give a job less disk
+    /// than it asks for (`disk_gb`, above their agents' `--max-job-disk-gb`).
+    NoNodeDisk {
+        /// GiB it asks for.
+        disk_gb: u64,
+        /// The most any of those servers gives a job, in GiB.
+        largest_gb: u64,
+    },
     /// A node could run it, but its GPUs are busy now.
     WaitingForGpus {
         /// GPUs asked for.
@@ -141,6 +149,14 @@ impl fmt::Display for Reason {
             Reason::NoNodeCapacity { detail } => write!(
                 f,
                 "no server on campus with the GPUs it needs has {detail}; ask for fewer CPUs or less memory"
+            ),
+            Reason::NoNodeDisk {
+                disk_gb,
+                largest_gb,
+            } => write!(
+                f,
+                "no server on campus with the GPUs it needs gives a job {disk_gb} GiB of \
+                 disk (the most any gives is {largest_gb} GiB); ask for less (disk_gb)"
             ),
             Reason::WaitingForGpus { gpus } => write!(f, "waiting for {gpus} free GPUs"),
             Reason::BehindEarlierJob { job } => {

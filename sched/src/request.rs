@@ -20,7 +20,7 @@ pub(crate) type Shape<'a> = (
     u64,
     Option<&'a str>,
     i64,
-    (u64, u64),
+    (u64, u64, u64),
     bool,
 );
 
@@ -32,7 +32,7 @@ pub(crate) fn shape<'a>(job: &'a QueuedJob, policy: &Policy, now: Time) -> Shape
         job.min_memory_mb,
         job.mig_profile.as_deref(),
         job.time_limit_s,
-        (job.cpus.to_bits(), job.memory_mb),
+        (job.cpus.to_bits(), job.memory_mb, job.disk_gb),
         crate::risk::taken_back_rule_applies(job, now, policy),
     )
 }

@@ -74,11 +74,21 @@ impl NodeW<'_> {
             && self.has_capacity_for(job)
     }
 
-    /// Whether the server has the CPUs and memory the job asks for at all, busy or not.
+    /// Whether the server has the CPUs, memory and disk the job asks for at all, busy or
+    /// not.
     pub fn has_capacity_for(&self, job: &QueuedJob) -> bool {
+        self.has_cpus_and_memory_for(job) && self.gives_disk_for(job)
+    }
+
+    pub fn has_cpus_and_memory_for(&self, job: &QueuedJob) -> bool {
         let n = self.node;
         (n.cpus <= 0.0 || job.cpus <= n.cpus + CPU_SLACK)
             && (n.memory_mb == 0 || job.memory_mb <= n.memory_mb)
+    }
+
+    /// Whether the server's agent gives one job as much disk as it asks for.
+    pub fn gives_disk_for(&self, job: &QueuedJob) -> bool {
+        self.node.max_job_disk_gb == 0 || job.disk_gb <= self.node.max_job_disk_gb
     }
 
     /// Whether the CPUs and memory the job asks for are free now.

@@ -1,12 +1,20 @@
 //! The checkpoint archive: a tar stream compressed with zstd, made from a checkpoint
 //! directory ([`pack`]) and unpacked into an empty one ([`unpack`]), both streamed
-//! through files, never held in memory.
+//! through files, never held in memory, and both held to the job's disk cap.
 //!
 //! [`pack`] walks the directory without following links (`walk`), so what the job put in
 //! `/checkpoint` is all that leaves the host: directories, regular files (each exactly as
 //! long as its header says, even if the job changes it meanwhile) and symbolic links
 //! that stay inside the directory. Links that leave it, FIFOs, sockets and devices are
-//! left out, so that every archive the agent makes can be restored.
+//! left out, so that every archive the agent makes can be restored. A file with holes is
+//! archived sparse (GNU sparse entries, see `sparse`): its holes are never read.
+//!
+//! The cap: files count at their apparent size (a sparse file whole, as it would be
+//! restored). [`pack`] adds the sizes up from `lstat` before it writes anything and
+//! refuses a directory over the cap at once ([`ArchiveError::OverCap`]): a
+//! `truncate -s 2T` costs a walk, not 2 TB of reading. [`unpack`] reads the archive's
+//! headers through first and refuses one over the cap before it creates anything, then
+//! counts again as it writes, so it never writes past the cap whatever the headers said.
 //!
 //! [`unpack`] trusts nothing in the archive (it came from a job, through the portal):
 //! - every path is relative, without `..`; a symbolic link's target stays inside the
@@ -14,11 +22,13 @@
 //!   file already unpacked; devices, FIFOs and anything else refuse the whole archive;
 //! - entries are created only below directories it made itself (no path passes through
 //!   a link or a file), files with `O_CREAT | O_EXCL | O_NOFOLLOW`;
+//! - file content is written with holes where it is zeros (a sparse file comes back
+//!   sparse);
 //! - permission bits are kept (set-id bits dropped), modification times too, and
 //!   everything is given to the job's user (65534:65534).
 
 use super::walk::{self, Kind};
-use super::{JOB_GID, JOB_UID};
+use super::{sparse, JOB_GID, JOB_UID};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
@@ -40,6 +50,33 @@ pub enum ArchiveError {
     Refused(String),
     #[error("cancelled")]
     Cancelled,
+    /// More than the cap (in words: how much, and the cap).
+    #[error("{0}")]
+    OverCap(String),
+}
+
+/// Bytes in binary units, as caps are given: "812 B", "3.4 MiB", "2.0 TiB".
+pub fn binary(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+fn over_cap(what: &str, held: u64, cap: u64) -> ArchiveError {
+    ArchiveError::OverCap(format!(
+        "{what} {} (files count at their apparent size, sparse ones whole), over the \
+         job's disk cap of {}",
+        binary(held),
+        binary(cap)
+    ))
 }
 
 /// A finished archive.
@@ -53,15 +90,42 @@ pub struct Packed {
 }
 
 /// Archives `src` into `out` (written beside it as `<out>.tmp`, synced, then renamed).
-/// `cancel` stops it between entries.
-pub fn pack(src: &Path, out: &Path, cancel: &AtomicBool) -> Result<Packed, ArchiveError> {
+/// Refuses a directory whose files add up to more than `cap` bytes (see the module's
+/// docs) before writing anything, and stops if they grow past it meanwhile. `cancel`
+/// stops it between entries. A refused or failed archive leaves no file behind.
+pub fn pack(src: &Path, out: &Path, cap: u64, cancel: &AtomicBool) -> Result<Packed, ArchiveError> {
+    let held = walk::usage(src)?.apparent;
+    if held > cap {
+        return Err(over_cap("/checkpoint holds", held, cap));
+    }
     let mut tmp_name = out.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".tmp");
     let tmp = out.with_file_name(tmp_name);
-    let file = File::create(&tmp)?;
+    let packed = pack_into(src, &tmp, cap, cancel);
+    if packed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    let packed = packed?;
+    std::fs::rename(&tmp, out)?;
+    if let Some(dir) = out.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(packed)
+}
+
+fn pack_into(
+    src: &Path,
+    tmp: &Path,
+    cap: u64,
+    cancel: &AtomicBool,
+) -> Result<Packed, ArchiveError> {
+    let file = File::create(tmp)?;
     let hashing = HashingWriter::new(BufWriter::new(file));
     let mut tar = tar::Builder::new(zstd::Encoder::new(hashing, LEVEL)?);
     let mut skipped = Vec::new();
+    // Bytes archived so far; the job may grow its files while the walk runs.
+    let mut taken = 0u64;
+    let mut grew = false;
     walk::walk(src, &mut |item| {
         if cancel.load(Ordering::Relaxed) {
             return Err(io::Error::new(io::ErrorKind::Interrupted, "cancelled"));
@@ -76,8 +140,21 @@ pub fn pack(src: &Path, out: &Path, cancel: &AtomicBool) -> Result<Packed, Archi
             }
             Kind::File => match item.open_file()? {
                 Some((f, meta)) => {
-                    header_from(&mut h, &meta, tar::EntryType::Regular, meta.size());
-                    tar.append_data(&mut h, item.rel, Exact::new(f, meta.size()))
+                    let len = meta.size();
+                    taken = taken.saturating_add(len);
+                    if taken > cap {
+                        grew = true;
+                        return Err(io::Error::other("over the cap"));
+                    }
+                    header_from(&mut h, &meta, tar::EntryType::Regular, len);
+                    let regions = sparse::data_regions(&f, len)?;
+                    if len == 0 || sparse::is_dense(&regions, len) {
+                        tar.append_data(&mut h, item.rel, Exact::new(f, len))
+                    } else {
+                        let ext = sparse::header(&mut h, len, &regions)?;
+                        let data = io::Cursor::new(ext).chain(sparse::Regions::new(f, regions));
+                        tar.append_data(&mut h, item.rel, data)
+                    }
                 }
                 None => Ok(()),
             },
@@ -106,17 +183,17 @@ pub fn pack(src: &Path, out: &Path, cancel: &AtomicBool) -> Result<Packed, Archi
         }
     })
     .map_err(|e| match e.kind() {
+        _ if grew => over_cap(
+            "/checkpoint grew while it was archived, to at least",
+            taken,
+            cap,
+        ),
         io::ErrorKind::Interrupted => ArchiveError::Cancelled,
         _ => ArchiveError::Io(e),
     })?;
     let hashing = tar.into_inner()?.finish()?;
     let (file, bytes, sha256) = hashing.finish()?;
     file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, out)?;
-    if let Some(dir) = out.parent() {
-        File::open(dir)?.sync_all()?;
-    }
     Ok(Packed {
         bytes,
         sha256,
@@ -178,9 +255,36 @@ pub struct Unpacked {
     pub bytes: u64,
 }
 
+/// The bytes of file content an archive claims (files at their apparent size), from its
+/// headers alone; the content is decompressed and skipped, never written.
+pub fn claimed(archive: &Path) -> Result<u64, ArchiveError> {
+    let mut ar = tar::Archive::new(zstd::Decoder::new(File::open(archive)?)?);
+    let mut total = 0u64;
+    for entry in ar.entries()? {
+        let e = entry?;
+        if is_file(e.header().entry_type()) {
+            total = total.saturating_add(e.size());
+        }
+    }
+    Ok(total)
+}
+
+fn is_file(t: tar::EntryType) -> bool {
+    matches!(
+        t,
+        tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse
+    )
+}
+
 /// Unpacks the archive at `archive` into `dest`, an empty directory (see the module's
-/// rules). On an error `dest` holds part of the archive: the caller discards it.
-pub fn unpack(archive: &Path, dest: &Path) -> Result<Unpacked, ArchiveError> {
+/// rules), refusing one whose files add up to more than `cap` bytes before it creates
+/// anything, and never writing more than `cap` bytes of content. On an error `dest` holds
+/// part of the archive: the caller discards it.
+pub fn unpack(archive: &Path, dest: &Path, cap: u64) -> Result<Unpacked, ArchiveError> {
+    let claimed = claimed(archive)?;
+    if claimed > cap {
+        return Err(over_cap("the checkpoint holds", claimed, cap));
+    }
     let mut ar = tar::Archive::new(zstd::Decoder::new(File::open(archive)?)?);
     let mut done = Unpacked::default();
     // Directories get their mode and time last: their content changes them.
@@ -202,17 +306,26 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<Unpacked, ArchiveError> {
         let exists = std::fs::symlink_metadata(&at).ok();
         let taken = || ArchiveError::Refused(format!("{} is in the archive twice", rel.display()));
         match kind {
-            tar::EntryType::Regular | tar::EntryType::Continuous => {
+            t if is_file(t) => {
                 if exists.is_some() {
                     return Err(taken());
                 }
-                let mut f = std::fs::OpenOptions::new()
+                // Counted again as written: the first pass is no promise about this one.
+                let len = e.size();
+                if done.bytes.saturating_add(len) > cap {
+                    return Err(over_cap(
+                        "the checkpoint holds at least",
+                        done.bytes.saturating_add(len),
+                        cap,
+                    ));
+                }
+                let f = std::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
                     .mode(0o600)
                     .custom_flags(libc::O_NOFOLLOW)
                     .open(&at)?;
-                done.bytes += io::copy(&mut e, &mut f)?;
+                done.bytes += sparse::write_sparse(&mut (&mut e).take(len), &f)?;
                 f.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))?;
                 f.set_modified(time(mtime))?;
                 give(&at)?;

@@ -8,18 +8,23 @@
 //! `COMMONS_RESUME=1` is set. The job writes files atomically (a temporary file, then a
 //! rename), because a snapshot may be taken at any moment while it runs.
 //!
-//! On the host, beside the attempt's other files (see `store`):
+//! On the host, beside the attempt's other files (see `store`), the directory itself in
+//! the attempt's volume, which holds it to the job's disk cap (see `disk`):
 //!
 //! ```text
 //! <state-dir>/attempts/<job>-<attempt>/
-//!     checkpoint/           bind-mounted read-write at /checkpoint; 65534:65534, mode 0700
+//!     disk/checkpoint/      bind-mounted read-write at /checkpoint; 65534:65534, mode 0700
+//!     disk/checkpoint.restoring/
+//!                           the archive being unpacked, renamed to checkpoint/ when whole
 //!     checkpoint.json       CheckpointFile: snapshot interval, what the store already
 //!                           has (a fingerprint), whether the final upload is over
 //!     checkpoint.tar.zst    the archive being uploaded (tar + zstd), while it is
 //!     upload.json           UploadFile: that archive's size, checksum and fingerprint
 //!     restore.tar.zst       a download being restored, while it is
-//!     checkpoint.restoring/ the archive being unpacked, renamed to checkpoint/ when whole
 //! ```
+//!
+//! An attempt started by an agent that predates volumes has `checkpoint/` beside these
+//! files instead ([`host_dir`] finds it).
 //!
 //! Invariants:
 //! - The agent never follows a symbolic link inside a checkpoint directory: the job
@@ -28,13 +33,16 @@
 //! - A restored directory is whole or absent: an archive is unpacked into
 //!   `checkpoint.restoring/` and renamed into place only when every entry passed
 //!   ([`archive::unpack`] refuses absolute paths, `..`, links that leave the directory,
-//!   devices and FIFOs).
+//!   devices and FIFOs, and archives over the job's disk cap).
+//! - Archives are held to the job's disk cap both ways, files counted at their apparent
+//!   size (see [`archive`]): what could not be restored is never uploaded.
 //! - An archive is uploaded only with its `upload.json`, written after the archive was
 //!   synced; a restarted agent resumes that upload only when the directory still has the
 //!   fingerprint the archive was made from, and re-reads the archive's checksum first.
 
 pub mod archive;
 pub mod client;
+pub mod sparse;
 pub mod upload;
 pub mod walk;
 
@@ -62,9 +70,21 @@ pub const UPLOAD_FILE: &str = "upload.json";
 pub const DOWNLOAD_FILE: &str = "restore.tar.zst";
 pub const RESTORING_DIR: &str = "checkpoint.restoring";
 
-/// The attempt's checkpoint directory on the host.
+/// The attempt's checkpoint directory on the host: in its volume, or where an agent
+/// that predates volumes made it.
 pub fn host_dir(attempt_dir: &Path) -> PathBuf {
-    attempt_dir.join(DIR_NAME)
+    let legacy = attempt_dir.join(DIR_NAME);
+    let volume = crate::disk::volume_dir(attempt_dir);
+    if !volume.exists() && std::fs::symlink_metadata(&legacy).is_ok_and(|m| m.is_dir()) {
+        return legacy;
+    }
+    volume.join(DIR_NAME)
+}
+
+/// Where a restore is unpacked: beside [`host_dir`], on the same file system (it is
+/// renamed into place) and inside the same cap.
+pub fn restoring_dir(attempt_dir: &Path) -> PathBuf {
+    crate::disk::volume_dir(attempt_dir).join(RESTORING_DIR)
 }
 
 /// How the upload after the attempt stopped ended; once set, it is not tried again.
@@ -137,10 +157,7 @@ pub struct UploadFile {
 /// says so in its log.
 pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    match std::fs::create_dir(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        other => other?,
-    }
+    std::fs::create_dir_all(dir)?;
     let meta = std::fs::symlink_metadata(dir)?;
     if !meta.is_dir() {
         return Err(std::io::Error::other(format!(

@@ -6,8 +6,9 @@
 //! [`restore`]:
 //! 1. Download `latest` into `restore.tar.zst`, checking its size and SHA-256 on the way;
 //!    a failure worth another try is retried ([`Policy::restore_tries`], with back-off).
-//! 2. Unpack it into `checkpoint.restoring/` (every entry checked, see `archive`), then
-//!    rename that to `checkpoint/`.
+//! 2. Unpack it into `checkpoint.restoring/` (every entry checked, see `archive`; one
+//!    over the job's disk cap is refused before anything is written), then rename that
+//!    to `checkpoint/`.
 //! 3. Anything else (no checkpoint, a refusal, a refused archive, retries spent) means
 //!    [`Restore::Fresh`] with the reason: the job starts from an empty directory.
 //!
@@ -15,7 +16,8 @@
 //! 1. Fingerprint the directory: empty, or what the store already has (`stored` in
 //!    `checkpoint.json`), means nothing to do.
 //! 2. Take the archive left by an earlier try when it was made from this same content
-//!    and its checksum still holds (`upload.json`); else archive the directory anew.
+//!    and its checksum still holds (`upload.json`); else archive the directory anew,
+//!    refused at once when its files add up to more than the job's disk cap.
 //! 3. One round: list the parts the portal has (and its part size), send each missing
 //!    or different part, then commit. A round that finds no parts after a commit was
 //!    sent commits first: that commit's answer was lost, and the portal recognises it.
@@ -31,8 +33,8 @@ use super::archive::{self, ArchiveError, Unpacked};
 use super::client::{ApiError, CheckpointClient};
 use super::walk::fingerprint;
 use super::{
-    host_dir, prepare_dir, remove_file, remove_tree, CheckpointFile, UploadFile, ARCHIVE_FILE,
-    DOWNLOAD_FILE, RESTORING_DIR, UPLOAD_FILE,
+    host_dir, prepare_dir, remove_file, remove_tree, restoring_dir, CheckpointFile, UploadFile,
+    ARCHIVE_FILE, DOWNLOAD_FILE, UPLOAD_FILE,
 };
 use crate::store::{read_json, write_json};
 use commons_proto::{Attempt, CheckpointCommit, JobId, MAX_CHECKPOINT_PARTS};
@@ -69,12 +71,14 @@ async fn blocking<T: Send + 'static>(
         .map_err(std::io::Error::other)
 }
 
-/// Restores job `job`'s latest checkpoint into `attempt_dir/checkpoint` (see the module's
-/// list). `client` is `None` when this agent has no checkpoint store.
+/// Restores job `job`'s latest checkpoint into the attempt's checkpoint directory (see
+/// the module's list), refusing one over `cap` bytes. `client` is `None` when this agent
+/// has no checkpoint store.
 pub async fn restore(
     client: Option<&CheckpointClient>,
     job: JobId,
     attempt_dir: &Path,
+    cap: u64,
     alive: Alive<'_>,
 ) -> Restore {
     let Some(client) = client else {
@@ -95,7 +99,7 @@ pub async fn restore(
             }
             Ok(Some(d)) => {
                 let dir = attempt_dir.to_path_buf();
-                let unpacked = blocking(move || unpack_into(&dir)).await;
+                let unpacked = blocking(move || unpack_into(&dir, cap)).await;
                 let _ = remove_file(&download);
                 return match unpacked {
                     Ok(Ok((u, fp))) => Restore::Restored {
@@ -104,6 +108,7 @@ pub async fn restore(
                         from_attempt: d.attempt,
                         fingerprint: fp,
                     },
+                    Ok(Err(e @ ArchiveError::OverCap(_))) => Restore::Fresh(e.to_string()),
                     Ok(Err(e)) => Restore::Fresh(format!("the checkpoint archive was {e}")),
                     Err(e) => Restore::Fresh(format!("unpacking failed: {e}")),
                 };
@@ -127,11 +132,11 @@ pub async fn restore(
 }
 
 /// Unpacks the download into `checkpoint.restoring/`, then renames it to `checkpoint/`.
-fn unpack_into(attempt_dir: &Path) -> Result<(Unpacked, Option<String>), ArchiveError> {
-    let staging = attempt_dir.join(RESTORING_DIR);
+fn unpack_into(attempt_dir: &Path, cap: u64) -> Result<(Unpacked, Option<String>), ArchiveError> {
+    let staging = restoring_dir(attempt_dir);
     remove_tree(&staging)?;
-    std::fs::create_dir(&staging)?;
-    let unpacked = match archive::unpack(&attempt_dir.join(DOWNLOAD_FILE), &staging) {
+    std::fs::create_dir_all(&staging)?;
+    let unpacked = match archive::unpack(&attempt_dir.join(DOWNLOAD_FILE), &staging, cap) {
         Ok(u) => u,
         Err(e) => {
             let _ = remove_tree(&staging);
@@ -187,17 +192,19 @@ impl From<ApiError> for RoundError {
     }
 }
 
-/// Uploads `attempt_dir/checkpoint` as attempt `(job, attempt)`'s next checkpoint (see
-/// the module's list).
+/// Uploads the attempt's checkpoint directory as attempt `(job, attempt)`'s next
+/// checkpoint (see the module's list); one whose files add up to more than `cap` bytes
+/// is [`Outcome::Unarchivable`].
 pub async fn upload(
     client: &CheckpointClient,
     key: (JobId, Attempt),
     attempt_dir: &Path,
+    cap: u64,
     budget: Budget,
     cancel: Arc<AtomicBool>,
     alive: Alive<'_>,
 ) -> Outcome {
-    let out = upload_once(client, key, attempt_dir, budget, cancel, alive).await;
+    let out = upload_once(client, key, attempt_dir, cap, budget, cancel, alive).await;
     let result = match &out {
         Outcome::Stored { .. } => "stored",
         Outcome::Nothing(_) => "nothing",
@@ -213,13 +220,14 @@ async fn upload_once(
     client: &CheckpointClient,
     (job, attempt): (JobId, Attempt),
     attempt_dir: &Path,
+    cap: u64,
     budget: Budget,
     cancel: Arc<AtomicBool>,
     alive: Alive<'_>,
 ) -> Outcome {
     let dir = attempt_dir.to_path_buf();
     let c = cancel.clone();
-    let prepared = blocking(move || prepare_archive(&dir, &c)).await;
+    let prepared = blocking(move || prepare_archive(&dir, cap, &c)).await;
     let (up, skipped) = match prepared {
         Ok(Ok(Prepared::Archive(up, skipped))) => (up, skipped),
         Ok(Ok(Prepared::Empty)) => return Outcome::Nothing(EMPTY),
@@ -295,7 +303,11 @@ enum Prepared {
     Archive(UploadFile, Vec<String>),
 }
 
-fn prepare_archive(attempt_dir: &Path, cancel: &AtomicBool) -> Result<Prepared, ArchiveError> {
+fn prepare_archive(
+    attempt_dir: &Path,
+    cap: u64,
+    cancel: &AtomicBool,
+) -> Result<Prepared, ArchiveError> {
     let src = host_dir(attempt_dir);
     let Some(fp) = fingerprint(&src)? else {
         return Ok(Prepared::Empty);
@@ -314,7 +326,7 @@ fn prepare_archive(attempt_dir: &Path, cancel: &AtomicBool) -> Result<Prepared, 
     }
     // No upload.json may name an archive being rewritten.
     remove_file(&upload)?;
-    let packed = archive::pack(&src, &archive, cancel)?;
+    let packed = archive::pack(&src, &archive, cap, cancel)?;
     let up = UploadFile {
         fingerprint: fp,
         bytes: packed.bytes,

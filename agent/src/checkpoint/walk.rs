@@ -151,6 +151,36 @@ fn walk_dir(
     Ok(())
 }
 
+/// What a directory holds, as a cap counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// The regular files' apparent sizes (a sparse file counts whole, as it would be
+    /// archived and restored): what a checkpoint archive carries.
+    pub apparent: u64,
+    /// Every entry's space on disk, or a file's apparent size when that is larger: what
+    /// a watcher holds against the cap (directories and many small files cost blocks).
+    pub charged: u64,
+}
+
+/// The [`Usage`] of everything below `root`, from `lstat` alone (nothing is read).
+pub fn usage(root: &Path) -> io::Result<Usage> {
+    let mut u = Usage::default();
+    walk(root, &mut |item| {
+        let m = &item.meta;
+        let size = if item.kind() == Kind::File {
+            m.size()
+        } else {
+            0
+        };
+        u.apparent = u.apparent.saturating_add(size);
+        u.charged = u
+            .charged
+            .saturating_add(size.max(m.blocks().saturating_mul(512)));
+        Ok(())
+    })?;
+    Ok(u)
+}
+
 /// A digest of what `root` holds: every entry's path, kind, mode, size, link target, and
 /// modification and change times. Equal fingerprints mean nothing was written in between
 /// (as far as the file system tells). `None` when `root` is missing or empty.
@@ -219,6 +249,27 @@ mod tests {
                 ("sub".into(), Kind::Dir, false),
                 ("sub/a".into(), Kind::File, true),
             ]
+        );
+    }
+
+    #[test]
+    fn usage_counts_sparse_files_whole_without_reading_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        std::fs::write(root.join("d/a"), "12345").unwrap();
+        File::create(root.join("huge"))
+            .unwrap()
+            .set_len(2 << 40)
+            .unwrap();
+        let t = std::time::Instant::now();
+        let u = usage(&root).unwrap();
+        assert_eq!(u.apparent, (2 << 40) + 5);
+        assert!(u.charged >= u.apparent, "{u:?}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        assert_eq!(
+            usage(&tmp.path().join("missing")).unwrap(),
+            Usage::default()
         );
     }
 

@@ -166,6 +166,7 @@ impl<R: ContainerRuntime> Executor<R> {
                 t.have.remove(&key);
                 t.tails.remove(&key);
                 t.cancels.remove(&key);
+                t.volumes.remove(&key);
                 if let Err(e) = self.inner.store.remove(key) {
                     tracing::warn!(job, attempt, "cannot remove the attempt's directory: {e}");
                 }

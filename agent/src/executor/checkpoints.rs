@@ -9,7 +9,7 @@
 //! does not try it again; an upload the agent abandoned (it went away) is left for the
 //! next agent, which resumes it.
 
-use super::{upgrade, Executor, Inner, Table};
+use super::{upgrade, volumes, Executor, Inner, Table};
 use crate::checkpoint::upload::{self, Budget, Outcome, Restore};
 use crate::checkpoint::{
     self, prepare_dir, ApiError, CheckpointClient, CheckpointFile, FinalUpload,
@@ -29,7 +29,7 @@ use std::time::Duration;
 pub const LOG_PREFIX: &str = "[GPU Commons]";
 
 /// Tells the job's owner, in the job's log.
-fn job_log(events: &Outbox, (job, attempt): Key, text: &str) {
+pub(super) fn job_log(events: &Outbox, (job, attempt): Key, text: &str) {
     tracing::info!(job, attempt, "{text}");
     events.send(AgentMsg::Logs {
         job,
@@ -88,22 +88,26 @@ impl<R: ContainerRuntime> Executor<R> {
     }
 }
 
-/// What a journey needs from the executor: the client, the events, the attempt's dir.
-type Parts = (Option<CheckpointClient>, Outbox, PathBuf);
+/// What a journey needs from the executor: the client, the events, the attempt's dir
+/// and its disk cap in bytes.
+type Parts = (Option<CheckpointClient>, Outbox, PathBuf, u64);
 
 fn parts<R: ContainerRuntime>(weak: &Weak<Inner<R>>, key: Key) -> Option<Parts> {
     let exec = upgrade(weak)?;
+    let cap = exec.cap_of(&exec.table(), key);
     let inner = &exec.inner;
     Some((
         inner.checkpoints.clone(),
         inner.events.clone(),
         inner.store.dir(key),
+        cap,
     ))
 }
 
-/// Makes the starting attempt's checkpoint directory, restoring the job's checkpoint into
-/// it first when `launch.resume` (a failed restore starts it empty, and says why in the
-/// job's log), and writes `checkpoint.json`. `None`: the executor went away meanwhile.
+/// Makes the starting attempt's volume (`volumes.rs`) and its checkpoint directory in
+/// it, restoring the job's checkpoint into it first when `launch.resume` (a failed
+/// restore, or one over the job's disk cap, starts it empty and says why in the job's
+/// log), and writes `checkpoint.json`. `None`: the executor went away meanwhile.
 pub(super) async fn prepare<R: ContainerRuntime>(
     weak: &Weak<Inner<R>>,
     store: &Store,
@@ -111,7 +115,7 @@ pub(super) async fn prepare<R: ContainerRuntime>(
     launch: &Launch,
 ) -> Option<Result<CheckpointMount, String>> {
     let (job, attempt) = key;
-    let (client, events, _) = parts(weak, key)?;
+    let (client, events, _, _) = parts(weak, key)?;
     let dir = store.dir(key);
     let alive = || weak.strong_count() > 0;
     let mut file = CheckpointFile {
@@ -121,8 +125,12 @@ pub(super) async fn prepare<R: ContainerRuntime>(
     if let Err(e) = std::fs::create_dir_all(&dir) {
         tracing::error!(job, attempt, "cannot create {}: {e}", dir.display());
     }
+    let cap = match volumes::prepare(weak, &dir, key, &launch.spec).await? {
+        Ok(cap) => cap,
+        Err(e) => return Some(Err(e)),
+    };
     if launch.resume {
-        match upload::restore(client.as_ref(), job, &dir, &alive).await {
+        match upload::restore(client.as_ref(), job, &dir, cap, &alive).await {
             Restore::Restored {
                 bytes,
                 entries,
@@ -181,14 +189,14 @@ async fn snapshot_task<R: ContainerRuntime>(
     key: Key,
     cancel: Arc<AtomicBool>,
 ) {
-    let Some((client, events, dir)) = parts(&weak, key) else {
+    let Some((client, events, dir, cap)) = parts(&weak, key) else {
         return;
     };
     let mut refused = false;
     if let Some(client) = client {
         let alive = || weak.strong_count() > 0;
         let budget = Budget::Rounds(client.policy().snapshot_tries);
-        match upload::upload(&client, key, &dir, budget, cancel, &alive).await {
+        match upload::upload(&client, key, &dir, cap, budget, cancel, &alive).await {
             Outcome::Stored { bytes, skipped } => {
                 job_log(
                     &events,
@@ -242,7 +250,7 @@ fn left_out(events: &Outbox, key: Key, skipped: &[String]) {
 
 async fn upload_task<R: ContainerRuntime>(weak: Weak<Inner<R>>, key: Key) {
     let (job, attempt) = key;
-    let Some((client, events, dir)) = parts(&weak, key) else {
+    let Some((client, events, dir, cap)) = parts(&weak, key) else {
         return;
     };
     let fin = match &client {
@@ -260,7 +268,7 @@ async fn upload_task<R: ContainerRuntime>(weak: Weak<Inner<R>>, key: Key) {
             let budget = Budget::NoProgressFor(give_up);
             let never = Arc::new(AtomicBool::new(false));
             let log = |text: &str| job_log(&events, key, text);
-            match upload::upload(c, key, &dir, budget, never, &alive).await {
+            match upload::upload(c, key, &dir, cap, budget, never, &alive).await {
                 // The agent went away: the next one resumes this upload.
                 Outcome::Abandoned => return,
                 Outcome::Stored { bytes, skipped } => {

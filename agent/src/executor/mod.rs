@@ -35,18 +35,25 @@
 //!   checkpoint before the container is created; a snapshot in flight is cancelled when
 //!   the attempt's stop begins or its end is recorded; a stopped attempt's final state is
 //!   sent only after its upload is over (see `reconcile`).
+//! - Disks (`volumes.rs`): an attempt's volume, with its cap, is made before its
+//!   checkpoint is restored or its container created, and watched while it runs; a
+//!   guest's `Start` under the free-space floor is never started (its result says why).
 //! - Background tasks hold the table weakly: once the last `Executor` handle is dropped
 //!   (the agent stopped), they touch nothing, and the containers are left to their guards
 //!   and to the next agent, which re-adopts them with the deadlines on disk.
 
+mod active;
 mod apply;
 mod checkpoints;
 mod restore;
+mod volumes;
 mod watch;
+
+pub use active::ActiveAttempt;
 
 use crate::checkpoint::CheckpointClient;
 use crate::clock::{self, SentLog};
-use crate::gpu::{GpuError, GpuSource, Ours};
+use crate::disk::DiskPolicy;
 use crate::outbox::Outbox;
 use crate::reconcile::{reconcile, Assignment, ContainerObs, Key, Launch, Phase, StopOrder, Why};
 use crate::runtime::{AssignedGpu, ContainerRuntime, DockerRuntime, RuntimeError};
@@ -72,6 +79,8 @@ struct Table {
     tails: BTreeMap<Key, Arc<Mutex<String>>>,
     /// Cancels the snapshot in flight of each attempt that has one.
     cancels: BTreeMap<Key, Arc<AtomicBool>>,
+    /// Each attempt's volume (`volumes.rs`).
+    volumes: BTreeMap<Key, volumes::Volume>,
     sent: SentLog,
 }
 
@@ -81,6 +90,8 @@ struct Inner<R> {
     store: Store,
     /// The portal's checkpoint store; `None`: checkpoints stay on this server.
     checkpoints: Option<CheckpointClient>,
+    /// Jobs' disk caps and the free-space floor (`disk`).
+    disk: DiskPolicy,
     boot_id: String,
     table: Mutex<Table>,
 }
@@ -126,29 +137,44 @@ impl<R: ContainerRuntime> Executor<R> {
         Self::with_checkpoints(runtime, events, store, None)
     }
 
-    /// Starts the executor's tick; call it inside a Tokio runtime. Attempts' files live in
-    /// `store`, their checkpoints travel through `checkpoints`; the agent process gets a
-    /// fresh random session.
+    /// An executor with the default disk policy (see [`Executor::with_disk`]).
     pub fn with_checkpoints(
         runtime: R,
         events: Outbox,
         store: Store,
         checkpoints: Option<CheckpointClient>,
     ) -> Self {
+        Self::with_disk(runtime, events, store, checkpoints, DiskPolicy::default())
+    }
+
+    /// Starts the executor's tick and its watch over jobs' volumes; call it inside a
+    /// Tokio runtime. Attempts' files live in `store`, their checkpoints travel through
+    /// `checkpoints`, their disks are capped as `disk` says (settled: see
+    /// [`DiskPolicy::settled`]); the agent process gets a fresh random session.
+    pub fn with_disk(
+        runtime: R,
+        events: Outbox,
+        store: Store,
+        checkpoints: Option<CheckpointClient>,
+        disk: DiskPolicy,
+    ) -> Self {
         let inner = Arc::new(Inner {
             runtime: Arc::new(runtime),
             events,
             store,
             checkpoints,
+            disk,
             boot_id: clock::boot_id(),
             table: Mutex::new(Table {
                 want: BTreeMap::new(),
                 have: BTreeMap::new(),
                 tails: BTreeMap::new(),
                 cancels: BTreeMap::new(),
+                volumes: BTreeMap::new(),
                 sent: SentLog::new(rand::random()),
             }),
         });
+        volumes::spawn_watch(Arc::downgrade(&inner));
         let weak = Arc::downgrade(&inner);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(TICK);
@@ -188,6 +214,7 @@ impl<R: ContainerRuntime> Executor<R> {
             gpus,
             attempts: reports_of(&t),
             capacity: None,
+            disk: None,
         }
     }
 
@@ -200,6 +227,7 @@ impl<R: ContainerRuntime> Executor<R> {
             gpu_stats,
             attempts: reports_of(&t),
             capacity: None,
+            disk: None,
         }
     }
 
@@ -207,6 +235,8 @@ impl<R: ContainerRuntime> Executor<R> {
     /// attempts' directories. Deadlines come from `lease.json` (a container without one,
     /// or with one from another boot, has an expired lease and is stopped); stops under way
     /// and the guard's stops are restored; results not yet acknowledged are reported again.
+    /// Their volumes are taken back (mounted again after a reboot); the volumes of
+    /// directories with nothing to restore are released with them.
     pub async fn adopt(&self) -> Result<(), RuntimeError> {
         let found = self.inner.runtime.list().await?;
         let disk = self.inner.store.load_all();
@@ -216,6 +246,12 @@ impl<R: ContainerRuntime> Executor<R> {
                 tracing::warn!("cannot remove the empty attempt dir of {key:?}: {e}");
             }
         }
+        let keys: Vec<Key> = restored
+            .attempts
+            .iter()
+            .map(|(w, _)| (w.job, w.attempt))
+            .collect();
+        self.reattach(&keys);
         {
             let mut t = self.table();
             for (want, have) in restored.attempts {
@@ -249,7 +285,9 @@ impl<R: ContainerRuntime> Executor<R> {
     }
 
     /// Starts an attempt unless it is already known (a duplicate `Start` is harmless) or
-    /// its lease grants nothing; `launch.resume` restores the job's checkpoint first.
+    /// its lease grants nothing; `launch.resume` restores the job's checkpoint first. A
+    /// guest that comes while the server is under its free-space floor is never started:
+    /// its result says why, and the portal queues it again.
     pub fn start_with(
         &self,
         job: JobId,
@@ -266,6 +304,7 @@ impl<R: ContainerRuntime> Executor<R> {
             let Some(lease_until) = t.sent.deadline(&lease) else {
                 return Admission::LeaseUnknown;
             };
+            let stop = self.floor_refusal(&launch.spec);
             t.want.insert(
                 key,
                 Assignment {
@@ -273,7 +312,7 @@ impl<R: ContainerRuntime> Executor<R> {
                     attempt,
                     launch: Some(Arc::new(launch)),
                     lease_until,
-                    stop: None,
+                    stop,
                     acknowledged: false,
                 },
             );
@@ -292,16 +331,20 @@ impl<R: ContainerRuntime> Executor<R> {
         reason: StopReason,
         detail: Option<&str>,
     ) -> bool {
+        let why = Why::ordered(reason, detail);
+        self.stop_with((job, attempt), Duration::from_secs(grace_s), why)
+    }
+
+    /// Asks an attempt to stop with this grace and reason, in the agent's own words (the
+    /// first order wins). Returns false when the attempt is not known here.
+    fn stop_with(&self, key: Key, grace: Duration, why: Why) -> bool {
         {
             let mut t = self.table();
-            let Some(w) = t.want.get_mut(&(job, attempt)) else {
+            let Some(w) = t.want.get_mut(&key) else {
                 return false;
             };
             if w.stop.is_none() {
-                w.stop = Some(StopOrder {
-                    grace: Duration::from_secs(grace_s),
-                    why: Why::ordered(reason, detail),
-                });
+                w.stop = Some(StopOrder { grace, why });
             }
         }
         self.step(clock::now());
@@ -430,44 +473,6 @@ impl<R: ContainerRuntime> Executor<R> {
         }
     }
 
-    /// The attempts that hold GPUs here (not yet ended), for the owner's controls and
-    /// `commons-agent status`, in (job, attempt) order.
-    pub fn active(&self) -> Vec<ActiveAttempt> {
-        let t = self.table();
-        t.want
-            .iter()
-            .filter_map(|(key, w)| {
-                let h = t.have.get(key);
-                let over = |h: &ContainerObs| {
-                    h.result.is_some()
-                        || matches!(
-                            h.phase,
-                            Phase::Ended { .. }
-                                | Phase::Removed
-                                | Phase::Removing { .. }
-                                | Phase::Lost { .. }
-                                | Phase::NotCreated { .. }
-                        )
-                };
-                if h.is_some_and(over) || (h.is_none() && w.stop.is_some()) {
-                    return None;
-                }
-                let launch = w.launch.as_deref();
-                let started = h.and_then(|h| Some(h.deadline? - h.time_limit?));
-                Some(ActiveAttempt {
-                    job: key.0,
-                    attempt: key.1,
-                    spec: launch.map(|l| l.spec.clone()),
-                    gpus: launch
-                        .map(|l| l.gpus.iter().map(|g| g.uuid.clone()).collect())
-                        .unwrap_or_default(),
-                    started,
-                    stopping: w.stop.is_some() || h.is_some_and(|h| h.stopping.is_some()),
-                })
-            })
-            .collect()
-    }
-
     /// Adds a line to an attempt's output (what its owner reads on the job's page).
     pub fn note(&self, job: JobId, attempt: Attempt, line: &str) {
         self.inner.events.send(AgentMsg::Logs {
@@ -475,49 +480,6 @@ impl<R: ContainerRuntime> Executor<R> {
             attempt,
             chunk: format!("{line}\n"),
         });
-    }
-
-    /// Our containers, by id, the host pids inside them, and the GPUs of those running.
-    pub async fn ours(&self) -> Ours {
-        let (ids, gpus) = {
-            let t = self.table();
-            let ids: BTreeSet<String> = t
-                .have
-                .values()
-                .filter_map(|h| container_of(&h.phase).map(str::to_string))
-                .collect();
-            let gpus: BTreeSet<String> = t
-                .have
-                .iter()
-                .filter(|(_, h)| {
-                    matches!(
-                        h.phase,
-                        Phase::Running { .. }
-                            | Phase::Draining { .. }
-                            | Phase::Found { running: true, .. }
-                    )
-                })
-                .filter_map(|(key, _)| t.want.get(key)?.launch.clone())
-                .flat_map(|l| l.gpus.iter().map(|g| g.uuid.clone()).collect::<Vec<_>>())
-                .collect();
-            (ids, gpus)
-        };
-        let mut pids = BTreeSet::new();
-        for id in &ids {
-            pids.extend(self.inner.runtime.pids(id).await);
-        }
-        Ours {
-            containers: ids,
-            pids,
-            gpus,
-        }
-    }
-
-    /// The GPUs' live numbers, with a GPU process outside our containers counted as the
-    /// owner's local use.
-    pub async fn gpu_stats(&self, gpus: &dyn GpuSource) -> Result<Vec<GpuStat>, GpuError> {
-        let ours = self.ours().await;
-        gpus.stats(&ours)
     }
 
     /// Reconciles as of `now` (boot clock) until nothing is left to do; see the module's
@@ -538,29 +500,6 @@ impl<R: ContainerRuntime> Executor<R> {
             last = actions;
         }
         tracing::error!("reconcile did not settle in {MAX_PASSES} passes; continuing next tick");
-    }
-}
-
-/// An attempt that holds GPUs here, as [`Executor::active`] lists it.
-#[derive(Debug, Clone)]
-pub struct ActiveAttempt {
-    pub job: JobId,
-    pub attempt: Attempt,
-    /// What the portal sent; `None` for an attempt re-adopted after an agent restart
-    /// (then it counts as the owner's: the portal still preempts guests itself).
-    pub spec: Option<JobSpec>,
-    /// UUIDs of its GPUs.
-    pub gpus: Vec<String>,
-    /// When its container started (boot clock), once known.
-    pub started: Option<Duration>,
-    /// A stop is under way.
-    pub stopping: bool,
-}
-
-impl ActiveAttempt {
-    /// A guest here (charged to another lab than the server's).
-    pub fn guest(&self) -> bool {
-        self.spec.as_ref().is_some_and(|s| s.guest)
     }
 }
 

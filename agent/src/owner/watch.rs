@@ -199,6 +199,7 @@ mod tests {
             image_digest: None,
             image_signature: None,
             image_campus: true,
+            disk_gb: None,
         }
     }
 

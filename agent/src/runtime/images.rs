@@ -161,6 +161,7 @@ mod tests {
             image_digest: None,
             image_signature: None,
             image_campus: true,
+            disk_gb: None,
         };
         let open = ImagePolicy::default();
         assert!(matches!(
@@ -210,6 +211,7 @@ mod tests {
             image_digest: None,
             image_signature: None,
             image_campus: true,
+            disk_gb: None,
         };
         let vision = ImagePolicy {
             own_lab: Some("vision".into()),

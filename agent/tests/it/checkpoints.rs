@@ -22,7 +22,7 @@ use std::time::Duration;
 
 const JOB_LOG: &str = "[GPU Commons]";
 
-fn policy() -> Policy {
+pub(super) fn policy() -> Policy {
     Policy {
         first_backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(200),
@@ -112,7 +112,7 @@ fn noise(len: usize) -> Vec<u8> {
 }
 
 /// An archive of `files`, made as the agent makes them.
-fn archive_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+pub(super) fn archive_of(files: &[(&str, &[u8])]) -> Vec<u8> {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     for (name, data) in files {
@@ -121,7 +121,7 @@ fn archive_of(files: &[(&str, &[u8])]) -> Vec<u8> {
         std::fs::write(p, data).unwrap();
     }
     let out = tmp.path().join("a.tar.zst");
-    archive::pack(&src, &out, &AtomicBool::new(false)).unwrap();
+    archive::pack(&src, &out, u64::MAX, &AtomicBool::new(false)).unwrap();
     std::fs::read(out).unwrap()
 }
 
@@ -138,7 +138,7 @@ fn evil_archive(name: &str) -> Vec<u8> {
     zstd::encode_all(&b.into_inner().unwrap()[..], 3).unwrap()
 }
 
-async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+pub(super) async fn until(what: &str, mut ok: impl FnMut() -> bool) {
     let end = tokio::time::Instant::now() + Duration::from_secs(10);
     while !ok() {
         assert!(tokio::time::Instant::now() < end, "{what}: not within 10 s");
@@ -164,7 +164,7 @@ async fn a_restore_sets_commons_resume_and_the_files_arrive() {
     assert!(env.contains(&"COMMONS_RESUME=1".to_string()), "{env:?}");
     assert!(env.contains(&"COMMONS_CHECKPOINT_DIR=/checkpoint".to_string()));
     assert!(ck.rt.created_of(1, 1).mount.resumed);
-    assert_eq!(host, ck.dir.path().join("attempts/1-1/checkpoint"));
+    assert_eq!(host, ck.dir.path().join("attempts/1-1/disk/checkpoint"));
     assert_eq!(std::fs::read(host.join("state/step")).unwrap(), b"1200\n");
     assert_eq!(
         std::fs::read(host.join("weights.bin")).unwrap(),
@@ -183,7 +183,7 @@ async fn a_restore_sets_commons_resume_and_the_files_arrive() {
     );
     let attempt_dir = store::attempt_dir(ck.dir.path(), 1, 1);
     assert!(!attempt_dir.join(checkpoint::DOWNLOAD_FILE).exists());
-    assert!(!attempt_dir.join(checkpoint::RESTORING_DIR).exists());
+    assert!(!checkpoint::restoring_dir(&attempt_dir).exists());
 
     // Preempted before it wrote anything new: the store already has this content.
     let before = ck.portal.seen().len();
@@ -267,7 +267,7 @@ async fn an_archive_that_climbs_out_or_names_an_absolute_path_is_refused() {
         assert!(logs.contains("refused"), "{name}: {logs}");
         let attempt_dir = store::attempt_dir(ck.dir.path(), job, 1);
         assert!(!attempt_dir.join("evil").exists(), "nothing escaped");
-        assert!(!attempt_dir.join(checkpoint::RESTORING_DIR).exists());
+        assert!(!checkpoint::restoring_dir(&attempt_dir).exists());
         let gets = ck
             .portal
             .seen()

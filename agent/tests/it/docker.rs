@@ -187,7 +187,7 @@ async fn a_job_writes_its_checkpoint_as_uid_65534_and_a_resumed_attempt_reads_it
         "{:?}",
         end.logs
     );
-    let host = store::attempt_dir(dir.path(), 20, 1).join("checkpoint");
+    let host = commons_agent::checkpoint::host_dir(&store::attempt_dir(dir.path(), 20, 1));
     assert_eq!(
         std::fs::read_to_string(host.join("uid")).unwrap(),
         "65534\n"
@@ -213,7 +213,7 @@ async fn a_job_writes_its_checkpoint_as_uid_65534_and_a_resumed_attempt_reads_it
     let end = final_event(&mut rx).await;
     assert_eq!(end.exit_code, Some(0), "{end:?}");
     assert!(end.logs.contains("resume=1 step=1200"), "{:?}", end.logs);
-    let host = store::attempt_dir(dir.path(), 20, 2).join("checkpoint");
+    let host = commons_agent::checkpoint::host_dir(&store::attempt_dir(dir.path(), 20, 2));
     assert_eq!(
         std::fs::read_to_string(host.join("model/step")).unwrap(),
         "1300\n",

@@ -392,6 +392,7 @@ pub(crate) fn spec(image: &str, time_limit_s: u64) -> JobSpec {
         image_digest: None,
         image_signature: None,
         image_campus: true,
+        disk_gb: None,
     }
 }
 

@@ -3,7 +3,7 @@
 //! tried is one this test (or the agent under test) made: a listener of its own, or
 //! another job's container.
 
-use super::{final_event, guard_exe, lease_from_hello, new_agent_id, spec};
+use super::{final_event, free_kib, guard_exe, lease_from_hello, new_agent_id, spec};
 use commons_agent::executor::Executor;
 use commons_agent::outbox::{self, OutboxRx};
 use commons_agent::runtime::guest::{GuestNetwork, Isolation, GUEST_NETWORK};
@@ -80,7 +80,10 @@ async fn a_guest_runs_unprivileged_with_no_network_and_a_read_only_image() {
 async fn a_guest_writing_past_its_scratch_fails_and_the_disk_is_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let (exec, mut rx) = agent(dir.path(), GuestNetwork::None).await;
-    let before = free_kib("/var/lib/docker");
+    // The file systems a write could land on: the engine's (the image's writable layer)
+    // and the one that backs the attempt's directory. `/tmp` in the container is memory.
+    let docker = std::path::Path::new("/var/lib/docker");
+    let before = (free_kib(docker), free_kib(dir.path()));
     let mut s = spec(
         "dd if=/dev/zero of=/tmp/big bs=1M count=1300 2>&1; echo dd=$?; \
          dd if=/dev/zero of=/big bs=1M count=10 2>&1; echo root=$?; rm -f /tmp/big; exit 3",
@@ -97,24 +100,17 @@ async fn a_guest_writing_past_its_scratch_fails_and_the_disk_is_untouched() {
     );
     assert!(out.contains("Read-only file system"), "{out}");
     assert!(!out.contains("root=0"), "{out}");
-    let after = free_kib("/var/lib/docker");
-    assert!(
-        before.saturating_sub(after) < 200 * 1024,
-        "the server's disk lost {} MiB",
-        before.saturating_sub(after) / 1024
-    );
-}
-
-fn free_kib(path: &str) -> u64 {
-    let out = std::process::Command::new("df")
-        .args(["-k", "--output=avail", path])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .nth(1)
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or(0)
+    let after = (free_kib(docker), free_kib(dir.path()));
+    for (what, b, a) in [
+        ("the engine's", before.0, after.0),
+        ("the state dir's", before.1, after.1),
+    ] {
+        assert!(
+            b.saturating_sub(a) < 200 * 1024,
+            "{what} file system lost {} MiB",
+            b.saturating_sub(a) / 1024
+        );
+    }
 }
 
 /// The IP of a job's container on the guests' bridge.

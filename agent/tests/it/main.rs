@@ -10,6 +10,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod checkpoints;
+mod disk_caps;
+mod disk_volumes;
 mod docker;
 mod executor;
 mod extend;
@@ -70,6 +72,7 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
         image_digest: Some(local_id("commons-demo:latest")),
         image_signature: None,
         image_campus: true,
+        disk_gb: None,
         image: "commons-demo:latest".into(),
         command: vec!["sh".into(), "-c".into(), cmd.into()],
         env: Default::default(),
@@ -158,4 +161,97 @@ async fn final_event(rx: &mut OutboxRx) -> Final {
             _ => {}
         }
     }
+}
+
+/// Free KiB, for unprivileged users, on the file system that holds `path` (`df`). Fails
+/// the test when it cannot be read: a free-space check that reads 0 proves nothing.
+fn free_kib(path: &Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["-k", "--output=avail"])
+        .arg(path)
+        .output()
+        .expect("the df command");
+    assert!(
+        out.status.success(),
+        "df {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("df {}: no figure in {:?}", path.display(), out.stdout))
+}
+
+/// KiB that the files below `path` take on disk (`du`), failing the test when unread.
+fn du_kib(path: &Path) -> u64 {
+    // -x: the image's content is counted once, as the image file, not again through
+    // its mount point.
+    let out = std::process::Command::new("du")
+        .arg("-skx")
+        .arg(path)
+        .output()
+        .expect("the du command");
+    assert!(out.status.success(), "du {}", path.display());
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("du {}: no figure", path.display()))
+}
+
+/// The loop devices whose backing file lies below `dir` (the kernel's own list).
+fn loops_backed_by(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/sys/block").unwrap().flatten() {
+        let file = e.path().join("loop/backing_file");
+        if let Ok(back) = std::fs::read_to_string(&file) {
+            if back.trim_end().starts_with(dir.to_str().unwrap()) {
+                out.push(format!(
+                    "{}: {}",
+                    e.file_name().to_string_lossy(),
+                    back.trim()
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// When a test ends, however it ends: removes the containers of its agent (named by id,
+/// if any; a running container keeps its volume's loop device) and releases every job
+/// volume still mounted below its state dir, so a failed test leaks no container, mount
+/// or loop device on the shared host.
+struct Volumes(PathBuf, Option<String>);
+
+impl Drop for Volumes {
+    fn drop(&mut self) {
+        if let Some(agent) = &self.1 {
+            let label = format!("label={}={agent}", commons_agent::runtime::LABEL_AGENT);
+            if let Ok(out) = std::process::Command::new("docker")
+                .args(["ps", "-aq", "--filter", &label])
+                .output()
+            {
+                for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = std::process::Command::new("docker")
+                        .args(["rm", "-f", id])
+                        .output();
+                }
+            }
+        }
+        commons_agent::disk::release_all(&self.0);
+    }
+}
+
+/// A disk policy that holds caps with images (root, loop devices and mkfs.ext4: the
+/// agent's own check at start must pass), with no floor.
+fn image_policy(state_dir: &Path) -> commons_agent::disk::DiskPolicy {
+    commons_agent::disk::DiskPolicy {
+        max_job_gb: 4,
+        floor: commons_agent::disk::Floor::Percent(0),
+        mode: commons_agent::disk::CapMode::Image,
+    }
+    .settled(state_dir)
+    .expect("volumes as images: this test needs root, loop devices and mkfs.ext4")
 }

@@ -37,6 +37,7 @@ fn launch() -> Arc<Launch> {
             image_digest: None,
             image_signature: None,
             image_campus: true,
+            disk_gb: None,
         },
         gpus: vec![],
         resume: false,

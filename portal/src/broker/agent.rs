@@ -262,6 +262,7 @@ pub fn timing(state: &AppState) -> Timing {
     Timing {
         lease_ttl_s: state.config.scheduler.lease_ttl_s,
         default_grace_s: state.config.policy.default_grace_s,
+        default_disk_gb: state.config.policy.default_disk_gb,
     }
 }
 
@@ -293,10 +294,14 @@ async fn handle(
                     gpus,
                     attempts: reports,
                     capacity,
+                    disk,
                     ..
                 } => {
                     if let Some(cap) = &capacity {
                         nodes::set_capacity(c, node, cap)?;
+                    }
+                    if let Some(d) = &disk {
+                        nodes::set_disk(c, node, d)?;
                     }
                     let clock = AgentClock {
                         session,
@@ -331,6 +336,7 @@ async fn handle(
                     gpu_stats,
                     attempts: reports,
                     capacity,
+                    disk,
                 } => {
                     let session = session
                         .ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
@@ -347,6 +353,11 @@ async fn handle(
                     }
                     if let Some(cap) = &capacity {
                         nodes::set_capacity(c, node, cap)?;
+                    }
+                    // Sent only when it changed: the scheduler looks again.
+                    if let Some(d) = &disk {
+                        nodes::set_disk(c, node, d)?;
+                        wake = true;
                     }
                     wake |= nodes::update_gpu_stats(c, node, &gpu_stats)?;
                     let (stops, freed) =

@@ -59,9 +59,9 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
             "WITH j AS (INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, \
                  gpu_models, min_gpu_memory_mb, cpus, memory_mb, time_limit_s, \
                  checkpoint_interval_s, shm_mb, image_digest, image_signature, image_campus, kind, \
-                 state, reason, created_at) \
+                 state, reason, created_at, disk_gb) \
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                 $16, $17, '{queued}', $18, $19) RETURNING *), \
+                 $16, $17, '{queued}', $18, $19, $20) RETURNING *), \
              e AS (INSERT INTO job_events (job_id, at, state, message) \
                SELECT id, created_at, state, 'submitted' FROM j) \
              SELECT * FROM j",
@@ -86,6 +86,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
         .bind::<Text, _>(v.kind)
         .bind::<Text, _>(reason)
         .bind::<Timestamp, _>(created_at)
+        .bind::<Nullable<BigInt>, _>(v.disk_gb)
         .get_result::<Job>(pg)?);
     }
     c.transaction(|c| {
@@ -103,6 +104,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
             jobs::time_limit_s.eq(v.time_limit_s),
             jobs::checkpoint_interval_s.eq(v.checkpoint_interval_s),
             jobs::shm_mb.eq(v.shm_mb),
+            jobs::disk_gb.eq(v.disk_gb),
             jobs::image_digest.eq(&v.image_digest),
             jobs::image_signature.eq(&v.image_signature),
             jobs::image_campus.eq(v.image_campus),

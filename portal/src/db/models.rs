@@ -79,6 +79,11 @@ pub struct Node {
     pub cpus: f64,
     pub memory_mb: i64,
     pub disk_gb: i64,
+    /// The largest `disk_gb` its agent gives a job; none: not reported, no limit.
+    pub max_job_disk_gb: Option<i64>,
+    /// Why it takes no new guests now (its agent's disk is under its floor); none: it
+    /// takes them.
+    pub disk_low: Option<String>,
 }
 
 impl Node {
@@ -181,6 +186,8 @@ pub struct Job {
     /// The pin is the campus allow-list's; false: the job's lab's own entry, which runs
     /// from a local image on that lab's servers only.
     pub image_campus: bool,
+    /// Its disk cap in GiB; none: the campus default (`[policy] default_disk_gb`).
+    pub disk_gb: Option<i64>,
 }
 
 impl Job {

@@ -395,6 +395,25 @@ pub fn set_capacity(
     Ok(())
 }
 
+/// Records the node's disk from its agent: the largest job's disk, and why it takes no
+/// new guests when its disk is under the agent's floor.
+pub fn set_disk(c: &mut DbConn, node: i64, disk: &commons_proto::NodeDisk) -> Result<(), AppError> {
+    let low = disk.below_floor.then(|| {
+        format!(
+            "its disk has {} GiB free, under its agent's floor of {} GiB: it takes no new \
+             guests",
+            disk.free_gb, disk.floor_gb
+        )
+    });
+    diesel::update(nodes::table.find(node))
+        .set((
+            nodes::max_job_disk_gb.eq(Some(i64::try_from(disk.max_job_gb).unwrap_or(i64::MAX))),
+            nodes::disk_low.eq(low),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
 /// Revokes a node's credential: it is refused from now on (its next connection, and a
 /// connected one at its next message) and vanishes from the lists.
 pub fn revoke(c: &mut DbConn, node: i64) -> Result<(), AppError> {

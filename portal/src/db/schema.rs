@@ -87,6 +87,8 @@ diesel::table! {
         cpus -> Double,
         memory_mb -> BigInt,
         disk_gb -> BigInt,
+        max_job_disk_gb -> Nullable<BigInt>,
+        disk_low -> Nullable<Text>,
     }
 }
 
@@ -150,6 +152,7 @@ diesel::table! {
         image_digest -> Nullable<Text>,
         image_signature -> Nullable<Text>,
         image_campus -> Bool,
+        disk_gb -> Nullable<BigInt>,
     }
 }
 

@@ -44,6 +44,7 @@ struct QueuedRow {
     min_gpu_memory_mb: i64,
     cpus: f64,
     memory_mb: i64,
+    disk_gb: Option<i64>,
     time_limit_s: i64,
     kind: crate::domain::JobKind,
     created_at: chrono::NaiveDateTime,
@@ -244,6 +245,8 @@ pub fn read_with_waiting(
                     owner_return_rate: return_rates.get(&n.id).cloned().unwrap_or_default(),
                     cpus: n.cpus.max(0.0),
                     memory_mb: n.memory_mb.max(0) as u64,
+                    max_job_disk_gb: n.max_job_disk_gb.unwrap_or(0).max(0) as u64,
+                    low_disk: n.disk_low.is_some(),
                     gpus: on_node
                         .get(&n.id)
                         .into_iter()
@@ -301,6 +304,7 @@ pub fn read_with_waiting(
                         interactive: j.kind == crate::domain::JobKind::Interactive,
                         cpus: j.cpus,
                         memory_mb: j.memory_mb.max(0) as u64,
+                        disk_gb: effective_disk_gb(j.disk_gb, policy),
                         take_backs,
                         taken_back_at,
                         ..Default::default()
@@ -314,6 +318,11 @@ pub fn read_with_waiting(
         tracing::debug!(?took, "snapshot read (cumulative ms)");
         Ok((snapshot, waiting))
     })
+}
+
+/// A job's disk in GiB: its own `disk_gb`, or the campus default.
+pub fn effective_disk_gb(disk_gb: Option<i64>, policy: &Policy) -> u64 {
+    disk_gb.map_or(policy.default_disk_gb, |g| g.max(0) as u64)
 }
 
 /// Each node's owner take-backs by hour of the week, from the attempts in the ledgers'

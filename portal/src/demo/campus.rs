@@ -206,6 +206,10 @@ impl Servers {
                 .args(["--gpus", lab.gpus, "--name", lab.server])
                 // Jobs' GPUs look busy, so their pages' utilisation charts show a run.
                 .args(["--fake-busy-util", "70"])
+                // Pretend servers sharing one machine: its disk's floor is not theirs to
+                // keep (a full laptop would lend nothing), and watched volumes leave no
+                // mount behind when the demo ends.
+                .args(["--min-free-disk", "0%", "--job-disk", "watch"])
                 .env_remove("COMMONS_PORTAL")
                 .env_remove("COMMONS_ENROL_TOKEN")
                 .stdin(Stdio::null())

@@ -93,6 +93,7 @@ fn request(lab: &str, gpus: i64, command: Vec<String>) -> JobRequest {
         lab: Some(lab.into()),
         checkpoint_minutes: None,
         shm_mb: None,
+        disk_gb: None,
     }
 }
 

@@ -29,6 +29,8 @@ pub struct Timing {
     pub lease_ttl_s: u64,
     /// The campus default grace of a preempted guest (a node may set its own).
     pub default_grace_s: u32,
+    /// The campus default disk of a job that names none, in GiB.
+    pub default_disk_gb: u64,
 }
 
 impl Timing {

@@ -4,6 +4,7 @@ use crate::service::testkit::{campus, postgres, sqlite, statements, take};
 const TIMING: Timing = Timing {
     lease_ttl_s: 60,
     default_grace_s: 300,
+    default_disk_gb: 20,
 };
 
 fn report(job: &Job, state: AttemptState, stop: Option<StopReason>) -> AttemptReport {

@@ -26,6 +26,13 @@ pub struct NodeView {
     pub cpus: f64,
     pub memory_mb: i64,
     pub disk_gb: i64,
+    /// The largest disk (GiB) its agent gives one job; absent: not reported (no limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_job_disk_gb: Option<i64>,
+    /// Why it takes no new guests now (its agent's disk is under its floor); absent: it
+    /// takes them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_low: Option<String>,
 }
 
 /// Every enrolled node with its lab and GPUs (two queries).
@@ -45,6 +52,8 @@ pub fn views(c: &mut DbConn) -> Result<Vec<NodeView>, AppError> {
             cpus: n.cpus,
             memory_mb: n.memory_mb,
             disk_gb: n.disk_gb,
+            max_job_disk_gb: n.max_job_disk_gb,
+            disk_low: n.disk_low,
             id: n.id,
             name: n.name,
             lab: l.slug,

@@ -40,6 +40,8 @@ pub fn state_of(c: &mut DbConn, node: &Node, utc_offset_s: i32) -> Result<NodeSt
         Some("the owner took every GPU back (reclaim)".to_string())
     } else if node.draining {
         Some("the server is drained".to_string())
+    } else if let Some(low) = &node.disk_low {
+        Some(low.clone())
     } else if !lending_now {
         Some(format!(
             "the lending rule ({}) does not lend now",

@@ -46,6 +46,9 @@ pub struct JobView {
     pub gpus_requested: i32,
     pub gpu_models: Vec<String>,
     pub time_limit_minutes: i64,
+    /// The disk it asked for in GiB; absent: the campus default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_gb: Option<i64>,
     pub kind: JobKind,
     pub lab: String,
     pub created_at: NaiveDateTime,
@@ -219,6 +222,7 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         gpus_requested: job.gpus,
         gpu_models: job.gpu_models.0.clone(),
         time_limit_minutes: job.time_limit_s / 60,
+        disk_gb: job.disk_gb,
         kind: job.kind,
         lab: facts
             .lab_slugs

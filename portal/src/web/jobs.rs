@@ -63,6 +63,8 @@ pub struct JobForm {
     checkpoint_minutes: String,
     #[serde(default)]
     shm_mb: String,
+    #[serde(default)]
+    disk_gb: String,
     /// "Save as template": the name, and the button (present when pressed).
     #[serde(default, skip_serializing)]
     template_name: String,
@@ -86,6 +88,7 @@ impl Default for JobForm {
             lab: String::new(),
             checkpoint_minutes: String::new(),
             shm_mb: String::new(),
+            disk_gb: String::new(),
             template_name: String::new(),
             save_template: None,
         }
@@ -147,6 +150,7 @@ impl JobForm {
                 .map(|s| (s / 60).to_string())
                 .unwrap_or_default(),
             shm_mb: job.shm_mb.map(|m| m.to_string()).unwrap_or_default(),
+            disk_gb: job.disk_gb.map(|g| g.to_string()).unwrap_or_default(),
             template_name: String::new(),
             save_template: None,
         }
@@ -190,6 +194,7 @@ impl JobForm {
             lab: (!self.lab.is_empty()).then(|| self.lab.clone()),
             checkpoint_minutes: optional("checkpoint_minutes", &self.checkpoint_minutes)?,
             shm_mb: optional("shm_mb", &self.shm_mb)?,
+            disk_gb: optional("disk_gb", &self.disk_gb)?,
         })
     }
 }

@@ -534,6 +534,9 @@ impl AgentProcess {
             .args(["run", "--portal", &self.portal, "--state-dir"])
             .arg(self.state.path())
             .args(["--gpus", gpus, "--name", &self.name])
+            // This shared machine's disk is often fuller than the default floor (10 %),
+            // which would keep every guest out; `disk.rs` tests the floor.
+            .args(["--min-free-disk", "0%"])
             .args(&self.extra)
             .stdout(log.try_clone().unwrap())
             .stderr(log);
@@ -588,6 +591,9 @@ impl AgentProcess {
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.kill9();
+        // Job volumes an agent mounted as images (none under `ip netns exec`, whose
+        // mounts the engine cannot see: such an agent watches its volumes instead).
+        commons_agent::disk::release_all(self.state.path());
     }
 }
 

@@ -196,6 +196,18 @@ impl TestPortal {
 
     /// The same, connected to the portal (replica) at `portal`.
     pub async fn agent_at(&self, portal: &str, lab: &str, gpus: &str) -> TestAgent {
+        self.agent_with(portal, lab, gpus, |_| {}).await
+    }
+
+    /// An agent for `lab` whose configuration `set` changes first (`commons-agent run`
+    /// flags such as `--max-job-disk-gb`).
+    pub async fn agent_with(
+        &self,
+        portal: &str,
+        lab: &str,
+        gpus: &str,
+        set: impl FnOnce(&mut commons_agent::AgentConfig),
+    ) -> TestAgent {
         demo_image();
         let dir = tempfile::tempdir().unwrap();
         let token = self.enrol_token(lab);
@@ -212,7 +224,16 @@ impl TestPortal {
             images: Default::default(),
             fake_busy_util: 0,
             log_limit: Default::default(),
+            // Watched volumes (no mounts: in-process agents are aborted, not stopped), and
+            // no floor: this machine's disk, shared by every session, is often fuller
+            // than the default 10 %; `disk.rs` tests the floor on purpose.
+            disk: commons_agent::disk::DiskPolicy {
+                floor: commons_agent::disk::Floor::Percent(0),
+                ..Default::default()
+            },
         };
+        let mut config = config;
+        set(&mut config);
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {
             task,
@@ -425,6 +446,7 @@ impl Drop for TestAgent {
                 }
             }
         }
+        commons_agent::disk::release_all(self.dir.path());
     }
 }
 

@@ -120,6 +120,7 @@ async fn agent(
         gpus: inventory.clone(),
         attempts: Vec::new(),
         capacity: None,
+        disk: None,
     }))
     .await?;
     campus.connected.fetch_add(1, Ordering::SeqCst);
@@ -195,7 +196,7 @@ async fn agent(
                     stop: None,
                     reason: None,
                 }).collect();
-                sink.send(text(&AgentMsg::Heartbeat { seq, gpu_stats, attempts, capacity: None })).await?;
+                sink.send(text(&AgentMsg::Heartbeat { seq, gpu_stats, attempts, capacity: None, disk: None })).await?;
             }
             _ = sleep_until(next.into()) => {
                 let now = Instant::now();

@@ -11,6 +11,7 @@ mod cli_ssh;
 mod cluster;
 mod console;
 mod demo;
+mod disk;
 mod estimates;
 mod failures;
 mod foundations;

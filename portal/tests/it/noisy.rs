@@ -307,6 +307,7 @@ impl RawAgent {
             gpus: vec![gpu.clone()],
             attempts: Vec::new(),
             capacity: None,
+            disk: None,
         }))
         .unwrap();
         let running: Arc<Mutex<Option<(i64, i32)>>> = Arc::default();
@@ -332,6 +333,7 @@ impl RawAgent {
                     gpu_stats: Vec::new(),
                     attempts,
                     capacity: None,
+                    disk: None,
                 };
                 if beats.send(text(&beat)).is_err() {
                     return;
@@ -490,6 +492,7 @@ async fn a_flood_of_output_chunks_is_dropped_not_refused_but_refusals_still_disc
             .collect(),
         attempts: Vec::new(),
         capacity: None,
+        disk: None,
     };
     for _ in 0..1100 {
         let _ = agent.tx.send(text(&bad));

@@ -211,6 +211,7 @@ impl HandAgent {
                 gpus,
                 attempts: vec![],
                 capacity: None,
+                disk: None,
             })
             .await;
         rogue
@@ -252,6 +253,7 @@ impl HandAgent {
             gpu_stats: vec![],
             attempts,
             capacity: None,
+            disk: None,
         })
         .await;
         self.until(

@@ -1,4 +1,5 @@
-//! Node capacity: jobs' CPUs and memory are placed against what the servers report.
+//! Node capacity: jobs' CPUs, memory and disk are placed against what the servers
+//! report, and a server under its disk floor takes no new guest.
 
 use crate::support::*;
 use commons_sched::*;
@@ -129,4 +130,70 @@ fn guests_leave_when_the_node_stops_lending() {
     let p = go(&s);
     assert_eq!(preempted(&p), vec![7], "{p:?}");
     assert!(p.preempt[0].reason.contains("no longer lends"), "{p:?}");
+}
+
+fn disk(mut n: Node, max_job_disk_gb: u64) -> Node {
+    n.max_job_disk_gb = max_job_disk_gb;
+    n
+}
+
+fn wanting_disk(mut j: QueuedJob, disk_gb: u64) -> QueuedJob {
+    j.disk_gb = disk_gb;
+    j
+}
+
+#[test]
+fn a_job_asking_more_disk_than_any_server_gives_waits_with_that_reason() {
+    let s = snap(
+        vec![
+            disk(node(1, 1, 10, 4, "A100-80GB", 80), 100),
+            disk(node(2, 1, 20, 4, "A100-80GB", 80), 50),
+        ],
+        vec![],
+        vec![wanting_disk(job(1, 2, 20, 1), 500)],
+    );
+    let p = go(&s);
+    assert!(p.start.is_empty(), "{p:?}");
+    let r = reason(&p, 1);
+    assert_eq!(
+        r,
+        Reason::NoNodeDisk {
+            disk_gb: 500,
+            largest_gb: 100
+        }
+    );
+    assert!(
+        r.to_string().contains("500 GiB") && r.to_string().contains("disk_gb"),
+        "{r}"
+    );
+    // The server that gives enough gets it; one that reports no limit takes anything.
+    let s = snap(
+        vec![
+            disk(node(1, 1, 10, 1, "A100-80GB", 80), 10),
+            disk(node(2, 1, 20, 4, "A100-80GB", 80), 100),
+        ],
+        vec![],
+        vec![wanting_disk(job(1, 2, 20, 1), 50)],
+    );
+    assert_eq!(go(&s).start[0].node, 2, "best fit would pick node 1");
+    let s = snap(
+        vec![node(1, 1, 10, 1, "A100-80GB", 80)],
+        vec![],
+        vec![wanting_disk(job(1, 2, 20, 1), 5000)],
+    );
+    assert_eq!(started(&go(&s)), vec![1]);
+}
+
+#[test]
+fn a_server_under_its_disk_floor_takes_no_new_guest_but_its_owner_jobs() {
+    let mut n = node(1, 1, 10, 2, "A100-80GB", 80);
+    n.low_disk = true;
+    let s = snap(vec![n], vec![], vec![job(1, 2, 20, 1), job(2, 1, 10, 1)]);
+    let p = go(&s);
+    assert_eq!(started(&p), vec![2], "the owner's job: {p:?}");
+    let r = reason(&p, 1).to_string();
+    assert!(
+        r.contains("low on disk space") && r.contains("no new guests"),
+        "{r}"
+    );
 }

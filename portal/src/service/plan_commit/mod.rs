@@ -266,6 +266,10 @@ pub(crate) fn start_msg(
             image_digest: job.image_digest.clone(),
             image_signature: job.image_signature.clone(),
             image_campus: job.image_campus,
+            disk_gb: Some(
+                job.disk_gb
+                    .map_or(timing.default_disk_gb, |g| g.max(1) as u64),
+            ),
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,

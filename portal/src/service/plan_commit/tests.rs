@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 const TIMING: Timing = Timing {
     lease_ttl_s: 60,
     default_grace_s: 300,
+    default_disk_gb: 20,
 };
 
 /// One online node with `gpus` GPUs and `jobs` queued jobs: (node, GPU ids, job ids).
@@ -301,4 +302,25 @@ fn waiting_rows_are_written_only_where_they_change() {
         db::jobs::get(&mut c, jobs[4]).unwrap().queue_position,
         Some(4)
     );
+}
+
+#[test]
+fn the_start_carries_the_jobs_disk_or_the_campus_default() {
+    let (_d, mut c) = sqlite();
+    let (_, _, jobs) = queue(&mut c, 1, 1);
+    let mut job = db::jobs::get(&mut c, jobs[0]).unwrap();
+    assert_eq!(job.disk_gb, None, "none asked: stored as such");
+    let facts = StartFacts::read(&mut c, std::iter::once(&job)).unwrap();
+    let lease = commons_proto::Lease {
+        session: 7,
+        seq: 1,
+        valid_for_s: 60,
+    };
+    let disk_of = |job: &Job| match start_msg(job, 1, &[], lease, TIMING, &facts) {
+        PortalMsg::Start { spec, .. } => spec.disk_gb,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(disk_of(&job), Some(TIMING.default_disk_gb));
+    job.disk_gb = Some(7);
+    assert_eq!(disk_of(&job), Some(7));
 }
