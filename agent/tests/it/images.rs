@@ -60,7 +60,16 @@ async fn agent_with(dir: &Path, policy: ImagePolicy) -> (Executor, OutboxRx, Doc
         .with_images(policy);
     let (tx, rx) = outbox::channel(Default::default());
     let store = Store::new(dir).with_guard(Some(guard_exe()));
-    (Executor::new(rt.clone(), tx, store), rx, rt)
+    // No free-space floor: the guests here must start on a shared machine's fuller disk.
+    let disk = commons_agent::disk::DiskPolicy {
+        floor: commons_agent::disk::Floor::Percent(0),
+        ..Default::default()
+    };
+    (
+        Executor::with_disk(rt.clone(), tx, store, None, disk),
+        rx,
+        rt,
+    )
 }
 
 fn pinned(image: &str, digest: &str, cmd: &str) -> JobSpec {
