@@ -11,8 +11,9 @@
 //! to, the portal's checkpoint store.
 //!
 //! Invariants:
-//! - The agent never kills containers when it restarts: it re-adopts them by their labels,
-//!   with the deadlines they had (never a fresh lease).
+//! - The agent never kills its containers when it restarts: it re-adopts them by their
+//!   labels, with the deadlines they had (never a fresh lease). Containers of an earlier
+//!   identity of the same host (a state dir lost and enrolled again) are stopped ([`host`]).
 //! - Every attempt has a lease, counted on the boot clock ([`clock`]) from the agent's own
 //!   message; one the portal stops renewing is stopped here, by the agent or, while the
 //!   agent is down, by the attempt's guard, so a job never runs twice at once.
@@ -28,6 +29,7 @@ pub mod config;
 pub mod executor;
 pub mod gpu;
 pub mod guard;
+pub mod host;
 pub mod metrics;
 pub mod owner;
 pub mod reconcile;

@@ -5,7 +5,8 @@
 //! [`checkpoints`] drives restores and uploads through the executor against
 //! [`portal_double`], a test double of the portal's checkpoint API over HTTP. [`extend`]
 //! moves a running attempt's time limit as a `Renew` asks. [`images`] checks pins, pulls
-//! and signatures against the real engine.
+//! and signatures against the real engine. [`host`] stops the containers of an earlier
+//! identity of the same host.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod checkpoints;
@@ -15,6 +16,7 @@ mod extend;
 mod fake_runtime;
 mod guard;
 mod guests;
+mod host;
 mod images;
 mod portal_double;
 mod reconcile;
