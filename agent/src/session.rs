@@ -208,10 +208,16 @@ fn is_protocol_refusal(code: CloseCode) -> bool {
 fn log_close(frame: Option<&CloseFrame>) {
     match frame {
         Some(f) if is_protocol_refusal(f.code) => {
+            // The version check says "protocol"; other refusals (a second agent with
+            // this credential, a revoked one) carry their own words.
+            let hint = if f.reason.contains("protocol") {
+                "; install the agent that matches the portal"
+            } else {
+                ""
+            };
             tracing::error!(
                 code = u16::from(f.code),
-                "the portal refused this agent (protocol v{PROTOCOL_VERSION}): {}; install the \
-                 agent that matches the portal",
+                "the portal refused this agent (protocol v{PROTOCOL_VERSION}): {}{hint}",
                 f.reason
             );
         }

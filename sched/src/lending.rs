@@ -62,6 +62,8 @@ pub(crate) fn window_end(windows: &[WeeklyWindow], now: Time, utc_offset_s: i32)
 pub(crate) enum LendBlock {
     /// The owner reclaimed the node.
     Reclaimed,
+    /// Its reported GPUs await its lab admin's approval.
+    Unapproved,
     /// Lend never.
     Never,
     /// Lends in windows and none is open now.
@@ -79,6 +81,10 @@ impl LendBlock {
     pub(crate) fn describe(self, node: &str, job: &QueuedJob, rules: &crate::Lending) -> String {
         match self {
             LendBlock::Reclaimed => format!("the owner of node {node} has reclaimed it"),
+            LendBlock::Unapproved => format!(
+                "node {node} reports GPUs its lab admin has not approved yet, so it takes no \
+                 guests"
+            ),
             LendBlock::Never => format!("node {node} does not lend its GPUs"),
             LendBlock::WindowClosed => {
                 format!("node {node} lends only in its time windows, and none is open now")
@@ -111,6 +117,9 @@ pub(crate) fn guest_block(
     let rules = &node.lending;
     if node.reclaim {
         return Some(LendBlock::Reclaimed);
+    }
+    if node.inventory_unapproved {
+        return Some(LendBlock::Unapproved);
     }
     if rules.mode == LendMode::Never {
         return Some(LendBlock::Never);

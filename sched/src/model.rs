@@ -75,6 +75,10 @@ pub struct Node {
     pub cpus: f64,
     /// Memory of the server in MiB (from its agent); 0: unknown, no limit.
     pub memory_mb: u64,
+    /// Its agent reports more GPUs, or other models, than the node enrolled with, and its
+    /// lab admin has not approved them yet: no guest is placed here (its own lab's jobs
+    /// may run). Guests already running stay.
+    pub inventory_unapproved: bool,
 }
 
 /// One schedulable GPU: a whole GPU or a MIG instance (a GPU of its own size).

@@ -87,6 +87,15 @@ diesel::table! {
         cpus -> Double,
         memory_mb -> BigInt,
         disk_gb -> BigInt,
+        agent_addr -> Text,
+        contender_session -> Nullable<BigInt>,
+        contender_addr -> Nullable<Text>,
+        contender_at -> Nullable<Timestamp>,
+        shared_at -> Nullable<Timestamp>,
+        shared_connected_from -> Nullable<Text>,
+        shared_refused_from -> Nullable<Text>,
+        gpu_baseline -> Nullable<Text>,
+        inventory_unapproved -> Bool,
     }
 }
 

@@ -244,6 +244,8 @@ pub fn read_with_waiting(
                     owner_return_rate: return_rates.get(&n.id).cloned().unwrap_or_default(),
                     cpus: n.cpus.max(0.0),
                     memory_mb: n.memory_mb.max(0) as u64,
+                    // New GPUs await the lab admin: no guests until approved.
+                    inventory_unapproved: n.inventory_unapproved,
                     gpus: on_node
                         .get(&n.id)
                         .into_iter()

@@ -33,6 +33,7 @@ pub fn state_of(c: &mut DbConn, node: &Node, utc_offset_s: i32) -> Result<NodeSt
     let now_s = now.and_utc().timestamp();
     let lending_now = !node.reclaim
         && !node.draining
+        && !node.inventory_unapproved
         && rules
             .lend_until(now_s, utc_offset_s)
             .is_some_and(|u| u > now_s);
@@ -40,6 +41,12 @@ pub fn state_of(c: &mut DbConn, node: &Node, utc_offset_s: i32) -> Result<NodeSt
         Some("the owner took every GPU back (reclaim)".to_string())
     } else if node.draining {
         Some("the server is drained".to_string())
+    } else if node.inventory_unapproved {
+        Some(
+            "the server reports GPUs it did not enrol with; no guests until a lab admin \
+             approves them"
+                .to_string(),
+        )
     } else if !lending_now {
         Some(format!(
             "the lending rule ({}) does not lend now",
@@ -290,6 +297,10 @@ pub struct NodePage {
     pub gpus: Vec<Gpu>,
     pub state: NodeState,
     pub can_admin: bool,
+    /// The GPUs it enrolled with (or its lab admin last approved), and those it reports
+    /// now, in words ("2 × A100-80GB").
+    pub approved_gpus: String,
+    pub reported_gpus: String,
 }
 
 pub fn node_page(
@@ -305,7 +316,12 @@ pub fn node_page(
     let lab = db::users::lab_by_id(c, n.lab_id)?;
     let gpus = db::nodes::gpus_of(c, n.id)?;
     let state = state_of(c, &n, utc_offset_s)?;
+    use super::inventory::{baseline_of, counts_of, describe};
+    let approved_gpus = describe(&baseline_of(n.gpu_baseline.as_deref()).unwrap_or_default());
+    let reported_gpus = describe(&counts_of(&gpus));
     Ok(NodePage {
+        approved_gpus,
+        reported_gpus,
         can_admin: actor.admin_of(n.lab_id),
         node: n,
         lab,
