@@ -9,8 +9,8 @@
 //!   transaction, with the actor "USER on NODE (on the server)".
 //! - A revoked node is refused everywhere at once: its credential no longer authenticates
 //!   (WebSocket, checkpoints, this API), and a connection that is open on any replica is
-//!   closed at its next heartbeat (whose clock [`db::nodes::set_agent_clock`] records only
-//!   for a node not revoked). Its attempts
+//!   closed at its next heartbeat (which [`db::node_link::beat`] counts only for a node
+//!   not revoked). Its attempts
 //!   are no longer renewed, so they end when their leases run out and are requeued then
 //!   (never earlier: a job never runs twice at once).
 

@@ -142,14 +142,14 @@ async fn node_of(p: &TestPortal, agent: &TestAgent) -> serde_json::Value {
 
 /// Kills the guard of `job`'s attempt 1 (as a reboot or `systemctl stop` with the wrong
 /// kill mode would): nothing fences that container while the agent is down.
-fn kill_guard(agent: &TestAgent, job: i64) {
-    let pid_file = agent
-        .dir
-        .path()
-        .join("attempts")
-        .join(format!("{job}-1"))
-        .join("guard.pid");
-    let pid = std::fs::read_to_string(&pid_file).unwrap();
+async fn kill_guard(agent: &TestAgent, job: i64) {
+    let dir = agent.dir.path().join("attempts").join(format!("{job}-1"));
+    // The agent starts the guard right after it reports the attempt running.
+    crate::harness::wait_for(Duration::from_secs(10), "the attempt's guard", || {
+        std::future::ready(commons_agent::guard::is_running(&dir))
+    })
+    .await;
+    let pid = std::fs::read_to_string(dir.join("guard.pid")).unwrap();
     let killed = std::process::Command::new("kill")
         .args(["-9", pid.trim()])
         .status()
@@ -174,7 +174,7 @@ async fn a_server_whose_state_dir_was_lost_and_enrolled_again_does_not_run_its_j
     let first_id = first.agent_id();
     // The agent goes down with its guard, and its state dir is lost: the container runs
     // on under a credential and an agent id nobody has any more.
-    kill_guard(&first, job);
+    kill_guard(&first, job).await;
     first.task.abort();
     let _ = (&mut first.task).await;
     for entry in std::fs::read_dir(first.dir.path()).unwrap() {
