@@ -166,7 +166,8 @@ impl Store {
         read_json(&self.dir(key).join(STOPPED_FILE))
     }
 
-    /// Deletes an acknowledged attempt's directory (its guard, if any, then exits).
+    /// Deletes an acknowledged attempt's directory (its container, and so its guard, are
+    /// gone by then: a guard that finds the directory gone stops what it guards).
     pub fn remove(&self, key: Key) -> std::io::Result<()> {
         match std::fs::remove_dir_all(self.dir(key)) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
