@@ -63,7 +63,7 @@ curl -fs "$url/healthz" >/dev/null || die "the portal did not start; see $tmp/po
 
 api() { curl -fs -H "Authorization: Bearer $token" -H 'content-type: application/json' "$@"; }
 COMMONS_ENROL_TOKEN="$enrol" "$agent_bin" run --portal "$url" --state-dir "$tmp/agent" \
-  --gpus fake:8xA100-80GB >"$tmp/agent.log" 2>&1 &
+  --host-id-file "$tmp/host-id" --gpus fake:8xA100-80GB >"$tmp/agent.log" 2>&1 &
 agent_pid=$!
 for _ in $(seq 150); do
   n=$(api "$url/api/v1/nodes" | python3 -c 'import json,sys; v=json.load(sys.stdin); print(sum(len(n["gpus"]) for n in v if n["online"]))' || echo 0)

@@ -14,6 +14,9 @@ pub struct AgentConfig {
     pub enrol_token: Option<String>,
     /// Where the node credential and fake-GPU overrides live.
     pub state_dir: PathBuf,
+    /// The file with the host's id, outside the state dir (`host`); one per Docker
+    /// Engine.
+    pub host_id_file: PathBuf,
     /// Where the GPU inventory comes from (`--gpus`).
     pub gpus: GpuMode,
     /// Display name of the node; defaults to the host name.
@@ -98,6 +101,7 @@ impl std::fmt::Debug for AgentConfig {
                 &self.enrol_token.as_ref().map(|_| "<hidden>"),
             )
             .field("state_dir", &self.state_dir)
+            .field("host_id_file", &self.host_id_file)
             .field("gpus", &self.gpus)
             .field("hostname", &self.hostname)
             .field("guest_network", &self.guest_network)
@@ -197,6 +201,7 @@ mod tests {
             portal: "http://p".into(),
             enrol_token: Some("secret-token".into()),
             state_dir: "/tmp/x".into(),
+            host_id_file: "/tmp/host-id".into(),
             gpus: GpuMode::Auto,
             hostname: "h".into(),
             guest_network: Default::default(),

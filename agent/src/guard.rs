@@ -4,7 +4,8 @@
 //! down (crash, `kill -9`, `systemctl stop`, an upgrade), its containers keep running on
 //! purpose, and nothing in the agent can stop them. So every running attempt also has a
 //! guard: this same executable, started detached (own session, stdin/stdout closed, stderr
-//! to `guard.log`) as `commons-agent guard --state-dir DIR --job J --attempt A`.
+//! to `guard.log`) as `commons-agent guard --state-dir DIR --job J --attempt A
+//! --container ID`.
 //!
 //! The guard polls the attempt's `lease.json` every [`POLL`]. When the lease or the time
 //! limit runs out it writes `stopped.json` (the reason, so whoever sees the container end
@@ -12,7 +13,17 @@
 //! does (`DockerRuntime::stop`: SIGTERM, the grace, SIGKILL). When the agent has begun a
 //! stop itself (`lease.json` says so), the guard leaves it alone and only kills the
 //! container if it still runs [`BACKSTOP`] after that stop's grace. The guard exits when
-//! the container is no longer running or gone, or when the attempt's directory is removed.
+//! the container is no longer running or gone.
+//!
+//! It fails safe: whatever keeps it from proving the lease valid stops the container. A
+//! `lease.json` that is missing or unreadable, or an attempt directory that is gone (the
+//! state dir was lost or wiped), count as an expired lease: the container it knows (from
+//! `--container`, or the last `lease.json` it read) is stopped with the last grace it read
+//! (else [`ENFORCE_GRACE`]). A `stopped.json` that cannot be read or written never keeps
+//! it from stopping the container; only the reason is lost. A guard that dies (killed,
+//! crashed) is started again by the running agent within a tick (`Executor`'s
+//! `keep_guards`), so only a guard that dies while the agent is down leaves a gap, and the
+//! agent closes it when it starts.
 //!
 //! Why a process on the host and not an init inside the container: an init would have to
 //! be a static binary that works in any image the labs allow, be mounted into every
@@ -20,13 +31,14 @@
 //! agent's Docker client, its stop-with-grace logic and its file formats, sits outside the
 //! job's reach, and is the same binary, so it is always the agent's version.
 //!
-//! Invariants: at most one guard per attempt (it holds an exclusive `flock` on `guard.pid`
-//! while it runs; a second one exits at once, and the agent starts one only when nobody
-//! holds the lock); the guard never stops a container before a deadline in `lease.json`,
-//! and never cuts short the grace of a stop the agent began.
+//! Invariants: at most one guard per attempt while its directory exists (it holds an
+//! exclusive `flock` on `guard.pid` while it runs; a second one exits at once, and the
+//! agent starts one only when nobody holds the lock); the guard never stops a container
+//! before a deadline in a `lease.json` it can read, and never cuts short the grace of a
+//! stop the agent began.
 
 use crate::clock::{self, from_ms, to_ms};
-use crate::reconcile::Key;
+use crate::reconcile::{Key, ENFORCE_GRACE};
 use crate::runtime::{ContainerRuntime, ContainerStatus, DockerRuntime};
 use crate::store::{
     self, LeaseFile, StoppedFile, Store, GUARD_LOG_FILE, GUARD_PID_FILE, LEASE_FILE, STOPPED_FILE,
@@ -133,28 +145,41 @@ pub fn is_running(dir: &Path) -> bool {
     matches!(try_lock(&f), Ok(false))
 }
 
-/// Starts the attempt's guard unless one runs (or no guard program is configured).
-pub fn ensure(store: &Store, key: Key) {
+/// Starts the attempt's guard unless one runs (or no guard program is configured); the
+/// guard watches `container`. Returns whether it started one.
+pub fn ensure(store: &Store, key: Key, container: &str) -> bool {
     let Some(program) = store.guard_program() else {
-        return;
+        return false;
     };
     let dir = store.dir(key);
     if is_running(&dir) {
-        return;
+        return false;
     }
-    match spawn(program, store.state_dir(), key, &dir) {
-        Ok(pid) => tracing::info!(job = key.0, attempt = key.1, pid, "guard started"),
-        Err(e) => tracing::error!(
-            job = key.0,
-            attempt = key.1,
-            "cannot start the attempt's guard ({}): {e:#}; nothing enforces its lease while \
-             the agent is down",
-            program.display()
-        ),
+    match spawn(program, store.state_dir(), key, container, &dir) {
+        Ok(pid) => {
+            tracing::info!(job = key.0, attempt = key.1, pid, "guard started");
+            true
+        }
+        Err(e) => {
+            tracing::error!(
+                job = key.0,
+                attempt = key.1,
+                "cannot start the attempt's guard ({}): {e:#}; nothing enforces its lease \
+                 while the agent is down",
+                program.display()
+            );
+            false
+        }
     }
 }
 
-fn spawn(program: &Path, state_dir: &Path, (job, attempt): Key, dir: &Path) -> anyhow::Result<u32> {
+fn spawn(
+    program: &Path,
+    state_dir: &Path,
+    (job, attempt): Key,
+    container: &str,
+    dir: &Path,
+) -> anyhow::Result<u32> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -170,6 +195,9 @@ fn spawn(program: &Path, state_dir: &Path, (job, attempt): Key, dir: &Path) -> a
         .arg(job.to_string())
         .arg("--attempt")
         .arg(attempt.to_string())
+        // Known from the start: the guard can stop it even if it never reads lease.json.
+        .arg("--container")
+        .arg(container)
         // The guard needs no enrolment token; keep it out of one more process.
         .env_remove("COMMONS_ENROL_TOKEN")
         .stdin(Stdio::null())
@@ -197,27 +225,41 @@ fn spawn(program: &Path, state_dir: &Path, (job, attempt): Key, dir: &Path) -> a
     Ok(pid)
 }
 
-/// Takes `guard.pid` (lock, then this pid); `None` when another guard holds it or the
-/// attempt's directory is gone.
-fn take_pid_file(dir: &Path) -> anyhow::Result<Option<File>> {
+/// Whether this guard got the attempt's `guard.pid`.
+enum PidFile {
+    /// Taken (lock, then this pid); held while the guard runs.
+    Taken(File),
+    /// Another guard holds it.
+    Held,
+    /// The attempt's directory is gone.
+    NoDir,
+}
+
+/// Takes `guard.pid` (lock, then this pid).
+fn take_pid_file(dir: &Path) -> anyhow::Result<PidFile> {
     if !dir.is_dir() {
-        return Ok(None);
+        return Ok(PidFile::NoDir);
     }
     let path = dir.join(GUARD_PID_FILE);
-    let mut f = std::fs::OpenOptions::new()
+    let mut f = match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
+    {
+        Ok(f) => f,
+        // Removed in between.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PidFile::NoDir),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+    };
     if !try_lock(&f).with_context(|| format!("locking {}", path.display()))? {
-        return Ok(None);
+        return Ok(PidFile::Held);
     }
     f.set_len(0)?;
     f.rewind()?;
     writeln!(f, "{}", std::process::id())?;
-    Ok(Some(f))
+    Ok(PidFile::Taken(f))
 }
 
 enum Next {
@@ -225,35 +267,75 @@ enum Next {
     Done(&'static str),
 }
 
+/// What the guard knows beyond this poll's reading: the container (from `--container` or
+/// the last `lease.json` read) and the grace of the last `lease.json` read.
+#[derive(Debug, Default)]
+struct Memo {
+    container: Option<String>,
+    grace: Option<Duration>,
+}
+
+/// What one poll found of the attempt's lease.
+enum Seen {
+    Lease(LeaseFile),
+    /// The attempt's directory is gone.
+    DirGone,
+    /// `lease.json` is missing or unreadable: why.
+    Unreadable(String),
+}
+
+fn read_lease(dir: &Path) -> Seen {
+    if !dir.is_dir() {
+        return Seen::DirGone;
+    }
+    match store::read_json::<LeaseFile>(&dir.join(LEASE_FILE)) {
+        Ok(Some(l)) => Seen::Lease(l),
+        Ok(None) if !dir.is_dir() => Seen::DirGone,
+        Ok(None) => Seen::Unreadable("lease.json is missing".into()),
+        Err(e) => Seen::Unreadable(e.to_string()),
+    }
+}
+
 /// The guard process: runs until the attempt's container is no longer running.
-pub async fn run(state_dir: &Path, job: JobId, attempt: Attempt) -> anyhow::Result<()> {
+/// `container`: the container to guard, when the agent named it.
+pub async fn run(
+    state_dir: &Path,
+    job: JobId,
+    attempt: Attempt,
+    container: Option<String>,
+) -> anyhow::Result<()> {
     let dir = store::attempt_dir(state_dir, job, attempt);
-    let Some(_pid_file) = take_pid_file(&dir)? else {
-        tracing::info!(
-            job,
-            attempt,
-            "another guard watches this attempt (or it is gone)"
-        );
-        return Ok(());
+    let _pid_file = match take_pid_file(&dir)? {
+        PidFile::Taken(f) => Some(f),
+        PidFile::Held => {
+            tracing::info!(job, attempt, "another guard watches this attempt");
+            return Ok(());
+        }
+        // Nothing to lock; the container (if named) is stopped below, fail-safe.
+        PidFile::NoDir if container.is_some() => None,
+        PidFile::NoDir => {
+            tracing::info!(job, attempt, "the attempt is gone, with no container named");
+            return Ok(());
+        }
     };
     tracing::info!(job, attempt, "guarding {}", dir.display());
+    let mut memo = Memo {
+        container,
+        grace: None,
+    };
     let runtime = loop {
         match DockerRuntime::connect(String::new()).await {
             Ok(r) => break r,
-            Err(e) if dir.is_dir() => {
+            Err(_) if memo.container.is_none() && !dir.is_dir() => return Ok(()),
+            Err(e) => {
                 tracing::warn!("cannot reach the Docker Engine ({e}); trying again");
                 tokio::time::sleep(POLL * 4).await;
             }
-            Err(_) => return Ok(()),
         }
     };
     let boot_id = clock::boot_id();
     loop {
-        if !dir.is_dir() {
-            tracing::info!(job, attempt, "the attempt's directory is gone: done");
-            return Ok(());
-        }
-        match check(&runtime, &dir, &boot_id).await {
+        match check(&runtime, &dir, &boot_id, &mut memo).await {
             Ok(Next::Done(why)) => {
                 tracing::info!(job, attempt, "{why}: done");
                 return Ok(());
@@ -265,40 +347,84 @@ pub async fn run(state_dir: &Path, job: JobId, attempt: Attempt) -> anyhow::Resu
     }
 }
 
-async fn check<R: ContainerRuntime>(rt: &R, dir: &Path, boot_id: &str) -> anyhow::Result<Next> {
-    let Some(lease) = store::read_json::<LeaseFile>(&dir.join(LEASE_FILE))? else {
-        return Ok(Next::Watch);
+/// Records why the guard stops the container in `stopped.json`, unless a reason is
+/// already there (the first one stands). An unreadable file counts as none.
+fn record_stop(
+    dir: &Path,
+    reason: StopReason,
+    now: Duration,
+    grace: Duration,
+) -> Result<(), crate::state::StateError> {
+    let path = dir.join(STOPPED_FILE);
+    if matches!(store::read_json::<StoppedFile>(&path), Ok(Some(_))) {
+        return Ok(());
+    }
+    let stopped = StoppedFile {
+        reason,
+        at_ms: to_ms(now),
+        grace_s: grace.as_secs(),
     };
-    let Some(container) = lease.container.as_deref() else {
-        return Ok(Next::Watch);
+    store::write_json(&path, &stopped, true)
+}
+
+async fn check<R: ContainerRuntime>(
+    rt: &R,
+    dir: &Path,
+    boot_id: &str,
+    memo: &mut Memo,
+) -> anyhow::Result<Next> {
+    let seen = read_lease(dir);
+    if let Seen::Lease(l) = &seen {
+        if let Some(c) = &l.container {
+            memo.container = Some(c.clone());
+        }
+        memo.grace = Some(Duration::from_secs(l.grace_s));
+    }
+    let Some(container) = memo.container.clone() else {
+        return Ok(match seen {
+            Seen::DirGone => Next::Done("the attempt's directory is gone, with no container"),
+            _ => Next::Watch,
+        });
     };
-    match rt.inspect(container).await? {
+    match rt.inspect(&container).await? {
         ContainerStatus::Gone => return Ok(Next::Done("the container is gone")),
         ContainerStatus::Exited(_) => return Ok(Next::Done("the container has ended")),
         ContainerStatus::Running => {}
     }
     let now = clock::now();
-    match decide(&lease, boot_id, now) {
+    // What cannot be read cannot prove the lease valid: it counts as expired.
+    let doubt = |why: &str| {
+        tracing::warn!("{why}: the lease cannot be proven valid, so it counts as expired");
+        Some(GuardAct::Stop {
+            reason: StopReason::LeaseExpired,
+            grace: memo.grace.unwrap_or(ENFORCE_GRACE),
+        })
+    };
+    let act = match &seen {
+        Seen::Lease(l) => decide(l, boot_id, now),
+        Seen::DirGone => doubt("the attempt's directory is gone"),
+        Seen::Unreadable(why) => doubt(why),
+    };
+    match act {
         None => {}
         Some(GuardAct::Stop { reason, grace }) => {
-            let path = dir.join(STOPPED_FILE);
-            // The first reason stands; written before the stop, so the end is explained.
-            if store::read_json::<StoppedFile>(&path)?.is_none() && dir.is_dir() {
-                let stopped = StoppedFile {
-                    reason,
-                    at_ms: to_ms(now),
-                    grace_s: grace.as_secs(),
-                };
-                store::write_json(&path, &stopped, true)?;
+            // Written before the stop, so the end is explained; a file that cannot be
+            // written loses the reason, never the stop.
+            if dir.is_dir() {
+                if let Err(e) = record_stop(dir, reason, now, grace) {
+                    tracing::warn!(
+                        "cannot record the reason in stopped.json ({e}); stopping all the same"
+                    );
+                }
             }
             tracing::warn!(%reason, "stopping container {container} (grace {grace:?})");
-            rt.stop(container, grace).await?;
+            rt.stop(&container, grace).await?;
         }
         Some(GuardAct::Kill) => {
             tracing::warn!(
                 "the agent's stop of {container} did not finish in its grace: killing it"
             );
-            rt.stop(container, Duration::ZERO).await?;
+            rt.stop(&container, Duration::ZERO).await?;
         }
     }
     Ok(Next::Watch)
@@ -384,12 +510,18 @@ mod tests {
     fn one_guard_per_attempt() {
         let dir = tempfile::tempdir().unwrap();
         assert!(!is_running(dir.path()));
-        let held = take_pid_file(dir.path()).unwrap().unwrap();
+        let PidFile::Taken(held) = take_pid_file(dir.path()).unwrap() else {
+            panic!("the first guard takes guard.pid")
+        };
         assert!(is_running(dir.path()));
         assert!(
-            take_pid_file(dir.path()).unwrap().is_none(),
+            matches!(take_pid_file(dir.path()).unwrap(), PidFile::Held),
             "a second guard stands down"
         );
+        assert!(matches!(
+            take_pid_file(&dir.path().join("gone")).unwrap(),
+            PidFile::NoDir
+        ));
         let pid = std::fs::read_to_string(dir.path().join(GUARD_PID_FILE)).unwrap();
         assert_eq!(pid.trim(), std::process::id().to_string());
         drop(held);

@@ -12,8 +12,9 @@
 //! job's `disk_gb` ([`disk`]).
 //!
 //! Invariants:
-//! - The agent never kills containers when it restarts: it re-adopts them by their labels,
-//!   with the deadlines they had (never a fresh lease).
+//! - The agent never kills its containers when it restarts: it re-adopts them by their
+//!   labels, with the deadlines they had (never a fresh lease). Containers of an earlier
+//!   identity of the same host (a state dir lost and enrolled again) are stopped ([`host`]).
 //! - Every attempt has a lease, counted on the boot clock ([`clock`]) from the agent's own
 //!   message; one the portal stops renewing is stopped here, by the agent or, while the
 //!   agent is down, by the attempt's guard, so a job never runs twice at once.
@@ -30,6 +31,7 @@ pub mod disk;
 pub mod executor;
 pub mod gpu;
 pub mod guard;
+pub mod host;
 pub mod metrics;
 pub mod outbox;
 pub mod owner;

@@ -57,6 +57,12 @@ enum Cmd {
         /// Where the node credential and fake-GPU overrides live.
         #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+        /// The file with this host's id, outside the state dir (made once if missing). It
+        /// labels every container, and at start the agent stops containers of this host
+        /// made by an earlier identity (a lost state dir enrolled again). Two agents on one
+        /// Docker Engine need two files.
+        #[arg(long, env = "COMMONS_HOST_ID_FILE", default_value = commons_agent::host::DEFAULT_HOST_ID_FILE)]
+        host_id_file: PathBuf,
         /// auto | nvml | fake:2xA100-80GB,1xRTX4090-24GB
         #[arg(long, default_value = "auto")]
         gpus: GpuMode,
@@ -190,6 +196,9 @@ enum Cmd {
         job: JobId,
         #[arg(long, allow_negative_numbers = true)]
         attempt: Attempt,
+        /// The attempt's container (stopped, fail-safe, should its directory go).
+        #[arg(long)]
+        container: Option<String>,
     },
 }
 
@@ -203,6 +212,8 @@ fn main() -> anyhow::Result<()> {
     use std::io::IsTerminal;
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
+        // To stderr, which a guard's spawner points at guard.log (its stdout is closed).
+        .with_writer(std::io::stderr)
         // Colour only on a terminal: guards log to guard.log, the service to the journal.
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
@@ -222,15 +233,17 @@ fn main() -> anyhow::Result<()> {
             state_dir,
             job,
             attempt,
+            container,
         } => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("starting the guard's runtime")?
-            .block_on(guard::run(&state_dir, job, attempt)),
+            .block_on(guard::run(&state_dir, job, attempt, container)),
         Cmd::Run {
             portal,
             enrol_token,
             state_dir,
+            host_id_file,
             gpus,
             name,
             guest_network,
@@ -286,6 +299,7 @@ fn main() -> anyhow::Result<()> {
                 portal,
                 enrol_token,
                 state_dir,
+                host_id_file,
                 gpus,
                 hostname,
                 guest_network,

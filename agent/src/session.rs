@@ -37,18 +37,43 @@ const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
+    // Before enrolment: an agent that cannot know its host must not take jobs.
+    let host_id = crate::host::load_or_create(&config.host_id_file)?;
     let cred = match state::load_credential(&config.state_dir)? {
         Some(c) => c,
         None => enrol(&config).await?,
     };
-    tracing::info!(node = cred.node_id, name = %cred.node_name, lab = %cred.lab, "node credential loaded");
+    tracing::info!(node = cred.node_id, name = %cred.node_name, lab = %cred.lab, host = %host_id, "node credential loaded");
     // Every line this agent logs from here on names its node (a field of the span).
     let span = tracing::info_span!("agent", node = cred.node_id);
-    tracing::Instrument::instrument(serve(config, cred), span).await
+    tracing::Instrument::instrument(serve(config, cred, host_id), span).await
+}
+
+/// Stops what an earlier identity of this host left running (see `host`).
+async fn stop_earlier_identities(runtime: &DockerRuntime) -> anyhow::Result<()> {
+    let found = crate::host::stop_earlier_identities(runtime)
+        .await
+        .context("stopping the containers of an earlier identity of this host")?;
+    for c in found {
+        tracing::warn!(
+            container = %c.id,
+            agent_id = %c.agent,
+            job = ?c.job,
+            attempt = ?c.attempt,
+            was_running = c.running,
+            "a container of an earlier identity of this host (its state dir was lost): \
+             stopped and removed, so its job cannot run twice"
+        );
+    }
+    Ok(())
 }
 
 /// Serves the portal with the node's credential, reconnecting until the task is dropped.
-async fn serve(mut config: AgentConfig, cred: NodeCredential) -> anyhow::Result<()> {
+async fn serve(
+    mut config: AgentConfig,
+    cred: NodeCredential,
+    host_id: String,
+) -> anyhow::Result<()> {
     let gpus: std::sync::Arc<dyn GpuSource> = std::sync::Arc::from(gpu::from_mode(
         &config.gpus,
         &config.state_dir,
@@ -69,7 +94,9 @@ async fn serve(mut config: AgentConfig, cred: NodeCredential) -> anyhow::Result<
             // This server's own lab: its own allow-list entries may use local images.
             own_lab: Some(cred.lab.clone()),
             ..config.images.clone()
-        });
+        })
+        .with_host_id(host_id);
+    stop_earlier_identities(&runtime).await?;
     let program = guard::default_program();
     if program.is_none() {
         tracing::warn!(
@@ -202,10 +229,16 @@ fn is_protocol_refusal(code: CloseCode) -> bool {
 fn log_close(frame: Option<&CloseFrame>) {
     match frame {
         Some(f) if is_protocol_refusal(f.code) => {
+            // The version check says "protocol"; other refusals (a second agent with
+            // this credential, a revoked one) carry their own words.
+            let hint = if f.reason.contains("protocol") {
+                "; install the agent that matches the portal"
+            } else {
+                ""
+            };
             tracing::error!(
                 code = u16::from(f.code),
-                "the portal refused this agent (protocol v{PROTOCOL_VERSION}): {}; install the \
-                 agent that matches the portal",
+                "the portal refused this agent (protocol v{PROTOCOL_VERSION}): {}{hint}",
                 f.reason
             );
         }

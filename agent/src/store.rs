@@ -168,9 +168,9 @@ impl Store {
         read_json(&self.dir(key).join(STOPPED_FILE))
     }
 
-    /// Deletes an acknowledged attempt's directory (its guard, if any, then exits), its
-    /// volume released first; a volume that cannot be released keeps the directory (see
-    /// `disk`).
+    /// Deletes an acknowledged attempt's directory, its volume released first; a volume
+    /// that cannot be released keeps the directory (see `disk`). Its container, and so its
+    /// guard, are gone by then: a guard that finds the directory gone stops what it guards.
     pub fn remove(&self, key: Key) -> std::io::Result<()> {
         let dir = self.dir(key);
         crate::disk::release(&dir).map_err(std::io::Error::other)?;

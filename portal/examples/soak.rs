@@ -19,11 +19,15 @@
 #[path = "../tests/it/cluster.rs"]
 #[allow(dead_code)] // the tests' helpers; the soak uses some of them
 mod cluster;
+#[path = "../tests/it/timeline.rs"]
+#[allow(dead_code)]
+mod timeline;
 
-use cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess, Timeline};
+use cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use timeline::Timeline;
 
 const GPUS: &str = "fake:2xA100-80GB";
 /// Seconds between periodic checkpoints (the jobs ask for one minute).
@@ -103,10 +107,10 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let mut jobs = Vec::new();
-    let mut timelines = BTreeMap::new();
+    // Watched from before the first submission: no container starts unseen.
+    let timeline = Timeline::start();
     for _ in 0..n_jobs {
         let id = guest.submit(counter()).await;
-        timelines.insert(id, Timeline::watch(id));
         jobs.push(id);
     }
     for &j in &jobs {
@@ -254,11 +258,10 @@ async fn main() {
             started.elapsed().as_secs_f64()
         );
     }
-    let overlaps = timelines
-        .values()
-        .map(|t| {
-            let mut iv = t.intervals();
-            iv.sort_by_key(|(_, s, _)| *s);
+    let overlaps = jobs
+        .iter()
+        .map(|&j| {
+            let iv = timeline.intervals(j);
             iv.windows(2).filter(|w| w[0].2 > w[1].1).count()
         })
         .sum::<usize>();

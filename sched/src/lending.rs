@@ -65,6 +65,8 @@ pub(crate) enum LendBlock {
     Reclaimed,
     /// Its agent's disk is under its free-space floor.
     LowDisk,
+    /// Its reported GPUs await its lab admin's approval.
+    Unapproved,
     /// Lend never.
     Never,
     /// Lends in windows and none is open now.
@@ -85,6 +87,10 @@ impl LendBlock {
             LendBlock::LowDisk => format!(
                 "node {node} is low on disk space (under its agent's free-space floor) and \
                  takes no new guests"
+            ),
+            LendBlock::Unapproved => format!(
+                "node {node} reports GPUs its lab admin has not approved yet, so it takes no \
+                 guests"
             ),
             LendBlock::Never => format!("node {node} does not lend its GPUs"),
             LendBlock::WindowClosed => {
@@ -121,6 +127,9 @@ pub(crate) fn guest_block(
     }
     if node.low_disk {
         return Some(LendBlock::LowDisk);
+    }
+    if node.inventory_unapproved {
+        return Some(LendBlock::Unapproved);
     }
     if rules.mode == LendMode::Never {
         return Some(LendBlock::Never);

@@ -17,7 +17,8 @@
 //! GPUs, running jobs and the queue schedules first come, first served with owner
 //! priority. For the full policy the portal also passes:
 //! - [`Node::lending`] (the lab admin's rules), [`Node::grace_s`], [`Node::reclaim`]
-//!   (`commons-agent reclaim --now`), and `schedulable = false` for offline/draining.
+//!   (`commons-agent reclaim --now`), `schedulable = false` for offline/draining, and
+//!   [`Node::inventory_unapproved`] while new GPUs await the lab admin (no guests then).
 //! - [`Gpu::local_use`] and [`Gpu::idle_since`] from the agent's heartbeat, and MIG
 //!   instances as GPUs of their own with [`Gpu::mig_profile`] and their own memory.
 //! - [`RunningJob::last_checkpoint_at`] from `CheckpointStored`, and `preempting` for

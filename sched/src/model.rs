@@ -81,6 +81,10 @@ pub struct Node {
     /// Its agent's disk is under its free-space floor: it takes no new guest (owner
     /// jobs still start; running guests stay).
     pub low_disk: bool,
+    /// Its agent reports more GPUs, or other models, than the node enrolled with, and its
+    /// lab admin has not approved them yet: no guest is placed here (its own lab's jobs
+    /// may run). Guests already running stay.
+    pub inventory_unapproved: bool,
 }
 
 /// One schedulable GPU: a whole GPU or a MIG instance (a GPU of its own size).

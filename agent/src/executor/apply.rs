@@ -5,7 +5,8 @@
 //! Invariants: `result.json` is written (and synced) in `Record`, before the pass that may
 //! `Remove` the container; `lease.json` is written before the container is created and
 //! again once its id is known, whether or not the executor still exists by then, and the
-//! guard is started right after, so no started container is ever without its fence; the
+//! guard is started right after (and again by the tick should it die: `keep_guards`), so
+//! no started container is ever without its fence for longer than a tick; the
 //! checkpoint directory exists (restored, when asked) before the container is created,
 //! and no container is created once the executor is gone.
 
@@ -20,6 +21,42 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 impl<R: ContainerRuntime> Executor<R> {
+    /// Starts a guard again for every attempt whose container runs here and whose guard
+    /// is not running (it died, or was killed): the fence is back within a tick.
+    /// Returns the attempts that got one.
+    pub fn keep_guards(&self) -> Vec<Key> {
+        if self.inner.store.guard_program().is_none() {
+            return Vec::new();
+        }
+        let running: Vec<(Key, String)> = {
+            let t = self.table();
+            t.have
+                .iter()
+                .filter(|(_, h)| h.result.is_none())
+                .filter_map(|(key, h)| match &h.phase {
+                    Phase::Running { container }
+                    | Phase::Found {
+                        container,
+                        running: true,
+                    } => Some((*key, container.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut started = Vec::new();
+        for (key, container) in running {
+            if guard::ensure(&self.inner.store, key, &container) {
+                tracing::warn!(
+                    job = key.0,
+                    attempt = key.1,
+                    "the attempt's guard was not running: started it again"
+                );
+                started.push(key);
+            }
+        }
+        started
+    }
+
     pub(super) fn apply(&self, t: &mut Table, action: Action, now: Duration) {
         let key = action.key();
         let (job, attempt) = key;
@@ -68,7 +105,7 @@ impl<R: ContainerRuntime> Executor<R> {
                 };
                 if running {
                     self.save_lease(t, key);
-                    guard::ensure(&self.inner.store, key);
+                    guard::ensure(&self.inner.store, key, &container);
                 }
                 // Logs from now on: what it printed before was already sent by the last run.
                 self.follow(t, key, container, Some(clock::wall_now()));
@@ -247,13 +284,13 @@ async fn start_task<R: ContainerRuntime>(
     let Some(exec) = upgrade(&weak) else {
         // The agent is gone: fence the container anyway, with the deadlines it had.
         if let (Ok(id), Some(mut l)) = (created, lease) {
-            l.container = Some(id);
+            l.container = Some(id.clone());
             write_lease(&store, key, &l);
-            guard::ensure(&store, key);
+            guard::ensure(&store, key, &id);
         }
         return;
     };
-    let mut started = false;
+    let mut started = None;
     {
         let mut t = exec.table();
         let Some(h) = t.have.get_mut(&key) else {
@@ -279,13 +316,13 @@ async fn start_task<R: ContainerRuntime>(
                     stop: None,
                     reason: None,
                 });
-                exec.follow(&mut t, key, id, None);
-                started = true;
+                exec.follow(&mut t, key, id.clone(), None);
+                started = Some(id);
             }
         }
     }
-    if started {
-        guard::ensure(&store, key);
+    if let Some(id) = started {
+        guard::ensure(&store, key, &id);
     }
     exec.step(clock::now());
 }

@@ -22,7 +22,8 @@
 //! - A `Start` or `Renew` whose lease this process did not grant (another session, an
 //!   unknown `seq`) extends nothing; such a `Start` is not started.
 //! - Leases and time limits are enforced by the tick whether or not the portal is
-//!   connected, and by each attempt's guard process (`guard`) while the agent is down:
+//!   connected, and by each attempt's guard process (`guard`), which the tick starts
+//!   again should it die ([`Executor::keep_guards`]), while the agent is down:
 //!   `lease.json` is rewritten at start, at every renewal, when a `Renew` extends a time
 //!   limit, and when a stop begins.
 //! - A result is in `result.json` before its container is removed, stays in every
@@ -183,6 +184,7 @@ impl<R: ContainerRuntime> Executor<R> {
                 tick.tick().await;
                 let Some(exec) = upgrade(&weak) else { break };
                 exec.step(clock::now());
+                exec.keep_guards();
             }
         });
         Self { inner }

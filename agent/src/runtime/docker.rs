@@ -20,6 +20,7 @@ use super::{
     FoundContainer, RuntimeError, LABEL_AGENT,
 };
 use crate::checkpoint;
+use crate::host::LABEL_HOST;
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountBindOptions,
     MountBindOptionsPropagationEnum, MountType,
@@ -163,6 +164,9 @@ pub fn container_body(
 pub struct DockerRuntime {
     docker: Docker,
     agent_id: String,
+    /// The host's id (`host`), put on every container as [`LABEL_HOST`]; `None`: none
+    /// (the guards, and tests that run the runtime alone).
+    host_id: Option<String>,
     /// The network and write caps of every container (see `guest`).
     isolation: guest::Isolation,
     /// Pulls and signatures (see `images`).
@@ -180,9 +184,26 @@ impl DockerRuntime {
         Ok(Self {
             docker,
             agent_id,
+            host_id: None,
             isolation: guest::Isolation::default(),
             images: ImagePolicy::default(),
         })
+    }
+
+    /// The same runtime, labelling every container with the host's id (see `host`).
+    pub fn with_host_id(mut self, host_id: String) -> Self {
+        self.host_id = Some(host_id);
+        self
+    }
+
+    /// The host's id, if the runtime labels containers with one.
+    pub fn host_id(&self) -> Option<&str> {
+        self.host_id.as_deref()
+    }
+
+    /// This agent's id (`commons.agent` on its containers).
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
     }
 
     /// The same runtime, with the node's image settings.
@@ -351,6 +372,9 @@ impl ContainerRuntime for DockerRuntime {
             )
             .await;
         let mut body = container_body(&self.agent_id, job, attempt, spec, gpus, checkpoint);
+        if let (Some(host), Some(labels)) = (&self.host_id, body.labels.as_mut()) {
+            labels.insert(LABEL_HOST.to_string(), host.clone());
+        }
         // By ID: what was checked is what runs, whatever the tag points at by now.
         body.image = Some(id);
         if let Some(h) = body.host_config.as_mut() {

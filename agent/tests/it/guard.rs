@@ -175,3 +175,97 @@ async fn an_agent_restarted_before_the_deadline_readopts_with_the_deadline_on_di
         (AttemptState::Stopped, Some(StopReason::Cancelled))
     );
 }
+
+/// The guard's pid, as it wrote it in `guard.pid`.
+fn guard_pid(attempt_dir: &Path) -> String {
+    std::fs::read_to_string(attempt_dir.join(store::GUARD_PID_FILE))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_attempt_dir_under_a_running_guard_stops_the_container() {
+    // The state dir is lost (wiped, a disk replaced) while the agent is down: the guard
+    // must not take that for "the attempt is over" and leave the container running.
+    let dir = tempfile::tempdir().unwrap();
+    let agent_id = new_agent_id();
+    let (container, attempt_dir) =
+        start_then_drop_the_agent(&agent_id, dir.path(), 23, 3600, 3600).await;
+    let rt = DockerRuntime::connect(agent_id.clone()).await.unwrap();
+    std::fs::remove_dir_all(&attempt_dir).unwrap();
+    let removed = clock::now();
+    // A poll, then SIGTERM (the job ends on it at once; at worst the grace, then SIGKILL).
+    let by = removed + commons_agent::reconcile::ENFORCE_GRACE + SLACK;
+    let down = ended_by(&rt, &container, by).await;
+    println!(
+        "the container stopped {:.1} s after its attempt's directory was removed",
+        (down - removed).as_secs_f64()
+    );
+    rt.remove(&container).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_stops_at_the_deadline_even_when_stopped_json_cannot_be_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent_id = new_agent_id();
+    let before = clock::now();
+    let lease_s = 8;
+    let (container, attempt_dir) =
+        start_then_drop_the_agent(&agent_id, dir.path(), 24, 3600, lease_s).await;
+    // A directory where stopped.json goes: it can be neither read nor written (root
+    // ignores file modes, so a read-only file would not do).
+    std::fs::create_dir(attempt_dir.join(store::STOPPED_FILE)).unwrap();
+    let rt = DockerRuntime::connect(agent_id.clone()).await.unwrap();
+    let deadline = before + Duration::from_secs(lease_s);
+    let down = ended_by(&rt, &container, deadline + SLACK).await;
+    assert!(down >= deadline, "stopped {:?} early", deadline - down);
+    let log = std::fs::read_to_string(attempt_dir.join(store::GUARD_LOG_FILE)).unwrap();
+    assert!(
+        log.contains("stopping all the same"),
+        "the guard says why the reason is missing: {log}"
+    );
+    rt.remove(&container).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_guard_is_started_again_by_the_running_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent_id = new_agent_id();
+    let (exec, mut rx, _rt) = docker_agent(&agent_id, dir.path()).await;
+    exec.start(
+        25,
+        1,
+        spec("sleep 300", 3600),
+        vec![],
+        lease_from_hello(&exec, 3600),
+    );
+    running_event(&mut rx).await;
+    let attempt_dir = store::attempt_dir(dir.path(), 25, 1);
+    until("the guard runs", Duration::from_secs(10), || {
+        guard::is_running(&attempt_dir)
+    })
+    .await;
+    let first = guard_pid(&attempt_dir);
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &first])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "kill -9 {first}");
+    let t0 = std::time::Instant::now();
+    until("a new guard runs", Duration::from_secs(10), || {
+        guard::is_running(&attempt_dir) && guard_pid(&attempt_dir) != first
+    })
+    .await;
+    println!(
+        "a new guard ({}) ran {:.1} s after the first ({first}) was killed",
+        guard_pid(&attempt_dir),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(exec.stop(25, 1, 1, StopReason::Cancelled, None));
+    let end = final_event(&mut rx).await;
+    assert_eq!(
+        (end.state, end.stop),
+        (AttemptState::Stopped, Some(StopReason::Cancelled))
+    );
+}

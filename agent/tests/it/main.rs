@@ -7,6 +7,7 @@
 //! moves a running attempt's time limit as a `Renew` asks. [`images`] checks pins, pulls
 //! and signatures against the real engine. [`logs`] holds a flooding job's output to its
 //! rate there. [`signals`] checks that an SSH user's signals never outlive their exec.
+//! [`host`] stops the containers of an earlier identity of the same host.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod checkpoints;
@@ -18,6 +19,7 @@ mod extend;
 mod fake_runtime;
 mod guard;
 mod guests;
+mod host;
 mod images;
 mod logs;
 mod portal_double;

@@ -13,7 +13,36 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/overview", web::get().to(overview))
         .route("/nodes/{id}/drain", web::post().to(drain))
         .route("/nodes/{id}/undrain", web::post().to(undrain))
-        .route("/nodes/{id}/revoke", web::post().to(revoke));
+        .route("/nodes/{id}/revoke", web::post().to(revoke))
+        .route(
+            "/nodes/{id}/inventory/approve",
+            web::post().to(approve_inventory),
+        )
+        .route(
+            "/nodes/{id}/shared-credential/dismiss",
+            web::post().to(dismiss_shared),
+        );
+}
+
+/// Approves the GPUs the node reports now (its lab's admins, operators): they become its
+/// baseline, and guests may be placed there again. 200 with the node.
+async fn approve_inventory(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let view = crate::service::inventory::approve(&state, &user, id.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(view))
+}
+
+/// Clears the flag that two agents used the node's credential at once. 200 with the node.
+async fn dismiss_shared(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let view = crate::service::inventory::dismiss_shared(&state, &user, id.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(view))
 }
 
 /// Revokes the node's credential (its lab's admins, operators): 204.

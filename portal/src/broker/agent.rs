@@ -2,8 +2,17 @@
 //!
 //! Per connection, messages are handled one at a time in arrival order, so an agent's
 //! `AttemptEvent`s are applied in the order they happened.
+//!
+//! One agent at a time holds a node's credential, decided in the database
+//! (`db::node_link`): a `Hello` from another agent process while the holder lives is
+//! refused (the connection is closed with the reason, and the node flagged once both
+//! are seen alive), so two agents with one credential (a cloned VM or state dir) never
+//! both get `Start`s; a connection joins this replica's registry only once its `Hello`
+//! is accepted, and a heartbeat counts only from the session that holds the node. The
+//! times leases count from are the database's (`db::clock`).
 
 use crate::db::models::{AgentClock, Node};
+use crate::db::node_link::{self, Beat, Claim};
 use crate::db::{nodes, now};
 use crate::error::{ApiError, AppError};
 use crate::service::attempts::{self, Timing};
@@ -62,25 +71,60 @@ async fn connect(
                 "unknown or revoked node credential".into(),
             ))
         })?;
+    let addr = remote_addr(&req);
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream = stream.max_frame_size(4 << 20);
     let span = tracing::info_span!("agent", node = node.id);
     actix_web::rt::spawn(tracing::Instrument::instrument(
-        serve(state.into_inner(), node, session, stream),
+        serve(state.into_inner(), node, addr, session, stream),
         span,
     ));
     Ok(response)
 }
 
+/// Where an agent connects from, for people: the TCP peer, and the address a proxy says
+/// it forwards for (a header anyone can write, so shown as such, never trusted).
+fn remote_addr(req: &HttpRequest) -> String {
+    let peer = req
+        .peer_addr()
+        .map_or_else(|| "unknown".to_string(), |a| a.to_string());
+    let forwarded = req
+        .headers()
+        .get("x-forwarded-for")
+        .and_then(|h| h.to_str().ok())
+        .map(|h| h.chars().take(100).collect::<String>());
+    match forwarded {
+        Some(f) => format!("{peer} (forwarded for {f})"),
+        None => peer,
+    }
+}
+
+/// How long an agent may be silent before it counts as gone.
+fn silence_s(state: &AppState) -> u64 {
+    state.config.scheduler.heartbeat_s * 3 + 5
+}
+
+/// Ends the connection with `why` in its close frame (the agent logs it).
+async fn refuse(session: actix_ws::Session, why: String) {
+    let close = actix_ws::CloseReason {
+        code: actix_ws::CloseCode::Policy,
+        description: Some(why),
+    };
+    let _ = session.close(Some(close)).await;
+}
+
 async fn serve(
     state: std::sync::Arc<AppState>,
     node: Node,
+    addr: String,
     mut session: actix_ws::Session,
     mut stream: actix_ws::MessageStream,
 ) {
-    let (conn, mut outbox) = state.agents.register(node.id);
-    tracing::info!(node = node.id, name = %node.name, "agent connected");
-    let silence = Duration::from_secs(state.config.scheduler.heartbeat_s * 3 + 5);
+    // In this replica's registry (for `Start`s and `Stop`s) only once its Hello is
+    // accepted: a refused second agent must not displace the one that holds the node.
+    let mut registered: Option<(u64, tokio::sync::mpsc::Receiver<PortalMsg>)> = None;
+    tracing::info!(node = node.id, name = %node.name, %addr, "agent connected");
+    let silence = Duration::from_secs(silence_s(&state));
     // The agent process's session, from its `Hello`: leases name it.
     let mut agent_session: Option<u64> = None;
     let opened = std::time::Instant::now();
@@ -113,12 +157,8 @@ async fn serve(
                              install the agent that matches the portal"
                         );
                         tracing::warn!(node = node.id, "agent refused: {why}");
-                        let close = actix_ws::CloseReason {
-                            code: actix_ws::CloseCode::Policy,
-                            description: Some(why),
-                        };
-                        let _ = session.close(Some(close)).await;
-                        state.agents.unregister(node.id, conn);
+                        refuse(session, why).await;
+                        leave(&state, node.id, registered.as_ref().map(|r| r.0), agent_session).await;
                         return;
                     }
                     Ok(mut m) => {
@@ -143,16 +183,25 @@ async fn serve(
                             }
                         }
                         if let Err(why) = verdict {
-                            if refuse(&state, node.id, &mut refusals, &why) {
+                            if count_refusal(&state, node.id, &mut refusals, &why) {
                                 break;
                             }
                             continue;
                         }
-                        if let AgentMsg::Hello { session, .. } = &m {
-                            agent_session = Some(*session);
-                        }
+                        let hello = match &m {
+                            AgentMsg::Hello { session, .. } => Some(*session),
+                            _ => None,
+                        };
                         let began = std::time::Instant::now();
-                        let handled = handle(&state, node.id, agent_session, &sampler, m).await;
+                        let handled =
+                            handle(&state, node.id, &addr, agent_session, &sampler, m).await;
+                        if let (Some(s), Ok(_)) = (hello, &handled) {
+                            // Accepted: this session holds the node now.
+                            agent_session = Some(s);
+                            if registered.is_none() {
+                                registered = Some(state.agents.register(node.id));
+                            }
+                        }
                         state
                             .metrics
                             .agent_message_duration
@@ -166,16 +215,19 @@ async fn serve(
                             }
                             Err(AppError::Unauthenticated(why)) => {
                                 tracing::warn!(node = node.id, "agent disconnected: {why}");
-                                let close = actix_ws::CloseReason {
-                                    code: actix_ws::CloseCode::Policy,
-                                    description: Some(why),
-                                };
-                                let _ = session.close(Some(close)).await;
-                                state.agents.unregister(node.id, conn);
+                                refuse(session, why).await;
+                                leave(&state, node.id, registered.as_ref().map(|r| r.0), agent_session).await;
+                                return;
+                            }
+                            Err(AppError::Conflict { message, .. }) if hello.is_some() => {
+                                tracing::warn!(node = node.id, %addr, "agent refused: {message}");
+                                state.metrics.agent_messages_refused.inc();
+                                refuse(session, message).await;
+                                leave(&state, node.id, registered.as_ref().map(|r| r.0), agent_session).await;
                                 return;
                             }
                             Err(AppError::Forbidden(why)) => {
-                                if refuse(&state, node.id, &mut refusals, &why) {
+                                if count_refusal(&state, node.id, &mut refusals, &why) {
                                     break;
                                 }
                             }
@@ -185,24 +237,36 @@ async fn serve(
                     Err(e) => tracing::warn!(node = node.id, "unreadable agent message: {e}"),
                 }
             }
-            out = outbox.recv() => {
+            out = async {
+                match registered.as_mut() {
+                    Some((_, outbox)) => outbox.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
                 let Some(out) = out else { break };
                 if send(&state, &mut session, &out).await.is_err() { break }
             }
         }
     }
-    if state.agents.unregister(node.id, conn) {
-        let id = node.id;
-        let _ = state.db.run(move |c| nodes::set_online(c, id, false)).await;
-        state.wake.notify_one();
-    }
+    leave(
+        &state,
+        node.id,
+        registered.as_ref().map(|r| r.0),
+        agent_session,
+    )
+    .await;
     tracing::info!(node = node.id, "agent disconnected");
     let _ = session.close(None).await;
 }
 
 /// Counts a refused message; whether the connection is to be closed (refusals piled up
 /// faster than they leak away).
-fn refuse(state: &AppState, node: i64, refusals: &mut super::limits::Refusals, why: &str) -> bool {
+fn count_refusal(
+    state: &AppState,
+    node: i64,
+    refusals: &mut super::limits::Refusals,
+    why: &str,
+) -> bool {
     state.metrics.agent_messages_refused.inc();
     let close = refusals.add(std::time::Instant::now());
     let refused = refusals.total;
@@ -213,6 +277,22 @@ fn refuse(state: &AppState, node: i64, refusals: &mut super::limits::Refusals, w
         tracing::warn!(node, refused, "too many refused messages: disconnected");
     }
     close
+}
+
+/// The connection `conn` (registered once its Hello was accepted) of agent session
+/// `session` ends: it leaves the registry, and the node goes offline unless a newer
+/// connection (on this replica, or of another session anywhere) holds it.
+async fn leave(state: &AppState, node: i64, conn: Option<u64>, session: Option<u64>) {
+    let (Some(conn), Some(session)) = (conn, session) else {
+        return;
+    };
+    if state.agents.unregister(node, conn) {
+        let _ = state
+            .db
+            .run(move |c| node_link::release(c, node, session))
+            .await;
+        state.wake.notify_one();
+    }
 }
 
 async fn send(
@@ -236,6 +316,7 @@ async fn send(
 /// queued to each connection and given a moment to leave before the server stops.
 pub async fn extend_leases_for_shutdown(state: &AppState) -> usize {
     let long = state.config.scheduler.shutdown_lease_s;
+    let ttl = state.config.scheduler.lease_ttl_s;
     let mut told = 0;
     for node in state.agents.connected() {
         let renew = state
@@ -244,7 +325,9 @@ pub async fn extend_leases_for_shutdown(state: &AppState) -> usize {
                 let Some(clock) = nodes::node_by_id(c, node)?.agent_clock() else {
                     return Ok::<_, AppError>(None);
                 };
-                attempts::renew(c, node, &clock, long).map(Some)
+                // What the agent's last heartbeat renewed (its reports are not at hand).
+                let last = attempts::Renewable::RenewedUntil(clock.lease_until(ttl));
+                attempts::renew(c, node, &clock, long, last).map(Some)
             })
             .await;
         match renew {
@@ -270,6 +353,7 @@ pub fn timing(state: &AppState) -> Timing {
 async fn handle(
     state: &AppState,
     node: i64,
+    addr: &str,
     session: Option<u64>,
     sampler: &std::sync::Arc<std::sync::Mutex<Sampler>>,
     msg: AgentMsg,
@@ -278,9 +362,12 @@ async fn handle(
     let timing = timing(state);
     let heartbeat_s = state.config.scheduler.heartbeat_s;
     let lease_ttl_s = state.config.scheduler.lease_ttl_s;
-    // Leases count from when this message arrived (the agent counts from when it left).
+    // When output arrived, for an attempt's last lines (see `service::output`); leases
+    // count on the database's clock (`node_link`).
     let received_at = now();
     let metrics = state.metrics.clone();
+    let silence = chrono::Duration::seconds(silence_s(state) as i64);
+    let addr = addr.to_string();
     let (replies, wake) = state
         .db
         .run(move |c| -> Result<(Vec<PortalMsg>, bool), AppError> {
@@ -297,6 +384,31 @@ async fn handle(
                     disk,
                     ..
                 } => {
+                    // Leases count from when this message arrived, on the database's
+                    // clock (the agent counts from when it left, on its own).
+                    let received_at = match node_link::claim(c, node, session, seq, &addr, silence)?
+                    {
+                        Claim::Taken { received_at } => received_at,
+                        Claim::Held { by, seen } => {
+                            return Err(AppError::conflict(
+                                "credential_in_use",
+                                format!(
+                                    "another agent with this node's credential is connected \
+                                     (from {by}, last heard {} UTC): two agents must not share \
+                                     one credential (a cloned server or state dir?), so this one \
+                                     is refused while the other runs; the node's page shows both",
+                                    seen.map_or("-".to_string(), |t| t
+                                        .format("%H:%M:%S")
+                                        .to_string())
+                                ),
+                            ));
+                        }
+                        Claim::Revoked => {
+                            return Err(AppError::Unauthenticated(
+                                "the node's credential was revoked".into(),
+                            ))
+                        }
+                    };
                     if let Some(cap) = &capacity {
                         nodes::set_capacity(c, node, cap)?;
                     }
@@ -309,11 +421,7 @@ async fn handle(
                         received_at,
                     };
                     nodes::upsert_gpus(c, node, &agent_version, &gpus)?;
-                    if !nodes::set_agent_clock(c, node, &clock)? {
-                        return Err(AppError::Unauthenticated(
-                            "the node's credential was revoked".into(),
-                        ));
-                    }
+                    crate::service::inventory::judge(c, node, &gpus)?;
                     replies.push(PortalMsg::Welcome {
                         node_id: node,
                         heartbeat_s,
@@ -325,7 +433,9 @@ async fn handle(
                     }
                     attempts::reconcile_missing(c, node, &reports)?;
                     replies.extend(attempts::pending_stops(c, node, timing)?);
-                    replies.push(attempts::renew(c, node, &clock, lease_ttl_s)?);
+                    let jobs = attempts::reported_jobs(&reports);
+                    let which = attempts::Renewable::Reported(&jobs);
+                    replies.push(attempts::renew(c, node, &clock, lease_ttl_s, which)?);
                     replies.extend(attempts::undelivered_starts(
                         c, node, &reports, &clock, timing,
                     )?);
@@ -340,17 +450,39 @@ async fn handle(
                 } => {
                     let session = session
                         .ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
+                    // Revoked on any replica, or the node taken over by another agent
+                    // session: refused here too, and nothing is renewed.
+                    let received_at = match node_link::beat(c, node, session, seq)? {
+                        Beat::Counted {
+                            received_at,
+                            contended,
+                        } => {
+                            if contended {
+                                tracing::warn!(
+                                    node,
+                                    "two agents used this node's credential at once: the \
+                                     node is flagged for its lab admin"
+                                );
+                            }
+                            received_at
+                        }
+                        Beat::Superseded => {
+                            return Err(AppError::Unauthenticated(
+                                "another agent with this node's credential holds the node now"
+                                    .into(),
+                            ))
+                        }
+                        Beat::Revoked => {
+                            return Err(AppError::Unauthenticated(
+                                "the node's credential was revoked".into(),
+                            ))
+                        }
+                    };
                     let clock = AgentClock {
                         session,
                         seq,
                         received_at,
                     };
-                    // Revoked on any replica: refused here too, and nothing is renewed.
-                    if !nodes::set_agent_clock(c, node, &clock)? {
-                        return Err(AppError::Unauthenticated(
-                            "the node's credential was revoked".into(),
-                        ));
-                    }
                     if let Some(cap) = &capacity {
                         nodes::set_capacity(c, node, cap)?;
                     }
@@ -364,7 +496,9 @@ async fn handle(
                         crate::service::reports::apply_reports(c, node, &reports, timing)?;
                     wake |= freed;
                     replies.extend(stops);
-                    replies.push(attempts::renew(c, node, &clock, lease_ttl_s)?);
+                    let jobs = attempts::reported_jobs(&reports);
+                    let which = attempts::Renewable::Reported(&jobs);
+                    replies.push(attempts::renew(c, node, &clock, lease_ttl_s, which)?);
                     replies.extend(attempts::undelivered_starts(
                         c, node, &reports, &clock, timing,
                     )?);

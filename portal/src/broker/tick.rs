@@ -3,7 +3,8 @@
 //! Each tick:
 //! 1. Housekeeping: nodes silent for three heartbeats go offline; attempts whose lease ran
 //!    out more than the margin ago are lost and their jobs requeued (the agent has stopped
-//!    them by then, so no job runs twice).
+//!    them by then, so no job runs twice). Both are judged on the database's clock
+//!    (`db::clock`), the one every lease was counted on.
 //! 2. Read the snapshot in one transaction.
 //! 3. `commons_sched::plan` (pure).
 //! 4. Commit the plan in a second transaction that re-checks every start, in a fixed
@@ -27,7 +28,7 @@
 //! lock [`LEADER_LOCK`] ticks (the lock lives as long as its connection). SQLite
 //! deployments run one portal.
 
-use crate::db::{nodes, now, snapshot, users};
+use crate::db::{nodes, snapshot, users};
 use crate::error::AppError;
 use crate::metrics::{preemption_cause, CauseLabel, KindLabel, LabLabel, Metrics, PhaseLabel};
 use crate::service::{attempts, plan_commit};
@@ -188,12 +189,15 @@ pub async fn tick(
     let (snapshot, shown) = state
         .db
         .run(move |c| {
-            let silent = now() - chrono::Duration::seconds(3 * cfg.heartbeat_s as i64 + 5);
+            // On the database's clock, as the leases were counted: replicas whose clocks
+            // disagree judge them alike.
+            let t = crate::db::clock(c)?;
+            let silent = t - chrono::Duration::seconds(3 * cfg.heartbeat_s as i64 + 5);
             nodes::mark_silent_offline(c, silent)?;
             let lost = if judge_leases {
                 attempts::expire_leases(
                     c,
-                    now() - chrono::Duration::seconds(cfg.lease_margin_s as i64),
+                    t - chrono::Duration::seconds(cfg.lease_margin_s as i64),
                 )?
             } else {
                 0

@@ -182,13 +182,27 @@ pub fn end(
     Ok(())
 }
 
-/// Extends every active attempt of `node` to at least `until` (a lease never shrinks
-/// here: the agent may hold a longer one granted earlier); returns their (job, attempt),
-/// in job order. One statement.
+/// Which of a node's active attempts a renewal extends.
+#[derive(Debug, Clone, Copy)]
+pub enum Renewable<'a> {
+    /// Those the agent reports (by job: a job has at most one active attempt, and an
+    /// agent that reports an attempt of a job has that job's active one if it is on its
+    /// node), and those still starting (their `Start` may be on its way).
+    Reported(&'a [i64]),
+    /// Those the last renewal extended (whose lease runs at least until `since`), and
+    /// those still starting: the reports are not at hand (the portal shuts down).
+    RenewedUntil(NaiveDateTime),
+}
+
+/// Extends the active attempts of `node` that `which` names to at least `until` (a
+/// lease never shrinks here: the agent may hold a longer one granted earlier); returns
+/// their (job, attempt), in job order. An attempt its agent no longer reports is not
+/// extended: it is lost, and requeued, when its lease runs out. One statement.
 pub fn renew_on(
     c: &mut DbConn,
     node: i64,
     until: NaiveDateTime,
+    which: Renewable<'_>,
 ) -> Result<Vec<(i64, i32)>, AppError> {
     use diesel::dsl::case_when;
     use diesel::sql_types::Timestamp;
@@ -197,16 +211,33 @@ pub fn renew_on(
         until.into_sql::<Timestamp>(),
     )
     .otherwise(job_attempts::lease_until);
-    let update = diesel::update(
-        job_attempts::table
-            .filter(job_attempts::node_id.eq(node))
-            .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE)),
-    )
-    .set(job_attempts::lease_until.eq(longer))
-    .returning((job_attempts::job_id, job_attempts::attempt));
-    let mut ours: Vec<(i64, i32)> = match c {
-        DbConn::Pg(c) => update.load(c)?,
-        DbConn::Sqlite(c) => update.load(c)?,
+    let active = job_attempts::table
+        .filter(job_attempts::node_id.eq(node))
+        .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE));
+    let starting = job_attempts::state.eq(AttemptStatus::Starting);
+    let back = (job_attempts::job_id, job_attempts::attempt);
+    let mut ours: Vec<(i64, i32)> = match which {
+        Renewable::Reported(jobs) => {
+            let update = diesel::update(
+                active.filter(starting.or(job_attempts::job_id.eq_any(jobs.to_vec()))),
+            )
+            .set(job_attempts::lease_until.eq(longer))
+            .returning(back);
+            match c {
+                DbConn::Pg(c) => update.load(c)?,
+                DbConn::Sqlite(c) => update.load(c)?,
+            }
+        }
+        Renewable::RenewedUntil(since) => {
+            let update =
+                diesel::update(active.filter(starting.or(job_attempts::lease_until.ge(since))))
+                    .set(job_attempts::lease_until.eq(longer))
+                    .returning(back);
+            match c {
+                DbConn::Pg(c) => update.load(c)?,
+                DbConn::Sqlite(c) => update.load(c)?,
+            }
+        }
     };
     ours.sort_unstable();
     Ok(ours)

@@ -2,9 +2,8 @@
 //! mailbox through which one replica asks another to pass a message to an agent.
 
 use super::schema::{agent_mail, ssh_host_keys};
-use super::{now, DbConn};
+use super::{clock, now, DbConn};
 use crate::error::AppError;
-use chrono::NaiveDateTime;
 use diesel::prelude::*;
 
 /// Records `public_key` as the deployment's host key of its algorithm unless one is
@@ -44,24 +43,27 @@ pub fn host_keys(c: &mut DbConn) -> Result<Vec<String>, AppError> {
 
 /// Leaves `body` (a JSON `PortalMsg`) for the replica that holds `node`'s agent.
 pub fn post(c: &mut DbConn, node: i64, body: &str) -> Result<(), AppError> {
+    // On the database's clock, which [`take`] judges its age on.
+    let t = clock(c)?;
     diesel::insert_into(agent_mail::table)
         .values((
             agent_mail::node_id.eq(node),
             agent_mail::body.eq(body),
-            agent_mail::created_at.eq(now()),
+            agent_mail::created_at.eq(t),
         ))
         .execute(c)?;
     Ok(())
 }
 
-/// Takes out the mail of `nodes` posted after `since` (older mail is dropped: what it
-/// asked for has timed out), in the order it was posted.
+/// Takes out the mail of `nodes` posted less than `ttl` ago on the database's clock
+/// (older mail is dropped: what it asked for has timed out), in the order it was posted.
 pub fn take(
     c: &mut DbConn,
     nodes: &[i64],
-    since: NaiveDateTime,
+    ttl: chrono::Duration,
 ) -> Result<Vec<(i64, String)>, AppError> {
     c.transaction(|c| {
+        let since = clock(c)? - ttl;
         diesel::delete(agent_mail::table.filter(agent_mail::created_at.lt(since))).execute(c)?;
         if nodes.is_empty() {
             return Ok(Vec::new());

@@ -24,6 +24,7 @@ pub mod job_search;
 pub mod job_templates;
 pub mod jobs;
 pub mod models;
+pub mod node_link;
 pub mod nodes;
 pub mod overview;
 pub mod plan;
@@ -247,6 +248,52 @@ where
     c.transaction(f)
 }
 
+/// This replica's clock (UTC): for what people read (when a job was submitted, an event
+/// happened). Leases, and whether an agent is alive, are judged on [`clock`] instead.
 pub fn now() -> chrono::NaiveDateTime {
-    chrono::Utc::now().naive_utc()
+    chrono::Utc::now().naive_utc() + test_clock_offset()
+}
+
+/// The one clock every replica judges leases and agents' liveness on: the database's
+/// `now()` on PostgreSQL (replicas' clocks may disagree; the database has one), this
+/// portal's clock on SQLite (one portal). One statement on PostgreSQL.
+pub fn clock(c: &mut DbConn) -> Result<chrono::NaiveDateTime, DbError> {
+    match c {
+        DbConn::Pg(pg) => Ok(
+            diesel::select(diesel::dsl::sql::<diesel::sql_types::Timestamp>(PG_NOW_UTC))
+                .get_result(pg)?,
+        ),
+        DbConn::Sqlite(_) => Ok(now()),
+    }
+}
+
+/// The database's time in UTC, as a `timestamp` (the type every time column has).
+pub const PG_NOW_UTC: &str = "(now() AT TIME ZONE 'UTC')";
+
+/// Environment variable that skews this process's [`now`] by that many seconds, to test
+/// that replicas whose clocks disagree still judge leases alike. Honoured only by debug
+/// builds (tests); a release build ignores it.
+pub const TEST_CLOCK_OFFSET_ENV: &str = "COMMONS_TEST_CLOCK_OFFSET_S";
+
+fn test_clock_offset() -> chrono::Duration {
+    #[cfg(debug_assertions)]
+    {
+        static OFFSET: std::sync::OnceLock<chrono::Duration> = std::sync::OnceLock::new();
+        *OFFSET.get_or_init(|| {
+            let s = std::env::var(TEST_CLOCK_OFFSET_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .unwrap_or(0);
+            if s != 0 {
+                tracing::warn!(
+                    "{TEST_CLOCK_OFFSET_ENV}={s}: this portal's clock is skewed (tests only)"
+                );
+            }
+            chrono::Duration::seconds(s)
+        })
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        chrono::Duration::zero()
+    }
 }

@@ -84,6 +84,28 @@ pub struct Node {
     /// Why it takes no new guests now (its agent's disk is under its floor); none: it
     /// takes them.
     pub disk_low: Option<String>,
+    /// Where the agent that holds the credential connects from (its TCP peer, and the
+    /// address a proxy says it forwards for).
+    pub agent_addr: String,
+    /// A second agent with this credential, refused while the first lived: its session,
+    /// address and when; flagged once the first proves alive after it.
+    #[serde(skip)]
+    pub contender_session: Option<i64>,
+    #[serde(skip)]
+    pub contender_addr: Option<String>,
+    #[serde(skip)]
+    pub contender_at: Option<NaiveDateTime>,
+    /// Two agents used this credential at once (a cloned VM or state dir): when it was
+    /// seen, where the one that kept it connects from, and where the refused one came from.
+    pub shared_at: Option<NaiveDateTime>,
+    pub shared_connected_from: Option<String>,
+    pub shared_refused_from: Option<String>,
+    /// The GPU models and counts the node first reported (JSON `{"model": count}`).
+    #[serde(skip)]
+    pub gpu_baseline: Option<String>,
+    /// It reports more GPUs, or other models, than its baseline: no guests until its
+    /// lab admin approves.
+    pub inventory_unapproved: bool,
 }
 
 impl Node {

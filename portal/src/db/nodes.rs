@@ -104,9 +104,10 @@ pub fn node_by_credential(c: &mut DbConn, credential: &str) -> Result<Option<Nod
         .optional()?)
 }
 
-/// Records the agent message a lease can count from (every `Hello` and `Heartbeat`).
-/// Returns false, and writes nothing, when the node's credential was revoked (on any
-/// replica): one statement both checks and records.
+/// Records an agent message a lease can count from, whatever session holds the node
+/// (seeding a node in tests and tools; the broker goes through `node_link`, which lets
+/// one session at a time in). Returns false, and writes nothing, when the node's
+/// credential was revoked (on any replica): one statement both checks and records.
 pub fn set_agent_clock(
     c: &mut DbConn,
     node: i64,
@@ -124,10 +125,26 @@ pub fn set_agent_clock(
     Ok(written > 0)
 }
 
-pub fn set_online(c: &mut DbConn, node: i64, online: bool) -> Result<(), AppError> {
-    diesel::update(nodes::table.find(node))
-        .set((nodes::online.eq(online), nodes::last_seen_at.eq(now())))
-        .execute(c)?;
+/// Sets the node's GPU baseline (`Some`: a new one; `None`: keeps it) and whether what
+/// it reports now awaits its lab admin's approval (`service::inventory`).
+pub fn set_inventory(
+    c: &mut DbConn,
+    node: i64,
+    baseline: Option<&str>,
+    unapproved: bool,
+) -> Result<(), AppError> {
+    let target = nodes::table.find(node);
+    match baseline {
+        Some(b) => diesel::update(target)
+            .set((
+                nodes::gpu_baseline.eq(Some(b)),
+                nodes::inventory_unapproved.eq(unapproved),
+            ))
+            .execute(c)?,
+        None => diesel::update(target)
+            .set(nodes::inventory_unapproved.eq(unapproved))
+            .execute(c)?,
+    };
     Ok(())
 }
 
@@ -140,12 +157,9 @@ pub fn upsert_gpus(
     inventory: &[GpuInfo],
 ) -> Result<(), AppError> {
     c.transaction(|c| {
+        // Online, and when it was heard, are the link's (`node_link::claim`).
         diesel::update(nodes::table.find(node))
-            .set((
-                nodes::agent_version.eq(version),
-                nodes::online.eq(true),
-                nodes::last_seen_at.eq(now()),
-            ))
+            .set(nodes::agent_version.eq(version))
             .execute(c)?;
         diesel::update(gpus::table.filter(gpus::node_id.eq(node)))
             .set(gpus::present.eq(false))

@@ -89,6 +89,15 @@ diesel::table! {
         disk_gb -> BigInt,
         max_job_disk_gb -> Nullable<BigInt>,
         disk_low -> Nullable<Text>,
+        agent_addr -> Text,
+        contender_session -> Nullable<BigInt>,
+        contender_addr -> Nullable<Text>,
+        contender_at -> Nullable<Timestamp>,
+        shared_at -> Nullable<Timestamp>,
+        shared_connected_from -> Nullable<Text>,
+        shared_refused_from -> Nullable<Text>,
+        gpu_baseline -> Nullable<Text>,
+        inventory_unapproved -> Bool,
     }
 }
 

@@ -247,6 +247,8 @@ pub fn read_with_waiting(
                     memory_mb: n.memory_mb.max(0) as u64,
                     max_job_disk_gb: n.max_job_disk_gb.unwrap_or(0).max(0) as u64,
                     low_disk: n.disk_low.is_some(),
+                    // New GPUs await the lab admin: no guests until approved.
+                    inventory_unapproved: n.inventory_unapproved,
                     gpus: on_node
                         .get(&n.id)
                         .into_iter()

@@ -203,6 +203,10 @@ impl Servers {
                 .arg(url)
                 .arg("--state-dir")
                 .arg(&state_dir)
+                // Each demo server is a host of its own on this one Docker Engine (an
+                // agent stops the containers of other agent ids of its host).
+                .arg("--host-id-file")
+                .arg(state_dir.join("host-id"))
                 .args(["--gpus", lab.gpus, "--name", lab.server])
                 // Jobs' GPUs look busy, so their pages' utilisation charts show a run.
                 .args(["--fake-busy-util", "70"])

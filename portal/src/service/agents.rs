@@ -131,10 +131,10 @@ pub async fn forward_mail(ctx: super::Ctx) {
     loop {
         tokio::time::sleep(MAIL_POLL).await;
         let nodes = ctx.agents.connected();
-        let since = crate::db::now() - chrono::Duration::seconds(MAIL_TTL_S);
+        let ttl = chrono::Duration::seconds(MAIL_TTL_S);
         let mail = ctx
             .db
-            .run(move |c| crate::db::gateway::take(c, &nodes, since))
+            .run(move |c| crate::db::gateway::take(c, &nodes, ttl))
             .await;
         match mail {
             Ok(mail) => {

@@ -10,6 +10,7 @@
 //! - Only a job's current attempt decides the job's fate.
 
 use super::plan_commit::{start_msg, StartFacts};
+pub use crate::db::attempts::Renewable;
 use crate::db::jobs::{add_event, set_state};
 use crate::db::models::{AgentClock, Attempt, AttemptStatus, Gpu, Job, JobState};
 use crate::db::{self, now, DbConn};
@@ -226,51 +227,52 @@ pub fn apply_report(
     })
 }
 
-/// After a `Hello`: attempts this node runs (or stops) but does not report are lost
-/// (their jobs go back to the queue). Returns whether any were.
+/// After a `Hello`: attempts this node runs (or stops) but does not report. They are not
+/// lost yet: an agent whose state dir was lost, or a clone with an old copy of it, says
+/// nothing about a container that may still run on the first server until its lease
+/// ends. So they are no longer renewed ([`renew`] extends only what the agent reports),
+/// and the lease decides: lost, and requeued, once it ran out ([`expire_leases`]), when
+/// whatever runs them has stopped them. Returns how many there are (logged).
 ///
-/// An attempt still `starting` is not lost: its `Start` may have crossed the `Hello` on
-/// the wire (or gone to the connection that just died); it is delivered again
+/// An attempt still `starting` is not among them: its `Start` may have crossed the
+/// `Hello` on the wire (or gone to the connection that just died); it is delivered again
 /// ([`undelivered_starts`]), and the agent ignores a `Start` it already has.
 pub fn reconcile_missing(
     c: &mut DbConn,
     node: i64,
     reported: &[AttemptReport],
-) -> Result<bool, AppError> {
-    db::transaction(c, |c| {
-        let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
-        let ours =
-            db::attempts::on_node(c, node, &[AttemptStatus::Running, AttemptStatus::Stopping])?;
-        let mut any = false;
-        for a in ours
-            .iter()
-            .filter(|a| !known.contains(&(a.job_id, a.attempt)))
-        {
-            end_attempt(
-                c,
-                a,
-                AttemptStatus::Lost,
-                None,
-                Some(StopReason::Lost),
-                Some("the server no longer had its container"),
-            )?;
-            any = true;
-        }
-        Ok(any)
-    })
+) -> Result<usize, AppError> {
+    let known: BTreeSet<(i64, i32)> = reported.iter().map(|r| (r.job, r.attempt)).collect();
+    let ours = db::attempts::on_node(c, node, &[AttemptStatus::Running, AttemptStatus::Stopping])?;
+    let missing: Vec<&Attempt> = ours
+        .iter()
+        .filter(|a| !known.contains(&(a.job_id, a.attempt)))
+        .collect();
+    for a in &missing {
+        tracing::warn!(
+            node,
+            job = a.job_id,
+            attempt = a.attempt,
+            lease_until = %a.lease_until,
+            "the agent's Hello does not report this attempt: no longer renewed, it is \
+             requeued when its lease runs out"
+        );
+    }
+    Ok(missing.len())
 }
 
-/// Renews the leases of this node's active attempts for `ttl_s`, counted from the
-/// agent message `clock`; returns the `Renew` to send, with each attempt's current time
-/// limit (which an extension may have raised since its `Start`).
+/// Renews the leases of this node's active attempts that `which` names for `ttl_s`,
+/// counted from the agent message `clock`; returns the `Renew` to send, with each
+/// attempt's current time limit (which an extension may have raised since its `Start`).
 pub fn renew(
     c: &mut DbConn,
     node: i64,
     clock: &AgentClock,
     ttl_s: u64,
+    which: Renewable<'_>,
 ) -> Result<PortalMsg, AppError> {
     let until = clock.lease_until(ttl_s);
-    let attempts = db::attempts::renew_on(c, node, until)?;
+    let attempts = db::attempts::renew_on(c, node, until, which)?;
     let time_limits = if attempts.is_empty() {
         Vec::new()
     } else {
@@ -281,6 +283,14 @@ pub fn renew(
         attempts,
         time_limits,
     })
+}
+
+/// The jobs of an agent's reports, for [`Renewable::Reported`].
+pub fn reported_jobs(reports: &[AttemptReport]) -> Vec<i64> {
+    let mut jobs: Vec<i64> = reports.iter().map(|r| r.job).collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    jobs
 }
 
 /// The `Stop` for an attempt in `stopping`, from its job's state: a preempted guest

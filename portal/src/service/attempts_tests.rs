@@ -29,7 +29,7 @@ fn a_start_that_crosses_the_hello_is_delivered_again_not_lost() {
     let k = campus(&mut c, 1);
     let job = &k.jobs[0];
     // The agent's Hello does not list the attempt: its Start is still on the wire.
-    assert!(!reconcile_missing(&mut c, k.node.id, &[]).unwrap());
+    assert_eq!(reconcile_missing(&mut c, k.node.id, &[]).unwrap(), 0);
     assert_eq!(
         db::jobs::get(&mut c, job.id).unwrap().state,
         JobState::Starting
@@ -41,13 +41,81 @@ fn a_start_that_crosses_the_hello_is_delivered_again_not_lost() {
             if *j == job.id && lease.session == 7 && lease.valid_for_s == 60),
         "{again:?}"
     );
-    // Once running, an attempt the agent no longer has is lost and requeued.
+    // Once running, an attempt its agent no longer reports is not lost at once (a
+    // container may still run it somewhere until its lease ends): it is no longer
+    // renewed, and requeued only when its lease has run out.
     running(&mut c, k.node.id, job);
-    assert!(reconcile_missing(&mut c, k.node.id, &[]).unwrap());
+    assert_eq!(reconcile_missing(&mut c, k.node.id, &[]).unwrap(), 1);
+    assert_eq!(
+        db::jobs::get(&mut c, job.id).unwrap().state,
+        JobState::Running
+    );
+    let lease = |c: &mut DbConn| {
+        db::attempts::find(c, job.id, 1)
+            .unwrap()
+            .unwrap()
+            .lease_until
+    };
+    let before = lease(&mut c);
+    let later = AgentClock {
+        seq: clock.seq + 1,
+        received_at: clock.received_at + chrono::Duration::seconds(30),
+        ..clock
+    };
+    let PortalMsg::Renew { attempts, .. } =
+        renew(&mut c, k.node.id, &later, 60, Renewable::Reported(&[])).unwrap()
+    else {
+        panic!("not a renewal")
+    };
+    assert!(attempts.is_empty(), "{attempts:?}");
+    assert_eq!(lease(&mut c), before, "not renewed");
+    let second = chrono::Duration::seconds(1);
+    assert_eq!(expire_leases(&mut c, before - second).unwrap(), 0);
+    assert_eq!(
+        db::jobs::get(&mut c, job.id).unwrap().state,
+        JobState::Running,
+        "not before its lease ran out"
+    );
+    assert_eq!(expire_leases(&mut c, before + second).unwrap(), 1);
     assert_eq!(
         db::jobs::get(&mut c, job.id).unwrap().state,
         JobState::Queued
     );
+}
+
+#[test]
+fn a_renewal_extends_what_the_agent_reports_and_what_still_starts() {
+    let (_d, mut c) = sqlite();
+    let k = campus(&mut c, 3);
+    for j in &k.jobs[..2] {
+        running(&mut c, k.node.id, j);
+    }
+    let clock = k.node.agent_clock().unwrap();
+    // Job 0 reported, job 1 not (running), job 2 starting.
+    let PortalMsg::Renew { attempts, .. } = renew(
+        &mut c,
+        k.node.id,
+        &clock,
+        60,
+        Renewable::Reported(&[k.jobs[0].id]),
+    )
+    .unwrap() else {
+        panic!("not a renewal")
+    };
+    assert_eq!(attempts, [(k.jobs[0].id, 1), (k.jobs[2].id, 1)]);
+    // At shutdown, without reports: what the last renewal extended, and what starts.
+    let until = clock.lease_until(60);
+    let PortalMsg::Renew { attempts, .. } = renew(
+        &mut c,
+        k.node.id,
+        &clock,
+        600,
+        Renewable::RenewedUntil(until),
+    )
+    .unwrap() else {
+        panic!("not a renewal")
+    };
+    assert_eq!(attempts, [(k.jobs[0].id, 1), (k.jobs[2].id, 1)]);
 }
 
 #[test]
@@ -136,15 +204,36 @@ fn leases_count_from_when_the_portal_received_the_agents_message_and_never_shrin
             .unwrap()
             .lease_until
     };
-    renew(&mut c, k.node.id, &clock(2, 0), 1800).unwrap();
+    renew(
+        &mut c,
+        k.node.id,
+        &clock(2, 0),
+        1800,
+        Renewable::Reported(&[]),
+    )
+    .unwrap();
     assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(1800));
     // A later, shorter renewal does not shrink what the agent may already hold.
-    let msg = renew(&mut c, k.node.id, &clock(3, 10), 60).unwrap();
+    let msg = renew(
+        &mut c,
+        k.node.id,
+        &clock(3, 10),
+        60,
+        Renewable::Reported(&[]),
+    )
+    .unwrap();
     assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(1800));
     assert!(
         matches!(msg, PortalMsg::Renew { lease, .. } if lease.seq == 3 && lease.valid_for_s == 60)
     );
-    renew(&mut c, k.node.id, &clock(4, 2000), 60).unwrap();
+    renew(
+        &mut c,
+        k.node.id,
+        &clock(4, 2000),
+        60,
+        Renewable::Reported(&[]),
+    )
+    .unwrap();
     assert_eq!(lease_of(&mut c), base + chrono::Duration::seconds(2060));
 }
 
@@ -171,7 +260,7 @@ fn a_renewal_is_one_update_and_one_read_whatever_the_attempts() {
             attempts,
             time_limits,
             ..
-        } = renew(&mut c, k.node.id, &clock, 60).unwrap()
+        } = renew(&mut c, k.node.id, &clock, 60, Renewable::Reported(&[])).unwrap()
         else {
             panic!("not a renewal")
         };

@@ -17,6 +17,7 @@ pub mod cli_login;
 pub mod extend;
 pub mod identity;
 pub mod images;
+pub mod inventory;
 pub mod job_list;
 pub mod job_templates;
 pub mod jobs;

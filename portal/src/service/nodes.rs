@@ -33,6 +33,28 @@ pub struct NodeView {
     /// takes them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_low: Option<String>,
+    /// Where its agent connects from (its TCP peer; what a proxy says it forwards for).
+    pub connected_from: String,
+    /// The GPU models and counts it enrolled with (its first inventory), or that its lab
+    /// admin last approved.
+    pub approved_gpus: crate::service::inventory::Counts,
+    /// It reports more GPUs, or other models, than that: no guest is placed here until
+    /// a lab admin approves (`POST /api/v1/nodes/{id}/inventory/approve`).
+    pub inventory_unapproved: bool,
+    /// Two agents used its credential at once (a cloned server or state dir); `null`
+    /// when never seen (or dismissed: `POST /api/v1/nodes/{id}/shared-credential/dismiss`).
+    pub shared_credential: Option<SharedCredential>,
+}
+
+/// Two agents with one node credential at once, as seen.
+#[derive(Debug, Clone, Serialize)]
+pub struct SharedCredential {
+    /// When the second was refused (UTC).
+    pub seen_at: chrono::NaiveDateTime,
+    /// Where the agent that kept the node connects from.
+    pub connected_from: String,
+    /// Where the refused one came from.
+    pub refused_from: String,
 }
 
 /// Every enrolled node with its lab and GPUs (two queries).
@@ -45,6 +67,15 @@ pub fn views(c: &mut DbConn) -> Result<Vec<NodeView>, AppError> {
     Ok(list(c)?
         .into_iter()
         .map(|(n, l, gpus)| NodeView {
+            connected_from: n.agent_addr,
+            approved_gpus: crate::service::inventory::baseline_of(n.gpu_baseline.as_deref())
+                .unwrap_or_default(),
+            inventory_unapproved: n.inventory_unapproved,
+            shared_credential: n.shared_at.map(|seen_at| SharedCredential {
+                seen_at,
+                connected_from: n.shared_connected_from.unwrap_or_default(),
+                refused_from: n.shared_refused_from.unwrap_or_default(),
+            }),
             lending: n.lending.0,
             grace_s: n.grace_s,
             reclaim: n.reclaim,

@@ -9,8 +9,8 @@
 //!   transaction, with the actor "USER on NODE (on the server)".
 //! - A revoked node is refused everywhere at once: its credential no longer authenticates
 //!   (WebSocket, checkpoints, this API), and a connection that is open on any replica is
-//!   closed at its next heartbeat (whose clock [`db::nodes::set_agent_clock`] records only
-//!   for a node not revoked). Its attempts
+//!   closed at its next heartbeat (which [`db::node_link::beat`] counts only for a node
+//!   not revoked). Its attempts
 //!   are no longer renewed, so they end when their leases run out and are requeued then
 //!   (never earlier: a job never runs twice at once).
 
@@ -33,6 +33,7 @@ pub fn state_of(c: &mut DbConn, node: &Node, utc_offset_s: i32) -> Result<NodeSt
     let now_s = now.and_utc().timestamp();
     let lending_now = !node.reclaim
         && !node.draining
+        && !node.inventory_unapproved
         && rules
             .lend_until(now_s, utc_offset_s)
             .is_some_and(|u| u > now_s);
@@ -42,6 +43,12 @@ pub fn state_of(c: &mut DbConn, node: &Node, utc_offset_s: i32) -> Result<NodeSt
         Some("the server is drained".to_string())
     } else if let Some(low) = &node.disk_low {
         Some(low.clone())
+    } else if node.inventory_unapproved {
+        Some(
+            "the server reports GPUs it did not enrol with; no guests until a lab admin \
+             approves them"
+                .to_string(),
+        )
     } else if !lending_now {
         Some(format!(
             "the lending rule ({}) does not lend now",
@@ -292,6 +299,10 @@ pub struct NodePage {
     pub gpus: Vec<Gpu>,
     pub state: NodeState,
     pub can_admin: bool,
+    /// The GPUs it enrolled with (or its lab admin last approved), and those it reports
+    /// now, in words ("2 × A100-80GB").
+    pub approved_gpus: String,
+    pub reported_gpus: String,
 }
 
 pub fn node_page(
@@ -307,7 +318,12 @@ pub fn node_page(
     let lab = db::users::lab_by_id(c, n.lab_id)?;
     let gpus = db::nodes::gpus_of(c, n.id)?;
     let state = state_of(c, &n, utc_offset_s)?;
+    use super::inventory::{baseline_of, counts_of, describe};
+    let approved_gpus = describe(&baseline_of(n.gpu_baseline.as_deref()).unwrap_or_default());
+    let reported_gpus = describe(&counts_of(&gpus));
     Ok(NodePage {
+        approved_gpus,
+        reported_gpus,
         can_admin: actor.admin_of(n.lab_id),
         node: n,
         lab,

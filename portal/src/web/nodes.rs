@@ -1,5 +1,6 @@
 //! The servers page (every node, its owner lab and GPUs) and each node's own page, where
-//! its lab's admins have the owner's controls: drain, the lending rule, reclaim, revoke.
+//! its lab's admins have the owner's controls: drain, the lending rule, reclaim, revoke,
+//! approving GPUs it did not enrol with, dismissing a shared-credential flag.
 //! The controls call the same use cases as `commons-agent drain|lend|reclaim` on the
 //! server ([`owner::admin_command`]) and the revoke API ([`owner::revoke`]); each is
 //! audited there. Who may use them is decided there too (403 for anyone else).
@@ -26,7 +27,15 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/nodes/{id}/undrain", web::post().to(post_undrain))
         .route("/nodes/{id}/lend", web::post().to(post_lend))
         .route("/nodes/{id}/reclaim", web::post().to(post_reclaim))
-        .route("/nodes/{id}/revoke", web::post().to(post_revoke));
+        .route("/nodes/{id}/revoke", web::post().to(post_revoke))
+        .route(
+            "/nodes/{id}/approve-inventory",
+            web::post().to(post_approve_inventory),
+        )
+        .route(
+            "/nodes/{id}/dismiss-shared",
+            web::post().to(post_dismiss_shared),
+        );
 }
 
 #[derive(Template, WebTemplate)]
@@ -242,4 +251,26 @@ async fn post_revoke(
     Ok(HttpResponse::SeeOther()
         .insert_header(("location", "/nodes"))
         .finish())
+}
+
+async fn post_approve_inventory(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    _form: CsrfForm<NoFields>,
+) -> Result<HttpResponse, WebError> {
+    let id = id.into_inner();
+    crate::service::inventory::approve(&state, &user, id).await?;
+    Ok(back_to(id))
+}
+
+async fn post_dismiss_shared(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    _form: CsrfForm<NoFields>,
+) -> Result<HttpResponse, WebError> {
+    let id = id.into_inner();
+    crate::service::inventory::dismiss_shared(&state, &user, id).await?;
+    Ok(back_to(id))
 }

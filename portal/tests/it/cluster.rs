@@ -9,7 +9,6 @@
 //! the test with what to install.
 
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -160,6 +159,7 @@ pub struct PortalProcess {
     config: PathBuf,
     db_url: String,
     json_logs: bool,
+    clock_offset_s: i64,
 }
 
 /// How to start a portal process.
@@ -178,6 +178,9 @@ pub struct PortalOpts {
     pub json_logs: bool,
     /// More TOML for the configuration file (whole sections: `[utilization]\n...`).
     pub extra_toml: String,
+    /// Skews the process's clock by this many seconds (`COMMONS_TEST_CLOCK_OFFSET_S`,
+    /// honoured by debug builds only).
+    pub clock_offset_s: i64,
 }
 
 impl Default for PortalOpts {
@@ -190,6 +193,7 @@ impl Default for PortalOpts {
             ssh: false,
             relay_host: None,
             extra_toml: String::new(),
+            clock_offset_s: 0,
         }
     }
 }
@@ -322,6 +326,7 @@ impl PortalProcess {
             config,
             db_url,
             json_logs: o.json_logs,
+            clock_offset_s: o.clock_offset_s,
         }
     }
 
@@ -345,6 +350,10 @@ impl PortalProcess {
         let child = Command::new(portal_binary())
             .args(["--log-format", format, "serve", "--config"])
             .arg(&self.config)
+            .env(
+                commons_portal::db::TEST_CLOCK_OFFSET_ENV,
+                self.clock_offset_s.to_string(),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -533,6 +542,10 @@ impl AgentProcess {
             .arg(agent_binary())
             .args(["run", "--portal", &self.portal, "--state-dir"])
             .arg(self.state.path())
+            // A host of its own: agents of every test share this Docker Engine, and an
+            // agent stops the containers of other agent ids with its host id.
+            .arg("--host-id-file")
+            .arg(self.state.path().join("host-id"))
             .args(["--gpus", gpus, "--name", &self.name])
             // This shared machine's disk is often fuller than the default floor (10 %),
             // which would keep every guest out; `disk.rs` tests the floor.
@@ -607,88 +620,6 @@ pub fn remove_containers(jobs: &[i64]) {
         for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
             let _ = Command::new("docker").args(["rm", "-f", id]).output();
         }
-    }
-}
-
-/// The Docker Engine's own record of when each container ran: `docker events` for the
-/// containers of one job, from the moment this was made.
-pub struct Timeline {
-    child: Child,
-    out: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Timeline {
-    pub fn watch(job: i64) -> Timeline {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("events");
-        let file = std::fs::File::create(&out).unwrap();
-        let child = Command::new("docker")
-            .args([
-                "events",
-                "--filter",
-                &format!("label=commons.job={job}"),
-                "--filter",
-                "type=container",
-                "--format",
-                "{{.TimeNano}} {{.Action}} {{index .Actor.Attributes \"commons.attempt\"}} {{.Actor.ID}}",
-            ])
-            .stdout(file)
-            .spawn()
-            .unwrap();
-        Timeline {
-            child,
-            out,
-            _dir: dir,
-        }
-    }
-
-    /// Each container's (attempt, start ns, end ns); a container still running ends at
-    /// `u128::MAX`.
-    pub fn intervals(&self) -> Vec<(String, u128, u128)> {
-        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
-        let mut by_id: BTreeMap<String, (String, u128, u128)> = BTreeMap::new();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let [t, action, attempt, id] = f[..] else {
-                continue;
-            };
-            let t: u128 = t.parse().unwrap_or(0);
-            let e =
-                by_id
-                    .entry(id.to_string())
-                    .or_insert((attempt.to_string(), u128::MAX, u128::MAX));
-            match action {
-                "start" => e.1 = e.1.min(t),
-                "die" => e.2 = t,
-                _ => {}
-            }
-        }
-        by_id
-            .into_values()
-            .filter(|(_, s, _)| *s != u128::MAX)
-            .collect()
-    }
-
-    /// Asserts no two containers of the job ever ran at the same time.
-    pub fn assert_no_overlap(&self) {
-        let mut iv = self.intervals();
-        iv.sort_by_key(|(_, s, _)| *s);
-        for w in iv.windows(2) {
-            assert!(
-                w[0].2 <= w[1].1,
-                "attempts {} and {} of the job ran at the same time: {iv:?}",
-                w[0].0,
-                w[1].0
-            );
-        }
-    }
-}
-
-impl Drop for Timeline {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

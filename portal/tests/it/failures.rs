@@ -4,7 +4,8 @@
 //! a job never runs on two servers at once (checked on the Docker Engine's own event
 //! timeline) and a finished job never runs again.
 
-use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess, Timeline};
+use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess};
+use crate::timeline::Timeline;
 use serde_json::json;
 use std::time::Duration;
 
@@ -72,8 +73,8 @@ async fn a_lost_server_never_doubles_its_job(cut_network: bool) {
         assert!(std::time::Instant::now() < deadline, "two agents online");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let timeline = Timeline::start();
     let job = api.submit(sleeper()).await;
-    let timeline = Timeline::watch(job);
     let first = api
         .wait_job(job, Duration::from_secs(60), "running", |j| {
             j["state"] == "running"
@@ -94,20 +95,22 @@ async fn a_lost_server_never_doubles_its_job(cut_network: bool) {
         )
         .await;
     assert_ne!(second["node"], first["node"], "{second}");
-    // Give the Docker event stream a moment to catch up, then compare intervals.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let iv = timeline.intervals();
+    let iv = timeline
+        .wait(job, Duration::from_secs(30), "both containers", |iv| {
+            iv.len() >= 2
+        })
+        .await;
     assert!(
         iv.iter().any(|(a, _, end)| a == "1" && *end != u128::MAX),
         "attempt 1's container stopped on the lost server: {iv:?}\n{}",
         agents[lost].log()
     );
-    timeline.assert_no_overlap();
+    timeline.assert_no_overlap(job, 2).await;
     if cut_network {
         // Back on the network, the old server learns its attempt is over; nothing runs twice.
         hosts[lost].restore();
         tokio::time::sleep(Duration::from_secs(5)).await;
-        timeline.assert_no_overlap();
+        timeline.assert_no_overlap(job, 2).await;
         let j = api.get(&format!("/api/v1/jobs/{job}")).await.unwrap();
         assert_eq!(j["attempts"], 2, "{j}");
     }

@@ -8,9 +8,10 @@
 //! Needs nginx and the PostgreSQL server binaries (`.ci/run` installs both), root for the
 //! network namespaces, and the Docker Engine.
 
-use crate::cluster::{free_port, AgentProcess, Api, Host, PortalOpts, PortalProcess, Timeline};
+use crate::cluster::{free_port, AgentProcess, Api, Host, PortalOpts, PortalProcess};
 use crate::harness::{Backend, TestDb};
 use crate::policy::leader_locks;
+use crate::timeline::Timeline;
 use serde_json::{json, Value};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -174,11 +175,11 @@ async fn killing_the_leader_behind_nginx_loses_and_doubles_nothing() {
     let alice = browser_login(&front, "alice").await;
 
     // Four jobs run (four GPUs), two wait.
+    let timeline = Timeline::start();
     let mut jobs = Vec::new();
     for i in 0..6 {
         jobs.push(api.submit(job(&format!("sleep 12; echo done-{i}"))).await);
     }
-    let timelines: Vec<Timeline> = jobs.iter().map(|j| Timeline::watch(*j)).collect();
     let t0 = Instant::now();
     loop {
         let mut running = 0;
@@ -225,8 +226,9 @@ async fn killing_the_leader_behind_nginx_loses_and_doubles_nothing() {
             "job {j}: {logs:?}"
         );
     }
-    for t in &timelines {
-        t.assert_no_overlap();
+    // Each ran in exactly one container (watched from before its submission).
+    for j in &jobs {
+        timeline.assert_no_overlap(*j, 1).await;
     }
     // Still logged in, now served by the survivor.
     let r = alice.get(format!("{front}/jobs")).send().await.unwrap();
@@ -240,6 +242,75 @@ async fn killing_the_leader_behind_nginx_loses_and_doubles_nothing() {
     );
     other.stop();
     crate::cluster::remove_containers(&jobs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_whose_clocks_disagree_never_requeue_a_valid_lease() {
+    // The leader's clock runs 3 s ahead, the replica the agent talks to 3 s behind: judged
+    // on each replica's clock, every lease the agent renews would look 6 s older to the
+    // leader, past its 4 s and the 1 s margin (while the agent, heard every second, still
+    // looks alive: the skew is the leases' alone). The database has one clock.
+    let db = TestDb::new(Backend::Postgres);
+    let (lease_ttl_s, margin_s) = (4, 1);
+    let opts = PortalOpts {
+        lease_ttl_s,
+        margin_s,
+        db_url: Some(db.url.clone()),
+        clock_offset_s: 3,
+        ..Default::default()
+    };
+    let (leader, token) = PortalProcess::start_opts(opts.clone());
+    let url = db.url.clone();
+    wait_until(Duration::from_secs(20), "the first replica to lead", || {
+        leader_locks(&url) == 1
+    })
+    .await;
+    let leading = Instant::now();
+    let behind = leader.replica(&PortalOpts {
+        clock_offset_s: -3,
+        ..opts.clone()
+    });
+    let host = Host::new(133);
+    let agent = AgentProcess::start(&host, &behind, "skew-1", "fake:1xA100-80GB");
+    let api = Api::new(behind.url(), token);
+    let t0 = Instant::now();
+    while api.nodes_online().await < 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the agent never came online"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let timeline = Timeline::start();
+    let j = api.submit(job("sleep 600")).await;
+    api.wait_job(j, Duration::from_secs(60), "running", |v| {
+        v["state"] == "running"
+    })
+    .await;
+    // The leader judges leases once it has led for a whole lease and the margin; watched
+    // until well past that, the job runs on, its first attempt.
+    let until = (leading + Duration::from_secs(lease_ttl_s + margin_s + 20))
+        .max(Instant::now() + Duration::from_secs(10));
+    let mut polls = 0;
+    while Instant::now() < until {
+        let v = api.get(&format!("/api/v1/jobs/{j}")).await.unwrap();
+        assert!(
+            v["state"] == "running" && v["attempts"] == 1,
+            "a valid lease was requeued: {v}\n{}",
+            leader.log()
+        );
+        polls += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(polls > 10);
+    timeline.assert_no_overlap(j, 1).await;
+    assert!(
+        !leader.log().contains("lost with their servers"),
+        "{}",
+        leader.log()
+    );
+    drop(agent);
+    crate::cluster::remove_containers(&[j]);
 }
 
 /// A PostgreSQL server of the test's own (the shared one serves other tests): initdb,

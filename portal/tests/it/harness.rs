@@ -184,6 +184,31 @@ impl TestPortal {
         }
     }
 
+    /// Numbers this portal's jobs from a random point far from 1: tests that judge
+    /// containers by their job label alone (the Docker Engine's timeline) then never
+    /// see another test's job of the same number (every portal starts at 1). Call it
+    /// before the first submission.
+    pub async fn spread_job_ids(&self) {
+        use diesel::RunQueryDsl;
+        let first = 1_000_000 + u64::from(rand::random::<u32>() % 1_000_000) * 1000;
+        let sql = match self.backend {
+            Backend::Sqlite => {
+                format!("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', {first})")
+            }
+            Backend::Postgres => format!("SELECT setval('jobs_id_seq', {first})"),
+        };
+        self.portal
+            .state
+            .db
+            .run(move |c| {
+                diesel::sql_query(sql)
+                    .execute(c)
+                    .map_err(commons_portal::db::DbError::from)
+            })
+            .await
+            .unwrap();
+    }
+
     pub fn enrol_token(&self, lab: &str) -> String {
         let db = self.portal.state.db.clone();
         commons_portal::admin::enrol_token(&db, lab).unwrap()
@@ -208,55 +233,108 @@ impl TestPortal {
         gpus: &str,
         set: impl FnOnce(&mut commons_agent::AgentConfig),
     ) -> TestAgent {
-        demo_image();
-        let dir = tempfile::tempdir().unwrap();
         let token = self.enrol_token(lab);
-        let config = commons_agent::AgentConfig {
-            portal: portal.to_string(),
-            enrol_token: Some(token.clone()),
-            state_dir: dir.path().to_path_buf(),
-            gpus: gpus.parse().unwrap(),
-            hostname: format!("{lab}-server"),
-            guest_network: Default::default(),
-            idle_guest: None,
-            socket_group: None,
-            capacity: Default::default(),
-            images: Default::default(),
-            fake_busy_util: 0,
-            log_limit: Default::default(),
-            // Watched volumes (no mounts: in-process agents are aborted, not stopped), and
-            // no floor: this machine's disk, shared by every session, is often fuller
-            // than the default 10 %; `disk.rs` tests the floor on purpose.
-            disk: commons_agent::disk::DiskPolicy {
-                floor: commons_agent::disk::Floor::Percent(0),
-                ..Default::default()
-            },
-        };
-        let mut config = config;
+        let dir = tempfile::tempdir().unwrap();
+        self.agent_in(portal, lab, gpus, dir, Some(token), None, set)
+            .await
+    }
+
+    /// The same, with the host id file `host_id_file`; `None`: a host of its own. Tests run
+    /// many agents on one Docker Engine, and an agent stops the containers of every other
+    /// agent id of its host (`commons_agent::host`): only a test of that shares a file.
+    pub async fn agent_on_host(
+        &self,
+        portal: &str,
+        lab: &str,
+        gpus: &str,
+        host_id_file: Option<std::path::PathBuf>,
+    ) -> TestAgent {
+        let token = self.enrol_token(lab);
+        let dir = tempfile::tempdir().unwrap();
+        self.agent_in(portal, lab, gpus, dir, Some(token), host_id_file, |_| {})
+            .await
+    }
+
+    /// A second agent with the node credential of `of` (a cloned server or state dir):
+    /// its own state dir holding a copy of that credential, under an agent id of its own
+    /// (as its own Docker Engine would have it), and a host of its own. Not waited for.
+    pub fn clone_of(&self, of: &TestAgent, gpus: &str) -> TestAgent {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cred = commons_agent::state::load_credential(of.dir.path())
+            .unwrap()
+            .expect("the agent is enrolled");
+        cred.agent_id = format!("{:016x}", rand::random::<u64>());
+        commons_agent::state::save_credential(dir.path(), &cred).unwrap();
+        let host_dir = tempfile::tempdir().unwrap();
+        let config = agent_config(
+            &of.config.portal,
+            None,
+            dir.path(),
+            host_dir.path().join("host-id"),
+            gpus,
+            "clone",
+        );
+        TestAgent {
+            task: tokio::spawn(commons_agent::run(config.clone())),
+            dir,
+            _host_dir: host_dir,
+            token: String::new(),
+            config,
+        }
+    }
+
+    /// Starts an agent on state dir `dir` (enrolling with `token` if given), its
+    /// configuration changed by `set` first, and waits until a node of `lab` is online
+    /// with its GPUs.
+    #[allow(clippy::too_many_arguments)]
+    async fn agent_in(
+        &self,
+        portal: &str,
+        lab: &str,
+        gpus: &str,
+        dir: tempfile::TempDir,
+        token: Option<String>,
+        host_id_file: Option<std::path::PathBuf>,
+        set: impl FnOnce(&mut commons_agent::AgentConfig),
+    ) -> TestAgent {
+        demo_image();
+        let host_dir = tempfile::tempdir().unwrap();
+        let host_id_file = host_id_file.unwrap_or_else(|| host_dir.path().join("host-id"));
+        let hostname = format!("{lab}-server");
+        let mut config = agent_config(
+            portal,
+            token.clone(),
+            dir.path(),
+            host_id_file,
+            gpus,
+            &hostname,
+        );
         set(&mut config);
         let task = tokio::spawn(commons_agent::run(config.clone()));
         let agent = TestAgent {
             task,
             dir,
-            token,
+            _host_dir: host_dir,
+            token: token.unwrap_or_default(),
             config,
         };
-        // Wait until the node is online with its GPUs.
-        let want = match config_gpus(&agent.config) {
-            n if n > 0 => n,
-            _ => 1,
-        };
+        self.wait_online(lab, config_gpus(&agent.config).max(1))
+            .await;
+        agent
+    }
+
+    /// Waits until a node of `lab` is online with `gpus` GPUs.
+    pub async fn wait_online(&self, lab: &str, gpus: usize) {
         let me = self;
         wait_for(Duration::from_secs(30), "agent online", || async move {
             let nodes = me.get_json(&me.alice, "/api/v1/nodes").await;
             nodes.as_array().unwrap().iter().any(|n| {
                 n["online"] == true
                     && n["lab"] == lab
-                    && n["gpus"].as_array().map(|g| g.len()) == Some(want)
+                    && n["gpus"].as_array().map(|g| g.len()) == Some(gpus)
             })
         })
         .await;
-        agent
     }
 
     pub async fn get_json(&self, token: &str, path: &str) -> Value {
@@ -381,6 +459,39 @@ impl TestPortal {
     }
 }
 
+/// An agent's configuration for the tests (fake GPUs, everything else default).
+fn agent_config(
+    portal: &str,
+    enrol_token: Option<String>,
+    state_dir: &std::path::Path,
+    host_id_file: std::path::PathBuf,
+    gpus: &str,
+    hostname: &str,
+) -> commons_agent::AgentConfig {
+    commons_agent::AgentConfig {
+        portal: portal.to_string(),
+        enrol_token,
+        state_dir: state_dir.to_path_buf(),
+        host_id_file,
+        gpus: gpus.parse().unwrap(),
+        hostname: hostname.to_string(),
+        guest_network: Default::default(),
+        idle_guest: None,
+        socket_group: None,
+        capacity: Default::default(),
+        images: Default::default(),
+        fake_busy_util: 0,
+        log_limit: Default::default(),
+        // Watched volumes (no mounts: in-process agents are aborted, not stopped), and no
+        // floor: this machine's disk, shared by every session, is often fuller than the
+        // default 10 %; `disk.rs` tests the floor on purpose.
+        disk: commons_agent::disk::DiskPolicy {
+            floor: commons_agent::disk::Floor::Percent(0),
+            ..Default::default()
+        },
+    }
+}
+
 fn config_gpus(c: &commons_agent::AgentConfig) -> usize {
     match &c.gpus {
         commons_agent::GpuMode::Fake(g) => g.len(),
@@ -391,11 +502,23 @@ fn config_gpus(c: &commons_agent::AgentConfig) -> usize {
 pub struct TestAgent {
     pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
     pub dir: tempfile::TempDir,
+    /// Where its own host id file lives (unless the test gave one).
+    _host_dir: tempfile::TempDir,
     pub token: String,
     pub config: commons_agent::AgentConfig,
 }
 
 impl TestAgent {
+    /// Stops the agent as a crash would (its containers and guards stay), and starts it
+    /// again on the same state dir with `gpus`.
+    pub async fn restart(&mut self, gpus: &str) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+        self.config.gpus = gpus.parse().unwrap();
+        self.config.enrol_token = None;
+        self.task = tokio::spawn(commons_agent::run(self.config.clone()));
+    }
+
     pub fn agent_id(&self) -> String {
         commons_agent::state::load_credential(self.dir.path())
             .unwrap()
@@ -429,24 +552,29 @@ impl Drop for TestAgent {
         self.task.abort();
         // Leave no containers behind on the shared engine.
         if let Ok(Some(c)) = commons_agent::state::load_credential(self.dir.path()) {
-            let out = std::process::Command::new("docker")
-                .args([
-                    "ps",
-                    "-a",
-                    "-q",
-                    "--filter",
-                    &format!("label=commons.agent={}", c.agent_id),
-                ])
-                .output();
-            if let Ok(out) = out {
-                for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = std::process::Command::new("docker")
-                        .args(["rm", "-f", id])
-                        .output();
-                }
-            }
+            remove_agent_containers(&c.agent_id);
         }
         commons_agent::disk::release_all(self.dir.path());
+    }
+}
+
+/// Removes every container of agent id `agent_id` (only ever a test's own agent's).
+pub fn remove_agent_containers(agent_id: &str) {
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!("label=commons.agent={agent_id}"),
+        ])
+        .output();
+    if let Ok(out) = out {
+        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f", id])
+                .output();
+        }
     }
 }
 

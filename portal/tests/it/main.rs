@@ -46,6 +46,7 @@ mod ssh;
 mod ssh_keys;
 mod sso;
 mod time_zones;
+mod timeline;
 mod usage_page;
 mod utilization;
 mod web;

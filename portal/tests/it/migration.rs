@@ -4,7 +4,8 @@
 //! checkpoint. The job is a counter that saves its count to `/checkpoint` every second
 //! (atomically: write, then rename) and on SIGTERM, and prints where each start begins.
 
-use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess, Timeline};
+use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess};
+use crate::timeline::Timeline;
 use serde_json::json;
 use std::time::Duration;
 
@@ -41,8 +42,8 @@ async fn a_reclaimed_guest_resumes_elsewhere_from_what_it_saved() {
     let hosts = [Host::new(8), Host::new(9)];
     // Only vision's server at first: bob's job (physics) runs there as a guest.
     let _vision = AgentProcess::start_for(&hosts[0], &portal, "vision", "vision-1", GPUS);
+    let timeline = Timeline::start();
     let job = guest.submit(counter(None)).await;
-    let timeline = Timeline::watch(job);
     let first = guest
         .wait_job(job, Duration::from_secs(60), "running", |j| {
             j["state"] == "running"
@@ -84,7 +85,7 @@ async fn a_reclaimed_guest_resumes_elsewhere_from_what_it_saved() {
         "attempt 2 resumed from the count saved at SIGTERM: {log}"
     );
     assert!(log.contains("resume=1"), "COMMONS_RESUME was set: {log}");
-    timeline.assert_no_overlap();
+    timeline.assert_no_overlap(job, 2).await;
     remove_containers(&[job]);
 }
 
@@ -94,8 +95,8 @@ async fn a_vanished_server_costs_at_most_one_checkpoint_interval() {
     let api = Api::new(portal.url(), alice);
     let hosts = [Host::new(10), Host::new(11)];
     let mut first_agent = AgentProcess::start(&hosts[0], &portal, "host-x", GPUS);
+    let timeline = Timeline::start();
     let job = api.submit(counter(Some(1))).await;
-    let timeline = Timeline::watch(job);
     api.wait_job(job, Duration::from_secs(60), "running", |j| {
         j["state"] == "running"
     })
@@ -124,7 +125,7 @@ async fn a_vanished_server_costs_at_most_one_checkpoint_interval() {
         s[1] >= 50,
         "attempt 2 resumed from the periodic checkpoint (about a minute in): {log}"
     );
-    timeline.assert_no_overlap();
+    timeline.assert_no_overlap(job, 2).await;
     remove_containers(&[job]);
 }
 

@@ -1,6 +1,7 @@
 //! The owner's controls on a node's page (drain, lending rule, reclaim, revoke), posted as
 //! HTML forms with the development login: a lab admin can use each, with its audit entry;
-//! a member, another lab's admin, or a form without its CSRF token changes nothing.
+//! a member, another lab's admin, or a form without its CSRF token changes nothing. A
+//! node reporting GPUs it did not enrol with takes no guests until its lab admin approves.
 
 use crate::harness::{TestPortal, BACKENDS};
 use crate::web::{hidden_csrf, logged_in};
@@ -210,5 +211,131 @@ async fn lab_admins_use_the_owner_controls_on_the_node_page_and_no_one_else() {
             entries, want,
             "[{backend:?}] each change audited as carol's"
         );
+    }
+}
+
+/// The node's page and the API for a server that comes back with more GPUs than it
+/// enrolled with: no guest is placed there (the owner lab's jobs run) until its lab admin
+/// approves them, with the form on the page (CSRF, audited) or the API; a member may not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_a_node_did_not_enrol_with_wait_for_its_lab_admin_before_guests_get_them() {
+    for backend in BACKENDS {
+        let p = TestPortal::start(backend).await;
+        let mut agent = p.agent("vision", "fake:1xA100-80GB").await;
+        let id = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
+            .as_i64()
+            .unwrap();
+        let n = node(&p, id).await.unwrap();
+        assert_eq!(n["approved_gpus"], serde_json::json!({"A100-80GB": 1}));
+        assert_eq!(
+            n["inventory_unapproved"], false,
+            "[{backend:?}] its baseline"
+        );
+        // The agent comes back claiming three GPUs, one of another model.
+        agent.restart("fake:2xA100-80GB,1xH100-80GB").await;
+        p.wait_online("vision", 3).await;
+
+        // bob's job (physics: a guest here) waits, and says why; alice's (vision) runs.
+        let job = |gpus: u32| {
+            serde_json::json!({"image": "commons-demo:latest", "command": ["sh", "-c", "sleep 600"],
+                               "gpus": gpus, "time_limit_minutes": 30})
+        };
+        let guest = p.submit(&p.bob, job(2)).await;
+        let me = &p;
+        crate::harness::wait_for(
+            std::time::Duration::from_secs(30),
+            "the guest's reason",
+            || async move {
+                let j = me.job(&me.bob, guest).await;
+                assert!(
+                    j["state"] == "queued",
+                    "[{backend:?}] the guest was placed on GPUs nobody approved: {j}"
+                );
+                j["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("has not approved yet"))
+            },
+        )
+        .await;
+        let n = node(&p, id).await.unwrap();
+        assert_eq!(n["inventory_unapproved"], true, "[{backend:?}] {n}");
+        assert_eq!(n["approved_gpus"], serde_json::json!({"A100-80GB": 1}));
+        let owners = p.submit(&p.alice, job(1)).await;
+        p.wait_state(
+            &p.alice,
+            owners,
+            &["running"],
+            std::time::Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(p.job(&p.bob, guest).await["state"], "queued");
+
+        // A member may not approve; the lab admin does it on the page.
+        let (status, _) = p
+            .post_json(
+                &p.alice,
+                &format!("/api/v1/nodes/{id}/inventory/approve"),
+                &serde_json::json!({}),
+            )
+            .await;
+        assert_eq!(status, 403, "[{backend:?}]");
+        let carol = logged_in(&p, "carol").await;
+        let page = format!("{}/nodes/{id}", p.url);
+        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        assert!(
+            html.contains("id=\"inventory-unapproved\"")
+                && html.contains("2 × A100-80GB, 1 × H100-80GB")
+                && html.contains("id=\"approve-inventory\""),
+            "[{backend:?}] {html}"
+        );
+        let r = carol
+            .post(format!("{}/nodes/{id}/approve-inventory", p.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "[{backend:?}] no CSRF token");
+        assert_eq!(node(&p, id).await.unwrap()["inventory_unapproved"], true);
+        let csrf = hidden_csrf(&html);
+        let r = carol
+            .post(format!("{}/nodes/{id}/approve-inventory", p.url))
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303, "[{backend:?}]");
+        let n = node(&p, id).await.unwrap();
+        assert_eq!(n["inventory_unapproved"], false, "[{backend:?}]");
+        assert_eq!(
+            n["approved_gpus"],
+            serde_json::json!({"A100-80GB": 2, "H100-80GB": 1})
+        );
+        assert_eq!(
+            node_audit(&p).await,
+            [(
+                "carol".to_string(),
+                "approve_inventory".to_string(),
+                "2 × A100-80GB, 1 × H100-80GB".to_string()
+            )],
+            "[{backend:?}]"
+        );
+        p.wait_state(
+            &p.bob,
+            guest,
+            &["running"],
+            std::time::Duration::from_secs(30),
+        )
+        .await;
+        // The API call does the same (already approved: the same baseline again).
+        let (status, v) = p
+            .post_json(
+                &p.carol,
+                &format!("/api/v1/nodes/{id}/inventory/approve"),
+                &serde_json::json!({}),
+            )
+            .await;
+        assert_eq!(status, 200, "[{backend:?}] {v}");
+        assert_eq!(v["inventory_unapproved"], false);
+        drop(agent);
+        p.stop().await;
     }
 }

@@ -161,3 +161,27 @@ fn windows_use_the_campus_utc_offset() {
     assert_eq!(started(&plan(&s, &cet, NOW)), vec![1]);
     assert!(plan(&s, &Policy::default(), NOW).start.is_empty());
 }
+
+/// A node whose agent reports more GPUs, or other models, than it enrolled with takes no
+/// guest until its lab admin approves them; its own lab's jobs run there, and a guest
+/// already running is not stopped for it.
+#[test]
+fn unapproved_gpus_take_no_guests_but_the_owners_jobs() {
+    let mut n = node(1, 1, 10, 2, "A100", 80);
+    n.inventory_unapproved = true;
+    let guest = snap(vec![n.clone()], vec![], vec![job(1, 2, 20, 1)]);
+    let p = plan(&guest, &Policy::default(), NOW);
+    assert!(p.start.is_empty(), "{p:?}");
+    assert_eq!(
+        reason(&p, 1).to_string(),
+        "not lent: node n1 reports GPUs its lab admin has not approved yet, so it takes no guests"
+    );
+    let owner = snap(vec![n.clone()], vec![], vec![job(2, 1, 10, 2)]);
+    assert_eq!(started(&plan(&owner, &Policy::default(), NOW)), vec![2]);
+    let running = snap(vec![n.clone()], vec![run(3, 2, 1, &[10], NOW - H)], vec![]);
+    let p = plan(&running, &Policy::default(), NOW);
+    assert!(p.preempt.is_empty(), "{p:?}");
+    n.inventory_unapproved = false;
+    let approved = snap(vec![n], vec![], vec![job(1, 2, 20, 1)]);
+    assert_eq!(started(&plan(&approved, &Policy::default(), NOW)), vec![1]);
+}

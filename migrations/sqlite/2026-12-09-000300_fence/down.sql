@@ -1,0 +1,9 @@
+ALTER TABLE nodes DROP COLUMN inventory_unapproved;
+ALTER TABLE nodes DROP COLUMN gpu_baseline;
+ALTER TABLE nodes DROP COLUMN shared_refused_from;
+ALTER TABLE nodes DROP COLUMN shared_connected_from;
+ALTER TABLE nodes DROP COLUMN shared_at;
+ALTER TABLE nodes DROP COLUMN contender_at;
+ALTER TABLE nodes DROP COLUMN contender_addr;
+ALTER TABLE nodes DROP COLUMN contender_session;
+ALTER TABLE nodes DROP COLUMN agent_addr;
