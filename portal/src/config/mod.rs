@@ -21,7 +21,9 @@ pub struct Config {
     pub listen: String,
     /// The URL users and agents reach the portal at (env `COMMONS_PUBLIC_URL`).
     pub public_url: Option<String>,
-    /// Allow logging in as any existing user without a password. Local demos only.
+    /// Allow logging in as any existing user without a password. Local demos only: the
+    /// portal refuses to start with it when `listen` is not a loopback address or campus
+    /// SSO (`[oidc] issuer`) is configured.
     pub insecure_dev_login: bool,
     /// File with at least 64 random bytes that sign and encrypt session cookies; without
     /// it a fresh key is made at start (everyone is logged out on restart).
@@ -151,7 +153,47 @@ impl Config {
         Ok(c)
     }
 
+    /// Whether the HTTP listener is on a loopback address (127.0.0.0/8, ::1, `localhost`):
+    /// reachable from this machine only, unless a reverse proxy here passes it on.
+    pub fn listens_on_loopback(&self) -> bool {
+        if let Ok(a) = self.listen.parse::<std::net::SocketAddr>() {
+            return a.ip().is_loopback();
+        }
+        self.listen
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+    }
+
+    /// What must not be reachable from the network: the development login, and
+    /// `/metrics` without its scrape token.
+    fn validate_exposure(&self) -> anyhow::Result<()> {
+        let listen = &self.listen;
+        if self.insecure_dev_login {
+            anyhow::ensure!(
+                self.oidc.issuer.is_none(),
+                "insecure_dev_login cannot be on with campus SSO (oidc.issuer is set): anyone \
+                 could log in as any user, SSO users included; turn insecure_dev_login off"
+            );
+            anyhow::ensure!(
+                self.listens_on_loopback(),
+                "insecure_dev_login lets anyone log in as any user: it needs a loopback listen \
+                 address such as 127.0.0.1:8080, and listen is {listen:?}"
+            );
+        }
+        if self.metrics.enabled {
+            let token = self.metrics.token()?;
+            anyhow::ensure!(
+                token.is_some() || self.listens_on_loopback(),
+                "/metrics would answer anyone who reaches {listen:?}: set [metrics] \
+                 bearer_token_file (scrapers then send Authorization: Bearer <token>), or \
+                 [metrics] enabled = false"
+            );
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.validate_exposure()?;
         let url = &self.database_url;
         anyhow::ensure!(
             ["sqlite://", "postgres://", "postgresql://"]
@@ -222,6 +264,13 @@ impl Config {
             self.ssh.connections_per_minute >= 1 && self.ssh.auth_failures_per_minute >= 1,
             "ssh.connections_per_minute and ssh.auth_failures_per_minute must be at least 1"
         );
+        anyhow::ensure!(
+            self.ssh.auth_failures_per_address_per_minute >= self.ssh.auth_failures_per_minute,
+            "ssh.auth_failures_per_address_per_minute ({}) must be at least \
+             ssh.auth_failures_per_minute ({}): it caps a whole address, users behind a NAT included",
+            self.ssh.auth_failures_per_address_per_minute,
+            self.ssh.auth_failures_per_minute
+        );
         Ok(())
     }
 }
@@ -248,7 +297,8 @@ mod tests {
             }
         );
         assert_eq!((c.checkpoints.keep_per_job, c.checkpoints.part_mb), (2, 8));
-        c.checkpoints.secret_access_key_file = Some(secret);
+        c.checkpoints.secret_access_key_file = Some(secret.clone());
+        c.metrics.bearer_token_file = Some(secret);
         c.validate().unwrap();
         assert_eq!(c.oidc.secret().unwrap().as_deref(), Some("s3cret"));
         assert_eq!(c.checkpoints.secret().unwrap().unwrap().0, "s3cret");
@@ -333,6 +383,70 @@ mod tests {
         c.checkpoints.keep_per_job = 0;
         assert!(c.validate().is_err());
         assert!(toml::from_str::<Config>("[checkpoints]\nkeep = 3").is_err());
+    }
+
+    #[test]
+    fn the_dev_login_stays_on_loopback_and_off_with_sso() {
+        let dev = |listen: &str| Config {
+            listen: listen.into(),
+            insecure_dev_login: true,
+            ..Config::default()
+        };
+        for ok in [
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "localhost:8080",
+            "127.0.0.2:0",
+        ] {
+            dev(ok).validate().unwrap();
+        }
+        for bad in [
+            "0.0.0.0:8080",
+            "[::]:8080",
+            "192.0.2.7:8080",
+            "gpu.campus.example:80",
+        ] {
+            let e = dev(bad).validate().unwrap_err().to_string();
+            assert!(
+                e.contains("insecure_dev_login") && e.contains("loopback"),
+                "{e}"
+            );
+        }
+        let mut c = dev("127.0.0.1:8080");
+        c.public_url = Some("https://gpu.campus.example".into());
+        c.oidc.issuer = Some("https://sso.campus.example".into());
+        c.oidc.client_id = Some("gpu".into());
+        c.oidc.client_secret = Some(Secret("s".into()));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("insecure_dev_login") && e.contains("SSO"), "{e}");
+        c.insecure_dev_login = false;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn metrics_beyond_loopback_need_their_token() {
+        let mut c = Config {
+            listen: "0.0.0.0:8080".into(),
+            ..Config::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("bearer_token_file"), "{e}");
+        c.metrics.enabled = false;
+        c.validate().unwrap();
+        c.metrics.enabled = true;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("metrics.token");
+        c.metrics.bearer_token_file = Some(file.clone());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("metrics.bearer_token_file"), "unreadable: {e}");
+        std::fs::write(&file, "\n").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+        std::fs::write(&file, "scrape-me\n").unwrap();
+        c.validate().unwrap();
+        let local = Config::default();
+        assert!(local.listens_on_loopback() && local.metrics.bearer_token_file.is_none());
+        local.validate().unwrap();
     }
 
     #[test]

@@ -160,6 +160,67 @@ pub struct PortalProcess {
     config: PathBuf,
     db_url: String,
     json_logs: bool,
+    /// What scrapers of its `/metrics` send (`Authorization: Bearer ...`).
+    pub metrics_token: String,
+    /// With the development login: what passes agents' connections to its loopback.
+    forwarder: Option<Forwarder>,
+}
+
+/// Passes TCP connections made to any address of this machine on to the portal's
+/// loopback listener, byte for byte both ways: agents on virtual hosts reach a portal
+/// that keeps its development login on loopback (it refuses it anywhere else).
+struct Forwarder {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Forwarder {
+    fn start(to: u16) -> Forwarder {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopped.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(outer) = conn else { continue };
+                std::thread::spawn(move || {
+                    if let Ok(inner) = std::net::TcpStream::connect(("127.0.0.1", to)) {
+                        splice(outer, inner);
+                    }
+                });
+            }
+        });
+        Forwarder { port, stop }
+    }
+}
+
+/// Copies `a` to `b` and `b` to `a` until both ends have closed.
+fn splice(a: std::net::TcpStream, b: std::net::TcpStream) {
+    use std::net::Shutdown;
+    let _ = (a.set_nodelay(true), b.set_nodelay(true));
+    let (Ok(mut a2), Ok(mut b2)) = (a.try_clone(), b.try_clone()) else {
+        return;
+    };
+    let there = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut a2, &mut b2);
+        let _ = b2.shutdown(Shutdown::Write);
+    });
+    let (mut a, mut b) = (a, b);
+    let _ = std::io::copy(&mut b, &mut a);
+    let _ = a.shutdown(Shutdown::Write);
+    let _ = there.join();
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accept loop so it sees the flag.
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
 }
 
 /// How to start a portal process.
@@ -178,6 +239,12 @@ pub struct PortalOpts {
     pub json_logs: bool,
     /// More TOML for the configuration file (whole sections: `[utilization]\n...`).
     pub extra_toml: String,
+    /// More settings of the `[ssh]` section, one `key = value` a line (with `ssh`).
+    pub ssh_settings: String,
+    /// The insecure development login (for tests that sign in through pages). The portal
+    /// allows it on loopback only, so it listens on 127.0.0.1 and agents reach it through
+    /// a [`Forwarder`]; without it, the portal listens on every address.
+    pub dev_login: bool,
 }
 
 impl Default for PortalOpts {
@@ -190,6 +257,8 @@ impl Default for PortalOpts {
             ssh: false,
             relay_host: None,
             extra_toml: String::new(),
+            ssh_settings: String::new(),
+            dev_login: false,
         }
     }
 }
@@ -287,16 +356,29 @@ impl PortalProcess {
             [rand::random::<[u8; 32]>(), rand::random::<[u8; 32]>()].concat(),
         )
         .unwrap();
+        // Beyond loopback, /metrics needs its scrape token (the portal refuses to start
+        // without one).
+        let metrics_token = hex::encode(rand::random::<[u8; 16]>());
+        let token_file = dir.path().join("metrics.token");
+        std::fs::write(&token_file, &metrics_token).unwrap();
+        let (listen, forwarder) = if o.dev_login {
+            ("127.0.0.1", Some(Forwarder::start(port)))
+        } else {
+            ("0.0.0.0", None)
+        };
         let mut text = format!(
-            "database_url = \"{db_url}\"\nlisten = \"0.0.0.0:{port}\"\n\
-             session_key_file = \"{}\"\n\
-             insecure_dev_login = true\n\
+            "database_url = \"{db_url}\"\nlisten = \"{listen}:{port}\"\n\
+             insecure_dev_login = {}\nsession_key_file = \"{}\"\n\
              [scheduler]\ntick_ms = 200\nheartbeat_s = 1\nlease_ttl_s = {}\n\
-             lease_margin_s = {}\n[policy]\ndefault_grace_s = 5\n",
+             lease_margin_s = {}\n[policy]\ndefault_grace_s = 5\n\
+             [metrics]\nbearer_token_file = \"{}\"\n",
+            o.dev_login,
             session_key.display(),
             o.lease_ttl_s,
-            o.margin_s
+            o.margin_s,
+            token_file.display(),
         );
+        let agent_port = forwarder.as_ref().map_or(port, |f| f.port);
         let mut ssh_port = None;
         if o.ssh {
             let sp = free_port();
@@ -309,8 +391,9 @@ impl PortalProcess {
                 key.display()
             ));
             if let Some(h) = &o.relay_host {
-                text.push_str(&format!("relay_url = \"http://{h}:{port}\"\n"));
+                text.push_str(&format!("relay_url = \"http://{h}:{agent_port}\"\n"));
             }
+            text.push_str(&o.ssh_settings);
         }
         text.push_str(&o.extra_toml);
         std::fs::write(&config, text).unwrap();
@@ -322,6 +405,8 @@ impl PortalProcess {
             config,
             db_url,
             json_logs: o.json_logs,
+            metrics_token,
+            forwarder,
         }
     }
 
@@ -418,6 +503,11 @@ impl PortalProcess {
         self.port
     }
 
+    /// The port agents on virtual hosts dial (the forwarder's, with the dev login).
+    pub fn agent_port(&self) -> u16 {
+        self.forwarder.as_ref().map_or(self.port, |f| f.port)
+    }
+
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();
@@ -457,7 +547,7 @@ impl AgentProcess {
         demo_image();
         let mut a = AgentProcess {
             state: tempfile::tempdir().unwrap(),
-            portal: format!("http://{}:{}", host.gateway, portal.port),
+            portal: format!("http://{}:{}", host.gateway, portal.agent_port()),
             ns: host.ns.clone(),
             name: name.to_string(),
             child: None,
