@@ -5,7 +5,9 @@ use anyhow::Context;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+mod access;
 mod sections;
+pub use access::*;
 pub use sections::*;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -21,6 +23,11 @@ pub struct Config {
     pub listen: String,
     /// The URL users and agents reach the portal at (env `COMMONS_PUBLIC_URL`).
     pub public_url: Option<String>,
+    /// Reverse proxies in front of the portal (addresses or ranges, e.g. `127.0.0.1` for
+    /// nginx on the same machine): for a request from one of them, the client's address is
+    /// the nearest one in `X-Forwarded-For` that is not a proxy. Empty: the header is
+    /// ignored and the connection's peer is the client (nobody can claim an address).
+    pub trusted_proxies: Vec<String>,
     /// Allow logging in as any existing user without a password. Local demos only: the
     /// portal refuses to start with it when `listen` is not a loopback address or campus
     /// SSO (`[oidc] issuer`) is configured.
@@ -47,6 +54,8 @@ pub struct Config {
     pub images: ImagesConfig,
     /// Jobs' GPU utilisation over time, from the agents' heartbeats.
     pub utilization: UtilizationConfig,
+    /// The `commons` CLI's sign-in through the browser.
+    pub cli_login: CliLoginConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -78,6 +87,7 @@ impl Default for Config {
             database_pool_size: crate::db::DEFAULT_POOL_SIZE,
             listen: "127.0.0.1:8080".into(),
             public_url: None,
+            trusted_proxies: Vec::new(),
             insecure_dev_login: false,
             session_key_file: None,
             scheduler: SchedulerConfig::default(),
@@ -90,6 +100,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             images: ImagesConfig::default(),
             utilization: UtilizationConfig::default(),
+            cli_login: CliLoginConfig::default(),
         }
     }
 }
@@ -192,8 +203,15 @@ impl Config {
         Ok(())
     }
 
+    /// [`Config::trusted_proxies`], parsed (checked at start by [`Config::validate`]).
+    pub fn trusted_proxy_ranges(&self) -> Vec<ipnet::IpNet> {
+        parse_ranges(&self.trusted_proxies, "trusted_proxies").unwrap_or_default()
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         self.validate_exposure()?;
+        parse_ranges(&self.trusted_proxies, "trusted_proxies")?;
+        self.cli_login.validate()?;
         let url = &self.database_url;
         anyhow::ensure!(
             ["sqlite://", "postgres://", "postgresql://"]
