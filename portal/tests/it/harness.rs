@@ -202,6 +202,7 @@ impl TestPortal {
             gpus: gpus.parse().unwrap(),
             hostname: format!("{lab}-server"),
             guest_network: Default::default(),
+            guest_block: Vec::new(),
             idle_guest: None,
             socket_group: None,
             capacity: Default::default(),
