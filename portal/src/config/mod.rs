@@ -315,6 +315,11 @@ mod tests {
             }
         );
         assert_eq!((c.checkpoints.keep_per_job, c.checkpoints.part_mb), (2, 8));
+        assert_eq!(
+            (c.cli_login.starts_per_address, c.cli_login.token_days),
+            (20, 30)
+        );
+        assert_eq!(c.trusted_proxy_ranges().len(), 1);
         c.checkpoints.secret_access_key_file = Some(secret.clone());
         c.metrics.bearer_token_file = Some(secret);
         c.validate().unwrap();
