@@ -23,6 +23,9 @@ pub struct AgentConfig {
     pub hostname: String,
     /// What guests' containers may reach (`runtime::guest`).
     pub guest_network: crate::runtime::guest::GuestNetwork,
+    /// With the `egress` network: ranges guests never reach besides the private ones and
+    /// the portal's own addresses (`--guest-block`).
+    pub guest_block: Vec<ipnet::Ipv4Net>,
     /// Stop a guest whose GPUs stay under 5% this long; `None`: never.
     pub idle_guest: Option<std::time::Duration>,
     /// The group that may use the control socket (mode 0660); `None`: the agent's own.
@@ -105,6 +108,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("gpus", &self.gpus)
             .field("hostname", &self.hostname)
             .field("guest_network", &self.guest_network)
+            .field("guest_block", &self.guest_block)
             .field("idle_guest", &self.idle_guest)
             .field("socket_group", &self.socket_group)
             .field("images", &self.images)
@@ -205,6 +209,7 @@ mod tests {
             gpus: GpuMode::Auto,
             hostname: "h".into(),
             guest_network: Default::default(),
+            guest_block: Vec::new(),
             idle_guest: None,
             socket_group: None,
             capacity: Default::default(),

@@ -73,6 +73,12 @@ enum Cmd {
         /// `egress` (the internet, never the host, other jobs or private addresses).
         #[arg(long, env = "COMMONS_GUEST_NETWORK", default_value = "none")]
         guest_network: commons_agent::runtime::guest::GuestNetwork,
+        /// With `--guest-network egress`: an IPv4 address or range guests never reach,
+        /// besides the private and link-local ranges and the portal's own addresses (a
+        /// campus service on a public address, say); repeat, or separate with commas.
+        #[arg(long = "guest-block", env = "COMMONS_GUEST_BLOCK", value_name = "RANGE",
+              value_delimiter = ',', value_parser = commons_agent::runtime::guest::parse_block)]
+        guest_block: Vec<ipnet::Ipv4Net>,
         /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9108 (off when
         /// unset; the metrics carry no secrets, but keep it on loopback or a management
         /// network).
@@ -247,6 +253,7 @@ fn main() -> anyhow::Result<()> {
             gpus,
             name,
             guest_network,
+            guest_block,
             metrics_listen,
             idle_guest,
             socket_group,
@@ -303,6 +310,7 @@ fn main() -> anyhow::Result<()> {
                 gpus,
                 hostname,
                 guest_network,
+                guest_block,
                 idle_guest,
                 socket_group,
                 capacity,

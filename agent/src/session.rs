@@ -82,11 +82,20 @@ async fn serve(
     let inventory = gpus.inventory()?;
     // Bound before anything else runs: a second agent on this state dir stops here.
     let listener = owner::server::bind(&config.state_dir, config.socket_group.as_deref())?;
+    let blocked = match config.guest_network {
+        crate::runtime::guest::GuestNetwork::Egress => {
+            crate::runtime::guest::blocked_destinations(&config.portal, &config.guest_block)
+                .await
+                .context("the guests' egress network")?
+        }
+        crate::runtime::guest::GuestNetwork::None => Vec::new(),
+    };
     let runtime = DockerRuntime::connect(cred.agent_id.clone())
         .await
         .context("cannot reach the Docker Engine (is it running, and may this user use it?)")?
         .with_isolation(crate::runtime::guest::Isolation {
             network: config.guest_network,
+            blocked,
         })
         .await
         .context("setting up the guests' network")?

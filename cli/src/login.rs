@@ -1,7 +1,7 @@
 //! Signing in and out. `commons login URL` signs in through the browser by the device
-//! authorization grant (see the portal's `service::cli_login`): it shows a code and a
-//! link, the user approves in any browser (campus SSO), and the portal hands this
-//! program a personal access token. `--token` takes a token made on the Tokens page
+//! authorization grant (see the portal's `service::cli_login`): it shows a page and a
+//! code, the user types the code on that page in any browser (campus SSO) and approves,
+//! and the portal hands this program a personal access token. `--token` takes a token made on the Tokens page
 //! instead. Either way the token is checked against the portal before it is stored.
 
 use crate::args::LoginArgs;
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 struct DeviceStart {
     device_code: String,
     user_code: String,
-    verification_uri_complete: String,
+    verification_uri: String,
     expires_in: u64,
     interval: u64,
 }
@@ -126,11 +126,11 @@ fn through_browser(url: &str, browser: bool) -> Result<Credentials> {
             )),
             e => e,
         })?;
-    let opened = browser && open_browser(&start.verification_uri_complete);
+    let opened = browser && open_browser(&start.verification_uri);
     eprintln!(
-        "To sign in, {} {}\nand approve the code {} there (it expires in {} minutes).",
+        "To sign in, {} {}\nand type the code {} there (it expires in {} minutes).",
         if opened { "your browser opens" } else { "open" },
-        start.verification_uri_complete,
+        start.verification_uri,
         start.user_code,
         start.expires_in / 60
     );

@@ -38,6 +38,13 @@ pub enum AppError {
     /// Storage we write to is at its floor (507); the message gives the figures.
     #[error("{0}")]
     InsufficientStorage(String),
+    /// Too many requests of a kind from one client (429, with `Retry-After`).
+    #[error("{message}")]
+    TooMany {
+        code: &'static str,
+        message: String,
+        retry_after_s: u64,
+    },
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
 }
@@ -72,6 +79,7 @@ impl AppError {
             AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AppError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
+            AppError::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -87,12 +95,20 @@ impl AppError {
             AppError::UnsupportedMediaType(_) => "unsupported_media_type",
             AppError::Unavailable(_) => "unavailable",
             AppError::InsufficientStorage(_) => "insufficient_storage",
+            AppError::TooMany { code, .. } => code,
             AppError::Internal(_) => "internal",
         }
     }
     pub fn field(&self) -> Option<&str> {
         match self {
             AppError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+    /// `Retry-After`, in seconds, for a refusal that ends by itself.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            AppError::TooMany { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         }
     }
@@ -164,7 +180,11 @@ impl ResponseError for ApiError {
     }
     fn error_response(&self) -> HttpResponse {
         self.0.log();
-        HttpResponse::build(self.0.status()).json(ErrorBody {
+        let mut res = HttpResponse::build(self.0.status());
+        if let Some(s) = self.0.retry_after() {
+            res.insert_header(("retry-after", s.to_string()));
+        }
+        res.json(ErrorBody {
             error: self.0.code(),
             message: self.0.to_string(),
             field: self.0.field(),

@@ -12,6 +12,7 @@ pub mod api;
 pub mod app;
 pub mod auth;
 pub mod broker;
+pub mod client_addr;
 pub mod config;
 pub mod db;
 pub mod demo;

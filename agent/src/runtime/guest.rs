@@ -8,8 +8,12 @@
 //!   `-L` forwards still work: the agent reaches the container from inside its namespace.
 //! - `egress`: the container joins the agent's bridge [`GUEST_NETWORK`] (interface
 //!   [`GUEST_BRIDGE`]) with inter-container traffic off, and firewall rules drop what it
-//!   sends to the host itself and to private, link-local and shared address ranges
-//!   ([`BLOCKED_RANGES`]): the internet only.
+//!   sends to the host itself, to private, link-local (cloud metadata at
+//!   169.254.169.254 included) and shared address ranges ([`BLOCKED_RANGES`]), to the
+//!   portal's own addresses (resolved from `--portal` at start: a portal on a public
+//!   address would otherwise be one request away) and to the ranges the operator lists
+//!   (`--guest-block`): the rest of the internet only. Rules are added (never removed)
+//!   unless present, so agents sharing a host only ever add blocks.
 //!
 //! Writes: the image's filesystem is read-only; `/tmp` and `/var/tmp` are size-capped
 //! scratch (tmpfs, which also counts against the job's memory), `/dev/shm` has the job's
@@ -67,9 +71,69 @@ impl std::str::FromStr for GuestNetwork {
 }
 
 /// The caps every container of this agent gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Isolation {
     pub network: GuestNetwork,
+    /// With [`GuestNetwork::Egress`], destinations blocked besides [`BLOCKED_RANGES`]: the
+    /// portal's addresses and the operator's ranges ([`blocked_destinations`]).
+    pub blocked: Vec<ipnet::Ipv4Net>,
+}
+
+/// Parses a `--guest-block` range: an IPv4 address or range (`203.0.113.0/24`). IPv6 is
+/// refused with a reason: the guests' bridge has no IPv6, so there is nothing to block.
+pub fn parse_block(s: &str) -> Result<ipnet::Ipv4Net, String> {
+    let s = s.trim();
+    if let Ok(n) = s.parse::<ipnet::Ipv4Net>() {
+        return Ok(n.trunc());
+    }
+    if let Ok(a) = s.parse::<std::net::Ipv4Addr>() {
+        return Ok(ipnet::Ipv4Net::from(a));
+    }
+    if s.parse::<ipnet::IpNet>().is_ok() || s.parse::<std::net::IpAddr>().is_ok() {
+        return Err(format!(
+            "--guest-block {s:?}: IPv6 needs no block (guests have no IPv6 route)"
+        ));
+    }
+    Err(format!(
+        "--guest-block {s:?}: expected an IPv4 address or range, e.g. 203.0.113.0/24"
+    ))
+}
+
+/// What guests on the egress network must not reach besides [`BLOCKED_RANGES`]: the IPv4
+/// addresses the portal's host name resolves to now (`portal` is the agent's `--portal`
+/// URL), and `ranges`. An unresolvable portal is an error: the agent cannot say what to
+/// block, so it does not start guests on a network that might reach it.
+pub async fn blocked_destinations(
+    portal: &str,
+    ranges: &[ipnet::Ipv4Net],
+) -> Result<Vec<ipnet::Ipv4Net>, super::RuntimeError> {
+    let bad = |why: String| super::RuntimeError::Engine(why);
+    let url = reqwest::Url::parse(portal)
+        .map_err(|e| bad(format!("the portal URL {portal:?} does not parse: {e}")))?;
+    let host = url
+        .host_str()
+        .ok_or_else(|| bad(format!("the portal URL {portal:?} names no host")))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = url.port_or_known_default().unwrap_or(443);
+    let found = tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .map_err(|e| {
+            bad(format!(
+                "cannot resolve the portal's host {host:?} to block it from guests: {e}"
+            ))
+        })?;
+    let mut out: Vec<ipnet::Ipv4Net> = found
+        .filter_map(|a| match a.ip() {
+            std::net::IpAddr::V4(v4) => Some(ipnet::Ipv4Net::from(v4)),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .chain(ranges.iter().copied())
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// Applies the network and the write caps to a container's host config. `shm_mb`: the
@@ -106,8 +170,8 @@ pub fn apply(host: &mut HostConfig, iso: &Isolation, shm_mb: Option<u64>) {
 
 /// The firewall rules [`GuestNetwork::Egress`] needs, as `iptables` argument lists (each
 /// inserted unless present): drop guests' traffic to the host (but replies to what the
-/// host opened), and forwarded traffic to [`BLOCKED_RANGES`].
-pub fn egress_rules() -> Vec<Vec<String>> {
+/// host opened), and forwarded traffic to [`BLOCKED_RANGES`] and to `blocked`.
+pub fn egress_rules(blocked: &[ipnet::Ipv4Net]) -> Vec<Vec<String>> {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let mut rules = vec![
         s(&["INPUT", "-i", GUEST_BRIDGE, "-j", "DROP"]),
@@ -123,7 +187,12 @@ pub fn egress_rules() -> Vec<Vec<String>> {
             "ACCEPT",
         ]),
     ];
-    for r in BLOCKED_RANGES {
+    let extra: Vec<String> = blocked.iter().map(|n| n.to_string()).collect();
+    for r in BLOCKED_RANGES
+        .iter()
+        .copied()
+        .chain(extra.iter().map(String::as_str))
+    {
         rules.push(s(&[
             "DOCKER-USER",
             "-i",
@@ -169,7 +238,7 @@ pub async fn prepare(docker: &bollard::Docker, iso: &Isolation) -> Result<(), su
         }
         Err(e) => return Err(e.into()),
     }
-    for rule in egress_rules() {
+    for rule in egress_rules(&iso.blocked) {
         let (chain, spec) = rule
             .split_first()
             .ok_or_else(|| super::RuntimeError::Engine("an empty firewall rule".into()))?;
@@ -233,16 +302,27 @@ mod tests {
     #[test]
     fn egress_joins_the_guest_bridge_and_blocks_private_ranges() {
         let mut h = HostConfig::default();
+        let portal = parse_block("198.18.0.7").unwrap();
+        let listed = parse_block("203.0.113.9/24").unwrap();
         apply(
             &mut h,
             &Isolation {
                 network: GuestNetwork::Egress,
+                blocked: vec![portal, listed],
             },
             Some(512),
         );
         assert_eq!(h.network_mode.as_deref(), Some(GUEST_NETWORK));
         assert_eq!(h.shm_size, Some(512 * 1024 * 1024));
-        let rules = egress_rules();
+        let rules = egress_rules(&[portal, listed]);
+        for d in ["198.18.0.7/32", "203.0.113.0/24", "169.254.0.0/16"] {
+            assert!(
+                rules
+                    .iter()
+                    .any(|r| r.join(" ") == format!("DOCKER-USER -i gc-guests0 -d {d} -j DROP")),
+                "{d}: {rules:?}"
+            );
+        }
         assert!(rules
             .iter()
             .any(|r| r.join(" ") == "DOCKER-USER -i gc-guests0 -d 10.0.0.0/8 -j DROP"));
@@ -251,5 +331,21 @@ mod tests {
             .any(|r| r.join(" ") == "INPUT -i gc-guests0 -j DROP"));
         assert_eq!("egress".parse::<GuestNetwork>(), Ok(GuestNetwork::Egress));
         assert!("open".parse::<GuestNetwork>().is_err());
+        assert!(parse_block("2001:db8::/32").unwrap_err().contains("IPv6"));
+        assert!(parse_block("lab-net").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_portal_is_blocked_by_its_addresses() {
+        let listed = parse_block("203.0.113.0/24").unwrap();
+        let b = blocked_destinations("http://198.18.0.7:8080", &[listed])
+            .await
+            .unwrap();
+        assert_eq!(b, vec![parse_block("198.18.0.7").unwrap(), listed]);
+        let b = blocked_destinations("https://localhost", &[])
+            .await
+            .unwrap();
+        assert!(b.contains(&parse_block("127.0.0.1").unwrap()), "{b:?}");
+        assert!(blocked_destinations("not a url", &[]).await.is_err());
     }
 }

@@ -3,8 +3,8 @@
 //! work without a token: they are how the CLI gets one.
 
 use super::ApiJson;
-use crate::error::{ApiError, ErrorBody};
-use crate::service::cli_login::{self, StartRequest, TokenRequest};
+use crate::error::{ApiError, AppError, ErrorBody};
+use crate::service::cli_login::{self, NotYet, StartRequest, TokenRequest};
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
 
@@ -30,25 +30,35 @@ async fn start(
     body: ApiJson<StartRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let base = base_url(&state, &req);
-    let started = cli_login::start(&state, body.0, base).await?;
+    let from = crate::client_addr::client_ip(&req, &state.config.trusted_proxy_ranges())
+        .ok_or_else(|| AppError::BadRequest("the client's address is unknown".into()))?;
+    let per_address = state.config.cli_login.starts_per_address;
+    let started = cli_login::start(&state, body.0, base, from.to_string(), per_address).await?;
     Ok(HttpResponse::Ok()
         .insert_header(("cache-control", "no-store"))
         .json(started))
 }
 
 /// 200 with the token once approved; else 400 with RFC 8628's code
-/// (`authorization_pending`, `access_denied`, `expired_token`, `invalid_grant`).
+/// (`authorization_pending`, `slow_down` with the new `interval`, `access_denied`,
+/// `expired_token`, `invalid_grant`).
 async fn token(
     state: web::Data<AppState>,
     body: ApiJson<TokenRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(match cli_login::token(&state, body.0).await? {
+    let days = state.config.cli_login.token_days;
+    Ok(match cli_login::token(&state, body.0, days).await? {
         Ok(t) => HttpResponse::Ok()
             .insert_header(("cache-control", "no-store"))
             .json(t),
+        Err(NotYet::SlowDown(interval)) => HttpResponse::BadRequest().json(serde_json::json!({
+            "error": NotYet::SlowDown(interval).code(),
+            "message": NotYet::SlowDown(interval).message(),
+            "interval": interval,
+        })),
         Err(not_yet) => HttpResponse::BadRequest().json(ErrorBody {
             error: not_yet.code(),
-            message: not_yet.message().to_string(),
+            message: not_yet.message(),
             field: None,
         }),
     })

@@ -22,15 +22,14 @@ async fn metrics(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpRes
     if !m.enabled {
         return Err(AppError::NotFound("metrics are off").into());
     }
-    if let Some(file) = &m.bearer_token_file {
-        let want = std::fs::read_to_string(file)
-            .map_err(|e| AppError::Internal(anyhow::anyhow!("{}: {e}", file.display())))?;
+    if let Some(want) = m.token().map_err(AppError::Internal)? {
         let got = req
             .headers()
             .get("authorization")
             .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer "));
-        if got != Some(want.trim()) || want.trim().is_empty() {
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !crate::auth::constant_time_eq(got.trim().as_bytes(), want.0.as_bytes()) {
             return Err(AppError::Unauthenticated("metrics need the scrape token".into()).into());
         }
     }

@@ -1,7 +1,7 @@
 //! `/api/v1/ssh-keys`: the caller's SSH public keys (list, add, remove).
 
 use super::ApiJson;
-use crate::auth::CurrentUser;
+use crate::auth::{CredentialsManager, CurrentUser};
 use crate::error::ApiError;
 use crate::service::ssh_keys::{self, NewSshKey};
 use crate::state::AppState;
@@ -20,7 +20,7 @@ async fn list(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpRespo
 
 async fn add(
     state: web::Data<AppState>,
-    user: CurrentUser,
+    user: CredentialsManager,
     body: ApiJson<NewSshKey>,
 ) -> Result<HttpResponse, ApiError> {
     let key = ssh_keys::add(&state, &user, body.0).await?;

@@ -2,6 +2,10 @@
 //! so no handler can forget to authenticate. API clients send a personal access token
 //! (`Authorization: Bearer ...`); browsers carry a session cookie.
 //!
+//! Adding a way in (an SSH key, a token, approving a CLI sign-in) takes
+//! [`CredentialsManager`] instead: a browser session, or a token made with that right (a
+//! browser sign-in of `commons login` has it only when the user ticked it).
+//!
 //! Forms: every state-changing form is read through [`CsrfForm`], which refuses a body
 //! whose CSRF token is missing or not the session's before the handler runs. The plain
 //! `web::Form` is a disallowed type (clippy.toml), so a handler cannot read a form
@@ -24,9 +28,62 @@ pub(crate) const SESSION_USER: &str = "uid";
 const SESSION_CSRF: &str = "csrf";
 const SESSION_LOGIN_AT: &str = "login_at";
 
-/// The signed-in user making this request (an [`Actor`] for the service layer).
+/// The signed-in user making this request (an [`Actor`] for the service layer), and how
+/// they proved it.
 #[derive(Debug, Clone)]
-pub struct CurrentUser(pub Actor);
+pub struct CurrentUser(pub Actor, pub Credential);
+
+/// How a request was authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    /// A browser session (a login through the campus SSO or the development login).
+    Session,
+    /// A personal access token; `can_add_credentials`: it may add SSH keys and tokens.
+    Token { can_add_credentials: bool },
+}
+
+/// A [`CurrentUser`] who may add ways in: SSH keys, access tokens, CLI sign-ins. Refused
+/// with 403 for a token made without that right.
+#[derive(Debug, Clone)]
+pub struct CredentialsManager(pub CurrentUser);
+
+impl std::ops::Deref for CredentialsManager {
+    type Target = CurrentUser;
+    fn deref(&self) -> &CurrentUser {
+        &self.0
+    }
+}
+
+/// Why a token cannot add keys or tokens, in words for its user.
+pub const NO_CREDENTIALS_RIGHT: &str = "this access token may not add SSH keys or access \
+    tokens (a browser sign-in of `commons login` gets that right only when it is ticked on \
+    the approval page): add them on the portal's pages, or run `commons login` again and \
+    tick it";
+
+impl FromRequest for CredentialsManager {
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, actix_web::Error>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let api = req.path().starts_with("/api/");
+        let user = CurrentUser::from_request(req, payload);
+        Box::pin(async move {
+            let user = user.await?;
+            match user.1 {
+                Credential::Session
+                | Credential::Token {
+                    can_add_credentials: true,
+                } => Ok(CredentialsManager(user)),
+                Credential::Token {
+                    can_add_credentials: false,
+                } => Err(as_response(
+                    api,
+                    AppError::Forbidden(NO_CREDENTIALS_RIGHT.into()),
+                )),
+            }
+        })
+    }
+}
 
 impl std::ops::Deref for CurrentUser {
     type Target = Actor;
@@ -105,26 +162,34 @@ impl FromRequest for CurrentUser {
             state
                 .db
                 .run(move |c| {
-                    let (user, labs) = match (token, uid) {
+                    let (user, labs, how) = match (token, uid) {
                         // The token's user and their labs in one query.
                         (Some(t), _) => {
-                            crate::db::users::user_by_token(c, &t)?.ok_or_else(|| {
-                                AppError::Unauthenticated(
-                                    "the access token is unknown, expired or revoked".into(),
-                                )
-                            })?
+                            let (user, labs, can_add_credentials) =
+                                crate::db::users::token_holder(c, &t)?.ok_or_else(|| {
+                                    AppError::Unauthenticated(
+                                        "the access token is unknown, expired or revoked".into(),
+                                    )
+                                })?;
+                            (
+                                user,
+                                labs,
+                                Credential::Token {
+                                    can_add_credentials,
+                                },
+                            )
                         }
                         (None, Some(id)) => {
                             let user = crate::db::users::user_by_id(c, id)
                                 .map_err(|_| AppError::Unauthenticated("please log in".into()))?;
                             let labs = crate::db::users::labs_of(c, user.id)?;
-                            (user, labs)
+                            (user, labs, Credential::Session)
                         }
                         (None, None) => {
                             return Err(AppError::Unauthenticated("please log in".into()))
                         }
                     };
-                    Ok(CurrentUser(Actor { user, labs }))
+                    Ok(CurrentUser(Actor { user, labs }, how))
                 })
                 .await
                 .map_err(|e| as_response(api, e))

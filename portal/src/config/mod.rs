@@ -5,7 +5,9 @@ use anyhow::Context;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+mod access;
 mod sections;
+pub use access::*;
 pub use sections::*;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -21,7 +23,14 @@ pub struct Config {
     pub listen: String,
     /// The URL users and agents reach the portal at (env `COMMONS_PUBLIC_URL`).
     pub public_url: Option<String>,
-    /// Allow logging in as any existing user without a password. Local demos only.
+    /// Reverse proxies in front of the portal (addresses or ranges, e.g. `127.0.0.1` for
+    /// nginx on the same machine): for a request from one of them, the client's address is
+    /// the nearest one in `X-Forwarded-For` that is not a proxy. Empty: the header is
+    /// ignored and the connection's peer is the client (nobody can claim an address).
+    pub trusted_proxies: Vec<String>,
+    /// Allow logging in as any existing user without a password. Local demos only: the
+    /// portal refuses to start with it when `listen` is not a loopback address or campus
+    /// SSO (`[oidc] issuer`) is configured.
     pub insecure_dev_login: bool,
     /// File with at least 64 random bytes that sign and encrypt session cookies; without
     /// it a fresh key is made at start (everyone is logged out on restart).
@@ -45,6 +54,8 @@ pub struct Config {
     pub images: ImagesConfig,
     /// Jobs' GPU utilisation over time, from the agents' heartbeats.
     pub utilization: UtilizationConfig,
+    /// The `commons` CLI's sign-in through the browser.
+    pub cli_login: CliLoginConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -76,6 +87,7 @@ impl Default for Config {
             database_pool_size: crate::db::DEFAULT_POOL_SIZE,
             listen: "127.0.0.1:8080".into(),
             public_url: None,
+            trusted_proxies: Vec::new(),
             insecure_dev_login: false,
             session_key_file: None,
             scheduler: SchedulerConfig::default(),
@@ -88,6 +100,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             images: ImagesConfig::default(),
             utilization: UtilizationConfig::default(),
+            cli_login: CliLoginConfig::default(),
         }
     }
 }
@@ -151,7 +164,54 @@ impl Config {
         Ok(c)
     }
 
+    /// Whether the HTTP listener is on a loopback address (127.0.0.0/8, ::1, `localhost`):
+    /// reachable from this machine only, unless a reverse proxy here passes it on.
+    pub fn listens_on_loopback(&self) -> bool {
+        if let Ok(a) = self.listen.parse::<std::net::SocketAddr>() {
+            return a.ip().is_loopback();
+        }
+        self.listen
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+    }
+
+    /// What must not be reachable from the network: the development login, and
+    /// `/metrics` without its scrape token.
+    fn validate_exposure(&self) -> anyhow::Result<()> {
+        let listen = &self.listen;
+        if self.insecure_dev_login {
+            anyhow::ensure!(
+                self.oidc.issuer.is_none(),
+                "insecure_dev_login cannot be on with campus SSO (oidc.issuer is set): anyone \
+                 could log in as any user, SSO users included; turn insecure_dev_login off"
+            );
+            anyhow::ensure!(
+                self.listens_on_loopback(),
+                "insecure_dev_login lets anyone log in as any user: it needs a loopback listen \
+                 address such as 127.0.0.1:8080, and listen is {listen:?}"
+            );
+        }
+        if self.metrics.enabled {
+            let token = self.metrics.token()?;
+            anyhow::ensure!(
+                token.is_some() || self.listens_on_loopback(),
+                "/metrics would answer anyone who reaches {listen:?}: set [metrics] \
+                 bearer_token_file (scrapers then send Authorization: Bearer <token>), or \
+                 [metrics] enabled = false"
+            );
+        }
+        Ok(())
+    }
+
+    /// [`Config::trusted_proxies`], parsed (checked at start by [`Config::validate`]).
+    pub fn trusted_proxy_ranges(&self) -> Vec<ipnet::IpNet> {
+        parse_ranges(&self.trusted_proxies, "trusted_proxies").unwrap_or_default()
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.validate_exposure()?;
+        parse_ranges(&self.trusted_proxies, "trusted_proxies")?;
+        self.cli_login.validate()?;
         let url = &self.database_url;
         anyhow::ensure!(
             ["sqlite://", "postgres://", "postgresql://"]
@@ -222,6 +282,13 @@ impl Config {
             self.ssh.connections_per_minute >= 1 && self.ssh.auth_failures_per_minute >= 1,
             "ssh.connections_per_minute and ssh.auth_failures_per_minute must be at least 1"
         );
+        anyhow::ensure!(
+            self.ssh.auth_failures_per_address_per_minute >= self.ssh.auth_failures_per_minute,
+            "ssh.auth_failures_per_address_per_minute ({}) must be at least \
+             ssh.auth_failures_per_minute ({}): it caps a whole address, users behind a NAT included",
+            self.ssh.auth_failures_per_address_per_minute,
+            self.ssh.auth_failures_per_minute
+        );
         Ok(())
     }
 }
@@ -248,7 +315,13 @@ mod tests {
             }
         );
         assert_eq!((c.checkpoints.keep_per_job, c.checkpoints.part_mb), (2, 8));
-        c.checkpoints.secret_access_key_file = Some(secret);
+        assert_eq!(
+            (c.cli_login.starts_per_address, c.cli_login.token_days),
+            (20, 30)
+        );
+        assert_eq!(c.trusted_proxy_ranges().len(), 1);
+        c.checkpoints.secret_access_key_file = Some(secret.clone());
+        c.metrics.bearer_token_file = Some(secret);
         c.validate().unwrap();
         assert_eq!(c.oidc.secret().unwrap().as_deref(), Some("s3cret"));
         assert_eq!(c.checkpoints.secret().unwrap().unwrap().0, "s3cret");
@@ -353,6 +426,70 @@ mod tests {
         };
         c.validate().unwrap();
         assert!(toml::from_str::<Config>("[checkpoints]\nkeep = 3").is_err());
+    }
+
+    #[test]
+    fn the_dev_login_stays_on_loopback_and_off_with_sso() {
+        let dev = |listen: &str| Config {
+            listen: listen.into(),
+            insecure_dev_login: true,
+            ..Config::default()
+        };
+        for ok in [
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "localhost:8080",
+            "127.0.0.2:0",
+        ] {
+            dev(ok).validate().unwrap();
+        }
+        for bad in [
+            "0.0.0.0:8080",
+            "[::]:8080",
+            "192.0.2.7:8080",
+            "gpu.campus.example:80",
+        ] {
+            let e = dev(bad).validate().unwrap_err().to_string();
+            assert!(
+                e.contains("insecure_dev_login") && e.contains("loopback"),
+                "{e}"
+            );
+        }
+        let mut c = dev("127.0.0.1:8080");
+        c.public_url = Some("https://gpu.campus.example".into());
+        c.oidc.issuer = Some("https://sso.campus.example".into());
+        c.oidc.client_id = Some("gpu".into());
+        c.oidc.client_secret = Some(Secret("s".into()));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("insecure_dev_login") && e.contains("SSO"), "{e}");
+        c.insecure_dev_login = false;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn metrics_beyond_loopback_need_their_token() {
+        let mut c = Config {
+            listen: "0.0.0.0:8080".into(),
+            ..Config::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("bearer_token_file"), "{e}");
+        c.metrics.enabled = false;
+        c.validate().unwrap();
+        c.metrics.enabled = true;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("metrics.token");
+        c.metrics.bearer_token_file = Some(file.clone());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("metrics.bearer_token_file"), "unreadable: {e}");
+        std::fs::write(&file, "\n").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+        std::fs::write(&file, "scrape-me\n").unwrap();
+        c.validate().unwrap();
+        let local = Config::default();
+        assert!(local.listens_on_loopback() && local.metrics.bearer_token_file.is_none());
+        local.validate().unwrap();
     }
 
     #[test]

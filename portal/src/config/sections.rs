@@ -31,10 +31,29 @@ impl Default for UtilizationConfig {
 pub struct MetricsConfig {
     /// Serve `/metrics` at all.
     pub enabled: bool,
-    /// File holding a bearer token that scrapers must send (`Authorization: Bearer ...`);
-    /// unset: `/metrics` answers anyone who reaches the listener (block it at the reverse
-    /// proxy then).
+    /// File holding a bearer token that scrapers must send (`Authorization: Bearer ...`),
+    /// read at start and at each scrape (so it can be rotated). Required when `listen` is
+    /// not a loopback address; unset on loopback, `/metrics` answers anyone who reaches
+    /// the listener (block it at the reverse proxy then).
     pub bearer_token_file: Option<PathBuf>,
+}
+
+impl MetricsConfig {
+    /// The scrape token, when a file is named; an unreadable or empty file is an error.
+    pub fn token(&self) -> anyhow::Result<Option<Secret>> {
+        let Some(path) = &self.bearer_token_file else {
+            return Ok(None);
+        };
+        let s = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read metrics.bearer_token_file {}", path.display()))?;
+        let t = s.trim();
+        anyhow::ensure!(
+            !t.is_empty(),
+            "metrics.bearer_token_file {} is empty",
+            path.display()
+        );
+        Ok(Some(Secret(t.to_string())))
+    }
 }
 
 impl Default for MetricsConfig {
@@ -91,9 +110,13 @@ pub struct SshConfig {
     pub relay_url: Option<String>,
     /// New connections allowed per source address per minute.
     pub connections_per_minute: u32,
-    /// Failed logins per source address per minute; past it the address is refused for a
-    /// minute.
+    /// Failed logins (a key query counts as one) per minute per source address and user
+    /// name (`job-42`); past it that name is refused from that address for a minute.
     pub auth_failures_per_minute: u32,
+    /// Failed logins per minute per source address, whatever the user name; past it the
+    /// address is refused for a minute. Higher than `auth_failures_per_minute`, so that
+    /// one person's failures do not lock out everyone behind the same NAT.
+    pub auth_failures_per_address_per_minute: u32,
 }
 
 impl Default for SshConfig {
@@ -106,6 +129,7 @@ impl Default for SshConfig {
             relay_url: None,
             connections_per_minute: 60,
             auth_failures_per_minute: 20,
+            auth_failures_per_address_per_minute: 200,
         }
     }
 }

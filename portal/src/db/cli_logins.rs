@@ -3,7 +3,11 @@
 //!
 //! Invariants: the device code is stored hashed; a row is decided at most once, only
 //! before it expires; it is redeemed at most once (a conditional update), so one
-//! approval gives one token however often or from wherever the CLI polls.
+//! approval gives one token however often or from wherever the CLI polls. A row lives
+//! until it expires whatever becomes of it, so the rows of an address are the sign-ins it
+//! started in the last [`TTL_S`] seconds (what the per-address limit counts). A poll that
+//! comes sooner than `interval_s` after the previous one is answered `slow_down` and adds
+//! [`SLOW_DOWN_S`] to the interval (RFC 8628 section 3.5).
 
 use super::schema::cli_logins;
 use super::users::{hash_secret, new_secret};
@@ -16,6 +20,13 @@ use diesel::prelude::*;
 pub const TTL_S: i64 = 600;
 /// The most sign-ins waiting at once (the start endpoint needs no login).
 const MAX_PENDING: i64 = 10_000;
+/// The poll interval a sign-in starts with, in seconds.
+pub const INTERVAL_S: i64 = 2;
+/// What a poll that comes too early adds to the interval.
+pub const SLOW_DOWN_S: i64 = 5;
+/// How much earlier than the interval a poll may come without being too early: replicas'
+/// clocks and the network are not exact.
+const EARLY_SLACK_MS: i64 = 500;
 /// User codes use consonants only (no vowels: no words; no look-alikes such as 0/O, 1/I).
 const ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
 
@@ -31,6 +42,10 @@ pub struct CliLogin {
     pub approved_at: Option<NaiveDateTime>,
     pub denied_at: Option<NaiveDateTime>,
     pub redeemed_at: Option<NaiveDateTime>,
+    pub client_addr: String,
+    pub interval_s: i64,
+    pub last_polled_at: Option<NaiveDateTime>,
+    pub can_add_credentials: bool,
 }
 
 impl CliLogin {
@@ -66,13 +81,38 @@ pub fn normalise_user_code(typed: &str) -> String {
     }
 }
 
-/// Starts a sign-in for `client_name`; returns (device code, user code, expiry).
+/// Starts a sign-in for `client_name` from `client_addr`, unless that address started
+/// `per_address` or more in the last [`TTL_S`] seconds; returns (device code, user code,
+/// expiry).
 pub fn start(
     c: &mut DbConn,
     client_name: &str,
+    client_addr: &str,
+    per_address: u32,
 ) -> Result<(String, String, NaiveDateTime), AppError> {
     let t = now();
     diesel::delete(cli_logins::table.filter(cli_logins::expires_at.lt(t))).execute(c)?;
+    let from_here: i64 = cli_logins::table
+        .filter(cli_logins::client_addr.eq(client_addr))
+        .count()
+        .get_result(c)?;
+    if from_here >= i64::from(per_address) {
+        let oldest: Option<NaiveDateTime> = cli_logins::table
+            .filter(cli_logins::client_addr.eq(client_addr))
+            .select(diesel::dsl::min(cli_logins::expires_at))
+            .first(c)?;
+        let wait = oldest.map_or(TTL_S, |o| (o - t).num_seconds().clamp(1, TTL_S));
+        return Err(AppError::TooMany {
+            code: "too_many_sign_ins",
+            message: format!(
+                "{client_addr} started {from_here} sign-ins in the last {} minutes, the most \
+                 one address may; try again in {} s",
+                TTL_S / 60,
+                wait
+            ),
+            retry_after_s: u64::try_from(wait).unwrap_or(1),
+        });
+    }
     let pending: i64 = cli_logins::table.count().get_result(c)?;
     if pending >= MAX_PENDING {
         return Err(AppError::Unavailable(
@@ -91,6 +131,8 @@ pub fn start(
                 cli_logins::client_name.eq(client_name),
                 cli_logins::created_at.eq(t),
                 cli_logins::expires_at.eq(expires),
+                cli_logins::client_addr.eq(client_addr),
+                cli_logins::interval_s.eq(INTERVAL_S),
             ))
             .execute(c);
         match inserted {
@@ -117,18 +159,22 @@ pub fn by_user_code(c: &mut DbConn, typed: &str) -> Result<Option<CliLogin>, App
         .optional()?)
 }
 
-/// Approves or denies sign-in `id` for `user`; false when it was decided already or
-/// has expired.
-pub fn decide(c: &mut DbConn, id: i64, user: i64, approve: bool) -> Result<bool, AppError> {
+/// Approves (`Some(may add credentials)`) or denies (`None`) sign-in `id` for `user`;
+/// false when it was decided already or has expired.
+pub fn decide(c: &mut DbConn, id: i64, user: i64, approve: Option<bool>) -> Result<bool, AppError> {
     let t = now();
     let open = cli_logins::table
         .find(id)
         .filter(cli_logins::approved_at.is_null())
         .filter(cli_logins::denied_at.is_null())
         .filter(cli_logins::expires_at.gt(t));
-    let n = if approve {
+    let n = if let Some(credentials) = approve {
         diesel::update(open)
-            .set((cli_logins::user_id.eq(user), cli_logins::approved_at.eq(t)))
+            .set((
+                cli_logins::user_id.eq(user),
+                cli_logins::approved_at.eq(t),
+                cli_logins::can_add_credentials.eq(credentials),
+            ))
             .execute(c)?
     } else {
         diesel::update(open)
@@ -148,8 +194,19 @@ pub enum Poll {
     Denied,
     /// Already redeemed: a second poll gets nothing.
     Spent,
-    /// Approved, and redeemed by this call: (user id, client name).
-    Approved(i64, String),
+    /// Too soon after the previous poll: the interval is now this many seconds.
+    SlowDown(i64),
+    /// Approved, and redeemed by this call.
+    Approved(Approved),
+}
+
+/// What an approved sign-in grants.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Approved {
+    pub user: i64,
+    pub client_name: String,
+    pub client_addr: String,
+    pub can_add_credentials: bool,
 }
 
 /// Polls the sign-in of `device_code`; redeems it when approved (once).
@@ -166,6 +223,24 @@ pub fn poll(c: &mut DbConn, device_code: &str) -> Result<Poll, AppError> {
     let t = now();
     if row.redeemed_at.is_some() {
         return Ok(Poll::Spent);
+    }
+    // Pacing first: a client that polls too fast learns nothing else until it slows down.
+    let early = row
+        .last_polled_at
+        .is_some_and(|last| (t - last).num_milliseconds() < row.interval_s * 1000 - EARLY_SLACK_MS);
+    let interval = if early {
+        row.interval_s + SLOW_DOWN_S
+    } else {
+        row.interval_s
+    };
+    diesel::update(cli_logins::table.find(row.id))
+        .set((
+            cli_logins::last_polled_at.eq(t),
+            cli_logins::interval_s.eq(interval),
+        ))
+        .execute(c)?;
+    if early {
+        return Ok(Poll::SlowDown(interval));
     }
     if row.denied_at.is_some() {
         return Ok(Poll::Denied);
@@ -184,7 +259,12 @@ pub fn poll(c: &mut DbConn, device_code: &str) -> Result<Poll, AppError> {
     .set(cli_logins::redeemed_at.eq(t))
     .execute(c)?;
     Ok(if n == 1 {
-        Poll::Approved(user, row.client_name)
+        Poll::Approved(Approved {
+            user,
+            client_name: row.client_name,
+            client_addr: row.client_addr,
+            can_add_credentials: row.can_add_credentials,
+        })
     } else {
         Poll::Spent
     })

@@ -63,6 +63,7 @@ diesel::table! {
         expires_at -> Nullable<Timestamp>,
         last_used_at -> Nullable<Timestamp>,
         revoked_at -> Nullable<Timestamp>,
+        can_add_credentials -> Bool,
     }
 }
 
@@ -274,6 +275,10 @@ diesel::table! {
         approved_at -> Nullable<Timestamp>,
         denied_at -> Nullable<Timestamp>,
         redeemed_at -> Nullable<Timestamp>,
+        client_addr -> Text,
+        interval_s -> BigInt,
+        last_polled_at -> Nullable<Timestamp>,
+        can_add_credentials -> Bool,
     }
 }
 

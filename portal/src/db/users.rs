@@ -353,12 +353,25 @@ pub fn create_api_token(c: &mut DbConn, user: i64, name: &str) -> Result<String,
     create_api_token_until(c, user, name, None)
 }
 
-/// Creates a personal access token valid until `expires_at`; returns the secret.
+/// Creates a personal access token valid until `expires_at`, with every right; returns
+/// the secret.
 pub fn create_api_token_until(
     c: &mut DbConn,
     user: i64,
     name: &str,
     expires_at: Option<chrono::NaiveDateTime>,
+) -> Result<String, AppError> {
+    create_scoped_api_token(c, user, name, expires_at, true)
+}
+
+/// Creates a personal access token valid until `expires_at`; `can_add_credentials`: it may
+/// add SSH keys and make more tokens. Returns the secret.
+pub fn create_scoped_api_token(
+    c: &mut DbConn,
+    user: i64,
+    name: &str,
+    expires_at: Option<chrono::NaiveDateTime>,
+    can_add_credentials: bool,
 ) -> Result<String, AppError> {
     let name = name.trim();
     if name.is_empty() || name.len() > 100 {
@@ -375,6 +388,7 @@ pub fn create_api_token_until(
             api_tokens::token_hash.eq(hash_secret(&secret)),
             api_tokens::created_at.eq(now()),
             api_tokens::expires_at.eq(expires_at),
+            api_tokens::can_add_credentials.eq(can_add_credentials),
         ))
         .execute(c)?;
     Ok(secret)
@@ -429,10 +443,20 @@ pub type UserWithLabs = (User, Vec<(Lab, Role)>);
 /// roles (one query); records its use when the last one recorded is over
 /// [`TOKEN_USE_SLACK_S`] old.
 pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<UserWithLabs>, AppError> {
+    Ok(token_holder(c, secret)?.map(|(user, labs, _)| (user, labs)))
+}
+
+/// A token's user, their labs and roles, and whether the token may add SSH keys and make
+/// more tokens.
+pub type TokenHolder = (User, Vec<(Lab, Role)>, bool);
+
+/// [`user_by_token`], with the token's right to add credentials.
+pub fn token_holder(c: &mut DbConn, secret: &str) -> Result<Option<TokenHolder>, AppError> {
     let t = now();
     type Row = (
         i64,
         Option<chrono::NaiveDateTime>,
+        bool,
         User,
         Option<Lab>,
         Option<Role>,
@@ -450,12 +474,13 @@ pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<UserWithLabs
         .select((
             api_tokens::id,
             api_tokens::last_used_at,
+            api_tokens::can_add_credentials,
             User::as_select(),
             Option::<Lab>::as_select(),
             memberships::role.nullable(),
         ))
         .load(c)?;
-    let Some((token_id, last_used, user, ..)) = rows.first().cloned() else {
+    let Some((token_id, last_used, can_add_credentials, user, ..)) = rows.first().cloned() else {
         return Ok(None);
     };
     let labs = rows
@@ -470,7 +495,7 @@ pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<UserWithLabs
             .set(api_tokens::last_used_at.eq(t))
             .execute(c)?;
     }
-    Ok(Some((user, labs)))
+    Ok(Some((user, labs, can_add_credentials)))
 }
 
 /// How far a token's recorded last use may lag behind its real last use.

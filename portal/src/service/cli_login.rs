@@ -1,16 +1,22 @@
 //! Signing in the `commons` CLI through the browser, by the OAuth 2.0 device
 //! authorization grant (RFC 8628) with the portal as the authorization server. It works
 //! with any campus SSO (the user signs in to the portal as usual) and on machines without
-//! a browser (a cluster's login node): the code is typed or opened anywhere.
+//! a browser (a cluster's login node): the code is typed anywhere.
 //!
 //! 1. The CLI asks for a sign-in (`POST /api/v1/cli/device`, no login needed) and gets a
-//!    secret device code, a short user code and the page to confirm it on.
-//! 2. The user opens the page, signs in to the portal if needed (campus SSO), sees the
-//!    code and the name of the computer asking, and approves or denies (CSRF-protected
-//!    form; audited).
-//! 3. The CLI polls (`POST /api/v1/cli/token`); once approved, the poll is answered with
-//!    a new personal access token (expiring after [`TOKEN_DAYS`]), once: the grant is
-//!    redeemed in the same statement that checks it.
+//!    secret device code, a short user code and the page to type it on. One address may
+//!    start [`crate::config::CliLoginConfig::starts_per_address`] in 10 minutes.
+//! 2. The user opens the page, signs in to the portal if needed (campus SSO), and types
+//!    the code their terminal shows: no link fills it in, so nobody can send a link that
+//!    approves with one click. The page then shows who asks (always "the commons
+//!    command-line client": what a request calls itself is not shown as who it is), from
+//!    which address and when; the user approves (ticking, or not, that the token may add
+//!    SSH keys and tokens) or denies (CSRF-protected form; audited with the address).
+//! 3. The CLI polls (`POST /api/v1/cli/token`) at the interval it was given; a poll that
+//!    comes too early is answered `slow_down` and the interval grows by 5 s. Once
+//!    approved, the poll is answered with a new personal access token (expiring after
+//!    `token_days`, 30 by default), once: the grant is redeemed in the same statement
+//!    that checks it.
 
 use super::{Actor, Ctx};
 use crate::db::{self, cli_logins::Poll};
@@ -18,32 +24,38 @@ use crate::error::AppError;
 use diesel::Connection;
 use serde::{Deserialize, Serialize};
 
-/// How long a token made by a browser sign-in is valid.
-pub const TOKEN_DAYS: i64 = 90;
-/// Seconds the CLI waits between polls.
-pub const POLL_INTERVAL_S: i64 = 2;
+/// Who the approval page says is asking: fixed by the portal, whatever the request says.
+pub const CLIENT: &str = "the commons command-line client";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartRequest {
-    /// The computer asking, shown on the approval page ("laptop of alice").
+    /// What the computer asking calls itself ("alice@laptop"); it only names the token on
+    /// the Tokens page, and is never shown as who asks.
     #[serde(default)]
     pub client_name: Option<String>,
 }
 
-/// RFC 8628's device authorization response.
+/// RFC 8628's device authorization response, without `verification_uri_complete`: the
+/// user types the code.
 #[derive(Debug, Serialize)]
 pub struct StartResponse {
     pub device_code: String,
     pub user_code: String,
     pub verification_uri: String,
-    pub verification_uri_complete: String,
     pub expires_in: i64,
     pub interval: i64,
 }
 
-/// Starts a sign-in; `base` is the portal's public URL (no trailing slash).
-pub async fn start(ctx: &Ctx, req: StartRequest, base: String) -> Result<StartResponse, AppError> {
+/// Starts a sign-in from `client_addr`; `base` is the portal's public URL (no trailing
+/// slash).
+pub async fn start(
+    ctx: &Ctx,
+    req: StartRequest,
+    base: String,
+    client_addr: String,
+    per_address: u32,
+) -> Result<StartResponse, AppError> {
     let name = req.client_name.unwrap_or_default();
     let name = name.trim();
     if name.chars().count() > 100 || name.chars().any(char::is_control) {
@@ -57,15 +69,16 @@ pub async fn start(ctx: &Ctx, req: StartRequest, base: String) -> Result<StartRe
     } else {
         name.to_string()
     };
-    let (device_code, user_code, _) = ctx.db.run(move |c| db::cli_logins::start(c, &name)).await?;
-    let verification_uri = format!("{base}/cli/device");
+    let (device_code, user_code, _) = ctx
+        .db
+        .run(move |c| db::cli_logins::start(c, &name, &client_addr, per_address))
+        .await?;
     Ok(StartResponse {
-        verification_uri_complete: format!("{verification_uri}?code={user_code}"),
-        verification_uri,
+        verification_uri: format!("{base}/cli/device"),
         device_code,
         user_code,
         expires_in: db::cli_logins::TTL_S,
-        interval: POLL_INTERVAL_S,
+        interval: db::cli_logins::INTERVAL_S,
     })
 }
 
@@ -81,12 +94,16 @@ pub struct TokenResponse {
     pub token_type: &'static str,
     pub expires_at: chrono::NaiveDateTime,
     pub username: String,
+    /// Whether the token may add SSH keys and make more tokens.
+    pub can_add_credentials: bool,
 }
 
 /// Why a poll got no token, as RFC 8628 names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotYet {
     Pending,
+    /// Too early: wait this many seconds between polls from now on.
+    SlowDown(i64),
     Denied,
     Expired,
     Invalid,
@@ -96,49 +113,66 @@ impl NotYet {
     pub fn code(self) -> &'static str {
         match self {
             NotYet::Pending => "authorization_pending",
+            NotYet::SlowDown(_) => "slow_down",
             NotYet::Denied => "access_denied",
             NotYet::Expired => "expired_token",
             NotYet::Invalid => "invalid_grant",
         }
     }
-    pub fn message(self) -> &'static str {
+    pub fn message(self) -> String {
         match self {
-            NotYet::Pending => "waiting for the user to approve the sign-in in the browser",
-            NotYet::Denied => "the sign-in was denied in the browser",
-            NotYet::Expired => "the sign-in expired before it was approved; start again",
-            NotYet::Invalid => "unknown or already used device code; start again",
+            NotYet::Pending => "waiting for the user to approve the sign-in in the browser".into(),
+            NotYet::SlowDown(s) => {
+                format!("polled too soon after the previous poll: wait {s} s between polls")
+            }
+            NotYet::Denied => "the sign-in was denied in the browser".into(),
+            NotYet::Expired => "the sign-in expired before it was approved; start again".into(),
+            NotYet::Invalid => "unknown or already used device code; start again".into(),
         }
     }
 }
 
-/// Polls a sign-in: a token once it is approved (this once), else why not.
+/// Polls a sign-in: a token valid `token_days` once it is approved (this once), else why
+/// not.
 pub async fn token(
     ctx: &Ctx,
     req: TokenRequest,
+    token_days: u32,
 ) -> Result<Result<TokenResponse, NotYet>, AppError> {
+    let days = i64::from(token_days);
     ctx.db
         .run(move |c| {
             c.transaction(|c| {
-                let (user, client) = match db::cli_logins::poll(c, &req.device_code)? {
-                    Poll::Approved(u, client) => (u, client),
+                let granted = match db::cli_logins::poll(c, &req.device_code)? {
+                    Poll::Approved(a) => a,
                     Poll::Pending => return Ok(Err(NotYet::Pending)),
+                    Poll::SlowDown(s) => return Ok(Err(NotYet::SlowDown(s))),
                     Poll::Denied => return Ok(Err(NotYet::Denied)),
                     Poll::Expired => return Ok(Err(NotYet::Expired)),
                     Poll::Unknown | Poll::Spent => return Ok(Err(NotYet::Invalid)),
                 };
-                let user = db::users::user_by_id(c, user)?;
-                let expires_at = db::now() + chrono::Duration::days(TOKEN_DAYS);
-                let name: String = format!("commons CLI on {client}")
-                    .chars()
-                    .take(100)
-                    .collect();
-                let access_token =
-                    db::users::create_api_token_until(c, user.id, &name, Some(expires_at))?;
+                let user = db::users::user_by_id(c, granted.user)?;
+                let expires_at = db::now() + chrono::Duration::days(days);
+                let name: String = format!(
+                    "commons CLI on {} from {}",
+                    granted.client_name, granted.client_addr
+                )
+                .chars()
+                .take(100)
+                .collect();
+                let access_token = db::users::create_scoped_api_token(
+                    c,
+                    user.id,
+                    &name,
+                    Some(expires_at),
+                    granted.can_add_credentials,
+                )?;
                 Ok(Ok(TokenResponse {
                     access_token,
                     token_type: "Bearer",
                     expires_at,
                     username: user.username,
+                    can_add_credentials: granted.can_add_credentials,
                 }))
             })
         })
@@ -150,7 +184,8 @@ pub async fn token(
 pub struct Pending {
     pub id: i64,
     pub user_code: String,
-    pub client_name: String,
+    /// Where the request came from.
+    pub client_addr: String,
     pub created_at: chrono::NaiveDateTime,
     pub decided: bool,
 }
@@ -165,17 +200,18 @@ pub async fn find(ctx: &Ctx, typed: String) -> Result<Option<Pending>, AppError>
         decided: r.decided(),
         id: r.id,
         user_code: r.user_code,
-        client_name: r.client_name,
+        client_addr: r.client_addr,
         created_at: r.created_at,
     }))
 }
 
-/// Approves or denies the sign-in that `typed` names, for `actor` (audited).
+/// Approves (`Some(may add SSH keys and tokens)`) or denies (`None`) the sign-in that
+/// `typed` names, for `actor` (audited, with the address it came from).
 pub async fn decide(
     ctx: &Ctx,
     actor: &Actor,
     typed: String,
-    approve: bool,
+    approve: Option<bool>,
 ) -> Result<(), AppError> {
     let user = actor.user.clone();
     ctx.db
@@ -193,12 +229,13 @@ pub async fn decide(
                         "this sign-in was already approved or denied",
                     ));
                 }
-                let action = if approve {
-                    "cli.login"
-                } else {
-                    "cli.login_denied"
+                let (action, right) = match approve {
+                    Some(true) => ("cli.login", ", may add SSH keys and tokens"),
+                    Some(false) => ("cli.login", ""),
+                    None => ("cli.login_denied", ""),
                 };
-                db::audit::record(c, &user, None, action, &row.client_name, "", &row.user_code)
+                let after = format!("{} from {}{right}", row.user_code, row.client_addr);
+                db::audit::record(c, &user, None, action, &row.client_name, "", &after)
             })
         })
         .await

@@ -5,6 +5,9 @@
 //! - The SSH user name is `job-<id>`; only the keys of the job's owner open it.
 //! - A refused login looks the same whatever the reason (no such job, another user's job,
 //!   an unknown key), so it tells nothing about which jobs exist. The reason is logged.
+//! - A key query (`publickey` without a signature: "would this key do?") is answered by
+//!   [`key_registered`] alone, the same for every job and user name: whether some user
+//!   registered the key. Which jobs a key opens shows only to whoever can sign with it.
 //! - Once logged in, the owner learns the job's state in words when it is not running.
 
 use super::Ctx;
@@ -78,6 +81,14 @@ pub async fn authorize(
                 key_fingerprint: k.fingerprint,
             }))
         })
+        .await
+}
+
+/// Whether anyone registered `key`: the answer to a key query, whichever job it names.
+pub async fn key_registered(ctx: &Ctx, key: &russh::keys::PublicKey) -> Result<bool, AppError> {
+    let fingerprint = crate::pubkey::fingerprint(key);
+    ctx.db
+        .run(move |c| ssh_keys::fingerprint_taken(c, &fingerprint))
         .await
 }
 

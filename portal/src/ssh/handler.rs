@@ -2,8 +2,8 @@
 //! channel is `channel`'s business.
 
 use super::channel;
-use super::limit::Limiter;
-use crate::service::ssh::{self as uc, Login, Refusal};
+use super::limit::{self, Limiter};
+use crate::service::ssh::{self as uc, Login};
 use crate::state::AppState;
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
 use russh::{Channel, ChannelId, Pty};
@@ -16,6 +16,9 @@ pub struct Conn {
     peer: SocketAddr,
     limiter: Arc<Limiter>,
     login: Option<Login>,
+    /// Key queries this connection made that were counted as failures: (user name, key).
+    /// A login with one of them takes its failure back.
+    queried: Vec<(String, russh::keys::ssh_key::public::KeyData)>,
 }
 
 /// The error type russh wants; the gateway's own failures are logged, then the
@@ -33,32 +36,60 @@ impl Conn {
             peer,
             limiter,
             login: None,
+            queried: Vec::new(),
         }
     }
 
-    async fn check(&self, user: &str, key: &russh::keys::PublicKey, verified: bool) -> Auth {
-        if self.limiter.blocked(self.peer.ip(), Instant::now()) {
+    /// Counts a failed login by `user` from this connection's address.
+    fn failed(&self, user: &str) {
+        let blocked = self.limiter.failure(self.peer.ip(), user, Instant::now());
+        if blocked != limit::Blocked::No {
+            tracing::warn!(peer = %self.peer, user, ?blocked, "SSH logins refused for a minute: too many failures");
+        }
+    }
+
+    fn blocked(&self, user: &str) -> bool {
+        let blocked = self.limiter.blocked(self.peer.ip(), user, Instant::now());
+        if blocked {
             tracing::warn!(peer = %self.peer, user, "SSH login refused: too many failures from this address");
+        }
+        blocked
+    }
+
+    /// A key query ("would this key do?"), or the check before a signature is verified.
+    /// It counts as a failure (taken back when this connection logs in with the key), and
+    /// is answered by whether anyone registered the key, whichever job `user` names.
+    async fn query(&mut self, user: &str, key: &russh::keys::PublicKey) -> Auth {
+        if self.blocked(user) {
             return Auth::reject();
         }
-        match uc::authorize(&self.state, user, key, verified).await {
-            Ok(Ok(_)) => Auth::Accept,
-            Ok(Err(why)) => {
-                if verified {
-                    self.refused(user, &why);
+        self.failed(user);
+        self.queried
+            .push((user.to_string(), key.key_data().clone()));
+        match uc::key_registered(&self.state, key).await {
+            Ok(known) => {
+                tracing::info!(peer = %self.peer, user, known, "SSH key query");
+                if known {
+                    Auth::Accept
+                } else {
+                    Auth::reject()
                 }
-                Auth::reject()
             }
             Err(e) => {
-                tracing::error!(peer = %self.peer, user, "SSH login check failed: {e:#}");
+                tracing::error!(peer = %self.peer, user, "SSH key query failed: {e:#}");
                 Auth::reject()
             }
         }
     }
 
-    fn refused(&self, user: &str, why: &Refusal) {
-        let blocked = self.limiter.failure(self.peer.ip(), Instant::now());
-        tracing::warn!(peer = %self.peer, user, reason = ?why, blocked, "SSH login refused");
+    /// Takes back the failures the key queries for this login counted.
+    fn forgive_queries(&mut self, user: &str, key: &russh::keys::PublicKey) {
+        let data = key.key_data();
+        let before = self.queried.len();
+        self.queried.retain(|(u, k)| !(u == user && k == data));
+        for _ in self.queried.len()..before {
+            self.limiter.forgive(self.peer.ip(), user, Instant::now());
+        }
     }
 
     fn login(&self) -> Option<Login> {
@@ -78,7 +109,7 @@ impl russh::server::Handler for Conn {
 
     async fn auth_password(&mut self, user: &str, _password: &str) -> Result<Auth, Self::Error> {
         tracing::warn!(peer = %self.peer, user, "SSH password login refused (keys only)");
-        self.limiter.failure(self.peer.ip(), Instant::now());
+        self.failed(user);
         Ok(Auth::reject())
     }
 
@@ -89,7 +120,7 @@ impl russh::server::Handler for Conn {
         _response: Option<russh::server::Response<'a>>,
     ) -> Result<Auth, Self::Error> {
         tracing::warn!(peer = %self.peer, user, "SSH keyboard-interactive login refused (keys only)");
-        self.limiter.failure(self.peer.ip(), Instant::now());
+        self.failed(user);
         Ok(Auth::reject())
     }
 
@@ -98,15 +129,17 @@ impl russh::server::Handler for Conn {
         user: &str,
         offer: PublicKeyOffer<'_>,
     ) -> Result<Auth, Self::Error> {
-        Ok(self.check(user, offer.public_key, false).await)
+        Ok(self.query(user, offer.public_key).await)
     }
 
+    /// After the signature was verified. Its failure was counted when the key was
+    /// queried (russh asks [`Self::auth_publickey_offered`] first), so not again here.
     async fn auth_publickey(
         &mut self,
         user: &str,
         key: VerifiedPublicKey<'_>,
     ) -> Result<Auth, Self::Error> {
-        if self.limiter.blocked(self.peer.ip(), Instant::now()) {
+        if self.blocked(user) {
             return Ok(Auth::reject());
         }
         match uc::authorize(&self.state, user, key.public_key, true).await {
@@ -117,11 +150,12 @@ impl russh::server::Handler for Conn {
                     tracing::error!("SSH login not audited, so refused: {e:#}");
                     return Ok(Auth::reject());
                 }
+                self.forgive_queries(user, key.public_key);
                 self.login = Some(login);
                 Ok(Auth::Accept)
             }
             Ok(Err(why)) => {
-                self.refused(user, &why);
+                tracing::warn!(peer = %self.peer, user, reason = ?why, "SSH login refused");
                 Ok(Auth::reject())
             }
             Err(e) => {

@@ -12,7 +12,9 @@
 //!   share; its public half is recorded in the database, and a replica whose file holds
 //!   another key refuses to start its gateway rather than make users face "host key
 //!   changed".
-//! - Per source address: connections and failed logins per minute ([`limit`]).
+//! - Per source address: connections per minute; failed logins per minute per address
+//!   and user name, and a higher cap per address ([`limit`]). A key query counts as a
+//!   failed login and says the same for every job ([`handler`]).
 //! - Refused: passwords, keyboard-interactive, remote (`-R`) and agent forwarding, X11.
 
 mod channel;
@@ -135,6 +137,7 @@ pub async fn start(state: AppState) -> anyhow::Result<Option<Gateway>> {
     let limiter = Arc::new(limit::Limiter::new(
         state.config.ssh.connections_per_minute,
         state.config.ssh.auth_failures_per_minute,
+        state.config.ssh.auth_failures_per_address_per_minute,
     ));
     tracing::info!(%addr, "SSH gateway listening");
     let task = tokio::spawn(accept_loop(state, listener, config, limiter));

@@ -3,7 +3,7 @@
 //! back), and a remove button per key.
 
 use super::Banner;
-use crate::auth::{CsrfForm, CurrentUser, NoFields};
+use crate::auth::{CredentialsManager, CsrfForm, CurrentUser, NoFields};
 use crate::db::models::SshKey;
 use crate::error::{AppError, WebError};
 use crate::pubkey::KeyError;
@@ -77,7 +77,7 @@ async fn page(
 async fn add(
     state: web::Data<AppState>,
     session: Session,
-    user: CurrentUser,
+    user: CredentialsManager,
     form: CsrfForm<KeyForm>,
 ) -> Result<HttpResponse, WebError> {
     let form = form.0;

@@ -2,7 +2,7 @@
 //! shown once, stored hashed, with an expiry and the time of last use.
 
 use super::{optional, Banner};
-use crate::auth::{CsrfForm, CurrentUser, NoFields};
+use crate::auth::{CredentialsManager, CsrfForm, CurrentUser, NoFields};
 use crate::db::users::{self, TokenInfo};
 use crate::error::{AppError, WebError};
 use crate::state::AppState;
@@ -80,9 +80,10 @@ struct NewToken {
 async fn create(
     state: web::Data<AppState>,
     session: Session,
-    user: CurrentUser,
+    user: CredentialsManager,
     form: CsrfForm<NewToken>,
 ) -> Result<HttpResponse, WebError> {
+    let user = user.0;
     let id = user.user.id;
     let form = form.0;
     let result = match optional::<i64>("expires_days", &form.expires_days) {

@@ -1,18 +1,24 @@
 //! `commons login URL` through the browser (the device authorization grant): approved
 //! and denied over HTTP with the development login on both backends, and through the
-//! real campus SSO (LemonLDAP::NG) in headless Chromium.
+//! real campus SSO (LemonLDAP::NG) in headless Chromium. What keeps it from being abused
+//! is in [`guards`].
+
+#[path = "cli_login_guards.rs"]
+mod guards;
 
 use crate::browser::Browser;
 use crate::cli::{refused, Cli};
 use crate::harness::{Backend, TestPortal, BACKENDS};
 use crate::web::{browser, hidden_csrf};
 use fantoccini::Locator;
+use guards::type_code;
 use serde_json::{json, Value};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-/// A `commons login URL` that runs on; `link` is the page it asked the user to open.
+/// A `commons login URL` that runs on; `link` is the page it asked the user to open,
+/// `code` the code it asked them to type there.
 struct PendingLogin {
     child: tokio::process::Child,
     link: String,
@@ -28,19 +34,23 @@ async fn start_login(cli: &Cli, url: &str) -> PendingLogin {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut said = String::new();
-    let link = tokio::time::timeout(Duration::from_secs(30), async {
+    let (link, code) = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut link = None;
         while let Some(line) = lines.next_line().await.unwrap() {
             said.push_str(&line);
             said.push('\n');
             if let Some(at) = line.find("http") {
-                return line[at..].split_whitespace().next().unwrap().to_string();
+                link = Some(line[at..].split_whitespace().next().unwrap().to_string());
+            }
+            if let Some((_, rest)) = line.split_once("the code ") {
+                let code = rest.split_whitespace().next().unwrap().to_string();
+                return (link.expect("the link comes first"), code);
             }
         }
-        panic!("commons login printed no link: {said}")
+        panic!("commons login printed no link and code: {said}")
     })
     .await
-    .expect("commons login prints a link within 30 s");
-    let code = link.rsplit_once("code=").unwrap().1.to_string();
+    .expect("commons login prints a link and a code within 30 s");
     // Keep reading stderr so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     PendingLogin { child, link, code }
@@ -55,10 +65,12 @@ async fn finish(p: PendingLogin) -> i32 {
 }
 
 /// Signs `user` in with the development login in a cookie-keeping HTTP client, starting
-/// from `link` (which sends a visitor without a session to the login and back).
+/// from `link` (which sends a visitor without a session to the login and back), types
+/// `code` and decides.
 async fn approve_over_http(
     p: &TestPortal,
     link: &str,
+    code: &str,
     user: &str,
     decision: &str,
 ) -> reqwest::Response {
@@ -86,19 +98,9 @@ async fn approve_over_http(
         .unwrap();
     assert_eq!(r.status(), 303);
     let back = r.headers()["location"].to_str().unwrap().to_string();
-    assert!(
-        back.starts_with("/cli/device?code="),
-        "back to the approval page: {back}"
-    );
-    let page = b
-        .get(format!("{}{back}", p.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let code = back.rsplit_once('=').unwrap().1;
+    assert_eq!(back, "/cli/device", "back to the approval page");
+    let (status, page) = type_code(&b, p, code).await;
+    assert_eq!(status, 200, "{page}");
     assert!(page.contains(code), "the page shows the code");
     b.post(format!("{}/cli/device", p.url))
         .form(&[
@@ -117,12 +119,10 @@ async fn cli_login_by_the_device_grant_approved_or_denied() {
         let p = TestPortal::start(backend).await;
         let cli = Cli::new();
         let pending = start_login(&cli, &p.url).await;
-        assert!(pending
-            .link
-            .starts_with(&format!("{}/cli/device?code=", p.url)));
+        assert_eq!(pending.link, format!("{}/cli/device", p.url));
         let link = pending.link.clone();
         let code = pending.code.clone();
-        let r = approve_over_http(&p, &link, "alice", "approve").await;
+        let r = approve_over_http(&p, &link, &code, "alice", "approve").await;
         assert_eq!(r.status(), 200);
         assert!(r.text().await.unwrap().contains("Signed in"));
         assert_eq!(finish(pending).await, 0, "[{backend:?}]");
@@ -164,7 +164,8 @@ async fn cli_login_by_the_device_grant_approved_or_denied() {
             .send()
             .await
             .unwrap();
-        let page = b.get(&link).send().await.unwrap().text().await.unwrap();
+        let (status, page) = type_code(&b, &p, &code).await;
+        assert_eq!(status, 409);
         assert!(page.contains("already approved or denied"), "{page}");
         let r = b
             .post(format!("{}/cli/device", p.url))
@@ -190,8 +191,8 @@ async fn cli_login_by_the_device_grant_approved_or_denied() {
         // Denied in the browser: the CLI says so in one line and stores nothing.
         let other = Cli::new();
         let pending = start_login(&other, &p.url).await;
-        let link = pending.link.clone();
-        let r = approve_over_http(&p, &link, "bob", "deny").await;
+        let (link, code) = (pending.link.clone(), pending.code.clone());
+        let r = approve_over_http(&p, &link, &code, "bob", "deny").await;
         assert!(r.text().await.unwrap().contains("Denied"));
         assert_eq!(finish(pending).await, 5, "[{backend:?}] denied");
         assert!(!other.credentials().exists());
@@ -225,6 +226,29 @@ async fn cli_login_through_campus_sso_in_a_browser() {
         .await
         .unwrap();
     b.login_at_provider("dana", "dana-pw").await;
+    // Back on the portal: the page asks for the code the terminal shows.
+    let field = match b
+        .client
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Id("code"))
+        .await
+    {
+        Ok(e) => e,
+        Err(e) => panic!(
+            "no code field ({e}) at {}: {}",
+            b.url().await,
+            b.page_text().await
+        ),
+    };
+    field.send_keys(&pending.code).await.unwrap();
+    b.client
+        .find(Locator::Id("cli-check"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     let code = match b
         .client
         .wait()

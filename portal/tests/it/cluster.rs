@@ -8,6 +8,9 @@
 //! Needs root (network namespaces), iproute2 and the Docker Engine; a missing piece fails
 //! the test with what to install.
 
+#[path = "forwarder.rs"]
+mod forwarder;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -160,6 +163,10 @@ pub struct PortalProcess {
     db_url: String,
     json_logs: bool,
     clock_offset_s: i64,
+    /// What scrapers of its `/metrics` send (`Authorization: Bearer ...`).
+    pub metrics_token: String,
+    /// With the development login: what passes agents' connections to its loopback.
+    forwarder: Option<forwarder::Forwarder>,
 }
 
 /// How to start a portal process.
@@ -181,6 +188,12 @@ pub struct PortalOpts {
     /// Skews the process's clock by this many seconds (`COMMONS_TEST_CLOCK_OFFSET_S`,
     /// honoured by debug builds only).
     pub clock_offset_s: i64,
+    /// More settings of the `[ssh]` section, one `key = value` a line (with `ssh`).
+    pub ssh_settings: String,
+    /// The insecure development login (for tests that sign in through pages). The portal
+    /// allows it on loopback only, so it listens on 127.0.0.1 and agents reach it through
+    /// a [`forwarder::Forwarder`]; without it, the portal listens on every address.
+    pub dev_login: bool,
 }
 
 impl Default for PortalOpts {
@@ -194,6 +207,8 @@ impl Default for PortalOpts {
             relay_host: None,
             extra_toml: String::new(),
             clock_offset_s: 0,
+            ssh_settings: String::new(),
+            dev_login: false,
         }
     }
 }
@@ -291,16 +306,29 @@ impl PortalProcess {
             [rand::random::<[u8; 32]>(), rand::random::<[u8; 32]>()].concat(),
         )
         .unwrap();
+        // Beyond loopback, /metrics needs its scrape token (the portal refuses to start
+        // without one).
+        let metrics_token = hex::encode(rand::random::<[u8; 16]>());
+        let token_file = dir.path().join("metrics.token");
+        std::fs::write(&token_file, &metrics_token).unwrap();
+        let (listen, forwarder) = if o.dev_login {
+            ("127.0.0.1", Some(forwarder::Forwarder::start(port)))
+        } else {
+            ("0.0.0.0", None)
+        };
         let mut text = format!(
-            "database_url = \"{db_url}\"\nlisten = \"0.0.0.0:{port}\"\n\
-             session_key_file = \"{}\"\n\
-             insecure_dev_login = true\n\
+            "database_url = \"{db_url}\"\nlisten = \"{listen}:{port}\"\n\
+             insecure_dev_login = {}\nsession_key_file = \"{}\"\n\
              [scheduler]\ntick_ms = 200\nheartbeat_s = 1\nlease_ttl_s = {}\n\
-             lease_margin_s = {}\n[policy]\ndefault_grace_s = 5\n",
+             lease_margin_s = {}\n[policy]\ndefault_grace_s = 5\n\
+             [metrics]\nbearer_token_file = \"{}\"\n",
+            o.dev_login,
             session_key.display(),
             o.lease_ttl_s,
-            o.margin_s
+            o.margin_s,
+            token_file.display(),
         );
+        let agent_port = forwarder.as_ref().map_or(port, |f| f.port);
         let mut ssh_port = None;
         if o.ssh {
             let sp = free_port();
@@ -313,8 +341,9 @@ impl PortalProcess {
                 key.display()
             ));
             if let Some(h) = &o.relay_host {
-                text.push_str(&format!("relay_url = \"http://{h}:{port}\"\n"));
+                text.push_str(&format!("relay_url = \"http://{h}:{agent_port}\"\n"));
             }
+            text.push_str(&o.ssh_settings);
         }
         text.push_str(&o.extra_toml);
         std::fs::write(&config, text).unwrap();
@@ -327,6 +356,8 @@ impl PortalProcess {
             db_url,
             json_logs: o.json_logs,
             clock_offset_s: o.clock_offset_s,
+            metrics_token,
+            forwarder,
         }
     }
 
@@ -427,6 +458,11 @@ impl PortalProcess {
         self.port
     }
 
+    /// The port agents on virtual hosts dial (the forwarder's, with the dev login).
+    pub fn agent_port(&self) -> u16 {
+        self.forwarder.as_ref().map_or(self.port, |f| f.port)
+    }
+
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();
@@ -466,7 +502,7 @@ impl AgentProcess {
         demo_image();
         let mut a = AgentProcess {
             state: tempfile::tempdir().unwrap(),
-            portal: format!("http://{}:{}", host.gateway, portal.port),
+            portal: format!("http://{}:{}", host.gateway, portal.agent_port()),
             ns: host.ns.clone(),
             name: name.to_string(),
             child: None,

@@ -143,6 +143,8 @@ async fn killing_the_leader_behind_nginx_loses_and_doubles_nothing() {
         lease_ttl_s: 20,
         margin_s: 5,
         db_url: Some(db.url.clone()),
+        // alice signs in through the proxy's pages; nginx reaches the replicas on loopback.
+        dev_login: true,
         ..Default::default()
     };
     let (mut leader, token) = PortalProcess::start_opts(opts.clone());

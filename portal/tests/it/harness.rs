@@ -476,6 +476,7 @@ fn agent_config(
         gpus: gpus.parse().unwrap(),
         hostname: hostname.to_string(),
         guest_network: Default::default(),
+        guest_block: Vec::new(),
         idle_guest: None,
         socket_group: None,
         capacity: Default::default(),

@@ -29,7 +29,16 @@ pub fn parse(text: &str) -> BTreeMap<String, f64> {
 }
 
 pub async fn scrape(url: &str) -> BTreeMap<String, f64> {
-    let res = reqwest::get(url).await.unwrap();
+    scrape_as(url, None).await
+}
+
+/// The same with the portal's scrape token (`Authorization: Bearer ...`).
+pub async fn scrape_as(url: &str, token: Option<&str>) -> BTreeMap<String, f64> {
+    let mut req = reqwest::Client::new().get(url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let res = req.send().await.unwrap();
     assert_eq!(res.status(), 200, "{url}");
     let ct = res.headers()["content-type"].to_str().unwrap().to_string();
     assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
@@ -67,7 +76,7 @@ async fn metrics_move_after_a_job(backend: Backend, host_n: u8) {
     }
     let portal_metrics = format!("{}/metrics", portal.url());
     let agent_metrics = format!("http://{listen}/metrics");
-    let before = scrape(&portal_metrics).await;
+    let before = scrape_as(&portal_metrics, Some(&portal.metrics_token)).await;
     let agent_before = scrape(&agent_metrics).await;
 
     let job = api
@@ -83,7 +92,10 @@ async fn metrics_move_after_a_job(backend: Backend, host_n: u8) {
     assert!(api.get(&format!("/api/v1/jobs/{job}")).await.is_some());
     // One more heartbeat, so the agent's GPU figures and the portal's view settle.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let raw = reqwest::get(&portal_metrics)
+    let raw = reqwest::Client::new()
+        .get(&portal_metrics)
+        .bearer_auth(&portal.metrics_token)
+        .send()
         .await
         .unwrap()
         .text()

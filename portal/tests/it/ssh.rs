@@ -63,8 +63,16 @@ pub async fn trust_gateway(api: &Api, dir: &Path) -> String {
 
 impl Rig {
     pub async fn start(n: u8) -> Rig {
+        Self::start_with(n, "").await
+    }
+
+    /// The same with more `[ssh]` settings (`key = value` lines).
+    pub async fn start_with(n: u8, ssh_settings: &str) -> Rig {
         let (portal, alice) = PortalProcess::start_opts(PortalOpts {
             ssh: true,
+            ssh_settings: ssh_settings.to_string(),
+            // `job_page` signs in through the page.
+            dev_login: true,
             ..Default::default()
         });
         let api = Api::new(portal.url(), alice);
