@@ -13,7 +13,7 @@
 
 use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess};
 use crate::harness::{Backend, TestDb, TestPortal};
-use crate::observability::scrape;
+use crate::observability::{scrape, scrape_as};
 use crate::ssh::{add_key, keygen, ssh_options, trust_gateway};
 use commons_proto::{
     AgentMsg, AttemptReport, AttemptState, GpuInfo, PortalMsg, CONNECT_PATH, ENROL_PATH,
@@ -146,13 +146,13 @@ async fn flood_beside_a_quiet_job(backend: Backend, host_n: u8) {
     let agent_mid = scrape(&agent_metrics).await;
     let cpu =
         (cpu_ticks(agent.pid().unwrap()) - cpu_before) as f64 / started.elapsed().as_secs_f64();
-    let portal_mid = scrape(&portal_metrics).await;
+    let portal_mid = scrape_as(&portal_metrics, Some(&portal.metrics_token)).await;
 
     // The flood ends by itself; the quiet job prints its last line after it.
     let f = ended(&api, flood).await;
     let q = ended(&api, quiet).await;
     let agent_after = scrape(&agent_metrics).await;
-    let portal_after = scrape(&portal_metrics).await;
+    let portal_after = scrape_as(&portal_metrics, Some(&portal.metrics_token)).await;
     let quiet_log = api.logs(quiet).await;
     let flood_log = api.logs(flood).await;
     let portal_log = portal.log();

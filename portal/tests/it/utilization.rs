@@ -42,6 +42,8 @@ async fn a_running_job_is_sampled_and_shown(backend: Backend, host_n: u8) {
     let (portal, alice) = PortalProcess::start_opts(PortalOpts {
         db_url: (backend == Backend::Postgres).then(|| db.url.clone()),
         extra_toml: "[utilization]\nsample_interval_s = 2\n".into(),
+        // The job page is read through a signed-in browser session.
+        dev_login: true,
         ..Default::default()
     });
     let host = Host::new(host_n);
