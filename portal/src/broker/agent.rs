@@ -189,17 +189,21 @@ async fn serve(
                             continue;
                         }
                         let hello = match &m {
-                            AgentMsg::Hello { session, .. } => Some(*session),
+                            AgentMsg::Hello { session, attempts, .. } => {
+                                Some((*session, attempts.clone()))
+                            }
                             _ => None,
                         };
                         let began = std::time::Instant::now();
                         let handled =
                             handle(&state, node.id, &addr, agent_session, &sampler, m).await;
-                        if let (Some(s), Ok(_)) = (hello, &handled) {
+                        let mut catch_up = None;
+                        if let (Some((s, reports)), Ok(_)) = (&hello, &handled) {
                             // Accepted: this session holds the node now.
-                            agent_session = Some(s);
+                            agent_session = Some(*s);
                             if registered.is_none() {
                                 registered = Some(state.agents.register(node.id));
+                                catch_up = Some((*s, reports.clone()));
                             }
                         }
                         state
@@ -208,7 +212,18 @@ async fn serve(
                             .get_or_create(&crate::metrics::KindLabel { kind })
                             .observe(began.elapsed().as_secs_f64());
                         match handled {
-                            Ok(replies) => {
+                            Ok(mut replies) => {
+                                if let Some((s, reports)) = catch_up {
+                                    // Placed while it was not yet registered here: the
+                                    // scheduler could not deliver those.
+                                    let (id, timing) = (node.id, timing(&state));
+                                    match state.db.run(move |c| {
+                                        attempts::starts_after_registering(c, id, s, &reports, timing)
+                                    }).await {
+                                        Ok(more) => replies.extend(more),
+                                        Err(e) => tracing::warn!(node = node.id, "starts after registering: {e:#}"),
+                                    }
+                                }
                                 for r in replies {
                                     if send(&state, &mut session, &r).await.is_err() { break }
                                 }

@@ -98,6 +98,25 @@ pub fn undelivered_starts(
         .collect())
 }
 
+/// The `Start`s a just-registered connection of session `session` still needs: those
+/// placed on the node between its `Hello`'s answer and its registration with this replica,
+/// which the scheduler could not deliver then (the agent ignores one it already has).
+/// Nothing when another session holds the node by now.
+pub fn starts_after_registering(
+    c: &mut DbConn,
+    node: i64,
+    session: u64,
+    reported: &[AttemptReport],
+    timing: Timing,
+) -> Result<Vec<PortalMsg>, AppError> {
+    match db::nodes::node_by_id(c, node)?.agent_clock() {
+        Some(clock) if clock.session == session => {
+            undelivered_starts(c, node, reported, &clock, timing)
+        }
+        _ => Ok(Vec::new()),
+    }
+}
+
 fn requeue(c: &mut DbConn, job: i64, why: &str) -> Result<(), AppError> {
     db::jobs::set_unplaced(c, job, why)?;
     set_state(c, job, JobState::Queued, &format!("requeued: {why}"))

@@ -515,6 +515,18 @@ impl TestAgent {
     pub async fn restart(&mut self, gpus: &str) {
         self.task.abort();
         let _ = (&mut self.task).await;
+        // The agent's own tasks (its control socket's server) end at their next poll, not
+        // with it: until then the socket answers, and a new agent on this state dir would
+        // rightly refuse to start beside it.
+        let socket = commons_agent::owner::socket::socket_path(self.dir.path());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "the aborted agent's control socket still answers after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         self.config.gpus = gpus.parse().unwrap();
         self.config.enrol_token = None;
         self.task = tokio::spawn(commons_agent::run(self.config.clone()));
