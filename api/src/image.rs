@@ -1,7 +1,8 @@
 //! The image allow-list's rules, shared by the portal (which checks entries and jobs) and
 //! the agent (which checks again before it runs anything): how an image is named
 //! (`NAME:TAG`), what a pin looks like (`sha256:<64 hex>`, the image's ID in the Docker
-//! Engine), and what an image signature is.
+//! Engine), and what an image signature is; and the allow-list's API types
+//! (`/api/v1/images`).
 //!
 //! A signature is an SSH signature (`ssh-keygen -Y sign -n gpu-commons-image`, the
 //! "SSHSIG" format, armored) by an ed25519 key of a campus authority over the bytes of
@@ -14,6 +15,8 @@
 //! `signature`).
 
 use crate::Invalid;
+use chrono::NaiveDateTime;
+use serde::{Deserialize, Serialize};
 use ssh_key::{Algorithm, PublicKey, SshSig};
 
 /// The SSHSIG namespace of image signatures (`ssh-keygen -Y sign -n ...`).
@@ -150,6 +153,56 @@ pub fn verify(
             ))
         })?;
     Ok(key.fingerprint())
+}
+
+/// `POST /api/v1/images`: an allow-list entry to add.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NewImage {
+    /// `NAME:TAG` (a missing tag is `latest`).
+    pub name_tag: String,
+    /// `sha256:...`, the image's ID (`docker image inspect --format '{{.Id}}'`). Absent:
+    /// the Docker Engine on the portal's host is asked.
+    #[serde(default)]
+    pub digest: Option<String>,
+    /// A lab's slug; absent: a campus-wide entry (operators only).
+    #[serde(default)]
+    pub lab: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// `ssh-keygen -Y sign -n gpu-commons-image` output over
+    /// `gpu-commons-image-v1 NAME:TAG@DIGEST`.
+    #[serde(default)]
+    pub signature: Option<String>,
+}
+
+/// An allow-list entry (`GET /api/v1/images`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImageView {
+    pub id: i64,
+    pub name_tag: String,
+    /// The pinned digest: jobs on this entry run exactly this image.
+    pub digest: String,
+    pub description: String,
+    /// The lab's slug; `null`: campus-wide.
+    pub lab: Option<String>,
+    /// The fingerprint of the campus authority key that signed it.
+    pub signed_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    pub created_by: String,
+    pub created_at: NaiveDateTime,
+}
+
+/// `PUT /api/v1/labs/{slug}/signed-images`: whether the lab's jobs may use signed
+/// entries only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RequireSigned {
+    pub require_signed: bool,
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub const CHECKPOINT_MINUTES: std::ops::RangeInclusive<i64> = 1..=1440;
 
 /// A batch job runs its command; an interactive one waits for its user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobKind {
     #[default]
@@ -31,8 +32,24 @@ pub enum JobKind {
     Interactive,
 }
 
+impl JobKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Batch => "batch",
+            JobKind::Interactive => "interactive",
+        }
+    }
+}
+
+impl std::fmt::Display for JobKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A job as submitted, through the API, the form or a job file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobRequest {
     /// The container image, `[host[:port]/]path[:tag][@sha256:...]`, from the allow-list.

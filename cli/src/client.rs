@@ -5,7 +5,7 @@ use crate::config::{self, Credentials};
 use crate::error::{CliError, Result};
 use reqwest::blocking::{RequestBuilder, Response};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::time::Duration;
 
 pub struct Client {
@@ -14,16 +14,7 @@ pub struct Client {
     token: Option<String>,
 }
 
-/// The portal's error body: `{"error", "message", "field"}`.
-#[derive(Debug, Default, Deserialize)]
-pub struct ErrorBody {
-    #[serde(default)]
-    pub error: String,
-    #[serde(default)]
-    pub message: String,
-    #[serde(default)]
-    pub field: Option<String>,
-}
+pub use commons_api::ErrorBody;
 
 impl Client {
     pub fn new(url: &str, token: Option<String>) -> Result<Client> {
@@ -156,11 +147,18 @@ impl Client {
 
     fn json<T: DeserializeOwned>(&self, resp: Response) -> Result<T> {
         let text = resp.text().map_err(|e| self.unreachable(&e))?;
-        serde_json::from_str(&text).map_err(|e| {
-            CliError::Other(anyhow::anyhow!(
-                "the portal's answer is not what this commons understands ({e}); is {} a GPU Commons portal of a matching version?",
-                self.url
-            ))
-        })
+        serde_json::from_str(&text).map_err(|e| self.not_understood(e))
+    }
+
+    /// An answer already read as JSON (to print it as it came with `--json`), as `T`.
+    pub fn parse<T: DeserializeOwned>(&self, v: serde_json::Value) -> Result<T> {
+        serde_json::from_value(v).map_err(|e| self.not_understood(e))
+    }
+
+    fn not_understood(&self, e: serde_json::Error) -> CliError {
+        CliError::Other(anyhow::anyhow!(
+            "the portal's answer is not what this commons understands ({e}); is {} a GPU Commons portal of a matching version?",
+            self.url
+        ))
     }
 }

@@ -12,8 +12,8 @@
 use crate::args::LogsArgs;
 use crate::client::Client;
 use crate::error::Result;
-use crate::jobs::{Event, Job};
 use crate::output;
+use commons_api::{JobEvent, JobView};
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -56,23 +56,20 @@ impl Follower<'_> {
     /// Prints the history entries not printed yet, up to the first final one (which
     /// waits for `finals`, so that the job's last output comes before its end).
     fn print_events(&mut self, finals: bool) -> Result<()> {
-        let events: Vec<Event> = self
+        let events: Vec<JobEvent> = self
             .client
             .get(&format!("/api/v1/jobs/{}/events", self.id))?;
         for e in events.iter().skip(self.events_seen) {
-            let is_final = matches!(e.state.as_str(), "succeeded" | "failed" | "cancelled");
-            if is_final && !finals {
+            if e.state.is_final() && !finals {
                 break;
             }
             self.clear_progress();
-            let at = output::parse_time(&e.at)
-                .map(|t| t.format("%H:%M:%S").to_string())
-                .unwrap_or_default();
+            let at = e.at.format("%H:%M:%S");
             // Padded before it is coloured: escape codes take no room on the screen.
             let state = format!("{:<10}", e.state);
             eprintln!(
                 "[{at}] {} {}",
-                output::paint_state(&state, &e.state, self.colour),
+                output::paint_state(&state, e.state, self.colour),
                 e.message
             );
             self.events_seen += 1;
@@ -82,7 +79,7 @@ impl Follower<'_> {
 }
 
 /// Follows job `id` until it ends; with `events`, its state changes too.
-pub fn follow(client: &Client, id: i64, events: bool) -> Result<Job> {
+pub fn follow(client: &Client, id: i64, events: bool) -> Result<JobView> {
     let progress = events && std::io::stderr().is_terminal();
     let mut f = Follower {
         client,
@@ -95,12 +92,12 @@ pub fn follow(client: &Client, id: i64, events: bool) -> Result<Job> {
     let started = Instant::now();
     let mut tick = 0usize;
     loop {
-        let job: Job = client.get(&format!("/api/v1/jobs/{id}"))?;
+        let job: JobView = client.get(&format!("/api/v1/jobs/{id}"))?;
         if events {
             f.print_events(false)?;
         }
         f.print_output()?;
-        if job.is_final() {
+        if job.state.is_final() {
             for _ in 0..2 {
                 std::thread::sleep(Duration::from_millis(300));
                 f.print_output()?;
@@ -111,7 +108,7 @@ pub fn follow(client: &Client, id: i64, events: bool) -> Result<Job> {
             f.clear_progress();
             return Ok(job);
         }
-        if progress && matches!(job.state.as_str(), "queued" | "starting" | "preempting") {
+        if progress && job.state.is_waiting() {
             let why = job.reason.clone().unwrap_or_default();
             let pos = job
                 .queue_position

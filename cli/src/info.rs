@@ -4,39 +4,10 @@ use crate::args::{JsonFlag, UsageArgs};
 use crate::client::Client;
 use crate::error::{CliError, Result};
 use crate::output::{self, Cell};
-use serde::Deserialize;
+use commons_api::account::{Account, LabUsageView};
+use commons_api::node::{LendMode, NodeView};
+use commons_api::JobState;
 use serde_json::Value;
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Quota {
-    max_gpus: Option<u32>,
-    max_gpu_hours: Option<f64>,
-    max_time_limit_minutes: Option<i64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct LabAccount {
-    slug: String,
-    role: String,
-    quota: Quota,
-    gpus_in_use: u32,
-    running_jobs: u32,
-    queued_jobs: u32,
-    gpu_hours_in_period: f64,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Account {
-    username: String,
-    email: String,
-    name: String,
-    operator: bool,
-    quota_period_days: i64,
-    labs: Vec<LabAccount>,
-}
 
 fn of_limit<T: std::fmt::Display>(used: String, limit: Option<T>) -> String {
     match limit {
@@ -52,7 +23,7 @@ pub fn whoami(a: JsonFlag) -> Result<u8> {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return Ok(0);
     }
-    let me: Account = serde_json::from_value(v).unwrap_or_default();
+    let me: Account = client.parse(v)?;
     let name = if me.name.is_empty() || me.name == me.username {
         String::new()
     } else {
@@ -106,12 +77,7 @@ pub fn whoami(a: JsonFlag) -> Result<u8> {
 /// The one lab the caller administers (for `ls --all` without `--lab`).
 pub fn only_admin_lab(client: &Client) -> Result<String> {
     let me: Account = client.get("/api/v1/me")?;
-    let admin: Vec<&str> = me
-        .labs
-        .iter()
-        .filter(|l| l.role == "admin")
-        .map(|l| l.slug.as_str())
-        .collect();
+    let admin = me.admin_labs();
     match admin.as_slice() {
         [one] => Ok(one.to_string()),
         [] if me.operator => Err(CliError::Usage(
@@ -127,35 +93,6 @@ pub fn only_admin_lab(client: &Client) -> Result<String> {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct NodeGpu {
-    model: String,
-    present: bool,
-    local_use: bool,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Lending {
-    mode: String,
-    max_lent_gpus: Option<u32>,
-    max_guest_time_limit_s: Option<i64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Node {
-    id: i64,
-    name: String,
-    lab: String,
-    online: bool,
-    draining: bool,
-    reclaim: bool,
-    gpus: Vec<NodeGpu>,
-    lending: Lending,
-}
-
 pub fn nodes(a: JsonFlag) -> Result<u8> {
     let client = Client::signed_in()?;
     let v: Value = client.get("/api/v1/nodes")?;
@@ -163,7 +100,7 @@ pub fn nodes(a: JsonFlag) -> Result<u8> {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return Ok(0);
     }
-    let nodes: Vec<Node> = serde_json::from_value(v).unwrap_or_default();
+    let nodes: Vec<NodeView> = client.parse(v)?;
     if nodes.is_empty() {
         eprintln!("no servers enrolled yet");
         return Ok(0);
@@ -190,10 +127,12 @@ pub fn nodes(a: JsonFlag) -> Result<u8> {
                 .collect::<Vec<_>>()
                 .join(", ");
             let owner_use = n.gpus.iter().filter(|g| g.local_use).count();
-            let mut lends = match n.lending.mode.as_str() {
-                "" => "?".to_string(),
-                m => m.to_string(),
-            };
+            let mut lends = match n.lending.mode {
+                LendMode::Always => "always",
+                LendMode::Never => "never",
+                LendMode::Windows => "windows",
+            }
+            .to_string();
             if let Some(max) = n.lending.max_lent_gpus {
                 lends.push_str(&format!(", at most {max} GPUs"));
             }
@@ -203,9 +142,14 @@ pub fn nodes(a: JsonFlag) -> Result<u8> {
             if n.reclaim {
                 lends.push_str(", reclaiming");
             }
+            // Coloured as a running job when online, as a cancelled one when not.
             let state_cell = Cell {
                 text: state.to_string(),
-                state: Some(if n.online { "running" } else { "cancelled" }.to_string()),
+                state: Some(if n.online {
+                    JobState::Running
+                } else {
+                    JobState::Cancelled
+                }),
             };
             vec![
                 n.id.to_string().into(),
@@ -234,30 +178,6 @@ pub fn nodes(a: JsonFlag) -> Result<u8> {
     Ok(0)
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Week {
-    used: f64,
-    borrowed: f64,
-    lent: f64,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Member {
-    username: String,
-    gpu_hours: Vec<f64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct LabUsage {
-    lab: String,
-    week_starts: Vec<String>,
-    weeks: Option<Vec<Week>>,
-    members: Vec<Member>,
-}
-
 pub fn usage(a: UsageArgs) -> Result<u8> {
     let client = Client::signed_in()?;
     let path = match &a.lab {
@@ -272,7 +192,7 @@ pub fn usage(a: UsageArgs) -> Result<u8> {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return Ok(0);
     }
-    let labs: Vec<LabUsage> = serde_json::from_value(v).unwrap_or_default();
+    let labs: Vec<LabUsageView> = client.parse(v)?;
     let colour = output::colour_stdout();
     for (i, l) in labs.iter().enumerate() {
         if i > 0 {
@@ -293,7 +213,7 @@ pub fn usage(a: UsageArgs) -> Result<u8> {
             .iter()
             .enumerate()
             .map(|(w, start)| {
-                let mut row: Vec<Cell> = vec![start.as_str().into()];
+                let mut row: Vec<Cell> = vec![start.to_string().into()];
                 if let Some(weeks) = &l.weeks {
                     let wk = weeks.get(w);
                     for x in [

@@ -6,107 +6,62 @@ use crate::client::Client;
 use crate::error::{CliError, Result};
 use crate::follow;
 use crate::output::{self, Cell};
-use commons_api::{JobKind, JobRequest};
-use serde::Deserialize;
+use commons_api::{JobEvent, JobKind, JobRequest, JobState, JobView, LabJobView};
 use serde_json::Value;
 use std::io::Read;
 
-/// A job as the API shows it (what this client reads of it; `--json` prints all).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Job {
-    pub id: i64,
-    pub state: String,
-    pub reason: Option<String>,
-    pub queue_position: Option<i32>,
-    /// While the job waits: when the scheduler expects it to start (UTC); `None` when
-    /// it cannot tell (or the job does not wait).
-    pub estimated_start_at: Option<String>,
-    pub node: Option<String>,
-    pub gpus: Option<Vec<Gpu>>,
-    pub exit_code: Option<i64>,
-    pub attempts: i32,
-    pub image: String,
-    pub command: Vec<String>,
-    pub gpus_requested: i32,
-    pub gpu_models: Vec<String>,
-    pub time_limit_minutes: i64,
-    pub kind: String,
-    pub lab: String,
-    pub created_at: String,
-    pub started_at: Option<String>,
-    pub finished_at: Option<String>,
-    pub last_checkpoint_at: Option<String>,
-    pub time_left_s: Option<i64>,
-    /// Whose job (lab listings only).
-    pub user: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Gpu {
-    pub uuid: String,
-    pub index: i32,
-    pub model: String,
-}
-
-impl Job {
-    pub fn is_final(&self) -> bool {
-        matches!(self.state.as_str(), "succeeded" | "failed" | "cancelled")
-    }
-
-    /// What `ls` says beside the state: why it waits, time left, how it ended.
-    fn info(&self) -> String {
-        match self.state.as_str() {
-            "queued" => {
-                let pos = self
-                    .queue_position
-                    .map(|p| format!("#{p} in queue"))
-                    .unwrap_or_default();
-                match (&self.reason, pos.is_empty()) {
-                    (Some(r), false) => format!("{r} ({pos})"),
-                    (Some(r), true) => r.clone(),
-                    (None, _) => pos,
-                }
+/// What `ls` says beside the state: why it waits, time left, how it ended.
+fn info(j: &JobView) -> String {
+    match j.state {
+        JobState::Queued => {
+            let pos = j
+                .queue_position
+                .map(|p| format!("#{p} in queue"))
+                .unwrap_or_default();
+            match (&j.reason, pos.is_empty()) {
+                (Some(r), false) => format!("{r} ({pos})"),
+                (Some(r), true) => r.clone(),
+                (None, _) => pos,
             }
-            "running" | "preempting" => self
-                .time_left_s
-                .map(|s| format!("{} left", output::duration(s)))
-                .unwrap_or_default(),
-            "failed" => match (self.exit_code, &self.reason) {
-                (Some(c), _) => format!("exit code {c}"),
-                (None, Some(r)) => r.clone(),
-                (None, None) => String::new(),
-            },
-            "cancelled" => self.reason.clone().unwrap_or_default(),
-            _ => String::new(),
         }
+        JobState::Running | JobState::Preempting => j
+            .time_left_s
+            .map(|s| format!("{} left", output::duration(s)))
+            .unwrap_or_default(),
+        JobState::Failed => match (j.exit_code, &j.reason) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(r)) => r.clone(),
+            (None, None) => String::new(),
+        },
+        JobState::Cancelled => j.reason.clone().unwrap_or_default(),
+        JobState::Starting | JobState::Succeeded => String::new(),
     }
+}
 
-    fn gpu_text(&self) -> String {
-        match &self.gpus {
-            Some(g) if !g.is_empty() && !self.is_final() => {
-                let idx: Vec<String> = g.iter().map(|g| g.index.to_string()).collect();
-                format!("{}x {} [{}]", g.len(), g[0].model, idx.join(","))
-            }
-            _ => {
-                let models = if self.gpu_models.is_empty() {
-                    String::new()
-                } else {
-                    format!(" {}", self.gpu_models.join("|"))
-                };
-                format!("{}{models}", self.gpus_requested)
-            }
+/// The GPUs it holds (`2x A100 [0,1]`), or else the ones it asks for (`2 A100|H100`).
+fn gpu_text(j: &JobView) -> String {
+    match &j.gpus {
+        Some(g) if !g.is_empty() && !j.state.is_final() => {
+            let idx: Vec<String> = g.iter().map(|g| g.index.to_string()).collect();
+            format!("{}x {} [{}]", g.len(), g[0].model, idx.join(","))
+        }
+        _ => {
+            let models = if j.gpu_models.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", j.gpu_models.join("|"))
+            };
+            format!("{}{models}", j.gpus_requested)
         }
     }
 }
 
 /// A job's exit status as this program's: the job's own exit code, 0 for success, and
 /// 125 for a job that ended without one (cancelled, could not start).
-pub fn exit_status(job: &Job) -> u8 {
-    match (job.state.as_str(), job.exit_code) {
-        ("succeeded", _) => 0,
-        ("failed", Some(c)) => match c.rem_euclid(256) {
+pub fn exit_status(job: &JobView) -> u8 {
+    match (job.state, job.exit_code) {
+        (JobState::Succeeded, _) => 0,
+        (JobState::Failed, Some(c)) => match c.rem_euclid(256) {
             0 => 1,
             n => n as u8,
         },
@@ -173,7 +128,6 @@ fn submit_request(client: &Client, req: &JobRequest, flags: &SubmitFlags) -> Res
     // The portal's own rules, before anything is sent.
     commons_api::job::check(req)?;
     let created: Value = client.post("/api/v1/jobs", req)?;
-    let job: Job = serde_json::from_value(created.clone()).unwrap_or_default();
     if flags.json {
         println!(
             "{}",
@@ -181,6 +135,7 @@ fn submit_request(client: &Client, req: &JobRequest, flags: &SubmitFlags) -> Res
         );
         return Ok(0);
     }
+    let job: JobView = client.parse(created)?;
     if flags.follow {
         eprintln!(
             "job {} submitted; Ctrl-C stops following (the job keeps running; `commons cancel {}` stops it)",
@@ -233,15 +188,26 @@ pub fn ls(a: LsArgs) -> Result<u8> {
         "/api/v1/jobs".to_string()
     };
     let all: Vec<Value> = client.get(&path)?;
-    let shown: Vec<Value> = all
-        .into_iter()
-        .filter(|j| {
-            a.state.is_empty()
-                || a.state
-                    .iter()
-                    .any(|s| j["state"].as_str() == Some(s.as_str()))
-        })
-        .collect();
+    let wanted: Vec<JobState> = a
+        .state
+        .iter()
+        .map(|s| s.parse::<JobState>())
+        .collect::<std::result::Result<_, _>>()?;
+    let mut shown = Vec::new();
+    let mut rows = Vec::new();
+    for v in all {
+        // A lab's listing says whose each job is; the caller's own does not.
+        let (j, user) = if a.all {
+            let l: LabJobView = client.parse(v.clone())?;
+            (l.job, Some(l.user))
+        } else {
+            (client.parse::<JobView>(v.clone())?, None)
+        };
+        if wanted.is_empty() || wanted.contains(&j.state) {
+            shown.push(v);
+            rows.push((j, user));
+        }
+    }
     if a.json {
         println!(
             "{}",
@@ -249,7 +215,7 @@ pub fn ls(a: LsArgs) -> Result<u8> {
         );
         return Ok(0);
     }
-    if shown.is_empty() {
+    if rows.is_empty() {
         eprintln!("no jobs");
         return Ok(0);
     }
@@ -259,22 +225,21 @@ pub fn ls(a: LsArgs) -> Result<u8> {
         headers.push("USER");
     }
     headers.extend(["STATE", "AGE", "IMAGE", "GPUS", "NODE", "LAB", "INFO"]);
-    let rows = shown
+    let rows = rows
         .into_iter()
-        .map(|v| {
-            let j: Job = serde_json::from_value(v).unwrap_or_default();
+        .map(|(j, user)| {
             let mut row: Vec<Cell> = vec![j.id.to_string().into()];
-            if a.all {
-                row.push(j.user.clone().unwrap_or_default().into());
+            if let Some(u) = user {
+                row.push(u.into());
             }
             row.extend([
-                Cell::state(&j.state),
-                output::ago(&j.created_at).trim_end_matches(" ago").into(),
+                Cell::state(j.state),
+                output::ago(j.created_at).trim_end_matches(" ago").into(),
                 j.image.as_str().into(),
-                j.gpu_text().into(),
+                gpu_text(&j).into(),
                 j.node.clone().unwrap_or_default().into(),
                 j.lab.as_str().into(),
-                j.info().into(),
+                info(&j).into(),
             ]);
             row
         })
@@ -290,7 +255,7 @@ pub fn show(a: IdJson) -> Result<u8> {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return Ok(0);
     }
-    let j: Job = serde_json::from_value(v).unwrap_or_default();
+    let j: JobView = client.parse(v)?;
     let lines = show_lines(&j, output::colour_stdout());
     let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, v) in lines {
@@ -300,10 +265,13 @@ pub fn show(a: IdJson) -> Result<u8> {
 }
 
 /// The lines of `show` for a person, as (label, value).
-fn show_lines(j: &Job, colour: bool) -> Vec<(&'static str, String)> {
+fn show_lines(j: &JobView, colour: bool) -> Vec<(&'static str, String)> {
     let mut lines: Vec<(&str, String)> = vec![
         ("job", j.id.to_string()),
-        ("state", output::paint_state(&j.state, &j.state, colour)),
+        (
+            "state",
+            output::paint_state(j.state.as_str(), j.state, colour),
+        ),
     ];
     if let Some(r) = &j.reason {
         lines.push(("reason", r.clone()));
@@ -311,17 +279,17 @@ fn show_lines(j: &Job, colour: bool) -> Vec<(&'static str, String)> {
     if let Some(p) = j.queue_position {
         lines.push(("queue position", p.to_string()));
     }
-    if j.state == "queued" {
-        let at = j.estimated_start_at.as_deref();
+    if j.state == JobState::Queued {
+        let at = j.estimated_start_at.flatten();
         lines.push(("estimated start", at.map_or("unknown".into(), output::when)));
     }
-    lines.push(("kind", j.kind.clone()));
+    lines.push(("kind", j.kind.to_string()));
     lines.push(("image", j.image.clone()));
     if !j.command.is_empty() {
         lines.push(("command", shell_words(&j.command)));
     }
     lines.push(("lab", j.lab.clone()));
-    lines.push(("gpus", j.gpu_text()));
+    lines.push(("gpus", gpu_text(j)));
     if let Some(n) = &j.node {
         lines.push(("node", n.clone()));
     }
@@ -333,14 +301,14 @@ fn show_lines(j: &Job, colour: bool) -> Vec<(&'static str, String)> {
     if let Some(c) = j.exit_code {
         lines.push(("exit code", c.to_string()));
     }
-    lines.push(("submitted", output::when(&j.created_at)));
-    if let Some(t) = &j.started_at {
+    lines.push(("submitted", output::when(j.created_at)));
+    if let Some(t) = j.started_at {
         lines.push(("started", output::when(t)));
     }
-    if let Some(t) = &j.finished_at {
+    if let Some(t) = j.finished_at {
         lines.push(("finished", output::when(t)));
     }
-    if let Some(t) = &j.last_checkpoint_at {
+    if let Some(t) = j.last_checkpoint_at {
         lines.push(("last checkpoint", output::when(t)));
     }
     lines
@@ -364,14 +332,6 @@ fn shell_words(words: &[String]) -> String {
         .join(" ")
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Event {
-    pub at: String,
-    pub state: String,
-    pub message: String,
-}
-
 pub fn events(a: IdJson) -> Result<u8> {
     let client = Client::signed_in()?;
     let v: Value = client.get(&format!("/api/v1/jobs/{}/events", a.id))?;
@@ -379,14 +339,14 @@ pub fn events(a: IdJson) -> Result<u8> {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return Ok(0);
     }
-    let events: Vec<Event> = serde_json::from_value(v).unwrap_or_default();
+    let events: Vec<JobEvent> = client.parse(v)?;
     let colour = output::colour_stdout();
     let rows = events
         .into_iter()
         .map(|e| {
             vec![
-                output::when(&e.at).into(),
-                Cell::state(&e.state),
+                output::when(e.at).into(),
+                Cell::state(e.state),
                 e.message.into(),
             ]
         })
@@ -402,7 +362,7 @@ pub fn cancel(a: CancelArgs) -> Result<u8> {
     let client = Client::signed_in()?;
     let mut worst: Option<CliError> = None;
     for id in a.ids {
-        match client.post::<Job>(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({})) {
+        match client.post::<JobView>(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({})) {
             Ok(j) => println!("job {id} {}", j.state),
             // One that cannot be cancelled does not stop the others.
             Err(e @ (CliError::Api { .. } | CliError::Forbidden(_))) => {
@@ -422,23 +382,33 @@ pub fn cancel(a: CancelArgs) -> Result<u8> {
 mod tests {
     use super::*;
 
+    fn job(state: JobState, exit_code: Option<i64>) -> JobView {
+        let mut v = serde_json::json!({
+            "id": 7, "state": state, "attempts": 0, "image": "x:1", "command": [],
+            "gpus_requested": 1, "gpu_models": [], "time_limit_minutes": 5, "kind": "batch",
+            "lab": "vision", "created_at": "2026-12-03T08:12:00.123456",
+        });
+        if let Some(c) = exit_code {
+            v["exit_code"] = c.into();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
     #[test]
     fn show_gives_a_waiting_job_its_estimated_start() {
-        let line = |j: &Job| {
+        let line = |j: &JobView| {
             show_lines(j, false)
                 .into_iter()
                 .find(|(k, _)| *k == "estimated start")
                 .map(|(_, v)| v)
         };
-        let mut j = Job {
-            state: "queued".into(),
-            estimated_start_at: Some("2027-01-15T08:00:00".into()),
-            ..Job::default()
-        };
+        let mut j = job(JobState::Queued, None);
+        j.estimated_start_at =
+            Some(chrono::DateTime::from_timestamp(1_800_000_000, 0).map(|t| t.naive_utc()));
         assert_eq!(line(&j).as_deref(), Some("2027-01-15 08:00:00 UTC"));
-        j.estimated_start_at = None;
+        j.estimated_start_at = Some(None);
         assert_eq!(line(&j).as_deref(), Some("unknown"));
-        j.state = "running".into();
+        j.state = JobState::Running;
         assert_eq!(line(&j), None, "only while it waits");
     }
 
@@ -475,16 +445,11 @@ mod tests {
 
     #[test]
     fn exit_status_is_the_jobs() {
-        let j = |state: &str, code: Option<i64>| Job {
-            state: state.into(),
-            exit_code: code,
-            ..Default::default()
-        };
-        assert_eq!(exit_status(&j("succeeded", Some(0))), 0);
-        assert_eq!(exit_status(&j("failed", Some(3))), 3);
-        assert_eq!(exit_status(&j("failed", Some(256))), 1);
-        assert_eq!(exit_status(&j("failed", None)), 125);
-        assert_eq!(exit_status(&j("cancelled", None)), 125);
+        assert_eq!(exit_status(&job(JobState::Succeeded, Some(0))), 0);
+        assert_eq!(exit_status(&job(JobState::Failed, Some(3))), 3);
+        assert_eq!(exit_status(&job(JobState::Failed, Some(256))), 1);
+        assert_eq!(exit_status(&job(JobState::Failed, None)), 125);
+        assert_eq!(exit_status(&job(JobState::Cancelled, None)), 125);
     }
 
     #[test]

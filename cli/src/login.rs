@@ -8,32 +8,11 @@ use crate::args::LoginArgs;
 use crate::client::Client;
 use crate::config::{self, Credentials};
 use crate::error::{CliError, Result};
-use serde::Deserialize;
+use commons_api::account::Account;
+use commons_api::cli_login::{DeviceRequest, DeviceStart, TokenGranted, TokenRequest};
 use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-#[derive(Debug, Deserialize)]
-struct DeviceStart {
-    device_code: String,
-    user_code: String,
-    verification_uri: String,
-    expires_in: u64,
-    interval: u64,
-}
-
-#[derive(Debug, Deserialize)]
-struct Granted {
-    access_token: String,
-    #[serde(default)]
-    expires_at: Option<String>,
-    username: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct Me {
-    username: String,
-}
 
 pub fn login(a: LoginArgs) -> Result<u8> {
     let url = config::normalise_url(&a.url)?;
@@ -67,7 +46,7 @@ fn with_token(url: &str, token: String) -> Result<Credentials> {
         ));
     }
     let client = Client::new(url, Some(token.clone()))?;
-    let me: Me = client.get("/api/v1/me")?;
+    let me: Account = client.get("/api/v1/me")?;
     Ok(Credentials {
         url: client.url.clone(),
         token,
@@ -118,7 +97,9 @@ fn through_browser(url: &str, browser: bool) -> Result<Credentials> {
     let start: DeviceStart = client
         .post(
             "/api/v1/cli/device",
-            &serde_json::json!({ "client_name": client_name() }),
+            &DeviceRequest {
+                client_name: Some(client_name()),
+            },
         )
         .map_err(|e| match e {
             CliError::Api { status: 404, .. } => CliError::Usage(format!(
@@ -134,14 +115,16 @@ fn through_browser(url: &str, browser: bool) -> Result<Credentials> {
         start.user_code,
         start.expires_in / 60
     );
-    let deadline = Instant::now() + Duration::from_secs(start.expires_in);
-    let mut interval = Duration::from_secs(start.interval.max(1));
-    let body = serde_json::json!({ "device_code": start.device_code });
+    let deadline = Instant::now() + Duration::from_secs(start.expires_in.max(0) as u64);
+    let mut interval = Duration::from_secs(start.interval.max(1) as u64);
+    let body = TokenRequest {
+        device_code: start.device_code,
+    };
     loop {
         std::thread::sleep(interval);
         let (status, text) = client.post_raw("/api/v1/cli/token", &body)?;
         if status == 200 {
-            let g: Granted = serde_json::from_str(&text).map_err(|e| {
+            let g: TokenGranted = serde_json::from_str(&text).map_err(|e| {
                 CliError::Other(anyhow::anyhow!(
                     "the portal's token answer does not parse: {e}"
                 ))
@@ -150,7 +133,7 @@ fn through_browser(url: &str, browser: bool) -> Result<Credentials> {
                 url: client.url.clone(),
                 token: g.access_token,
                 username: Some(g.username),
-                expires_at: g.expires_at,
+                expires_at: Some(g.expires_at.format("%Y-%m-%dT%H:%M:%S%.f").to_string()),
             });
         }
         let refusal: crate::client::ErrorBody = serde_json::from_str(&text).unwrap_or_default();

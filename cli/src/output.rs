@@ -3,6 +3,7 @@
 
 use crate::error::{CliError, Result};
 use chrono::{NaiveDateTime, Utc};
+use commons_api::JobState;
 use std::io::IsTerminal;
 
 /// Colour on stdout: a terminal, `NO_COLOR` unset, `TERM` not `dumb`.
@@ -22,19 +23,18 @@ fn colour_for(terminal: bool) -> bool {
 }
 
 /// The ANSI colour of a job state.
-fn state_colour(state: &str) -> &'static str {
+fn state_colour(state: JobState) -> &'static str {
     match state {
-        "succeeded" => "32",
-        "failed" => "31",
-        "cancelled" => "90",
-        "running" | "starting" => "34",
-        "queued" | "preempting" => "33",
-        _ => "0",
+        JobState::Succeeded => "32",
+        JobState::Failed => "31",
+        JobState::Cancelled => "90",
+        JobState::Running | JobState::Starting => "34",
+        JobState::Queued | JobState::Preempting => "33",
     }
 }
 
 /// `text` in the colour of `state` when `on`.
-pub fn paint_state(text: &str, state: &str, on: bool) -> String {
+pub fn paint_state(text: &str, state: JobState, on: bool) -> String {
     if on {
         format!("\x1b[{}m{text}\x1b[0m", state_colour(state))
     } else {
@@ -45,7 +45,7 @@ pub fn paint_state(text: &str, state: &str, on: bool) -> String {
 /// A table cell: its text, and the state whose colour it takes (if any).
 pub struct Cell {
     pub text: String,
-    pub state: Option<String>,
+    pub state: Option<JobState>,
 }
 
 impl From<String> for Cell {
@@ -64,10 +64,10 @@ impl From<&str> for Cell {
 }
 
 impl Cell {
-    pub fn state(state: &str) -> Cell {
+    pub fn state(state: JobState) -> Cell {
         Cell {
             text: state.to_string(),
-            state: Some(state.to_string()),
+            state: Some(state),
         }
     }
 }
@@ -83,7 +83,7 @@ pub fn table(headers: &[&str], rows: Vec<Vec<Cell>>, colour: bool) -> String {
         }
     }
     let mut out = String::new();
-    let line = |cells: Vec<(String, Option<String>)>, out: &mut String| {
+    let line = |cells: Vec<(String, Option<JobState>)>, out: &mut String| {
         let n = cells.len();
         let mut s = String::new();
         for (i, (text, state)) in cells.into_iter().enumerate() {
@@ -93,7 +93,7 @@ pub fn table(headers: &[&str], rows: Vec<Vec<Cell>>, colour: bool) -> String {
                 0
             };
             match state {
-                Some(st) => s.push_str(&paint_state(&text, &st, colour)),
+                Some(st) => s.push_str(&paint_state(&text, st, colour)),
                 None => s.push_str(&text),
             }
             s.push_str(&" ".repeat(pad));
@@ -181,28 +181,17 @@ pub fn duration(secs: i64) -> String {
     }
 }
 
-/// The API's times are UTC without a zone (`2026-12-03T08:12:00.123456`).
-pub fn parse_time(t: &str) -> Option<NaiveDateTime> {
-    NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S%.f").ok()
+/// "3m 05s ago" for an API time (UTC).
+pub fn ago(at: NaiveDateTime) -> String {
+    format!(
+        "{} ago",
+        duration((Utc::now().naive_utc() - at).num_seconds())
+    )
 }
 
-/// "3m 05s ago" for an API time; the text itself if it does not parse.
-pub fn ago(t: &str) -> String {
-    match parse_time(t) {
-        Some(at) => format!(
-            "{} ago",
-            duration((Utc::now().naive_utc() - at).num_seconds())
-        ),
-        None => t.to_string(),
-    }
-}
-
-/// An API time as `2026-12-03 08:12:00 UTC`.
-pub fn when(t: &str) -> String {
-    match parse_time(t) {
-        Some(at) => at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
-        None => t.to_string(),
-    }
+/// An API time (UTC) as `2026-12-03 08:12:00 UTC`.
+pub fn when(at: NaiveDateTime) -> String {
+    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
 
 #[cfg(test)]
@@ -236,12 +225,20 @@ mod tests {
     #[test]
     fn tables_align_and_colour_only_when_asked() {
         let rows = vec![
-            vec![Cell::from("1"), Cell::state("running"), Cell::from("n1")],
-            vec![Cell::from("100"), Cell::state("queued"), Cell::from("")],
+            vec![
+                Cell::from("1"),
+                Cell::state(JobState::Running),
+                Cell::from("n1"),
+            ],
+            vec![
+                Cell::from("100"),
+                Cell::state(JobState::Queued),
+                Cell::from(""),
+            ],
         ];
         let t = table(&["ID", "STATE", "NODE"], rows, false);
         assert_eq!(t, "ID   STATE    NODE\n1    running  n1\n100  queued\n");
-        let rows = vec![vec![Cell::from("1"), Cell::state("failed")]];
+        let rows = vec![vec![Cell::from("1"), Cell::state(JobState::Failed)]];
         let t = table(&["ID", "STATE"], rows, true);
         assert!(t.contains("\x1b[31mfailed\x1b[0m"), "{t:?}");
     }

@@ -11,26 +11,16 @@ use crate::args::{NotebookArgs, SshArgs, SshConfigArgs, SshKeyCommand};
 use crate::client::Client;
 use crate::config;
 use crate::error::{CliError, Result};
-use crate::jobs::Job;
 use crate::output::{self, Cell};
-use serde::Deserialize;
+use commons_api::ssh::{GatewayInfo, NewSshKey, SshKey};
+use commons_api::{JobState, JobView};
 use serde_json::Value;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Deserialize)]
-pub struct Gateway {
-    pub host: String,
-    pub port: u16,
-    pub host_key_alias: String,
-    pub known_hosts: String,
-    #[serde(default)]
-    pub fingerprint: String,
-}
-
-fn gateway(client: &Client) -> Result<Gateway> {
+fn gateway(client: &Client) -> Result<GatewayInfo> {
     client.get("/api/v1/ssh-gateway").map_err(|e| match e {
         CliError::Api { status: 404, .. } => CliError::Usage(format!(
             "the portal at {} runs no SSH gateway (its operators start it with --ssh-listen)",
@@ -41,7 +31,7 @@ fn gateway(client: &Client) -> Result<Gateway> {
 }
 
 /// Writes the gateway's `known_hosts` line into this program's folder; returns the file.
-fn known_hosts(gw: &Gateway) -> Result<PathBuf> {
+fn known_hosts(gw: &GatewayInfo) -> Result<PathBuf> {
     let path = config::dir()?.join("known_hosts");
     let line = format!("{}\n", gw.known_hosts.trim());
     if std::fs::read_to_string(&path).ok().as_deref() != Some(line.as_str()) {
@@ -51,7 +41,7 @@ fn known_hosts(gw: &Gateway) -> Result<PathBuf> {
 }
 
 /// The options every connection to the gateway needs.
-fn options(gw: &Gateway, known_hosts: &std::path::Path) -> Vec<String> {
+fn options(gw: &GatewayInfo, known_hosts: &std::path::Path) -> Vec<String> {
     vec![
         "-p".into(),
         gw.port.to_string(),
@@ -65,11 +55,11 @@ fn options(gw: &Gateway, known_hosts: &std::path::Path) -> Vec<String> {
 }
 
 /// The job, if it runs; else why SSH cannot reach it now.
-fn running_job(client: &Client, id: i64) -> Result<Job> {
-    let job: Job = client.get(&format!("/api/v1/jobs/{id}"))?;
-    match job.state.as_str() {
-        "running" => Ok(job),
-        s @ ("queued" | "starting" | "preempting") => Err(CliError::Api {
+fn running_job(client: &Client, id: i64) -> Result<JobView> {
+    let job: JobView = client.get(&format!("/api/v1/jobs/{id}"))?;
+    match job.state {
+        JobState::Running => Ok(job),
+        s @ (JobState::Queued | JobState::Starting | JobState::Preempting) => Err(CliError::Api {
             status: 409,
             code: "not_running".into(),
             message: format!(
@@ -77,7 +67,7 @@ fn running_job(client: &Client, id: i64) -> Result<Job> {
                 job.reason.map(|r| format!(" ({r})")).unwrap_or_default()
             ),
         }),
-        s => Err(CliError::Api {
+        s @ (JobState::Succeeded | JobState::Failed | JobState::Cancelled) => Err(CliError::Api {
             status: 409,
             code: "not_running".into(),
             message: format!("job {id} has ended ({s})"),
@@ -221,17 +211,6 @@ pub fn notebook(a: NotebookArgs) -> Result<u8> {
     Ok(status.code().map(|c| c.clamp(0, 255) as u8).unwrap_or(0))
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Key {
-    id: i64,
-    name: String,
-    algorithm: String,
-    fingerprint: String,
-    created_at: String,
-    last_used_at: Option<String>,
-}
-
 pub fn ssh_key(c: SshKeyCommand) -> Result<u8> {
     let client = Client::signed_in()?;
     match c {
@@ -241,7 +220,7 @@ pub fn ssh_key(c: SshKeyCommand) -> Result<u8> {
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
                 return Ok(0);
             }
-            let keys: Vec<Key> = serde_json::from_value(v).unwrap_or_default();
+            let keys: Vec<SshKey> = client.parse(v)?;
             if keys.is_empty() {
                 eprintln!("no SSH keys: add one with `commons ssh-key add ~/.ssh/id_ed25519.pub`");
                 return Ok(0);
@@ -254,9 +233,9 @@ pub fn ssh_key(c: SshKeyCommand) -> Result<u8> {
                         k.name.into(),
                         k.algorithm.into(),
                         k.fingerprint.into(),
-                        output::when(&k.created_at).into(),
+                        output::when(k.created_at).into(),
                         k.last_used_at
-                            .map(|t| output::ago(&t))
+                            .map(output::ago)
                             .unwrap_or_else(|| "never".into())
                             .into(),
                     ]
@@ -274,11 +253,11 @@ pub fn ssh_key(c: SshKeyCommand) -> Result<u8> {
         SshKeyCommand::Add { file, name } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", file.display())))?;
-            let mut body = serde_json::json!({ "public_key": text.trim() });
-            if let Some(n) = name {
-                body["name"] = n.into();
-            }
-            let k: Key = client.post("/api/v1/ssh-keys", &body)?;
+            let body = NewSshKey {
+                public_key: text.trim().to_string(),
+                name,
+            };
+            let k: SshKey = client.post("/api/v1/ssh-keys", &body)?;
             println!("added key {} ({} {})", k.id, k.algorithm, k.fingerprint);
         }
         SshKeyCommand::Rm { id } => {

@@ -7,6 +7,7 @@ use crate::error::ApiError;
 use crate::service::account;
 use crate::state::AppState;
 use actix_web::{web, HttpResponse};
+use commons_api::account::SessionsEnded;
 use serde::Deserialize;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -48,5 +49,7 @@ async fn sign_out(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let n = crate::service::sessions::sign_out_everywhere(&state, &user, &path).await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "sessions_ended": n })))
+    Ok(HttpResponse::Ok().json(SessionsEnded {
+        sessions_ended: n as u64,
+    }))
 }

@@ -4,7 +4,7 @@
 
 use super::ApiJson;
 use crate::error::{ApiError, AppError, ErrorBody};
-use crate::service::cli_login::{self, NotYet, StartRequest, TokenRequest};
+use crate::service::cli_login::{self, DeviceRequest, NotYet, TokenRequest};
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
 
@@ -27,7 +27,7 @@ fn base_url(state: &AppState, req: &HttpRequest) -> String {
 async fn start(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: ApiJson<StartRequest>,
+    body: ApiJson<DeviceRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let base = base_url(&state, &req);
     let from = crate::client_addr::client_ip(&req, &state.config.trusted_proxy_ranges())

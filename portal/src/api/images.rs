@@ -7,6 +7,7 @@ use crate::error::ApiError;
 use crate::service::images::{self, NewImage};
 use crate::state::AppState;
 use actix_web::{web, HttpResponse};
+use commons_api::image::RequireSigned;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/images", web::get().to(list))
@@ -37,19 +38,13 @@ async fn remove(
     Ok(HttpResponse::NoContent().finish())
 }
 
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SignedRequest {
-    require_signed: bool,
-}
-
 async fn put_signed(
     state: web::Data<AppState>,
     user: CurrentUser,
     slug: web::Path<String>,
-    body: ApiJson<SignedRequest>,
+    body: ApiJson<RequireSigned>,
 ) -> Result<HttpResponse, ApiError> {
     let on =
         images::set_require_signed(&state, &user, slug.into_inner(), body.0.require_signed).await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "require_signed": on })))
+    Ok(HttpResponse::Ok().json(RequireSigned { require_signed: on }))
 }

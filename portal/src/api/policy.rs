@@ -8,6 +8,7 @@ use crate::error::ApiError;
 use crate::service::policy::{self, LabQuota, LendingRequest, QuotaRequest, Windows};
 use crate::state::AppState;
 use actix_web::{web, HttpResponse};
+use commons_api::node::InteractiveBoost;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/nodes/{id}/lending", web::put().to(put_lending))
@@ -47,7 +48,7 @@ async fn put_lab_quota(
         LabQuota::Borrowing,
     )
     .await?;
-    Ok(HttpResponse::Ok().json(q))
+    Ok(HttpResponse::Ok().json(policy::stored_quota(&q)))
 }
 
 async fn put_member_quota(
@@ -58,7 +59,7 @@ async fn put_member_quota(
 ) -> Result<HttpResponse, ApiError> {
     let (slug, username) = path.into_inner();
     let q = policy::set_member_quota(&state, &user, slug, username, body.0).await?;
-    Ok(HttpResponse::Ok().json(q))
+    Ok(HttpResponse::Ok().json(policy::stored_quota(&q)))
 }
 
 async fn put_member_default_quota(
@@ -75,23 +76,19 @@ async fn put_member_default_quota(
         LabQuota::MemberDefault,
     )
     .await?;
-    Ok(HttpResponse::Ok().json(q))
-}
-
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InteractiveRequest {
-    interactive_boost: bool,
+    Ok(HttpResponse::Ok().json(policy::stored_quota(&q)))
 }
 
 async fn put_interactive(
     state: web::Data<AppState>,
     user: CurrentUser,
     slug: web::Path<String>,
-    body: ApiJson<InteractiveRequest>,
+    body: ApiJson<InteractiveBoost>,
 ) -> Result<HttpResponse, ApiError> {
     let on =
         policy::set_interactive_boost(&state, &user, slug.into_inner(), body.0.interactive_boost)
             .await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "interactive_boost": on })))
+    Ok(HttpResponse::Ok().json(InteractiveBoost {
+        interactive_boost: on,
+    }))
 }

@@ -15,6 +15,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 
 async fn list(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpResponse, ApiError> {
     let keys = ssh_keys::list(&state, &user).await?;
+    let keys: Vec<_> = keys.into_iter().map(ssh_keys::view).collect();
     Ok(HttpResponse::Ok().json(keys))
 }
 
@@ -24,7 +25,7 @@ async fn add(
     body: ApiJson<NewSshKey>,
 ) -> Result<HttpResponse, ApiError> {
     let key = ssh_keys::add(&state, &user, body.0).await?;
-    Ok(HttpResponse::Created().json(key))
+    Ok(HttpResponse::Created().json(ssh_keys::view(key)))
 }
 
 async fn remove(

@@ -9,58 +9,20 @@
 
 use super::{lab_admin, Actor, Ctx};
 use crate::db::{self, DbConn};
-use crate::domain::Role;
 use crate::error::AppError;
 use commons_sched::{Policy, Quota};
-use serde::Serialize;
 
-/// A quota as users read it; `null` is no limit.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct QuotaView {
-    pub max_gpus: Option<u32>,
-    pub max_gpu_hours: Option<f64>,
-    pub max_time_limit_minutes: Option<i64>,
-}
+pub use commons_api::account::{
+    Account, LabAccount, LabUsageView, MemberUsage, QuotaView, WeekView,
+};
 
-impl From<&Quota> for QuotaView {
-    fn from(q: &Quota) -> Self {
-        QuotaView {
-            max_gpus: q.max_gpus,
-            max_gpu_hours: q.max_gpu_hours,
-            max_time_limit_minutes: q.max_time_limit_s.map(|s| s / 60),
-        }
+/// A quota as users read it.
+pub fn quota_view(q: &Quota) -> QuotaView {
+    QuotaView {
+        max_gpus: q.max_gpus,
+        max_gpu_hours: q.max_gpu_hours,
+        max_time_limit_minutes: q.max_time_limit_s.map(|s| s / 60),
     }
-}
-
-/// One of the user's labs, with their quota and use in it.
-#[derive(Debug, Clone, Serialize)]
-pub struct LabAccount {
-    pub slug: String,
-    pub name: String,
-    pub role: Role,
-    /// The member's quota in this lab (their own, else the lab's default for members).
-    pub quota: QuotaView,
-    /// The operators' quota on what the whole lab borrows from other labs.
-    pub lab_quota: QuotaView,
-    /// GPUs the user's jobs charged to this lab hold now.
-    pub gpus_in_use: u32,
-    pub running_jobs: u32,
-    pub queued_jobs: u32,
-    /// GPU-hours of the user's jobs charged to this lab in the quota period.
-    pub gpu_hours_in_period: f64,
-    /// GPU-hours the lab borrowed in the quota period (what `lab_quota` counts).
-    pub lab_borrowed_gpu_hours_in_period: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Account {
-    pub username: String,
-    pub email: String,
-    pub name: String,
-    pub operator: bool,
-    /// The window GPU-hour quotas count over.
-    pub quota_period_days: i64,
-    pub labs: Vec<LabAccount>,
 }
 
 /// The actor's account (one snapshot read, in one transaction).
@@ -85,11 +47,9 @@ pub fn account(c: &mut DbConn, actor: &Actor, policy: &Policy) -> Result<Account
             LabAccount {
                 slug: lab.slug.clone(),
                 name: lab.name.clone(),
-                role: *role,
-                quota: member
-                    .map(|m| QuotaView::from(&m.quota))
-                    .unwrap_or_default(),
-                lab_quota: QuotaView::from(&lab.quota.0),
+                role: super::views::api_role(*role),
+                quota: member.map(|m| quota_view(&m.quota)).unwrap_or_default(),
+                lab_quota: quota_view(&lab.quota.0),
                 gpus_in_use: running.iter().map(|r| r.gpus.len() as u32).sum(),
                 running_jobs: running.len() as u32,
                 queued_jobs: snap.queue.iter().filter(|q| mine(q.lab, q.user)).count() as u32,
@@ -112,35 +72,6 @@ pub fn account(c: &mut DbConn, actor: &Actor, policy: &Policy) -> Result<Account
 
 /// Weeks of usage shown.
 pub const USAGE_WEEKS: usize = 6;
-
-/// One week of a lab's usage, in GPU-hours.
-#[derive(Debug, Clone, Serialize)]
-pub struct WeekView {
-    /// Monday of the week (UTC).
-    pub week: chrono::NaiveDate,
-    pub used: f64,
-    pub borrowed: f64,
-    pub lent: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct MemberUsage {
-    pub username: String,
-    /// GPU-hours per week, in the order of the lab's `weeks`.
-    pub gpu_hours: Vec<f64>,
-}
-
-/// Usage in one lab: the lab's weeks and its members' (admins), or only the caller's.
-#[derive(Debug, Clone, Serialize)]
-pub struct LabUsageView {
-    pub lab: String,
-    /// Newest week first; absent for a member's own view.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub weeks: Option<Vec<WeekView>>,
-    /// Mondays of the weeks, newest first.
-    pub week_starts: Vec<chrono::NaiveDate>,
-    pub members: Vec<MemberUsage>,
-}
 
 /// The caller's GPU-hours by week in each of their labs, or with `lab` the whole lab's
 /// (its admins and operators only: 403 for others, 404 for an unknown lab).

@@ -22,40 +22,21 @@ use super::{Actor, Ctx};
 use crate::db::{self, cli_logins::Poll};
 use crate::error::AppError;
 use diesel::Connection;
-use serde::{Deserialize, Serialize};
 
 /// Who the approval page says is asking: fixed by the portal, whatever the request says.
 pub const CLIENT: &str = "the commons command-line client";
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StartRequest {
-    /// What the computer asking calls itself ("alice@laptop"); it only names the token on
-    /// the Tokens page, and is never shown as who asks.
-    #[serde(default)]
-    pub client_name: Option<String>,
-}
-
-/// RFC 8628's device authorization response, without `verification_uri_complete`: the
-/// user types the code.
-#[derive(Debug, Serialize)]
-pub struct StartResponse {
-    pub device_code: String,
-    pub user_code: String,
-    pub verification_uri: String,
-    pub expires_in: i64,
-    pub interval: i64,
-}
+pub use commons_api::cli_login::{DeviceRequest, DeviceStart, TokenGranted, TokenRequest};
 
 /// Starts a sign-in from `client_addr`; `base` is the portal's public URL (no trailing
 /// slash).
 pub async fn start(
     ctx: &Ctx,
-    req: StartRequest,
+    req: DeviceRequest,
     base: String,
     client_addr: String,
     per_address: u32,
-) -> Result<StartResponse, AppError> {
+) -> Result<DeviceStart, AppError> {
     let name = req.client_name.unwrap_or_default();
     let name = name.trim();
     if name.chars().count() > 100 || name.chars().any(char::is_control) {
@@ -73,29 +54,13 @@ pub async fn start(
         .db
         .run(move |c| db::cli_logins::start(c, &name, &client_addr, per_address))
         .await?;
-    Ok(StartResponse {
+    Ok(DeviceStart {
         verification_uri: format!("{base}/cli/device"),
         device_code,
         user_code,
         expires_in: db::cli_logins::TTL_S,
         interval: db::cli_logins::INTERVAL_S,
     })
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenRequest {
-    pub device_code: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct TokenResponse {
-    pub access_token: String,
-    pub token_type: &'static str,
-    pub expires_at: chrono::NaiveDateTime,
-    pub username: String,
-    /// Whether the token may add SSH keys and make more tokens.
-    pub can_add_credentials: bool,
 }
 
 /// Why a poll got no token, as RFC 8628 names it.
@@ -138,7 +103,7 @@ pub async fn token(
     ctx: &Ctx,
     req: TokenRequest,
     token_days: u32,
-) -> Result<Result<TokenResponse, NotYet>, AppError> {
+) -> Result<Result<TokenGranted, NotYet>, AppError> {
     let days = i64::from(token_days);
     ctx.db
         .run(move |c| {
@@ -167,9 +132,9 @@ pub async fn token(
                     Some(expires_at),
                     granted.can_add_credentials,
                 )?;
-                Ok(Ok(TokenResponse {
+                Ok(Ok(TokenGranted {
                     access_token,
-                    token_type: "Bearer",
+                    token_type: "Bearer".into(),
                     expires_at,
                     username: user.username,
                     can_add_credentials: granted.can_add_credentials,

@@ -22,18 +22,11 @@ use crate::error::AppError;
 use crate::validate;
 use commons_proto::TimeLimit;
 use commons_sched::{Lending, Quota};
-use serde::Deserialize;
 
 /// The most minutes one extension may ask for (the limits above usually bind first).
 pub const MAX_EXTEND_MINUTES: i64 = 7 * 24 * 60;
 
-/// An extension request.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExtendRequest {
-    /// Minutes to add to the job's time limit.
-    pub minutes: i64,
-}
+pub use commons_api::job_view::ExtendRequest;
 
 /// A longest-job limit that applies to a job, and whose it is, in words.
 #[derive(Debug, Clone, PartialEq)]

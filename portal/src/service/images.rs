@@ -18,9 +18,7 @@ use crate::db::images::{self as q, NewEntry};
 use crate::db::models::{ImageAllow, Lab};
 use crate::db::{self, DbConn};
 use crate::error::AppError;
-use chrono::NaiveDateTime;
 use commons_api::image::{self as rules, AuthorityKey};
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// The campus image authority keys, from the portal's configuration.
@@ -29,42 +27,7 @@ pub type Authorities = Arc<Vec<AuthorityKey>>;
 /// Longest description.
 const MAX_DESCRIPTION: usize = 300;
 
-/// `POST /api/v1/images` and the lab page's form.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewImage {
-    /// `NAME:TAG` (a missing tag is `latest`).
-    pub name_tag: String,
-    /// `sha256:...`, the image's ID (`docker image inspect --format '{{.Id}}'`). Absent:
-    /// the Docker Engine on the portal's host is asked.
-    #[serde(default)]
-    pub digest: Option<String>,
-    /// A lab's slug; absent: a campus-wide entry (operators only).
-    #[serde(default)]
-    pub lab: Option<String>,
-    #[serde(default)]
-    pub description: Option<String>,
-    /// `ssh-keygen -Y sign -n gpu-commons-image` output over
-    /// `gpu-commons-image-v1 NAME:TAG@DIGEST`.
-    #[serde(default)]
-    pub signature: Option<String>,
-}
-
-/// An entry as the API and the pages show it.
-#[derive(Debug, Clone, Serialize)]
-pub struct ImageView {
-    pub id: i64,
-    pub name_tag: String,
-    pub digest: String,
-    pub description: String,
-    /// The lab's slug; none: campus-wide.
-    pub lab: Option<String>,
-    pub signed_by: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signature: Option<String>,
-    pub created_by: String,
-    pub created_at: NaiveDateTime,
-}
+pub use commons_api::image::{ImageView, NewImage};
 
 /// Who adds an entry: a signed-in user, or the operator CLI.
 pub enum Adder<'a> {

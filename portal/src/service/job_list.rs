@@ -168,8 +168,9 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
             let names = db::users::usernames(c, &users)?;
             let jobs = job_views(c, &rows)?
                 .into_iter()
-                .map(|job| LabJobView {
-                    user: names.get(&job.user_id).cloned().unwrap_or_default(),
+                .zip(&rows)
+                .map(|(job, row)| LabJobView {
+                    user: names.get(&row.user_id).cloned().unwrap_or_default(),
                     job,
                 })
                 .collect();

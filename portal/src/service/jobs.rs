@@ -1,6 +1,6 @@
 //! A user's jobs: submit, list, read, output, history, cancel.
 
-use super::views::{job_view, job_views, new_job_view, JobView};
+use super::views::{api_event, job_view, job_views, new_job_view, JobView};
 use super::Actor;
 use super::Ctx;
 use crate::db::models::{Job, JobEvent, Lab};
@@ -63,13 +63,7 @@ pub async fn list(state: &Ctx, actor: &Actor, limit: i64) -> Result<Vec<JobView>
         .await
 }
 
-/// A job of a lab as its admins see it: the view and whose it is.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct LabJobView {
-    #[serde(flatten)]
-    pub job: JobView,
-    pub user: String,
-}
+pub use commons_api::LabJobView;
 
 /// The latest jobs of lab `slug`, newest first: its admins and operators only (403 for
 /// others, 404 for an unknown lab).
@@ -89,8 +83,9 @@ pub async fn list_lab(
             let names = db::users::usernames(c, &users)?;
             Ok(job_views(c, &jobs)?
                 .into_iter()
-                .map(|job| LabJobView {
-                    user: names.get(&job.user_id).cloned().unwrap_or_default(),
+                .zip(&jobs)
+                .map(|(job, row)| LabJobView {
+                    user: names.get(&row.user_id).cloned().unwrap_or_default(),
                     job,
                 })
                 .collect())
@@ -110,23 +105,29 @@ pub async fn get(state: &Ctx, actor: &Actor, id: i64) -> Result<JobView, AppErro
         .await
 }
 
-/// A job's view, history and the last `tail` bytes of its output (the job page).
-pub async fn detail(
-    state: &Ctx,
-    actor: &Actor,
-    id: i64,
-    tail: usize,
-) -> Result<(JobView, Vec<JobEvent>, String), AppError> {
+/// What the job page shows of a job.
+pub struct Detail {
+    pub job: JobView,
+    /// The owner's user id.
+    pub owner: i64,
+    pub events: Vec<JobEvent>,
+    /// The last bytes of its output.
+    pub logs: String,
+}
+
+/// A job's view, owner, history and the last `tail` bytes of its output (the job page).
+pub async fn detail(state: &Ctx, actor: &Actor, id: i64, tail: usize) -> Result<Detail, AppError> {
     let actor = actor.clone();
     state
         .db
         .run(move |c| {
             let job = visible(c, &actor, id)?;
-            Ok((
-                job_view(c, &job)?,
-                db::jobs::events(c, id)?,
-                db::jobs::logs(c, id, tail)?,
-            ))
+            Ok(Detail {
+                job: job_view(c, &job)?,
+                owner: job.user_id,
+                events: db::jobs::events(c, id)?,
+                logs: db::jobs::logs(c, id, tail)?,
+            })
         })
         .await
 }
@@ -150,13 +151,17 @@ pub async fn logs(state: &Ctx, actor: &Actor, id: i64) -> Result<String, AppErro
 }
 
 /// A job's state history.
-pub async fn events(state: &Ctx, actor: &Actor, id: i64) -> Result<Vec<JobEvent>, AppError> {
+pub async fn events(
+    state: &Ctx,
+    actor: &Actor,
+    id: i64,
+) -> Result<Vec<commons_api::JobEvent>, AppError> {
     let actor = actor.clone();
     state
         .db
         .run(move |c| {
             visible(c, &actor, id)?;
-            db::jobs::events(c, id)
+            Ok(db::jobs::events(c, id)?.iter().map(api_event).collect())
         })
         .await
 }
@@ -238,7 +243,7 @@ mod tests {
         );
         assert_eq!(
             (view.state, view.lab.as_str(), view.attempts),
-            (crate::domain::JobState::Queued, "vision", 0)
+            (commons_api::JobState::Queued, "vision", 0)
         );
         // What the view says is what a later read says.
         let stored = db::jobs::get(&mut c, view.id).unwrap();

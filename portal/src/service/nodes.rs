@@ -5,56 +5,50 @@ use super::{node_admin, Actor, Ctx};
 use crate::db::models::{Gpu, Lab, Node};
 use crate::db::{self, DbConn};
 use crate::error::AppError;
-use serde::Serialize;
 
-#[derive(Debug, Clone, Serialize)]
-pub struct NodeView {
-    pub id: i64,
-    pub name: String,
-    pub lab: String,
-    pub online: bool,
-    pub agent_version: String,
-    pub last_seen_at: Option<chrono::NaiveDateTime>,
-    pub gpus: Vec<Gpu>,
-    pub lending: commons_sched::Lending,
-    /// Seconds a preempted guest gets here; 0: the campus default.
-    pub grace_s: i32,
-    pub reclaim: bool,
-    /// No new job starts here; guests move elsewhere; owner jobs finish.
-    pub draining: bool,
-    /// CPUs, memory (MiB) and free disk (GiB) the agent reports; 0: not reported.
-    pub cpus: f64,
-    pub memory_mb: i64,
-    pub disk_gb: i64,
-    /// The largest disk (GiB) its agent gives one job; absent: not reported (no limit).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_job_disk_gb: Option<i64>,
-    /// Why it takes no new guests now (its agent's disk is under its floor); absent: it
-    /// takes them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub disk_low: Option<String>,
-    /// Where its agent connects from (its TCP peer; what a proxy says it forwards for).
-    pub connected_from: String,
-    /// The GPU models and counts it enrolled with (its first inventory), or that its lab
-    /// admin last approved.
-    pub approved_gpus: crate::service::inventory::Counts,
-    /// It reports more GPUs, or other models, than that: no guest is placed here until
-    /// a lab admin approves (`POST /api/v1/nodes/{id}/inventory/approve`).
-    pub inventory_unapproved: bool,
-    /// Two agents used its credential at once (a cloned server or state dir); `null`
-    /// when never seen (or dismissed: `POST /api/v1/nodes/{id}/shared-credential/dismiss`).
-    pub shared_credential: Option<SharedCredential>,
+pub use commons_api::node::{NodeGpu, NodeView, SharedCredential};
+
+/// A GPU as the API shows it.
+pub fn gpu_view(g: Gpu) -> NodeGpu {
+    NodeGpu {
+        id: g.id,
+        node_id: g.node_id,
+        uuid: g.uuid,
+        idx: g.idx,
+        model: g.model,
+        memory_mb: g.memory_mb,
+        is_fake: g.is_fake,
+        present: g.present,
+        local_use: g.local_use,
+        utilization_pct: g.utilization_pct,
+        idle_since: g.idle_since,
+        fault: g.fault,
+    }
 }
 
-/// Two agents with one node credential at once, as seen.
-#[derive(Debug, Clone, Serialize)]
-pub struct SharedCredential {
-    /// When the second was refused (UTC).
-    pub seen_at: chrono::NaiveDateTime,
-    /// Where the agent that kept the node connects from.
-    pub connected_from: String,
-    /// Where the refused one came from.
-    pub refused_from: String,
+/// Lending rules as the API shows them.
+pub fn lending_view(l: commons_sched::Lending) -> commons_api::node::Lending {
+    use commons_api::node::{LendMode as A, WeeklyWindow};
+    use commons_sched::LendMode;
+    commons_api::node::Lending {
+        mode: match l.mode {
+            LendMode::Always => A::Always,
+            LendMode::Never => A::Never,
+            LendMode::Windows => A::Windows,
+        },
+        windows: l
+            .windows
+            .iter()
+            .map(|w| WeeklyWindow {
+                start_minute: w.start_minute,
+                end_minute: w.end_minute,
+            })
+            .collect(),
+        max_lent_gpus: l.max_lent_gpus,
+        min_idle_s: l.min_idle_s,
+        max_guest_time_limit_s: l.max_guest_time_limit_s,
+        borrowers: l.borrowers,
+    }
 }
 
 /// Every enrolled node with its lab and GPUs (two queries).
@@ -76,7 +70,7 @@ pub fn views(c: &mut DbConn) -> Result<Vec<NodeView>, AppError> {
                 connected_from: n.shared_connected_from.unwrap_or_default(),
                 refused_from: n.shared_refused_from.unwrap_or_default(),
             }),
-            lending: n.lending.0,
+            lending: lending_view(n.lending.0),
             grace_s: n.grace_s,
             reclaim: n.reclaim,
             draining: n.draining,
@@ -91,7 +85,7 @@ pub fn views(c: &mut DbConn) -> Result<Vec<NodeView>, AppError> {
             online: n.online,
             agent_version: n.agent_version,
             last_seen_at: n.last_seen_at,
-            gpus,
+            gpus: gpus.into_iter().map(gpu_view).collect(),
         })
         .collect())
 }

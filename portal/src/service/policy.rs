@@ -9,40 +9,10 @@ use crate::db::types::to_json;
 use crate::db::{self, users, DbConn};
 use crate::error::AppError;
 use commons_sched::{LendMode, Lending, Quota, WeeklyWindow};
-use serde::Deserialize;
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WindowRequest {
-    /// Weekdays, 0 = Monday.
-    pub days: Vec<u32>,
-    /// "HH:MM" local campus time.
-    pub from: String,
-    pub to: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LendingRequest {
-    /// never | always | windows
-    pub mode: String,
-    #[serde(default)]
-    pub windows: Vec<WindowRequest>,
-    #[serde(default)]
-    pub max_lent_gpus: Option<i64>,
-    #[serde(default)]
-    pub min_idle_minutes: Option<i64>,
-    #[serde(default)]
-    pub max_guest_minutes: Option<i64>,
-    /// Slugs of the labs that may borrow; empty: every lab.
-    #[serde(default)]
-    pub borrowers: Vec<String>,
-    #[serde(default)]
-    pub grace_seconds: Option<i64>,
-    /// The owner takes every GPU back now (guests are preempted; nothing is lent).
-    #[serde(default)]
-    pub reclaim: bool,
-}
+pub use commons_api::node::{
+    LendingRequest, LendingSaved, QuotaRequest, StoredQuota, WindowRequest,
+};
 
 /// Where a lending change takes its windows from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,16 +114,13 @@ pub fn lending_rules(
     ))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QuotaRequest {
-    #[serde(default)]
-    pub max_gpus: Option<i64>,
-    /// GPU-hours per 7 days.
-    #[serde(default)]
-    pub max_gpu_hours: Option<f64>,
-    #[serde(default)]
-    pub max_job_minutes: Option<i64>,
+/// A quota as the API shows what was stored.
+pub fn stored_quota(q: &Quota) -> StoredQuota {
+    StoredQuota {
+        max_gpus: q.max_gpus,
+        max_gpu_hours: q.max_gpu_hours,
+        max_time_limit_s: q.max_time_limit_s,
+    }
 }
 
 pub fn quota(req: &QuotaRequest) -> Result<Quota, AppError> {
@@ -181,7 +148,7 @@ pub async fn set_lending(
     node: i64,
     mut req: LendingRequest,
     windows: Windows,
-) -> Result<serde_json::Value, AppError> {
+) -> Result<LendingSaved, AppError> {
     let actor = actor.clone();
     let saved = state
         .db
@@ -220,7 +187,12 @@ pub async fn set_lending(
                 )
             })?;
             tracing::info!(node, by = %admin.user().username, "lending rules changed");
-            Ok::<_, AppError>(serde_json::json!({"node": node, "lending": lending, "grace_s": grace, "reclaim": reclaim}))
+            Ok::<_, AppError>(LendingSaved {
+                node,
+                lending: super::nodes::lending_view(lending),
+                grace_s: grace,
+                reclaim,
+            })
         })
         .await?;
     state.wake.notify_one();

@@ -137,41 +137,7 @@ pub async fn running_attempt(
     })
 }
 
-/// How users reach the gateway: what job pages and `GET /api/v1/ssh-gateway` show.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct GatewayInfo {
-    pub host: String,
-    pub port: u16,
-    /// The host public key (`ssh-ed25519 AAAA...`).
-    pub host_key: String,
-    /// Its SHA-256 fingerprint, as `ssh` prints it.
-    pub fingerprint: String,
-    /// The name the host key is filed under in `known_hosts` (`HostKeyAlias`), one for
-    /// every job of this portal.
-    pub host_key_alias: String,
-    /// The line for `~/.ssh/known_hosts`.
-    pub known_hosts: String,
-}
-
-impl GatewayInfo {
-    /// `ssh` for job `job`.
-    pub fn command(&self, job: i64) -> String {
-        if self.port == 22 {
-            format!("ssh job-{job}@{}", self.host)
-        } else {
-            format!("ssh -p {} job-{job}@{}", self.port, self.host)
-        }
-    }
-
-    /// A block for `~/.ssh/config`: `ssh commons-job-42` (and VS Code's Remote-SSH).
-    pub fn config_block(&self, job: i64) -> String {
-        format!(
-            "Host commons-job-{job}\n    HostName {}\n    Port {}\n    User job-{job}\n    \
-             HostKeyAlias {}\n",
-            self.host, self.port, self.host_key_alias
-        )
-    }
-}
+pub use commons_api::ssh::GatewayInfo;
 
 /// The gateway's coordinates, when it is on: `endpoint` from the configuration, the host
 /// key from the database (the deployment's, whichever replica recorded it).

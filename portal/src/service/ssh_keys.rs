@@ -15,17 +15,20 @@ use crate::db::models::{SshKey, User};
 use crate::db::{self, ssh_keys, DbConn};
 use crate::error::AppError;
 use crate::pubkey::{self, KeyError, ParsedKey, MAX_KEYS_PER_USER};
-use serde::Deserialize;
 
-/// `POST /api/v1/ssh-keys` and the web form.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewSshKey {
-    /// One line as in `~/.ssh/id_ed25519.pub`.
-    pub public_key: String,
-    /// Defaults to the key's comment.
-    #[serde(default)]
-    pub name: Option<String>,
+pub use commons_api::ssh::NewSshKey;
+
+/// A key as the API shows it.
+pub fn view(k: SshKey) -> commons_api::ssh::SshKey {
+    commons_api::ssh::SshKey {
+        id: k.id,
+        name: k.name,
+        algorithm: k.algorithm,
+        fingerprint: k.fingerprint,
+        public_key: k.public_key,
+        created_at: k.created_at,
+        last_used_at: k.last_used_at,
+    }
 }
 
 /// Checks and stores a key for the actor.

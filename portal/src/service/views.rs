@@ -1,4 +1,5 @@
-//! What the API and the job pages show of a job: one read model for both.
+//! What the API and the job pages show of a job: one read model for both, built here
+//! from the database's rows into `commons_api`'s types (the API's contract).
 //!
 //! [`job_views`] builds the views of any number of jobs in a fixed number of queries
 //! (jobs' last attempts, their nodes, their GPUs, their labs, their checkpoints), never a
@@ -6,85 +7,49 @@
 
 use crate::db::models::{Attempt, Job};
 use crate::db::{self, DbConn};
-use crate::domain::{JobKind, JobState};
+use crate::domain::{self, JobKind, JobState};
 use crate::error::AppError;
 use chrono::NaiveDateTime;
-use serde::Serialize;
+pub use commons_api::job_view::{GpuView, JobView};
 use std::collections::BTreeMap;
 
-#[derive(Debug, Clone, Serialize)]
-pub struct GpuView {
-    pub uuid: String,
-    pub index: i32,
-    pub model: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct JobView {
-    pub id: i64,
-    /// The owner (not shown in the API: the caller's own jobs are listed).
-    #[serde(skip)]
-    pub user_id: i64,
-    pub state: JobState,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue_position: Option<i32>,
-    /// While the job waits: when the scheduler expects it to start (UTC), `null` when
-    /// it cannot tell. Absent for jobs that do not wait.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub estimated_start_at: Option<Option<NaiveDateTime>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gpus: Option<Vec<GpuView>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i64>,
-    pub attempts: i32,
-    pub image: String,
-    pub command: Vec<String>,
-    pub gpus_requested: i32,
-    pub gpu_models: Vec<String>,
-    pub time_limit_minutes: i64,
-    /// The disk it asked for in GiB; absent: the campus default.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub disk_gb: Option<i64>,
-    pub kind: JobKind,
-    pub lab: String,
-    pub created_at: NaiveDateTime,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<NaiveDateTime>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<NaiveDateTime>,
-    /// When the checkpoint the job would resume from was stored (UTC).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_checkpoint_at: Option<NaiveDateTime>,
-    /// Seconds until the running attempt reaches the time limit (counted from when it
-    /// started running); only while the job runs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub time_left_s: Option<i64>,
-}
-
-impl JobView {
-    /// The estimated start in words, while the job waits: a UTC time, or "unknown".
-    pub fn estimated_start(&self) -> Option<String> {
-        let at = self.estimated_start_at?;
-        Some(at.map_or("unknown".to_string(), |t| {
-            t.format("%Y-%m-%d %H:%M UTC").to_string()
-        }))
+/// A job's state as the API names it. Exhaustive both ways, so a state added on one
+/// side and not the other does not compile.
+pub fn api_state(s: JobState) -> commons_api::JobState {
+    use commons_api::JobState as A;
+    match s {
+        JobState::Queued => A::Queued,
+        JobState::Starting => A::Starting,
+        JobState::Running => A::Running,
+        JobState::Preempting => A::Preempting,
+        JobState::Succeeded => A::Succeeded,
+        JobState::Failed => A::Failed,
+        JobState::Cancelled => A::Cancelled,
     }
+}
 
-    /// The time left in words ("1 h 05 min"), while the job runs.
-    pub fn time_left(&self) -> Option<String> {
-        let s = self.time_left_s?;
-        let m = s / 60;
-        Some(if s < 60 {
-            "under a minute".to_string()
-        } else if m < 60 {
-            format!("{m} min")
-        } else {
-            format!("{} h {:02} min", m / 60, m % 60)
-        })
+/// A job's kind as the API names it.
+pub fn api_kind(k: JobKind) -> commons_api::JobKind {
+    match k {
+        JobKind::Batch => commons_api::JobKind::Batch,
+        JobKind::Interactive => commons_api::JobKind::Interactive,
+    }
+}
+
+/// A history entry as the API shows it.
+pub fn api_event(e: &crate::db::models::JobEvent) -> commons_api::JobEvent {
+    commons_api::JobEvent {
+        at: e.at,
+        state: api_state(e.state),
+        message: e.message.clone(),
+    }
+}
+
+/// A role as the API names it.
+pub fn api_role(r: domain::Role) -> commons_api::account::Role {
+    match r {
+        domain::Role::Member => commons_api::account::Role::Member,
+        domain::Role::Admin => commons_api::account::Role::Admin,
     }
 }
 
@@ -208,8 +173,7 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         });
     JobView {
         id: job.id,
-        user_id: job.user_id,
-        state: job.state,
+        state: api_state(job.state),
         reason: job.reason.clone(),
         queue_position: job.queue_position,
         estimated_start_at: (job.state == JobState::Queued).then_some(job.estimated_start_at),
@@ -223,7 +187,7 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         gpu_models: job.gpu_models.0.clone(),
         time_limit_minutes: job.time_limit_s / 60,
         disk_gb: job.disk_gb,
-        kind: job.kind,
+        kind: api_kind(job.kind),
         lab: facts
             .lab_slugs
             .get(&job.lab_id)
@@ -260,7 +224,7 @@ mod tests {
     }
 
     #[test]
-    fn estimated_start_reads_as_a_time_or_unknown() {
+    fn an_unknown_estimate_is_null_while_the_job_waits() {
         let (_d, mut c) = sqlite();
         let mut job = campus(&mut c, 1).jobs.remove(0);
         job.state = JobState::Queued;
@@ -271,10 +235,6 @@ mod tests {
             serde_json::to_value(&v).unwrap()["estimated_start_at"],
             serde_json::Value::Null
         );
-        job.estimated_start_at =
-            chrono::DateTime::from_timestamp(1_800_000_000, 0).map(|t| t.naive_utc());
-        let v = job_view(&mut c, &job).unwrap();
-        assert_eq!(v.estimated_start().as_deref(), Some("2027-01-15 08:00 UTC"));
         job.state = JobState::Running;
         let v = job_view(&mut c, &job).unwrap();
         assert_eq!(v.estimated_start(), None, "only while it waits");
@@ -285,18 +245,15 @@ mod tests {
     }
 
     #[test]
-    fn time_left_reads_in_hours_and_minutes() {
-        let (_d, mut c) = sqlite();
-        let job = campus(&mut c, 1).jobs.remove(0);
-        let mut v = job_view(&mut c, &job).unwrap();
-        assert_eq!(v.time_left(), None, "only while it runs");
-        for (s, text) in [
-            (30, "under a minute"),
-            (600, "10 min"),
-            (3900, "1 h 05 min"),
-        ] {
-            v.time_left_s = Some(s);
-            assert_eq!(v.time_left().as_deref(), Some(text));
+    fn every_state_reads_the_same_in_the_api() {
+        for s in JobState::ALL {
+            assert_eq!(api_state(*s).as_str(), s.as_str());
+        }
+        for k in JobKind::ALL {
+            assert_eq!(api_kind(*k).as_str(), k.as_str());
+        }
+        for r in domain::Role::ALL {
+            assert_eq!(api_role(*r).as_str(), r.as_str());
         }
     }
 

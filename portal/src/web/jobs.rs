@@ -5,17 +5,17 @@ use super::human::{self, When};
 use super::{number, optional, Banner};
 use crate::auth::{CsrfForm, CurrentUser, NoFields};
 use crate::db::models::JobEvent;
-use crate::domain::JobState;
 use crate::error::{AppError, WebError};
 use crate::service::extend::{self as ext, ExtendRequest};
 use crate::service::views::JobView;
 use crate::service::{job_templates, jobs};
 use crate::state::AppState;
-use crate::validate::{JobKind, JobRequest};
+use crate::validate::JobRequest;
 use actix_session::Session;
 use actix_web::{web, HttpResponse};
 use askama::Template;
 use askama_web::WebTemplate;
+use commons_api::JobState as ApiState;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -342,6 +342,8 @@ async fn delete_template(
 /// What the live part of the job page shows.
 struct StatusData {
     job: JobView,
+    /// The owner's user id.
+    owner: i64,
     /// The history, each entry with its time as people read it.
     events: Vec<(JobEvent, When)>,
     /// Submitted, started, finished: the ones the job has.
@@ -381,13 +383,12 @@ struct ExtendBox {
 }
 
 impl ExtendBox {
-    fn offered(user: &CurrentUser, job: &JobView) -> Option<Self> {
-        let open = matches!(job.state, JobState::Queued | JobState::Running);
-        (job.kind == JobKind::Interactive && job.user_id == user.user.id && open).then(|| {
-            ExtendBox {
-                minutes: "60".into(),
-                error: None,
-            }
+    fn offered(user: &CurrentUser, job: &JobView, owner: i64) -> Option<Self> {
+        let open = matches!(job.state, ApiState::Queued | ApiState::Running);
+        let interactive = job.kind == commons_api::JobKind::Interactive;
+        (interactive && owner == user.user.id && open).then(|| ExtendBox {
+            minutes: "60".into(),
+            error: None,
         })
     }
 }
@@ -423,7 +424,12 @@ async fn load_status(
     id: i64,
 ) -> Result<StatusData, WebError> {
     let csrf = crate::auth::csrf_token(session);
-    let (job, events, logs) = jobs::detail(state, &user, id, PAGE_LOG_TAIL).await?;
+    let jobs::Detail {
+        job,
+        owner,
+        events,
+        logs,
+    } = jobs::detail(state, &user, id, PAGE_LOG_TAIL).await?;
     let active = !job.state.is_final();
     let now = crate::db::now();
     let offset = state.config.policy.utc_offset_s;
@@ -450,6 +456,7 @@ async fn load_status(
             })
             .collect(),
         job,
+        owner,
         logs,
         active,
         csrf,
@@ -463,9 +470,8 @@ async fn detail(
     id: web::Path<i64>,
 ) -> Result<JobPage, WebError> {
     let banner = Banner::new(&state, &session, Some(&user));
-    let offer = |job: &JobView| ExtendBox::offered(&user, job);
     let status = load_status(&state, &session, user.clone(), id.into_inner()).await?;
-    let extend = offer(&status.job);
+    let extend = ExtendBox::offered(&user, &status.job, status.owner);
     let ssh = ssh_block(&state, status.job.id).await?;
     let utilization = super::job_chart::block(&state, &user, status.job.id).await?;
     Ok(JobPage {
