@@ -75,6 +75,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: AdminCmd,
     },
+    /// Print the REST API's OpenAPI document (what `GET /api/v1/openapi.json` serves):
+    /// `commons-portal openapi > docs/openapi.json`.
+    Openapi,
 }
 
 #[derive(Subcommand)]
@@ -300,6 +303,10 @@ fn main() -> anyhow::Result<()> {
             })
         }
         Cmd::Demo(args) => runtime()?.block_on(demo::run(args)),
+        Cmd::Openapi => {
+            print!("{}", commons_portal::api::openapi_document());
+            Ok(())
+        }
     }
 }
 

@@ -7,7 +7,8 @@ use crate::error::ApiError;
 use crate::service::account;
 use crate::state::AppState;
 use actix_web::{web, HttpResponse};
-use commons_api::account::SessionsEnded;
+use commons_api::account::{Account, LabUsageView, SessionsEnded};
+use commons_api::ErrorBody;
 use serde::Deserialize;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -16,7 +17,17 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/users/{username}/sign-out", web::post().to(sign_out));
 }
 
-async fn me(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpResponse, ApiError> {
+/// Who the caller is: labs, roles, and in each lab the quota that binds them and what
+/// they use of it now.
+#[utoipa::path(get, path = "/api/v1/me", tag = "account", operation_id = "me",
+    responses(
+        (status = 200, description = "The caller's account", body = Account),
+        (status = "4XX", description = "Refused (401: no valid token)", body = ErrorBody),
+    ))]
+pub(crate) async fn me(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+) -> Result<HttpResponse, ApiError> {
     let policy = state.config.policy.clone();
     let actor = user.0;
     let view = state
@@ -26,13 +37,23 @@ async fn me(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpRespons
     Ok(HttpResponse::Ok().json(view))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-struct UsageQuery {
+pub(crate) struct UsageQuery {
+    /// A lab's whole usage, by member (its admins), instead of the caller's own.
     lab: Option<String>,
 }
 
-async fn usage(
+/// GPU-hours by week (Monday, UTC), newest first: the caller's in each of their labs, or
+/// with `?lab=SLUG` the lab's and its members' (its admins).
+#[utoipa::path(get, path = "/api/v1/usage", tag = "account", operation_id = "usage",
+    params(UsageQuery),
+    responses(
+        (status = 200, description = "One entry per lab", body = Vec<LabUsageView>),
+        (status = "4XX", description = "Refused (403: not the lab's admin)", body = ErrorBody),
+    ))]
+pub(crate) async fn usage(
     state: web::Data<AppState>,
     user: CurrentUser,
     query: web::Query<UsageQuery>,
@@ -41,9 +62,16 @@ async fn usage(
     Ok(HttpResponse::Ok().json(view))
 }
 
-/// `POST /api/v1/users/{username}/sign-out`: ends every browser session of the user (the
-/// caller's own, or anyone's for an operator) -> `{sessions_ended}`.
-async fn sign_out(
+/// Ends every browser session of the user (the caller's own, or anyone's for an
+/// operator).
+#[utoipa::path(post, path = "/api/v1/users/{username}/sign-out", tag = "account",
+    operation_id = "sign_out_everywhere",
+    params(("username" = String, Path, description = "Whose sessions")),
+    responses(
+        (status = 200, description = "How many sessions ended", body = SessionsEnded),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn sign_out(
     state: web::Data<AppState>,
     user: CurrentUser,
     path: web::Path<String>,

@@ -3,10 +3,12 @@
 //! work without a token: they are how the CLI gets one.
 
 use super::ApiJson;
-use crate::error::{ApiError, AppError, ErrorBody};
+use crate::error::{ApiError, AppError};
 use crate::service::cli_login::{self, DeviceRequest, NotYet, TokenRequest};
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
+use commons_api::cli_login::{DeviceStart, TokenGranted};
+use commons_api::ErrorBody;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/cli/device", web::post().to(start))
@@ -24,7 +26,16 @@ fn base_url(state: &AppState, req: &HttpRequest) -> String {
     }
 }
 
-async fn start(
+/// Starts a sign-in through the browser (RFC 8628): the user opens `verification_uri`
+/// and types `user_code`; the CLI polls `POST /api/v1/cli/token` with `device_code`.
+#[utoipa::path(post, path = "/api/v1/cli/device", tag = "cli-login", operation_id = "cli_device",
+    request_body = DeviceRequest,
+    security(()),
+    responses(
+        (status = 200, description = "Started", body = DeviceStart),
+        (status = "4XX", description = "Refused (429: too many starts from this address)", body = ErrorBody),
+    ))]
+pub(crate) async fn start(
     state: web::Data<AppState>,
     req: HttpRequest,
     body: ApiJson<DeviceRequest>,
@@ -42,7 +53,14 @@ async fn start(
 /// 200 with the token once approved; else 400 with RFC 8628's code
 /// (`authorization_pending`, `slow_down` with the new `interval`, `access_denied`,
 /// `expired_token`, `invalid_grant`).
-async fn token(
+#[utoipa::path(post, path = "/api/v1/cli/token", tag = "cli-login", operation_id = "cli_token",
+    request_body = TokenRequest,
+    security(()),
+    responses(
+        (status = 200, description = "Approved: the token (given once)", body = TokenGranted),
+        (status = "4XX", description = "Not yet, or never: RFC 8628's `error` code", body = ErrorBody),
+    ))]
+pub(crate) async fn token(
     state: web::Data<AppState>,
     body: ApiJson<TokenRequest>,
 ) -> Result<HttpResponse, ApiError> {
@@ -51,15 +69,14 @@ async fn token(
         Ok(t) => HttpResponse::Ok()
             .insert_header(("cache-control", "no-store"))
             .json(t),
-        Err(NotYet::SlowDown(interval)) => HttpResponse::BadRequest().json(serde_json::json!({
-            "error": NotYet::SlowDown(interval).code(),
-            "message": NotYet::SlowDown(interval).message(),
-            "interval": interval,
-        })),
         Err(not_yet) => HttpResponse::BadRequest().json(ErrorBody {
-            error: not_yet.code(),
+            error: not_yet.code().into(),
             message: not_yet.message(),
             field: None,
+            interval: match not_yet {
+                NotYet::SlowDown(interval) => Some(interval),
+                _ => None,
+            },
         }),
     })
 }

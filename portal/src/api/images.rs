@@ -7,7 +7,8 @@ use crate::error::ApiError;
 use crate::service::images::{self, NewImage};
 use crate::state::AppState;
 use actix_web::{web, HttpResponse};
-use commons_api::image::RequireSigned;
+use commons_api::image::{ImageView, RequireSigned};
+use commons_api::ErrorBody;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/images", web::get().to(list))
@@ -16,11 +17,29 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/labs/{slug}/signed-images", web::put().to(put_signed));
 }
 
-async fn list(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpResponse, ApiError> {
+/// The entries the caller may use or manage: the campus's and their labs' (every lab's
+/// for an operator).
+#[utoipa::path(get, path = "/api/v1/images", tag = "images", operation_id = "list_images",
+    responses(
+        (status = 200, description = "The allow-list", body = Vec<ImageView>),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn list(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(images::list(&state, &user).await?))
 }
 
-async fn add(
+/// Adds an entry: campus-wide (operators) or a lab's (its admins), pinned to a digest and
+/// optionally signed by a campus image authority.
+#[utoipa::path(post, path = "/api/v1/images", tag = "images", operation_id = "add_image",
+    request_body = NewImage,
+    responses(
+        (status = 201, description = "Added", body = ImageView),
+        (status = "4XX", description = "Refused: `field` names what to fix (422)", body = ErrorBody),
+    ))]
+pub(crate) async fn add(
     state: web::Data<AppState>,
     user: CurrentUser,
     body: ApiJson<NewImage>,
@@ -29,7 +48,14 @@ async fn add(
     Ok(HttpResponse::Created().json(entry))
 }
 
-async fn remove(
+/// Removes an entry (who may add it may remove it).
+#[utoipa::path(delete, path = "/api/v1/images/{id}", tag = "images", operation_id = "remove_image",
+    params(("id" = i64, Path, description = "The entry's id")),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn remove(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -38,7 +64,16 @@ async fn remove(
     Ok(HttpResponse::NoContent().finish())
 }
 
-async fn put_signed(
+/// Whether the lab's jobs may use signed entries only (its admins).
+#[utoipa::path(put, path = "/api/v1/labs/{slug}/signed-images", tag = "images",
+    operation_id = "set_require_signed",
+    params(("slug" = String, Path, description = "The lab")),
+    request_body = RequireSigned,
+    responses(
+        (status = 200, description = "Stored", body = RequireSigned),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn put_signed(
     state: web::Data<AppState>,
     user: CurrentUser,
     slug: web::Path<String>,

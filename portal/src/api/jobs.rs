@@ -9,6 +9,7 @@ use crate::service::{extend as ext, jobs};
 use crate::state::AppState;
 use crate::validate::JobRequest;
 use actix_web::{web, HttpResponse};
+use commons_api::{ErrorBody, JobEvent, JobView};
 use serde::Deserialize;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -21,7 +22,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/jobs/{id}/extend", web::post().to(extend));
 }
 
-async fn submit(
+/// Submits a job. It is checked whole first: a refused request stores nothing.
+#[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs", operation_id = "submit_job",
+    request_body = JobRequest,
+    responses(
+        (status = 201, description = "Queued", body = JobView),
+        (status = "4XX", description = "Refused: `field` names what to fix (422)", body = ErrorBody),
+    ))]
+pub(crate) async fn submit(
     state: web::Data<AppState>,
     user: CurrentUser,
     body: ApiJson<JobRequest>,
@@ -30,15 +38,24 @@ async fn submit(
     Ok(HttpResponse::Created().json(view))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-struct ListQuery {
-    /// A lab's jobs (its admins), instead of the caller's own.
+pub(crate) struct ListQuery {
+    /// A lab's jobs (its admins), instead of the caller's own; each then says whose it is.
     lab: Option<String>,
 }
 
-/// The caller's jobs, or with `?lab=SLUG` the lab's (its admins), newest first.
-async fn list(
+/// The caller's jobs, or with `?lab=SLUG` the lab's (its admins), newest first, at most
+/// 500. A lab's jobs are `LabJobView`s: each also has `user`, whose it is.
+#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", operation_id = "list_jobs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "Newest first; with `lab`, each job also has `user` (a `LabJobView`)",
+            body = Vec<JobView>),
+        (status = "4XX", description = "Refused (403: not the lab's admin)", body = ErrorBody),
+    ))]
+pub(crate) async fn list(
     state: web::Data<AppState>,
     user: CurrentUser,
     query: web::Query<ListQuery>,
@@ -55,7 +72,14 @@ async fn list(
     }
 }
 
-async fn get(
+/// One job (the caller's, or one they administer the lab of).
+#[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", operation_id = "get_job",
+    params(("id" = i64, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "The job", body = JobView),
+        (status = "4XX", description = "Refused (404 for a job the caller may not see)", body = ErrorBody),
+    ))]
+pub(crate) async fn get(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -64,16 +88,26 @@ async fn get(
     Ok(HttpResponse::Ok().json(view))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-struct LogsQuery {
+pub(crate) struct LogsQuery {
     /// Only the output from this byte on (what a follower has not seen yet).
+    #[param(minimum = 0)]
     offset: Option<usize>,
 }
 
 /// The job's output; with `?offset=N` from byte N on (the next character boundary).
 /// `x-log-bytes` says how long the whole output is, so a follower knows where it is.
-async fn logs(
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/logs", tag = "jobs", operation_id = "job_logs",
+    params(("id" = i64, Path, description = "The job's id"), LogsQuery),
+    responses(
+        (status = 200, description = "The output as text", body = String,
+            content_type = "text/plain",
+            headers(("x-log-bytes" = u64, description = "Bytes of the whole output"))),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn logs(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -91,7 +125,14 @@ async fn logs(
         .body(text[from..].to_string()))
 }
 
-async fn events(
+/// The job's state history, oldest first.
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/events", tag = "jobs", operation_id = "job_events",
+    params(("id" = i64, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "Oldest first", body = Vec<JobEvent>),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn events(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -100,7 +141,14 @@ async fn events(
     Ok(HttpResponse::Ok().json(events))
 }
 
-async fn cancel(
+/// Cancels the job; a running one is stopped on its server.
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "jobs", operation_id = "cancel_job",
+    params(("id" = i64, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "The job, cancelled", body = JobView),
+        (status = "4XX", description = "Refused (409: it has ended)", body = ErrorBody),
+    ))]
+pub(crate) async fn cancel(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -110,7 +158,14 @@ async fn cancel(
 }
 
 /// `{minutes}` more for the caller's queued or running interactive job.
-async fn extend(
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/extend", tag = "jobs", operation_id = "extend_job",
+    params(("id" = i64, Path, description = "The job's id")),
+    request_body = ExtendRequest,
+    responses(
+        (status = 200, description = "The job with its new time limit", body = JobView),
+        (status = "4XX", description = "Refused: a batch job, an ended one, or past a limit", body = ErrorBody),
+    ))]
+pub(crate) async fn extend(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,

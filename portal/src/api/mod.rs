@@ -6,6 +6,7 @@ mod images;
 mod jobs;
 pub mod metrics;
 mod nodes;
+mod openapi;
 mod policy;
 mod ssh_gateway;
 mod ssh_keys;
@@ -17,9 +18,24 @@ use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::pin::Pin;
 
+pub use openapi::{document as openapi_document, ApiDoc};
+
 pub fn configure(cfg: &mut web::ServiceConfig) {
+    // A query string or a path segment that does not parse is refused like any other
+    // request, in JSON (actix answers in plain text otherwise).
+    let query = web::QueryConfig::default().error_handler(|e, _| {
+        ApiError::from(AppError::BadRequest(format!(
+            "the query string is not valid for this request: {e}"
+        )))
+        .into()
+    });
+    let path = web::PathConfig::default()
+        .error_handler(|_, _| ApiError::from(AppError::NotFound("resource")).into());
     cfg.service(
         web::scope("/api/v1")
+            .app_data(query)
+            .app_data(path)
+            .configure(openapi::configure)
             .configure(account::configure)
             .configure(cli_login::configure)
             .configure(images::configure)

@@ -7,6 +7,9 @@ use crate::error::ApiError;
 use crate::service::nodes;
 use crate::state::AppState;
 use actix_web::{web, HttpResponse};
+use commons_api::node::NodeView;
+use commons_api::overview::Overview;
+use commons_api::ErrorBody;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/nodes", web::get().to(list))
@@ -25,8 +28,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 }
 
 /// Approves the GPUs the node reports now (its lab's admins, operators): they become its
-/// baseline, and guests may be placed there again. 200 with the node.
-async fn approve_inventory(
+/// baseline, and guests may be placed there again.
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/inventory/approve", tag = "nodes",
+    operation_id = "approve_inventory", params(("id" = i64, Path, description = "The node's id")),
+    responses(
+        (status = 200, description = "The node", body = NodeView),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn approve_inventory(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -35,8 +44,14 @@ async fn approve_inventory(
     Ok(HttpResponse::Ok().json(view))
 }
 
-/// Clears the flag that two agents used the node's credential at once. 200 with the node.
-async fn dismiss_shared(
+/// Clears the flag that two agents used the node's credential at once.
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/shared-credential/dismiss", tag = "nodes",
+    operation_id = "dismiss_shared_credential", params(("id" = i64, Path, description = "The node's id")),
+    responses(
+        (status = 200, description = "The node", body = NodeView),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn dismiss_shared(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -45,8 +60,14 @@ async fn dismiss_shared(
     Ok(HttpResponse::Ok().json(view))
 }
 
-/// Revokes the node's credential (its lab's admins, operators): 204.
-async fn revoke(
+/// Revokes the node's credential (its lab's admins, operators): its agent is cut off.
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/revoke", tag = "nodes", operation_id = "revoke_node",
+    params(("id" = i64, Path, description = "The node's id")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn revoke(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -55,7 +76,15 @@ async fn revoke(
     Ok(HttpResponse::NoContent().finish())
 }
 
-async fn drain(
+/// Drains the node (its lab's admins, operators): nothing new starts there, its guests
+/// are preempted to resume elsewhere, its owners' jobs finish.
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes", operation_id = "drain_node",
+    params(("id" = i64, Path, description = "The node's id")),
+    responses(
+        (status = 200, description = "The node", body = NodeView),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn drain(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -64,7 +93,14 @@ async fn drain(
     Ok(HttpResponse::Ok().json(view))
 }
 
-async fn undrain(
+/// Ends the node's drain.
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/undrain", tag = "nodes", operation_id = "undrain_node",
+    params(("id" = i64, Path, description = "The node's id")),
+    responses(
+        (status = 200, description = "The node", body = NodeView),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn undrain(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
@@ -73,12 +109,31 @@ async fn undrain(
     Ok(HttpResponse::Ok().json(view))
 }
 
-async fn list(state: web::Data<AppState>, _user: CurrentUser) -> Result<HttpResponse, ApiError> {
+/// Every enrolled server with its lab, GPUs and lending state.
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", operation_id = "list_nodes",
+    responses(
+        (status = 200, description = "The servers", body = Vec<NodeView>),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn list(
+    state: web::Data<AppState>,
+    _user: CurrentUser,
+) -> Result<HttpResponse, ApiError> {
     let views = state.db.run(nodes::views).await?;
     Ok(HttpResponse::Ok().json(views))
 }
 
-async fn overview(state: web::Data<AppState>, user: CurrentUser) -> Result<HttpResponse, ApiError> {
+/// The campus overview: every GPU now, the queue by lab, the typical wait, and the
+/// caller's use against their quotas (the home page's numbers).
+#[utoipa::path(get, path = "/api/v1/overview", tag = "nodes", operation_id = "overview",
+    responses(
+        (status = 200, description = "The overview", body = Overview),
+        (status = "4XX", description = "Refused", body = ErrorBody),
+    ))]
+pub(crate) async fn overview(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+) -> Result<HttpResponse, ApiError> {
     let offset = state.config.policy.utc_offset_s;
     let view = state
         .db
