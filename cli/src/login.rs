@@ -146,7 +146,13 @@ fn through_browser(url: &str, browser: bool) -> Result<Credentials> {
                     message: "the sign-in was not approved in time; run commons login again".into(),
                 })
             }
-            "slow_down" => interval += Duration::from_secs(5),
+            // The portal says the interval it wants; RFC 8628's 5 s more otherwise.
+            "slow_down" => {
+                interval = match refusal.interval {
+                    Some(s) => Duration::from_secs(s.max(1) as u64),
+                    None => interval + Duration::from_secs(5),
+                }
+            }
             "access_denied" => {
                 return Err(CliError::Forbidden(
                     "the sign-in was denied in the browser".into(),

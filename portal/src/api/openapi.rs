@@ -70,7 +70,8 @@ impl Modify for BearerToken {
 
 /// What the API's times look like: UTC without an offset (`2026-12-03T08:12:00.123456`),
 /// as chrono writes a `NaiveDateTime`.
-const NAIVE_TIME: &str = r#""pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}([.][0-9]+)?$""#;
+const NAIVE_TIME: &str =
+    r#""pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}([.][0-9]+)?$""#;
 
 /// The document as served and committed: pretty JSON and a newline.
 pub fn document() -> &'static str {
