@@ -9,7 +9,7 @@
 # Needs: cargo-deb (`cargo install cargo-deb`), debootstrap (`apt-get install
 # debootstrap`), the Docker Engine, and Debian's mirror the first time (the clean root is
 # kept as the local image gpu-commons-pkgtest:SUITE-HASH). Not part of scripts/test.sh: it
-# makes a release build (see the README's "Install from Debian packages").
+# makes a release build (see docs/src/development/tests.md, "Debian packages").
 # Environment: DEBIAN_SUITE (default: the host's, so glibc matches), DEBIAN_MIRROR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
