@@ -2,7 +2,7 @@
 //! member, a lab admin and an operator at 375 px and 1,920 px (no horizontal scrolling,
 //! one `h1`, a title, no console errors, the map reachable by keyboard), valid HTML by
 //! the Nu validator, and a job page that follows its job from queued to succeeded
-//! without a reload. An ignored test writes the screenshots the README shows.
+//! without a reload. An ignored test writes the screenshots the book shows.
 
 use crate::browser::Browser;
 use crate::harness::{wait_for, Backend, TestPortal};
@@ -442,7 +442,7 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
     b.close().await;
 }
 
-/// Writes screenshots of the main pages to docs/screenshots/ (README: "Portal pages").
+/// Writes screenshots of the main pages to docs/screenshots/ (shown in docs/src/user/portal.md).
 /// Run: `cargo test -p commons-portal --test it pages_browser::screenshots -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes docs/screenshots/; run by hand"]

@@ -121,7 +121,7 @@ async fn pages_carry_a_strict_policy_and_no_inline_script() {
     assert!(r.text().await.unwrap().contains("/status"));
 }
 
-/// The README says lab admins see their lab's jobs; they could not.
+/// The docs say lab admins see their lab's jobs; they could not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lab_admins_see_their_labs_jobs_and_no_one_elses() {
     let p = TestPortal::start(Backend::Sqlite).await;
