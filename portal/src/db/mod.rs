@@ -23,6 +23,7 @@ pub mod images;
 pub mod job_search;
 pub mod job_templates;
 pub mod jobs;
+pub mod leader;
 pub mod models;
 pub mod node_link;
 pub mod nodes;

@@ -240,3 +240,5 @@ pub async fn decide(
         })
         .await
 }
+
+pub use crate::db::cli_logins::normalise_user_code;

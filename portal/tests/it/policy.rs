@@ -325,7 +325,7 @@ pub fn leader_locks(url: &str) -> i64 {
         "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted \
          AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
          AND ((classid::bigint << 32) | objid::bigint) = {}",
-        commons_portal::broker::tick::LEADER_LOCK
+        commons_portal::db::leader::LEADER_LOCK
     ))
     .get_result::<N>(&mut c)
     .unwrap()
