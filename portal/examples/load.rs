@@ -31,7 +31,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test program: a failure is a crash
 
-#[path = "../tests/it/load.rs"]
+#[path = "../tests/it/support/load.rs"]
 #[allow(dead_code)]
 mod load;
 

@@ -11,10 +11,12 @@
 //! refused, the connection stays, and the job's log says what was dropped; a pile of
 //! refused messages still closes the connection.
 
-use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess};
-use crate::harness::{Backend, TestDb, TestPortal};
 use crate::observability::{scrape, scrape_as};
 use crate::ssh::{add_key, keygen, ssh_options, trust_gateway};
+use crate::support::cluster::{
+    remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess,
+};
+use crate::support::harness::{Backend, TestDb, TestPortal};
 use commons_proto::{
     AgentMsg, AttemptReport, AttemptState, GpuInfo, PortalMsg, CONNECT_PATH, ENROL_PATH,
     PROTOCOL_VERSION,
