@@ -38,6 +38,7 @@
 //! stop the agent began.
 
 use crate::clock::{self, from_ms, to_ms};
+use crate::deadline;
 use crate::reconcile::{Key, ENFORCE_GRACE};
 use crate::runtime::{ContainerRuntime, ContainerStatus, DockerRuntime};
 use crate::store::{
@@ -70,16 +71,16 @@ pub enum GuardAct {
     Kill,
 }
 
-/// Pure: what the guard does at `now` (boot clock) given `lease.json`.
+/// Pure: what the guard does at `now` (boot clock) given `lease.json`. Its deadlines are
+/// judged by the rule the agent's reconcile loop follows (`deadline`).
 pub fn decide(lease: &LeaseFile, boot_id: &str, now: Duration) -> Option<GuardAct> {
     let grace = Duration::from_secs(lease.grace_s);
-    let expired = Some(GuardAct::Stop {
-        reason: StopReason::LeaseExpired,
-        grace,
-    });
     if lease.boot_id != boot_id {
         // Deadlines of another boot mean nothing on this clock.
-        return expired;
+        return Some(GuardAct::Stop {
+            reason: StopReason::LeaseExpired,
+            grace,
+        });
     }
     if let Some(m) = &lease.stop {
         let finished_by = from_ms(m.since_ms)
@@ -87,16 +88,10 @@ pub fn decide(lease: &LeaseFile, boot_id: &str, now: Duration) -> Option<GuardAc
             .saturating_add(BACKSTOP);
         return (now >= finished_by).then_some(GuardAct::Kill);
     }
-    if now > from_ms(lease.lease_deadline_ms) {
-        return expired;
-    }
-    match lease.time_limit_deadline_ms {
-        Some(d) if now >= from_ms(d) => Some(GuardAct::Stop {
-            reason: StopReason::TimeLimit,
-            grace,
-        }),
-        _ => None,
-    }
+    let lease_until = from_ms(lease.lease_deadline_ms);
+    let time_limit = lease.time_limit_deadline_ms.map(from_ms);
+    deadline::passed(Some(lease_until), time_limit, now)
+        .map(|reason| GuardAct::Stop { reason, grace })
 }
 
 /// The executable to run as the guard: [`GUARD_EXE_ENV`] if set; this process's own

@@ -27,6 +27,7 @@
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod deadline;
 pub mod disk;
 pub mod executor;
 pub mod gpu;

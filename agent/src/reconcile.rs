@@ -397,7 +397,7 @@ fn not_here(w: &Assignment, now: Duration) -> Option<Action> {
     if let Some(order) = &w.stop {
         return Some(never(&order.why));
     }
-    if now > w.lease_until {
+    if crate::deadline::lease_lapsed(w.lease_until, now) {
         return Some(never(&Why::of(StopReason::LeaseExpired)));
     }
     match &w.launch {
@@ -542,24 +542,18 @@ fn here(
 }
 
 /// Why a running container must stop now, if it must: the portal's order first, then the
-/// lease, then the time limit.
+/// lease, then the time limit, by the rule the guard also follows (`deadline`).
 fn why_stop(
     want: Option<&Assignment>,
     deadline: Option<Duration>,
     now: Duration,
 ) -> Option<(Duration, Why)> {
-    if let Some(w) = want {
-        if let Some(order) = &w.stop {
-            return Some((order.grace, order.why.clone()));
-        }
-        if now > w.lease_until {
-            return Some((ENFORCE_GRACE, Why::of(StopReason::LeaseExpired)));
-        }
+    if let Some(order) = want.and_then(|w| w.stop.as_ref()) {
+        return Some((order.grace, order.why.clone()));
     }
-    match deadline {
-        Some(d) if now >= d => Some((ENFORCE_GRACE, Why::of(StopReason::TimeLimit))),
-        _ => None,
-    }
+    // An attempt the portal no longer lists has no lease to lapse; its time limit holds.
+    let lease = want.map(|w| w.lease_until);
+    crate::deadline::passed(lease, deadline, now).map(|reason| (ENFORCE_GRACE, Why::of(reason)))
 }
 
 fn stopped(exit_code: Option<i64>, why: &Why) -> AttemptResult {
