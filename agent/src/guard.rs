@@ -359,7 +359,7 @@ fn record_stop(
         at_ms: to_ms(now),
         grace_s: grace.as_secs(),
     };
-    store::write_json(&path, &stopped, true)
+    store::write_json(&path, &stopped)
 }
 
 async fn check<R: ContainerRuntime>(

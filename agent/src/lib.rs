@@ -24,6 +24,7 @@
 //!   before its final state reaches the portal, so the next attempt, on any server,
 //!   resumes from it.
 
+pub mod atomic;
 pub mod checkpoint;
 pub mod clock;
 pub mod config;

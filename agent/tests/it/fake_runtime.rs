@@ -439,7 +439,7 @@ pub(crate) fn lease_file(dir: &Path, job: JobId, attempt: Attempt) -> LeaseFile 
 
 pub(crate) fn write_lease(dir: &Path, job: JobId, attempt: Attempt, lease: &LeaseFile) {
     let path = store::attempt_dir(dir, job, attempt).join(store::LEASE_FILE);
-    store::write_json(&path, lease, false).unwrap();
+    store::write_json(&path, lease).unwrap();
 }
 
 pub(crate) fn stops(rt: &FakeRuntime) -> Vec<(String, Duration)> {
