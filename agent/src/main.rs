@@ -5,6 +5,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use commons_agent::owner::socket::{self, Reply, Request};
+use commons_agent::runtime::DockerRuntime;
 use commons_agent::{guard, state, AgentConfig, GpuMode};
 use commons_proto::{Attempt, JobId};
 use std::path::PathBuf;
@@ -244,7 +245,14 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()
             .context("starting the guard's runtime")?
-            .block_on(guard::run(&state_dir, job, attempt, container)),
+            .block_on(guard::run(
+                // A guard makes no containers: it needs no agent id.
+                || DockerRuntime::connect(String::new()),
+                &state_dir,
+                job,
+                attempt,
+                container,
+            )),
         Cmd::Run {
             portal,
             enrol_token,

@@ -21,7 +21,7 @@ use crate::outbox::{self, OutboxRx};
 use crate::owner::{self, OwnerState};
 use crate::reconcile::Launch;
 use crate::relay::{self, RelayContext, Relays};
-use crate::runtime::{AssignedGpu, DockerRuntime};
+use crate::runtime::{AssignedGpu, ContainerRuntime, DockerRuntime};
 use crate::state::{self, NodeCredential};
 use crate::store::Store;
 use crate::AgentConfig;
@@ -50,7 +50,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 }
 
 /// Stops what an earlier identity of this host left running (see `host`).
-async fn stop_earlier_identities(runtime: &DockerRuntime) -> anyhow::Result<()> {
+async fn stop_earlier_identities(runtime: &impl ContainerRuntime) -> anyhow::Result<()> {
     let found = crate::host::stop_earlier_identities(runtime)
         .await
         .context("stopping the containers of an earlier identity of this host")?;
@@ -131,7 +131,6 @@ async fn serve(
     let relay = RelayContext {
         portal: config.portal.clone(),
         credential: cred.credential.clone(),
-        docker: runtime.docker(),
         relays: Relays::default(),
     };
     let (tx, mut rx) = outbox::channel(config.log_limit);

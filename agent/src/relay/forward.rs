@@ -8,6 +8,7 @@
 //! own network rules.
 
 use super::{next_incoming, send_ctl, Incoming, Ws};
+use crate::runtime::ContainerRuntime;
 use commons_proto::relay::{RelayCtl, Stream, RELAY_CHUNK_BYTES};
 use commons_proto::JobId;
 use futures_util::{SinkExt, StreamExt};
@@ -18,8 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 
-pub async fn run(
-    docker: &bollard::Docker,
+pub async fn run<R: ContainerRuntime>(
+    rt: &R,
     container: &str,
     job: JobId,
     port: u16,
@@ -27,14 +28,7 @@ pub async fn run(
     mut closed: watch::Receiver<Option<String>>,
 ) -> anyhow::Result<()> {
     let (mut sink, mut stream) = ws.split();
-    let pid = docker
-        .inspect_container(container, None)
-        .await
-        .ok()
-        .and_then(|c| c.state)
-        .and_then(|s| s.pid)
-        .filter(|p| *p > 0);
-    let Some(pid) = pid else {
+    let Some(pid) = rt.main_pid(container).await else {
         let message = format!("job {job}'s container is not running");
         send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
         return Ok(());
