@@ -45,6 +45,43 @@ pub fn container_body(
     gpus: &[AssignedGpu],
     ckpt: &CheckpointMount,
 ) -> ContainerCreateBody {
+    let env = job_env(job, attempt, spec, gpus, ckpt);
+    let labels = HashMap::from([
+        (LABEL_JOB.to_string(), job.to_string()),
+        (LABEL_ATTEMPT.to_string(), attempt.to_string()),
+        (LABEL_AGENT.to_string(), agent_id.to_string()),
+        ("commons.user".to_string(), spec.user.clone()),
+    ]);
+    // The keep-alive replaces the image's entrypoint too: an entrypoint would take the
+    // shell as its arguments (and the image's default command goes with it).
+    let entrypoint = keeps_alive(spec).then(|| {
+        vec![
+            KEEP_ALIVE_SHELL.to_string(),
+            "-c".to_string(),
+            KEEP_ALIVE.to_string(),
+        ]
+    });
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        entrypoint,
+        cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
+        env: Some(env),
+        labels: Some(labels),
+        user: Some(JOB_USER.into()),
+        host_config: Some(host_config(spec, gpus, ckpt)),
+        ..Default::default()
+    }
+}
+
+/// The container's environment: the job's own variables, less those the agent sets; the
+/// GPUs it may see; a writable home; who it is; where its checkpoint is.
+fn job_env(
+    job: JobId,
+    attempt: Attempt,
+    spec: &JobSpec,
+    gpus: &[AssignedGpu],
+    ckpt: &CheckpointMount,
+) -> Vec<String> {
     let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
     let visible = if uuids.is_empty() {
         "none".to_string()
@@ -73,11 +110,18 @@ pub fn container_body(
     if ckpt.resumed {
         env.push(format!("{}=1", checkpoint::ENV_RESUME));
     }
+    env
+}
+
+/// The container's limits and lockdown, its GPUs' device request and its one host path
+/// (the checkpoint directory).
+fn host_config(spec: &JobSpec, gpus: &[AssignedGpu], ckpt: &CheckpointMount) -> HostConfig {
     let real: Vec<String> = gpus
         .iter()
         .filter(|g| !g.fake)
         .map(|g| g.uuid.clone())
         .collect();
+    // Fake GPUs get no device request: no NVIDIA runtime could honour it.
     let device_requests = (!real.is_empty()).then(|| {
         vec![DeviceRequest {
             driver: Some("nvidia".into()),
@@ -86,59 +130,35 @@ pub fn container_body(
             ..Default::default()
         }]
     });
-    let labels = HashMap::from([
-        (LABEL_JOB.to_string(), job.to_string()),
-        (LABEL_ATTEMPT.to_string(), attempt.to_string()),
-        (LABEL_AGENT.to_string(), agent_id.to_string()),
-        ("commons.user".to_string(), spec.user.clone()),
-    ]);
     let memory = (spec.memory_mb as i64).saturating_mul(1024 * 1024);
     // The engine refuses a CPU limit above the host's CPUs; such a job gets all of them.
     let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let cpus = spec.cpus.min(host_cpus);
-    // The keep-alive replaces the image's entrypoint too: an entrypoint would take the
-    // shell as its arguments (and the image's default command goes with it).
-    let entrypoint = keeps_alive(spec).then(|| {
-        vec![
-            KEEP_ALIVE_SHELL.to_string(),
-            "-c".to_string(),
-            KEEP_ALIVE.to_string(),
-        ]
-    });
-    ContainerCreateBody {
-        image: Some(spec.image.clone()),
-        entrypoint,
-        cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
-        env: Some(env),
-        labels: Some(labels),
-        user: Some(JOB_USER.into()),
-        host_config: Some(HostConfig {
-            memory: Some(memory),
-            memory_swap: Some(memory),
-            nano_cpus: Some((cpus * 1e9) as i64),
-            pids_limit: Some(PIDS_LIMIT),
-            cap_drop: Some(vec!["ALL".into()]),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            privileged: Some(false),
-            init: Some(true),
-            device_requests,
-            mounts: Some(vec![Mount {
-                target: Some(checkpoint::CONTAINER_DIR.into()),
-                source: Some(ckpt.host_dir.to_string_lossy().into_owned()),
-                typ: Some(MountType::BIND),
-                read_only: Some(false),
-                bind_options: Some(MountBindOptions {
-                    propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
-                    ..Default::default()
-                }),
+    HostConfig {
+        memory: Some(memory),
+        memory_swap: Some(memory),
+        nano_cpus: Some((cpus * 1e9) as i64),
+        pids_limit: Some(PIDS_LIMIT),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        privileged: Some(false),
+        init: Some(true),
+        device_requests,
+        mounts: Some(vec![Mount {
+            target: Some(checkpoint::CONTAINER_DIR.into()),
+            source: Some(ckpt.host_dir.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(false),
+            bind_options: Some(MountBindOptions {
+                propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
                 ..Default::default()
-            }]),
-            tmpfs: Some(HashMap::from([(
-                "/tmp".to_string(),
-                "rw,nosuid,nodev,size=1g".to_string(),
-            )])),
+            }),
             ..Default::default()
-        }),
+        }]),
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_string(),
+            "rw,nosuid,nodev,size=1g".to_string(),
+        )])),
         ..Default::default()
     }
 }
