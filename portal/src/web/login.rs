@@ -61,7 +61,7 @@ async fn login_page(
     error: Option<String>,
 ) -> Result<LoginPage, WebError> {
     let users = if state.config.insecure_dev_login {
-        crate::service::identity::dev_login_users(&state).await?
+        crate::service::identity::dev_login_users(state).await?
     } else {
         Vec::new()
     };
