@@ -6,10 +6,10 @@
 #
 #   bash scripts/test-packages.sh            # packages land in target/debian/
 #
-# Needs: cargo-deb (`cargo install cargo-deb`), debootstrap (`apt-get install
-# debootstrap`), the Docker Engine, and Debian's mirror the first time (the clean root is
+# Needs: cargo-deb (`cargo install cargo-deb`), python3 (the book's link check),
+# debootstrap (`apt-get install debootstrap`), the Docker Engine, and Debian's mirror the first time (the clean root is
 # kept as the local image gpu-commons-pkgtest:SUITE-HASH). Not part of scripts/test.sh: it
-# makes a release build (see the README's "Install from Debian packages").
+# makes a release build (see docs/src/development/tests.md, "Debian packages").
 # Environment: DEBIAN_SUITE (default: the host's, so glibc matches), DEBIAN_MIRROR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,8 +25,9 @@ mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 work="$PWD/target/pkg-test"
 mkdir -p "$work"
 
-# 1. The packages (a release build of both binaries, then one .deb each).
+# 1. The packages (a release build of both binaries and the book, then one .deb each).
 start=$(date +%s)
+bash scripts/book.sh  # first: a broken link fails before the long build
 cargo build --release -p commons-portal -p commons-agent
 for crate in commons-portal commons-agent; do
   cargo deb --no-build -p "$crate" --output target/debian/ >/dev/null
@@ -39,6 +40,7 @@ agent_deb="target/debian/gpu-commons-agent_${version}-1_amd64.deb"
 for deb in "$portal_deb" "$agent_deb"; do
   [ -f "$deb" ] || die "$deb was not built"
   echo "== $deb: $(du -h "$deb" | cut -f1), Depends: $(dpkg-deb -f "$deb" Depends)"
+  dpkg-deb -c "$deb" | grep -q '/book/index\.html$' || die "$deb does not ship the book"
 done
 
 # 2. A clean root with exactly what the packages depend on: a Depends that misses a
@@ -72,6 +74,7 @@ getent passwd gpu-commons | grep -q ':/var/lib/gpu-commons:/usr/sbin/nologin\$'
 [ \"\$(stat -c '%U:%G %a %s' /etc/gpu-commons/session.key)\" = 'root:gpu-commons 640 64' ]
 grep -q '^ExecStart=/usr/bin/commons-portal serve --config /etc/gpu-commons/portal.toml\$' /usr/lib/systemd/system/commons-portal.service
 grep -qx /etc/gpu-commons/portal.toml /var/lib/dpkg/info/gpu-commons-portal.conffiles
+grep -q 'Install from Debian packages' /usr/share/doc/gpu-commons-portal/book/src/admin/install.html
 key=\$(sha256sum /etc/gpu-commons/session.key)
 dpkg -i /debs/$(basename "$portal_deb") >/dev/null 2>&1
 [ \"\$(sha256sum /etc/gpu-commons/session.key)\" = \"\$key\" ]  # kept on reinstall
@@ -86,6 +89,7 @@ getent group gpu-commons >/dev/null
 [ \"\$(stat -c '%U:%G %a' /etc/gpu-commons/agent.env)\" = 'root:root 600' ]
 grep -q '^ExecStart=/usr/bin/commons-agent run --state-dir /var/lib/gpu-commons/agent --gpus auto\$' /usr/lib/systemd/system/commons-agent.service
 grep -q '^KillMode=process\$' /usr/lib/systemd/system/commons-agent.service
+[ -f /usr/share/doc/gpu-commons-agent/book/index.html ]
 # The owner's commands find no agent running here, and say so.
 if commons-agent status --state-dir /var/lib/gpu-commons/agent >/tmp/status.log 2>&1; then exit 1; fi
 grep -q 'the agent is not running' /tmp/status.log || { cat /tmp/status.log; exit 1; }

@@ -44,7 +44,7 @@ bash deploy/images/build-demo.sh
 # The agents that tests run in-process start their attempt guards from this binary, and
 # the cluster tests run it as a process: build it first, so it is never a stale one.
 cargo build -p commons-agent --bin commons-agent
-# The fuzzing harnesses (portal/tests/fuzzkit.rs) count their cases into this file.
+# The fuzzing harnesses (portal/tests/it/support/fuzzkit.rs) count their cases into this file.
 rm -f target/fuzz-report.txt
 cargo test --workspace --all-targets "$@"
 if [ -f target/fuzz-report.txt ]; then

@@ -9,8 +9,9 @@
 //!
 //! The guard polls the attempt's `lease.json` every [`POLL`]. When the lease or the time
 //! limit runs out it writes `stopped.json` (the reason, so whoever sees the container end
-//! reports it right), then stops the container through the Docker API exactly as the agent
-//! does (`DockerRuntime::stop`: SIGTERM, the grace, SIGKILL). When the agent has begun a
+//! reports it right), then stops the container through the agent's `ContainerRuntime`
+//! exactly as the agent does (`ContainerRuntime::stop`: SIGTERM, the grace, SIGKILL; the
+//! Docker Engine's in production). When the agent has begun a
 //! stop itself (`lease.json` says so), the guard leaves it alone and only kills the
 //! container if it still runs [`BACKSTOP`] after that stop's grace. The guard exits when
 //! the container is no longer running or gone.
@@ -28,7 +29,7 @@
 //! Why a process on the host and not an init inside the container: an init would have to
 //! be a static binary that works in any image the labs allow, be mounted into every
 //! container, and trust a clock and files the job itself can reach; the guard reuses the
-//! agent's Docker client, its stop-with-grace logic and its file formats, sits outside the
+//! agent's container runtime, its stop-with-grace logic and its file formats, sits outside the
 //! job's reach, and is the same binary, so it is always the agent's version.
 //!
 //! Invariants: at most one guard per attempt while its directory exists (it holds an
@@ -38,14 +39,16 @@
 //! stop the agent began.
 
 use crate::clock::{self, from_ms, to_ms};
+use crate::deadline;
 use crate::reconcile::{Key, ENFORCE_GRACE};
-use crate::runtime::{ContainerRuntime, ContainerStatus, DockerRuntime};
+use crate::runtime::{ContainerRuntime, ContainerStatus, RuntimeError};
 use crate::store::{
     self, LeaseFile, StoppedFile, Store, GUARD_LOG_FILE, GUARD_PID_FILE, LEASE_FILE, STOPPED_FILE,
 };
 use anyhow::Context;
 use commons_proto::{Attempt, JobId, StopReason};
 use std::fs::File;
+use std::future::Future;
 use std::io::{Seek, Write};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -70,16 +73,16 @@ pub enum GuardAct {
     Kill,
 }
 
-/// Pure: what the guard does at `now` (boot clock) given `lease.json`.
+/// Pure: what the guard does at `now` (boot clock) given `lease.json`. Its deadlines are
+/// judged by the rule the agent's reconcile loop follows (`deadline`).
 pub fn decide(lease: &LeaseFile, boot_id: &str, now: Duration) -> Option<GuardAct> {
     let grace = Duration::from_secs(lease.grace_s);
-    let expired = Some(GuardAct::Stop {
-        reason: StopReason::LeaseExpired,
-        grace,
-    });
     if lease.boot_id != boot_id {
         // Deadlines of another boot mean nothing on this clock.
-        return expired;
+        return Some(GuardAct::Stop {
+            reason: StopReason::LeaseExpired,
+            grace,
+        });
     }
     if let Some(m) = &lease.stop {
         let finished_by = from_ms(m.since_ms)
@@ -87,16 +90,10 @@ pub fn decide(lease: &LeaseFile, boot_id: &str, now: Duration) -> Option<GuardAc
             .saturating_add(BACKSTOP);
         return (now >= finished_by).then_some(GuardAct::Kill);
     }
-    if now > from_ms(lease.lease_deadline_ms) {
-        return expired;
-    }
-    match lease.time_limit_deadline_ms {
-        Some(d) if now >= from_ms(d) => Some(GuardAct::Stop {
-            reason: StopReason::TimeLimit,
-            grace,
-        }),
-        _ => None,
-    }
+    let lease_until = from_ms(lease.lease_deadline_ms);
+    let time_limit = lease.time_limit_deadline_ms.map(from_ms);
+    deadline::passed(Some(lease_until), time_limit, now)
+        .map(|reason| GuardAct::Stop { reason, grace })
 }
 
 /// The executable to run as the guard: [`GUARD_EXE_ENV`] if set; this process's own
@@ -297,13 +294,20 @@ fn read_lease(dir: &Path) -> Seen {
 }
 
 /// The guard process: runs until the attempt's container is no longer running.
-/// `container`: the container to guard, when the agent named it.
-pub async fn run(
+/// `container`: the container to guard, when the agent named it; `connect`: reaches the
+/// container runtime (tried again until it answers, unless there is nothing to guard).
+pub async fn run<R, F, Fut>(
+    connect: F,
     state_dir: &Path,
     job: JobId,
     attempt: Attempt,
     container: Option<String>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<()>
+where
+    R: ContainerRuntime,
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<R, RuntimeError>>,
+{
     let dir = store::attempt_dir(state_dir, job, attempt);
     let _pid_file = match take_pid_file(&dir)? {
         PidFile::Taken(f) => Some(f),
@@ -324,11 +328,11 @@ pub async fn run(
         grace: None,
     };
     let runtime = loop {
-        match DockerRuntime::connect(String::new()).await {
+        match connect().await {
             Ok(r) => break r,
             Err(_) if memo.container.is_none() && !dir.is_dir() => return Ok(()),
             Err(e) => {
-                tracing::warn!("cannot reach the Docker Engine ({e}); trying again");
+                tracing::warn!("cannot reach the container engine ({e}); trying again");
                 tokio::time::sleep(POLL * 4).await;
             }
         }
@@ -364,7 +368,7 @@ fn record_stop(
         at_ms: to_ms(now),
         grace_s: grace.as_secs(),
     };
-    store::write_json(&path, &stopped, true)
+    store::write_json(&path, &stopped)
 }
 
 async fn check<R: ContainerRuntime>(

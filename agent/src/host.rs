@@ -7,7 +7,7 @@
 //! when their leases run out, so they would run twice. So every container also carries
 //! the host's id ([`LABEL_HOST`]), read from a file outside the state dir (created once,
 //! random), and an agent that starts stops and removes every container with its host id
-//! and another agent id (`DockerRuntime::stop_earlier_identities`).
+//! and another agent id ([`stop_earlier_identities`], through any `ContainerRuntime`).
 //!
 //! Invariants: the host id is the same for every start on one Docker Engine, as long as
 //! its file lives; two agents on one engine must have different host id files (tests,
@@ -15,10 +15,7 @@
 //! temporary file, then a hard link that fails if another agent created it first), so
 //! two agents starting at once agree on one id.
 
-use crate::runtime::{ContainerRuntime, DockerRuntime, RuntimeError, LABEL_AGENT};
-use bollard::query_parameters::ListContainersOptions;
-use commons_proto::{Attempt, JobId, LABEL_ATTEMPT, LABEL_JOB};
-use std::collections::HashMap;
+use crate::runtime::{ContainerRuntime, HostContainer, RuntimeError};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -105,60 +102,27 @@ pub fn load_or_create(path: &Path) -> Result<String, HostIdError> {
     })
 }
 
-/// A container of an earlier identity of this host, found (and stopped) at start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EarlierContainer {
-    pub id: String,
-    /// Its agent id (`commons.agent`).
-    pub agent: String,
-    pub job: Option<JobId>,
-    pub attempt: Option<Attempt>,
-    /// It was running (so it was stopped, then removed).
-    pub running: bool,
-}
+/// A container of an earlier identity of this host, found (and stopped, when it was
+/// `running`, then removed) at start.
+pub type EarlierContainer = HostContainer;
 
 /// Stops and removes every container with `rt`'s host id made by another agent id: an
 /// earlier identity of this server whose state dir was lost. Its attempts are nobody's
 /// now (the portal requeues them when their leases run out), so they must not run on.
 /// Returns what was found, running or not; nothing without a host id.
-pub async fn stop_earlier_identities(
-    rt: &DockerRuntime,
+pub async fn stop_earlier_identities<R: ContainerRuntime>(
+    rt: &R,
 ) -> Result<Vec<EarlierContainer>, RuntimeError> {
-    let Some(host) = rt.host_id() else {
-        return Ok(Vec::new());
-    };
-    let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_HOST}={host}")])]);
-    let found = rt
-        .docker()
-        .list_containers(Some(ListContainersOptions {
-            all: true,
-            filters: Some(filters),
-            ..Default::default()
-        }))
-        .await?;
     let mut out = Vec::new();
-    for c in found {
-        let labels = c.labels.unwrap_or_default();
-        let agent = labels.get(LABEL_AGENT).cloned().unwrap_or_default();
-        let Some(id) = c.id else { continue };
-        if agent == rt.agent_id() {
+    for c in rt.list_host().await? {
+        if c.agent == rt.agent_id() {
             continue;
         }
-        let running = matches!(
-            c.state,
-            Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
-        );
-        if running {
-            rt.stop(&id, crate::reconcile::ENFORCE_GRACE).await?;
+        if c.running {
+            rt.stop(&c.id, crate::reconcile::ENFORCE_GRACE).await?;
         }
-        rt.remove(&id).await?;
-        out.push(EarlierContainer {
-            id,
-            agent,
-            job: labels.get(LABEL_JOB).and_then(|j| j.parse().ok()),
-            attempt: labels.get(LABEL_ATTEMPT).and_then(|a| a.parse().ok()),
-            running,
-        });
+        rt.remove(&c.id).await?;
+        out.push(c);
     }
     Ok(out)
 }

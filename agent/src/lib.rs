@@ -24,9 +24,11 @@
 //!   before its final state reaches the portal, so the next attempt, on any server,
 //!   resumes from it.
 
+pub mod atomic;
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod deadline;
 pub mod disk;
 pub mod executor;
 pub mod gpu;

@@ -83,83 +83,93 @@ impl Metrics {
             checkpoint_uploads: Family::default(),
             log_bytes: Family::default(),
         };
+        m.register_gpus(&mut r);
+        m.register_agent(&mut r);
+        Metrics { registry: r, ..m }
+    }
+
+    /// The GPUs' readings, one series per GPU.
+    fn register_gpus(&self, r: &mut Registry) {
         r.register(
             "gpu_utilization_ratio",
             "GPU utilisation, 0 to 1, as the driver (or the fake GPU) reports it",
-            m.gpu_utilization.clone(),
+            self.gpu_utilization.clone(),
         );
         r.register(
             "gpu_memory_used_bytes",
             "GPU memory in use",
-            m.gpu_memory_used.clone(),
+            self.gpu_memory_used.clone(),
         );
         r.register(
             "gpu_memory_total_bytes",
             "GPU memory",
-            m.gpu_memory_total.clone(),
+            self.gpu_memory_total.clone(),
         );
         r.register(
             "gpu_local_use",
             "1 when a process GPU Commons did not start uses the GPU (the owner, directly)",
-            m.gpu_local_use.clone(),
+            self.gpu_local_use.clone(),
         );
         r.register(
             "gpu_temperature_celsius",
             "GPU temperature (NVML only; a MIG instance shows its GPU's)",
-            m.gpu_temperature.clone(),
+            self.gpu_temperature.clone(),
         );
         r.register(
             "gpu_power_watts",
             "GPU power draw (NVML only; a MIG instance shows its GPU's)",
-            m.gpu_power.clone(),
+            self.gpu_power.clone(),
         );
         r.register(
             "gpu_ecc_uncorrected_errors",
             "Uncorrected ECC errors since the driver loaded (NVML only); any withdraws the GPU",
-            m.gpu_ecc_uncorrected.clone(),
+            self.gpu_ecc_uncorrected.clone(),
         );
+    }
+
+    /// The agent's own work: containers, the portal link, messages, uploads, output.
+    fn register_agent(&self, r: &mut Registry) {
         r.register(
             "container_starts",
             "Job containers created and started",
-            m.container_starts.clone(),
+            self.container_starts.clone(),
         );
         r.register(
             "container_start_failures",
             "Job containers that could not be created or started",
-            m.container_start_failures.clone(),
+            self.container_start_failures.clone(),
         );
         r.register(
             "lease_renewals",
             "Renew messages from the portal that extended this node's leases",
-            m.lease_renewals.clone(),
+            self.lease_renewals.clone(),
         );
         r.register(
             "connected",
             "1 while the WebSocket to the portal is open",
-            m.connected.clone(),
+            self.connected.clone(),
         );
         r.register(
             "connections",
             "WebSocket connections opened to the portal",
-            m.connections.clone(),
+            self.connections.clone(),
         );
         r.register(
             "messages",
             "Protocol messages by direction (in: from the portal) and type",
-            m.messages.clone(),
+            self.messages.clone(),
         );
         r.register(
             "checkpoint_uploads",
             "Checkpoint uploads by result (stored, nothing, refused, failed)",
-            m.checkpoint_uploads.clone(),
+            self.checkpoint_uploads.clone(),
         );
         r.register(
             "log_bytes",
             "Jobs' output by fate: sent to the portal, over_rate (over a job's --log-rate, \
-             dropped), unsent (dropped while the portal was unreachable or slow)",
-            m.log_bytes.clone(),
+         dropped), unsent (dropped while the portal was unreachable or slow)",
+            self.log_bytes.clone(),
         );
-        Metrics { registry: r, ..m }
     }
 
     pub fn encode(&self) -> String {

@@ -77,7 +77,6 @@ pub fn load_credential(dir: &Path) -> Result<Option<NodeCredential>, StateError>
     }
 }
 
-/// Writes the credential with mode 0600, atomically (a temporary file, then a rename).
 /// Forgets the node credential (after `leave`: the portal revoked it).
 pub fn remove_credential(dir: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(dir.join(NODE_FILE)) {
@@ -86,31 +85,9 @@ pub fn remove_credential(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Writes the credential whole and durably, readable by the agent's user only (`atomic`).
 pub fn save_credential(dir: &Path, cred: &NodeCredential) -> Result<(), StateError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(NODE_FILE);
-    let write = |source| StateError::Write {
-        path: path.clone(),
-        source,
-    };
-    let bytes = serde_json::to_vec_pretty(cred).map_err(|source| StateError::Encode {
-        path: path.clone(),
-        source,
-    })?;
-    std::fs::create_dir_all(dir).map_err(write)?;
-    let tmp = dir.join(format!("{NODE_FILE}.tmp"));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(write)?;
-    f.write_all(&bytes).map_err(write)?;
-    f.sync_all().map_err(write)?;
-    std::fs::rename(tmp, &path).map_err(write)?;
-    Ok(())
+    crate::store::write_json_mode(&dir.join(NODE_FILE), cred, crate::atomic::PRIVATE)
 }
 
 /// Per-GPU overrides that `commons-agent fake` writes and the fake GPU source reads.
@@ -132,24 +109,13 @@ pub fn load_fake_overrides(dir: &Path) -> BTreeMap<u32, FakeOverride> {
         .unwrap_or_default()
 }
 
+/// Writes the overrides whole and durably (`atomic`): the fake GPU source reads them any
+/// time.
 pub fn save_fake_overrides(
     dir: &Path,
     overrides: &BTreeMap<u32, FakeOverride>,
 ) -> Result<(), StateError> {
-    let path = dir.join(FAKE_FILE);
-    let write = |source| StateError::Write {
-        path: path.clone(),
-        source,
-    };
-    let bytes = serde_json::to_vec_pretty(overrides).map_err(|source| StateError::Encode {
-        path: path.clone(),
-        source,
-    })?;
-    std::fs::create_dir_all(dir).map_err(write)?;
-    let tmp = dir.join(format!("{FAKE_FILE}.tmp"));
-    std::fs::write(&tmp, bytes).map_err(write)?;
-    std::fs::rename(tmp, &path).map_err(write)?;
-    Ok(())
+    crate::store::write_json(&dir.join(FAKE_FILE), overrides)
 }
 
 #[cfg(test)]
@@ -168,6 +134,16 @@ mod tests {
             agent_id: "a".into(),
         };
         save_credential(dir.path(), &c).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(NODE_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the credential is the agent user's only"
+        );
         let back = load_credential(dir.path()).unwrap().unwrap();
         assert_eq!(back.credential, "secret-value");
         assert!(!format!("{back:?}").contains("secret-value"));

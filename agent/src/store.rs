@@ -16,10 +16,12 @@
 //!                    `checkpoint`)
 //! ```
 //!
-//! Invariants: every file is written whole (a temporary file, then a rename), so a reader
-//! sees the old or the new content, never a mix; `result.json` is also synced before the
-//! container may go; the directory is deleted only once the portal acknowledged the result.
+//! Invariants: every file is written whole and synced, with its directory (`atomic`), so a
+//! reader sees the old or the new content, never a mix, and `result.json` is on disk before
+//! the container may go; the directory is deleted only once the portal acknowledged the
+//! result.
 
+use crate::atomic;
 use crate::checkpoint::{self, CheckpointFile};
 use crate::reconcile::Key;
 use crate::state::StateError;
@@ -27,7 +29,6 @@ use commons_proto::{Attempt, AttemptState, JobId, StopReason};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const ATTEMPTS_DIR: &str = "attempts";
@@ -156,12 +157,12 @@ impl Store {
     }
 
     pub fn write_lease(&self, key: Key, lease: &LeaseFile) -> Result<(), StateError> {
-        write_json(&self.dir(key).join(LEASE_FILE), lease, false)
+        write_json(&self.dir(key).join(LEASE_FILE), lease)
     }
 
-    /// Writes and syncs `result.json`: after this returns, the container may go.
+    /// Writes `result.json`, durably: after this returns, the container may go.
     pub fn write_result(&self, key: Key, result: &ResultFile) -> Result<(), StateError> {
-        write_json(&self.dir(key).join(RESULT_FILE), result, true)
+        write_json(&self.dir(key).join(RESULT_FILE), result)
     }
 
     pub fn read_stopped(&self, key: Key) -> Result<Option<StoppedFile>, StateError> {
@@ -240,35 +241,21 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, StateErr
     }
 }
 
-/// Writes a JSON file whole: a temporary file beside it, then a rename; `sync` also syncs
-/// the file and its directory. Creates the directory when needed.
-pub fn write_json<T: Serialize>(path: &Path, value: &T, sync: bool) -> Result<(), StateError> {
-    let fail = |source| StateError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
+/// Writes a JSON file whole and durably (see `atomic`), creating its directory when needed.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
+    write_json_mode(path, value, atomic::PLAIN)
+}
+
+/// [`write_json`] with the file's mode: [`atomic::PRIVATE`] for secrets.
+pub fn write_json_mode<T: Serialize>(path: &Path, value: &T, mode: u32) -> Result<(), StateError> {
     let bytes = serde_json::to_vec_pretty(value).map_err(|source| StateError::Encode {
         path: path.to_path_buf(),
         source,
     })?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(fail)?;
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(".tmp");
-    let tmp = dir.join(tmp_name);
-    let mut f = std::fs::File::create(&tmp).map_err(fail)?;
-    f.write_all(&bytes).map_err(fail)?;
-    if sync {
-        f.sync_all().map_err(fail)?;
-    }
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(fail)?;
-    if sync {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(fail)?;
-    }
-    Ok(())
+    atomic::write(path, &bytes, mode).map_err(|source| StateError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The last `max` bytes of `s`, cut at a character boundary.

@@ -1,5 +1,5 @@
 //! The command line, as clap reads it. Names and flags here are an interface that
-//! scripts rely on (see the README's "Command-line client"): add freely, rename never.
+//! scripts rely on (see docs/src/user/cli.md): add freely, rename never.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;

@@ -123,8 +123,8 @@ pub fn save(creds: &Credentials) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Writes `bytes` to `path` through a 0600 temporary file renamed over it, in a 0700
-/// directory.
+/// Writes `bytes` to `path` through a synced 0600 temporary file renamed over it, in a
+/// 0700 directory, then syncs the directory.
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
@@ -144,10 +144,23 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
         .mode(0o600)
         .open(&tmp)
         .with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(bytes)
+    let written = f
+        .write_all(bytes)
         .and_then(|_| f.sync_all())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+        .with_context(|| format!("writing {}", tmp.display()))
+        .and_then(|()| {
+            std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
+        });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.into());
+    }
+    // The same steps as the agent's state files (`commons_agent::atomic`), kept here since
+    // the only crates the two share are pure: the rename lasts through a crash of the
+    // machine only once the folder is synced too.
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing {}", dir.display()))?;
     Ok(())
 }
 

@@ -1,6 +1,6 @@
-//! What can go wrong, each as one clear line, and the exit code it gives (the README's
-//! table). A refused field names it; a portal that cannot be reached, a refused token
-//! and a 403 each say so, and what to do.
+//! What can go wrong, each as one clear line, and the exit code it gives (the table in
+//! docs/src/user/cli.md). A refused field names it; a portal that cannot be reached, a
+//! refused token and a 403 each say so, and what to do.
 
 /// Exit codes (besides a followed job's own exit code).
 pub mod exit {

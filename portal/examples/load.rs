@@ -31,7 +31,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test program: a failure is a crash
 
-#[path = "../tests/it/load.rs"]
+#[path = "../tests/it/support/load.rs"]
 #[allow(dead_code)]
 mod load;
 
@@ -575,8 +575,8 @@ fn by_window(s: &load::Submitted) -> String {
 
 /// Adds `n` queued jobs like job `template` (its pinned image; `sleep run_s`), spread
 /// over the users round robin, with their `submitted` history rows: two `INSERT ...
-/// SELECT`s and an `ANALYZE` (test setup, documented in the README). Returns how many
-/// were added.
+/// SELECT`s and an `ANALYZE` (test setup, documented in
+/// docs/src/development/benchmarks.md). Returns how many were added.
 fn seed_queue(url: &str, template: i64, n: u64, run_s: u64) -> usize {
     use diesel::{Connection, RunQueryDsl};
     let mut c = diesel::PgConnection::establish(url).unwrap();

@@ -16,10 +16,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test program: a failure is a crash
 
-#[path = "../tests/it/cluster.rs"]
+#[path = "../tests/it/support/cluster.rs"]
 #[allow(dead_code)] // the tests' helpers; the soak uses some of them
 mod cluster;
-#[path = "../tests/it/timeline.rs"]
+#[path = "../tests/it/support/timeline.rs"]
 #[allow(dead_code)]
 mod timeline;
 

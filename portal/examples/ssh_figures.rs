@@ -17,7 +17,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a measuring program: a failure is a crash
 
-#[path = "../tests/it/cluster.rs"]
+#[path = "../tests/it/support/cluster.rs"]
 #[allow(dead_code)] // the tests' helpers; this program uses some of them
 mod cluster;
 

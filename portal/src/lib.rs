@@ -27,5 +27,8 @@ pub mod state;
 pub mod validate;
 pub mod web;
 
+#[cfg(test)]
+mod layering_tests;
+
 pub use app::{start, RunningPortal};
 pub use config::Config;

@@ -4,6 +4,7 @@
 //! keys. Each harness: no panic on any input; what parses obeys its invariants. The
 //! HTTP side (no 5xx, nothing stored for a refused input) is `it/fuzz_http.rs`.
 
+#[path = "it/support/fuzzkit.rs"]
 mod fuzzkit;
 
 use commons_proto::{AgentMsg, PortalMsg};

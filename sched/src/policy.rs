@@ -46,7 +46,7 @@ pub struct Policy {
     /// take-backs (rounded to tenths, at least 0.1): nodes whose expected take-backs
     /// fall in the same class are compared by best fit alone. Wider classes keep best
     /// fit (packing) for small differences in risk; the simulator's sweep is in the
-    /// README.
+    /// book's simulator results (docs/src/reports/simulator.md).
     pub return_risk_step: f64,
     /// Among an owner's possible victims, stop guests of labs that used more than their
     /// fair share (usage over share, see `fairshare`) before the others; inside each
@@ -63,12 +63,12 @@ pub struct Policy {
     /// GPUs of another lab's node, as a guest, when the chance that that node's owner
     /// takes them back within its time limit is under 20 % (known return rates only).
     /// Off by default: on the simulator's Philly campus it multiplied preemptions (the
-    /// moved owner jobs were taken back where they went, see the README).
+    /// moved owner jobs were taken back where they went, see docs/src/reports/simulator.md).
     pub owner_borrows_before_preempting: bool,
     /// Patience: an owner job does not preempt guests when the lab's own jobs on one
     /// of its nodes free enough GPUs within this many seconds (by their time limits);
     /// it waits for them instead. 0 (the default) turns it off: on the simulator's
-    /// Philly campus it made owners wait longer than it saved (see the README).
+    /// Philly campus it made owners wait longer than it saved (see docs/src/reports/simulator.md).
     pub owner_patience_s: i64,
     /// A guest that an owner already took back ([`crate::QueuedJob::take_backs`] at
     /// least 1) borrows again only on nodes whose expected take-backs within its time
@@ -77,8 +77,8 @@ pub struct Policy {
     /// patience of 12 h, took the simulator's Philly campus under half of
     /// `commons-old`'s preemptions on the whole trace, on each half of it and with
     /// random departures, as did the limits 0.05-0.2 at 12 h on the whole trace and
-    /// both halves; the earlier 0.3 with 6 h missed it on the second half (README,
-    /// *Guests taken back before*).
+    /// both halves; the earlier 0.3 with 6 h missed it on the second half
+    /// (docs/src/reports/simulator.md, *Guests taken back before*).
     pub taken_back_max_risk: f64,
     /// The bound on that wait: [`Policy::taken_back_max_risk`] applies only for this
     /// many seconds after the job's last take-back ([`crate::QueuedJob::taken_back_at`]),

@@ -147,14 +147,7 @@ fn pack_into(
                         return Err(io::Error::other("over the cap"));
                     }
                     header_from(&mut h, &meta, tar::EntryType::Regular, len);
-                    let regions = sparse::data_regions(&f, len)?;
-                    if len == 0 || sparse::is_dense(&regions, len) {
-                        tar.append_data(&mut h, item.rel, Exact::new(f, len))
-                    } else {
-                        let ext = sparse::header(&mut h, len, &regions)?;
-                        let data = io::Cursor::new(ext).chain(sparse::Regions::new(f, regions));
-                        tar.append_data(&mut h, item.rel, data)
-                    }
+                    append_file(&mut tar, &mut h, item.rel, f, len)
                 }
                 None => Ok(()),
             },
@@ -199,6 +192,25 @@ fn pack_into(
         sha256,
         skipped,
     })
+}
+
+/// Appends a file's `len` bytes: whole when it is dense, else as a GNU sparse entry that
+/// holds its data regions only.
+fn append_file<W: io::Write>(
+    tar: &mut tar::Builder<W>,
+    h: &mut tar::Header,
+    rel: &Path,
+    f: File,
+    len: u64,
+) -> io::Result<()> {
+    let regions = sparse::data_regions(&f, len)?;
+    if len == 0 || sparse::is_dense(&regions, len) {
+        tar.append_data(h, rel, Exact::new(f, len))
+    } else {
+        let ext = sparse::header(h, len, &regions)?;
+        let data = io::Cursor::new(ext).chain(sparse::Regions::new(f, regions));
+        tar.append_data(h, rel, data)
+    }
 }
 
 fn header_from(h: &mut tar::Header, m: &std::fs::Metadata, t: tar::EntryType, size: u64) {
@@ -319,16 +331,7 @@ pub fn unpack(archive: &Path, dest: &Path, cap: u64) -> Result<Unpacked, Archive
                         cap,
                     ));
                 }
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&at)?;
-                done.bytes += sparse::write_sparse(&mut (&mut e).take(len), &f)?;
-                f.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))?;
-                f.set_modified(time(mtime))?;
-                give(&at)?;
+                done.bytes += unpack_file(&mut e, &at, len, mode, mtime)?;
             }
             tar::EntryType::Directory => match exists {
                 Some(m) if m.is_dir() => dirs.push((at, mode, mtime)),
@@ -338,41 +341,8 @@ pub fn unpack(archive: &Path, dest: &Path, cap: u64) -> Result<Unpacked, Archive
                     dirs.push((at, mode, mtime));
                 }
             },
-            tar::EntryType::Symlink => {
-                let target = e.link_name()?.ok_or_else(|| {
-                    ArchiveError::Refused(format!("{}: a link without a target", rel.display()))
-                })?;
-                if !link_stays_inside(&rel, &target) {
-                    return Err(ArchiveError::Refused(format!(
-                        "{} links to {}, outside the checkpoint",
-                        rel.display(),
-                        target.display()
-                    )));
-                }
-                if exists.is_some() {
-                    return Err(taken());
-                }
-                std::os::unix::fs::symlink(&target, &at)?;
-                give(&at)?;
-            }
-            tar::EntryType::Link => {
-                let target = e.link_name()?.ok_or_else(|| {
-                    ArchiveError::Refused(format!("{}: a link without a target", rel.display()))
-                })?;
-                let target = clean(&target)?;
-                parents(dest, &target)?;
-                let from = dest.join(&target);
-                if !std::fs::symlink_metadata(&from).is_ok_and(|m| m.is_file()) {
-                    return Err(ArchiveError::Refused(format!(
-                        "{} is a hard link to {}, which is not a file unpacked before it",
-                        rel.display(),
-                        target.display()
-                    )));
-                }
-                if exists.is_some() {
-                    return Err(taken());
-                }
-                std::fs::hard_link(&from, &at)?;
+            tar::EntryType::Symlink | tar::EntryType::Link => {
+                unpack_link(&e, dest, &rel, &at, exists.is_some())?
             }
             tar::EntryType::XHeader
             | tar::EntryType::XGlobalHeader
@@ -387,12 +357,93 @@ pub fn unpack(archive: &Path, dest: &Path, cap: u64) -> Result<Unpacked, Archive
         }
         done.entries += 1;
     }
+    settle_dirs(dirs)?;
+    Ok(done)
+}
+
+/// Gives the unpacked directories their modes, times and the job's owner, deepest first.
+fn settle_dirs(dirs: Vec<(PathBuf, u32, u64)>) -> Result<(), ArchiveError> {
     for (dir, mode, mtime) in dirs.into_iter().rev() {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode & 0o1777))?;
         File::open(&dir)?.set_modified(time(mtime))?;
         give(&dir)?;
     }
-    Ok(done)
+    Ok(())
+}
+
+/// Makes a link entry at `at`: a symbolic link that stays inside the checkpoint, or a
+/// hard link to a file unpacked before it; refused when its target is not one of those,
+/// then when something is at `at` already (`taken`).
+fn unpack_link<R: Read>(
+    e: &tar::Entry<'_, R>,
+    dest: &Path,
+    rel: &Path,
+    at: &Path,
+    taken: bool,
+) -> Result<(), ArchiveError> {
+    let twice = || ArchiveError::Refused(format!("{} is in the archive twice", rel.display()));
+    let target = link_target(e, rel)?;
+    if e.header().entry_type() == tar::EntryType::Symlink {
+        if !link_stays_inside(rel, &target) {
+            return Err(ArchiveError::Refused(format!(
+                "{} links to {}, outside the checkpoint",
+                rel.display(),
+                target.display()
+            )));
+        }
+        if taken {
+            return Err(twice());
+        }
+        std::os::unix::fs::symlink(&target, at)?;
+        give(at)?;
+        return Ok(());
+    }
+    let target = clean(&target)?;
+    parents(dest, &target)?;
+    let from = dest.join(&target);
+    if !std::fs::symlink_metadata(&from).is_ok_and(|m| m.is_file()) {
+        return Err(ArchiveError::Refused(format!(
+            "{} is a hard link to {}, which is not a file unpacked before it",
+            rel.display(),
+            target.display()
+        )));
+    }
+    if taken {
+        return Err(twice());
+    }
+    std::fs::hard_link(&from, at)?;
+    Ok(())
+}
+
+/// Writes a file entry's `len` bytes to a new file at `at` (never through a link), sparse
+/// where the content is zeros, then gives it the entry's mode and time and the job's
+/// owner; returns the bytes of content written.
+fn unpack_file<R: Read>(
+    e: &mut tar::Entry<'_, R>,
+    at: &Path,
+    len: u64,
+    mode: u32,
+    mtime: u64,
+) -> Result<u64, ArchiveError> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(at)?;
+    let written = sparse::write_sparse(&mut e.take(len), &f)?;
+    f.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))?;
+    f.set_modified(time(mtime))?;
+    give(at)?;
+    Ok(written)
+}
+
+/// The target a link entry names.
+fn link_target<R: Read>(e: &tar::Entry<'_, R>, rel: &Path) -> Result<PathBuf, ArchiveError> {
+    let target = e.link_name()?.ok_or_else(|| {
+        ArchiveError::Refused(format!("{}: a link without a target", rel.display()))
+    })?;
+    Ok(target.into_owned())
 }
 
 fn time(mtime: u64) -> SystemTime {

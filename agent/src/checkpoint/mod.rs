@@ -125,7 +125,7 @@ impl CheckpointFile {
 
     /// Writes it whole and synced: it decides what a restarted agent uploads.
     pub fn write(&self, attempt_dir: &Path) -> Result<(), StateError> {
-        write_json(&attempt_dir.join(STATE_FILE), self, true)
+        write_json(&attempt_dir.join(STATE_FILE), self)
     }
 
     /// Reads, changes and writes back (a missing or damaged file counts as empty).

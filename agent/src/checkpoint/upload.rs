@@ -333,7 +333,7 @@ fn prepare_archive(
         sha256: packed.sha256,
         commit_sent: false,
     };
-    write_json(&upload, &up, true).map_err(|e| ArchiveError::Io(std::io::Error::other(e)))?;
+    write_json(&upload, &up).map_err(|e| ArchiveError::Io(std::io::Error::other(e)))?;
     Ok(Prepared::Archive(up, packed.skipped))
 }
 
@@ -382,7 +382,7 @@ async fn round(
         sha256: up.sha256.clone(),
     };
     let save = |up: &UploadFile| {
-        write_json(&attempt_dir.join(UPLOAD_FILE), up, true)
+        write_json(&attempt_dir.join(UPLOAD_FILE), up)
             .map_err(|e| ApiError::Local(std::io::Error::other(e)))
     };
     let (present, part_bytes) = client.parts(job, attempt).await?;

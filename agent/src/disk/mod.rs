@@ -209,7 +209,7 @@ pub fn prepare(attempt_dir: &Path, cap_bytes: u64, how: Enforcement) -> Result<(
         enforced_by: how,
     };
     let path = attempt_dir.join(DISK_FILE);
-    write_json(&path, &file, true).map_err(|e| io_error(&path)(std::io::Error::other(e)))?;
+    write_json(&path, &file).map_err(|e| io_error(&path)(std::io::Error::other(e)))?;
     let dir = volume_dir(attempt_dir);
     std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
     if how == Enforcement::Watch || image::is_mountpoint(&dir) {

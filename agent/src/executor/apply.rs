@@ -13,7 +13,9 @@
 use super::{checkpoints, lock, upgrade, Executor, Inner, Table};
 use crate::clock::{self, to_ms};
 use crate::guard;
-use crate::reconcile::{Action, ContainerObs, Key, Launch, Phase, Snapshots, ENFORCE_GRACE};
+use crate::reconcile::{
+    Action, AttemptResult, ContainerObs, Key, Launch, Phase, Snapshots, Stopping, ENFORCE_GRACE,
+};
 use crate::runtime::ContainerRuntime;
 use crate::store::{self, LeaseFile, ResultFile, StopMark, Store, LOG_TAIL_MAX};
 use commons_proto::{AgentMsg, AttemptState, StopReason};
@@ -57,121 +59,25 @@ impl<R: ContainerRuntime> Executor<R> {
         started
     }
 
+    /// Applies one action: its bookkeeping now, its runtime calls spawned.
     pub(super) fn apply(&self, t: &mut Table, action: Action, now: Duration) {
         let key = action.key();
-        let (job, attempt) = key;
         match action {
             Action::Start {
                 launch, deadline, ..
-            } => {
-                tracing::info!(job, attempt, image = %launch.spec.image, resume = launch.resume, "starting");
-                let mut obs = ContainerObs::new(job, attempt, Phase::Creating, Some(deadline));
-                obs.time_limit = Some(Duration::from_secs(launch.spec.time_limit_s));
-                obs.snapshots = launch
-                    .spec
-                    .checkpoint_interval_s
-                    .filter(|s| *s > 0)
-                    .map(|s| Snapshots {
-                        every: Duration::from_secs(s),
-                        next: now.saturating_add(Duration::from_secs(s)),
-                        busy: false,
-                    });
-                t.have.insert(key, obs);
-                let lease = self.lease_file(t, key);
-                if let Some(l) = &lease {
-                    self.write_lease(key, l);
-                }
-                tokio::spawn(start_task(
-                    self.weak(),
-                    self.inner.runtime.clone(),
-                    self.inner.store.clone(),
-                    key,
-                    launch,
-                    lease,
-                ));
-            }
+            } => self.apply_start(t, key, launch, deadline, now),
             Action::Adopt {
                 container, running, ..
-            } => {
-                tracing::info!(job, attempt, running, "re-adopting container {container}");
-                let Some(h) = t.have.get_mut(&key) else {
-                    return;
-                };
-                let c = container.clone();
-                h.phase = if running {
-                    Phase::Running { container: c }
-                } else {
-                    Phase::Draining { container: c }
-                };
-                if running {
-                    self.save_lease(t, key);
-                    guard::ensure(&self.inner.store, key, &container);
-                }
-                // Logs from now on: what it printed before was already sent by the last run.
-                self.follow(t, key, container, Some(clock::wall_now()));
-            }
+            } => self.apply_adopt(t, key, container, running),
             Action::Stop {
                 container,
                 grace,
                 stopping,
                 ..
-            } => {
-                let why = &stopping.why;
-                if why.reason == StopReason::LeaseExpired {
-                    tracing::warn!(job, attempt, "lease expired, stopping (grace {grace:?})");
-                } else {
-                    tracing::info!(job, attempt, reason = %why.text, "stopping (grace {grace:?})");
-                }
-                if let Some(h) = t.have.get_mut(&key) {
-                    h.stopping = Some(stopping);
-                }
-                // The checkpoint the job writes in its grace is uploaded once it stopped.
-                checkpoints::cancel_snapshot(t, key);
-                // The guard now only makes sure this stop finishes; a restarted agent
-                // gives it what is left of this grace.
-                self.save_lease(t, key);
-                let runtime = self.inner.runtime.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = runtime.stop(&container, grace).await {
-                        tracing::warn!(job, attempt, "stop {container}: {e}");
-                    }
-                });
-            }
+            } => self.apply_stop(t, key, container, grace, stopping),
             Action::Snapshot { next, .. } => self.begin_snapshot(t, key, next),
             Action::Upload { .. } => self.begin_upload(t, key),
-            Action::Record { result, .. } => {
-                checkpoints::cancel_snapshot(t, key);
-                let tail = t
-                    .tails
-                    .get(&key)
-                    .map(|b| store::tail(&lock(b), LOG_TAIL_MAX).to_string())
-                    .unwrap_or_default();
-                let file = ResultFile {
-                    state: result.state,
-                    exit_code: result.exit_code,
-                    stop: result.stop,
-                    reason: result.reason.clone(),
-                    ended_unix_ms: to_ms(clock::wall_now()),
-                    log_tail: tail,
-                };
-                let saved = match self.inner.store.write_result(key, &file) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::error!(
-                            job,
-                            attempt,
-                            "{e}; the container is kept until it is saved"
-                        );
-                        false
-                    }
-                };
-                let h = t
-                    .have
-                    .entry(key)
-                    .or_insert_with(|| ContainerObs::new(job, attempt, Phase::Removed, None));
-                h.result = Some(result);
-                h.saved = saved;
-            }
+            Action::Record { result, .. } => self.apply_record(t, key, result),
             Action::Remove { container, .. } => {
                 if let Some(h) = t.have.get_mut(&key) {
                     h.phase = Phase::Removing {
@@ -187,8 +93,8 @@ impl<R: ContainerRuntime> Executor<R> {
             }
             Action::Report { result, .. } => {
                 self.inner.events.send(AgentMsg::AttemptEvent {
-                    job,
-                    attempt,
+                    job: key.0,
+                    attempt: key.1,
                     state: result.state,
                     exit_code: result.exit_code,
                     stop: result.stop,
@@ -198,16 +104,148 @@ impl<R: ContainerRuntime> Executor<R> {
                     h.reported = true;
                 }
             }
-            Action::Forget { .. } => {
-                t.want.remove(&key);
-                t.have.remove(&key);
-                t.tails.remove(&key);
-                t.cancels.remove(&key);
-                t.volumes.remove(&key);
-                if let Err(e) = self.inner.store.remove(key) {
-                    tracing::warn!(job, attempt, "cannot remove the attempt's directory: {e}");
-                }
+            Action::Forget { .. } => self.apply_forget(t, key),
+        }
+    }
+
+    /// `Start`: the attempt is `Creating`, its `lease.json` written, its container made
+    /// in the background.
+    fn apply_start(
+        &self,
+        t: &mut Table,
+        key: Key,
+        launch: Arc<Launch>,
+        deadline: Duration,
+        now: Duration,
+    ) {
+        let (job, attempt) = key;
+        tracing::info!(job, attempt, image = %launch.spec.image, resume = launch.resume, "starting");
+        let mut obs = ContainerObs::new(job, attempt, Phase::Creating, Some(deadline));
+        obs.time_limit = Some(Duration::from_secs(launch.spec.time_limit_s));
+        obs.snapshots = launch
+            .spec
+            .checkpoint_interval_s
+            .filter(|s| *s > 0)
+            .map(|s| Snapshots {
+                every: Duration::from_secs(s),
+                next: now.saturating_add(Duration::from_secs(s)),
+                busy: false,
+            });
+        t.have.insert(key, obs);
+        let lease = self.lease_file(t, key);
+        if let Some(l) = &lease {
+            self.write_lease(key, l);
+        }
+        tokio::spawn(start_task(
+            self.weak(),
+            self.inner.runtime.clone(),
+            self.inner.store.clone(),
+            key,
+            launch,
+            lease,
+        ));
+    }
+
+    /// `Adopt`: a container found after a restart is followed again (and fenced again,
+    /// when it runs).
+    fn apply_adopt(&self, t: &mut Table, key: Key, container: String, running: bool) {
+        let (job, attempt) = key;
+        tracing::info!(job, attempt, running, "re-adopting container {container}");
+        let Some(h) = t.have.get_mut(&key) else {
+            return;
+        };
+        let c = container.clone();
+        h.phase = if running {
+            Phase::Running { container: c }
+        } else {
+            Phase::Draining { container: c }
+        };
+        if running {
+            self.save_lease(t, key);
+            guard::ensure(&self.inner.store, key, &container);
+        }
+        // Logs from now on: what it printed before was already sent by the last run.
+        self.follow(t, key, container, Some(clock::wall_now()));
+    }
+
+    /// `Stop`: the stop is recorded (in the table and `lease.json`), then sent.
+    fn apply_stop(
+        &self,
+        t: &mut Table,
+        key: Key,
+        container: String,
+        grace: Duration,
+        stopping: Stopping,
+    ) {
+        let (job, attempt) = key;
+        let why = &stopping.why;
+        if why.reason == StopReason::LeaseExpired {
+            tracing::warn!(job, attempt, "lease expired, stopping (grace {grace:?})");
+        } else {
+            tracing::info!(job, attempt, reason = %why.text, "stopping (grace {grace:?})");
+        }
+        if let Some(h) = t.have.get_mut(&key) {
+            h.stopping = Some(stopping);
+        }
+        // The checkpoint the job writes in its grace is uploaded once it stopped.
+        checkpoints::cancel_snapshot(t, key);
+        // The guard now only makes sure this stop finishes; a restarted agent gives it
+        // what is left of this grace.
+        self.save_lease(t, key);
+        let runtime = self.inner.runtime.clone();
+        tokio::spawn(async move {
+            if let Err(e) = runtime.stop(&container, grace).await {
+                tracing::warn!(job, attempt, "stop {container}: {e}");
             }
+        });
+    }
+
+    /// `Record`: the result goes to `result.json` (with the end of the output) and the
+    /// table; `saved` says whether the file made it.
+    fn apply_record(&self, t: &mut Table, key: Key, result: AttemptResult) {
+        let (job, attempt) = key;
+        checkpoints::cancel_snapshot(t, key);
+        let tail = t
+            .tails
+            .get(&key)
+            .map(|b| store::tail(&lock(b), LOG_TAIL_MAX).to_string())
+            .unwrap_or_default();
+        let file = ResultFile {
+            state: result.state,
+            exit_code: result.exit_code,
+            stop: result.stop,
+            reason: result.reason.clone(),
+            ended_unix_ms: to_ms(clock::wall_now()),
+            log_tail: tail,
+        };
+        let saved = match self.inner.store.write_result(key, &file) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(job, attempt, "{e}; the container is kept until it is saved");
+                false
+            }
+        };
+        let h = t
+            .have
+            .entry(key)
+            .or_insert_with(|| ContainerObs::new(job, attempt, Phase::Removed, None));
+        h.result = Some(result);
+        h.saved = saved;
+    }
+
+    /// `Forget`: the attempt leaves the table, and its directory the disk.
+    fn apply_forget(&self, t: &mut Table, key: Key) {
+        t.want.remove(&key);
+        t.have.remove(&key);
+        t.tails.remove(&key);
+        t.cancels.remove(&key);
+        t.volumes.remove(&key);
+        if let Err(e) = self.inner.store.remove(key) {
+            tracing::warn!(
+                job = key.0,
+                attempt = key.1,
+                "cannot remove the attempt's directory: {e}"
+            );
         }
     }
 

@@ -190,6 +190,12 @@ impl<R: ContainerRuntime> Executor<R> {
         Self { inner }
     }
 
+    /// The container runtime the executor applies its actions through (the SSH relays
+    /// start their processes with it too).
+    pub fn runtime(&self) -> Arc<R> {
+        self.inner.runtime.clone()
+    }
+
     fn table(&self) -> MutexGuard<'_, Table> {
         lock(&self.inner.table)
     }

@@ -108,41 +108,53 @@ async fn watch<R: ContainerRuntime>(
     let _ = tokio::time::timeout(LOG_DRAIN, logs).await;
     events.logs_sent(key, LOG_DRAIN).await;
     let Some(exec) = upgrade(&weak) else { return };
-    {
-        let by_guard = exec.inner.store.read_stopped(key);
-        let mut t = exec.table();
-        let Some(h) = t.have.get_mut(&key) else {
-            return;
-        };
-        let ours = matches!(&h.phase,
-            Phase::Running { container: c } | Phase::Draining { container: c } if *c == container);
-        if !ours {
-            return;
-        }
-        if h.stopping.is_none() {
-            match by_guard {
-                Ok(Some(s)) => {
-                    tracing::warn!(job, attempt, reason = %s.reason, "the attempt's guard stopped it");
-                    h.stopping = Some(Stopping {
-                        why: Why::of(s.reason),
-                        grace: Duration::from_secs(s.grace_s),
-                        since: clock::from_ms(s.at_ms),
-                        issued: true,
-                    });
-                }
-                Ok(None) => {}
-                Err(e) => tracing::error!(job, attempt, "{e}"),
-            }
-        }
-        h.phase = match end {
-            Ok(exit_code) => Phase::Ended {
-                container,
-                exit_code,
-            },
-            Err(error) => Phase::Lost { container, error },
-        };
+    if record_end(&exec, key, container, end) {
+        exec.step(clock::now());
     }
-    exec.step(clock::now());
+}
+
+/// Records how the container of `key` ended (with the guard's reason, when the guard
+/// stopped it), unless the attempt has moved on to another container; whether it did.
+fn record_end<R: ContainerRuntime>(
+    exec: &Executor<R>,
+    key: Key,
+    container: String,
+    end: Result<i64, String>,
+) -> bool {
+    let (job, attempt) = key;
+    let by_guard = exec.inner.store.read_stopped(key);
+    let mut t = exec.table();
+    let Some(h) = t.have.get_mut(&key) else {
+        return false;
+    };
+    let ours = matches!(&h.phase,
+        Phase::Running { container: c } | Phase::Draining { container: c } if *c == container);
+    if !ours {
+        return false;
+    }
+    if h.stopping.is_none() {
+        match by_guard {
+            Ok(Some(s)) => {
+                tracing::warn!(job, attempt, reason = %s.reason, "the attempt's guard stopped it");
+                h.stopping = Some(Stopping {
+                    why: Why::of(s.reason),
+                    grace: Duration::from_secs(s.grace_s),
+                    since: clock::from_ms(s.at_ms),
+                    issued: true,
+                });
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(job, attempt, "{e}"),
+        }
+    }
+    h.phase = match end {
+        Ok(exit_code) => Phase::Ended {
+            container,
+            exit_code,
+        },
+        Err(error) => Phase::Lost { container, error },
+    };
+    true
 }
 
 /// Sends a container's output as `Logs` messages, held to the outbox's limit and batched:

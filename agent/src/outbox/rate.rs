@@ -29,7 +29,8 @@ pub const MIN_BURST: u64 = 16 * 1024;
 /// The most of each: far past what the portal keeps of a job (4 MiB) in a second.
 pub const MAX_BYTES: u64 = 1 << 30;
 
-/// The defaults, measured and explained in the README ("A noisy guest"): far above what
+/// The defaults, measured and explained in the book (docs/src/reports/performance.md,
+/// "A noisy guest"): far above what
 /// a training job prints, far below what one flooding job would cost the portal.
 pub const DEFAULT_RATE: u64 = 64 * 1024;
 pub const DEFAULT_BURST: u64 = 1024 * 1024;

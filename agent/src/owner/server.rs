@@ -10,11 +10,11 @@ use super::socket::{
     gid_of, socket_path, user_of, Greeting, Reply, Request, AGENT_NAME, MAX_REQUEST,
 };
 use super::OwnerState;
-use crate::executor::Executor;
+use crate::executor::{ActiveAttempt, Executor};
 use crate::gpu::GpuSource;
 use anyhow::Context;
 use commons_proto::{
-    GpuInfo, NodeCommand, NodeControlAnswer, NodeState, StopReason, NODE_CONTROL_PATH,
+    GpuInfo, GpuStat, NodeCommand, NodeControlAnswer, NodeState, StopReason, NODE_CONTROL_PATH,
 };
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
@@ -249,46 +249,12 @@ async fn leave(ctl: &Control, by: String) -> anyhow::Result<String> {
 
 /// GPUs, what runs on each, whether each is lent and why not, and the portal link.
 async fn status(ctl: &Control) -> anyhow::Result<String> {
-    let link = ctl.owner.link();
-    let portal: Result<NodeState, String> = async {
-        let resp = ctl
-            .http
-            .get(url(ctl))
-            .bearer_auth(&ctl.credential)
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .map_err(|e| format!("not reachable: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("answered {}", resp.status()));
-        }
-        resp.json().await.map_err(|e| e.to_string())
-    }
-    .await;
+    let portal = portal_state(ctl).await;
     let stats = ctl.exec.gpu_stats(&*ctl.gpus).await.unwrap_or_default();
     let attempts = ctl.exec.active();
-    let now = crate::clock::now();
-    let wall = chrono::Utc::now();
     let mut out = String::new();
     let _ = writeln!(out, "node {}", ctl.node_name);
-    let _ = writeln!(
-        out,
-        "portal {}: {}{}",
-        ctl.portal,
-        if link.connected {
-            "connected"
-        } else {
-            "NOT connected"
-        },
-        if link.since.is_empty() {
-            String::new()
-        } else {
-            format!(" since {}", link.since)
-        }
-    );
-    if let Some(e) = &link.last_error {
-        let _ = writeln!(out, "  last error: {e}");
-    }
+    link_lines(&mut out, ctl);
     match &portal {
         Ok(p) => {
             let _ = writeln!(
@@ -311,58 +277,114 @@ async fn status(ctl: &Control) -> anyhow::Result<String> {
     if ctl.owner.is_reclaimed() {
         let _ = writeln!(out, "reclaim --now is in force here: no guest runs");
     }
+    let (now, wall) = (crate::clock::now(), chrono::Utc::now());
     for g in &ctl.inventory {
-        let s = stats.iter().find(|s| s.uuid == g.uuid);
-        let lent = match &portal {
-            Ok(p) => match p.gpus.iter().find(|x| x.uuid == g.uuid) {
-                Some(x) if x.lendable => "lent when free".to_string(),
-                Some(x) => format!("not lent: {}", x.why),
-                None => "not known to the portal".into(),
-            },
-            Err(_) => "lending unknown".into(),
-        };
-        let _ = writeln!(
-            out,
-            "GPU {} {} {} ({} GB): util {}%, {} MB used{}{}; {}",
-            g.index,
-            g.uuid,
-            g.model,
-            g.memory_mb / 1024,
-            s.map(|s| s.utilization_pct).unwrap_or(0),
-            s.map(|s| s.memory_used_mb).unwrap_or(0),
-            if s.is_some_and(|s| s.local_use) {
-                ", LOCAL USE by the owner"
-            } else {
-                ""
-            },
-            s.and_then(|s| s.fault.as_ref())
-                .map(|f| format!(", FAULT: {f}"))
-                .unwrap_or_default(),
-            lent
-        );
+        gpu_line(&mut out, g, &stats, &portal);
         for a in attempts.iter().filter(|a| a.gpus.contains(&g.uuid)) {
-            let since = a
-                .started
-                .map(|st| {
-                    let ago = now.saturating_sub(st);
-                    (wall - chrono::Duration::seconds(ago.as_secs() as i64))
-                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                })
-                .unwrap_or_else(|| "starting".into());
-            let (user, lab) = a
-                .spec
-                .as_ref()
-                .map(|s| (s.user.clone(), s.lab.clone().unwrap_or_default()))
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "  job {} attempt {}: user {user}, lab {lab}, {}, since {since}{}",
-                a.job,
-                a.attempt,
-                if a.guest() { "guest" } else { "owner" },
-                if a.stopping { ", STOPPING" } else { "" }
-            );
+            attempt_line(&mut out, a, now, wall);
         }
     }
     Ok(out.trim_end().to_string())
+}
+
+/// The node as the portal sees it (its lending), or why the portal could not say.
+async fn portal_state(ctl: &Control) -> Result<NodeState, String> {
+    let resp = ctl
+        .http
+        .get(url(ctl))
+        .bearer_auth(&ctl.credential)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .map_err(|e| format!("not reachable: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("answered {}", resp.status()));
+    }
+    resp.json().await.map_err(|e| e.to_string())
+}
+
+/// The portal link: connected or not, since when, and its last error.
+fn link_lines(out: &mut String, ctl: &Control) {
+    let link = ctl.owner.link();
+    let _ = writeln!(
+        out,
+        "portal {}: {}{}",
+        ctl.portal,
+        if link.connected {
+            "connected"
+        } else {
+            "NOT connected"
+        },
+        if link.since.is_empty() {
+            String::new()
+        } else {
+            format!(" since {}", link.since)
+        }
+    );
+    if let Some(e) = &link.last_error {
+        let _ = writeln!(out, "  last error: {e}");
+    }
+}
+
+/// One GPU: its reading, the owner's use, a fault, and whether the portal lends it.
+fn gpu_line(out: &mut String, g: &GpuInfo, stats: &[GpuStat], portal: &Result<NodeState, String>) {
+    let s = stats.iter().find(|s| s.uuid == g.uuid);
+    let lent = match portal {
+        Ok(p) => match p.gpus.iter().find(|x| x.uuid == g.uuid) {
+            Some(x) if x.lendable => "lent when free".to_string(),
+            Some(x) => format!("not lent: {}", x.why),
+            None => "not known to the portal".into(),
+        },
+        Err(_) => "lending unknown".into(),
+    };
+    let _ = writeln!(
+        out,
+        "GPU {} {} {} ({} GB): util {}%, {} MB used{}{}; {}",
+        g.index,
+        g.uuid,
+        g.model,
+        g.memory_mb / 1024,
+        s.map(|s| s.utilization_pct).unwrap_or(0),
+        s.map(|s| s.memory_used_mb).unwrap_or(0),
+        if s.is_some_and(|s| s.local_use) {
+            ", LOCAL USE by the owner"
+        } else {
+            ""
+        },
+        s.and_then(|s| s.fault.as_ref())
+            .map(|f| format!(", FAULT: {f}"))
+            .unwrap_or_default(),
+        lent
+    );
+}
+
+/// One attempt on a GPU: whose, guest or owner, since when (wall clock, from the boot
+/// clock's `now`), and whether it is stopping.
+fn attempt_line(
+    out: &mut String,
+    a: &ActiveAttempt,
+    now: Duration,
+    wall: chrono::DateTime<chrono::Utc>,
+) {
+    let since = a
+        .started
+        .map(|st| {
+            let ago = now.saturating_sub(st);
+            (wall - chrono::Duration::seconds(ago.as_secs() as i64))
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        })
+        .unwrap_or_else(|| "starting".into());
+    let (user, lab) = a
+        .spec
+        .as_ref()
+        .map(|s| (s.user.clone(), s.lab.clone().unwrap_or_default()))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  job {} attempt {}: user {user}, lab {lab}, {}, since {since}{}",
+        a.job,
+        a.attempt,
+        if a.guest() { "guest" } else { "owner" },
+        if a.stopping { ", STOPPING" } else { "" }
+    );
 }

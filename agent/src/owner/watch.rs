@@ -86,18 +86,6 @@ pub fn decide(
     for a in attempts {
         let key = (a.job, a.attempt);
         seen.push(key);
-        let grace_s = a
-            .spec
-            .as_ref()
-            .and_then(|s| s.grace_s)
-            .unwrap_or(DEFAULT_GRACE_S);
-        let stop = |reason: StopReason, detail: String| Decision::Stop {
-            job: a.job,
-            attempt: a.attempt,
-            grace_s,
-            reason,
-            detail,
-        };
         if a.stopping {
             track.since.remove(&key);
             continue;
@@ -107,73 +95,115 @@ pub fn decide(
             .iter()
             .filter_map(|u| by_uuid.get(u.as_str()).copied())
             .collect();
-        if let Some(f) = gpus.iter().find_map(|g| g.fault.as_ref().map(|f| (g, f))) {
-            out.push(stop(
-                StopReason::Preempted,
-                format!(
-                    "its GPU {} failed ({}); it resumes on another GPU",
-                    f.0.uuid, f.1
-                ),
-            ));
-            continue;
-        }
-        if !a.guest() {
-            continue;
-        }
-        if gpus.iter().any(|g| g.local_use) {
-            out.push(stop(
-                StopReason::Preempted,
-                "the owner lab is using this GPU directly".into(),
-            ));
-            continue;
-        }
-        if reclaimed {
-            out.push(stop(
-                StopReason::Preempted,
-                "the owner took the server back (reclaim --now)".into(),
-            ));
-            continue;
-        }
-        let Some(after) = idle.after else { continue };
-        // Only a guest whose container has started and whose GPUs we can read is judged.
-        let idle_now = a.started.is_some()
-            && !gpus.is_empty()
-            && gpus.iter().all(|g| g.utilization_pct < IDLE_PCT);
-        if !idle_now {
-            track.since.remove(&key);
-            continue;
-        }
-        let (since, warned) = track.since.entry(key).or_insert((now, false));
-        let idle_for = now.saturating_sub(*since);
-        let interactive = a.spec.as_ref().is_some_and(|s| s.interactive);
-        if idle_for >= after {
-            let what = if interactive { "cancelled" } else { "requeued" };
-            out.push(stop(
-                if interactive {
-                    StopReason::Cancelled
-                } else {
-                    StopReason::Preempted
-                },
-                format!(
-                    "its GPUs stayed under {IDLE_PCT}% for {}: stopped and {what} so others can use them",
-                    minutes(after)
-                ),
-            ));
-        } else if !*warned && idle_for + idle.warn_before() >= after {
-            *warned = true;
-            out.push(Decision::Warn {
-                job: a.job,
-                attempt: a.attempt,
-                line: format!(
-                    "GPU Commons: this job's GPUs have been under {IDLE_PCT}% for {}; it will be stopped in {} unless it uses them",
-                    minutes(idle_for),
-                    minutes(after.saturating_sub(idle_for))
-                ),
-            });
-        }
+        out.extend(decide_one(now, a, &gpus, reclaimed, idle, track));
     }
     track.since.retain(|k, _| seen.contains(k));
     out
+}
+
+/// One running attempt's decision, the first that applies: a failed GPU (any job), then
+/// for guests the owner's own use, a reclaim, and idleness.
+fn decide_one(
+    now: Duration,
+    a: &ActiveAttempt,
+    gpus: &[&GpuStat],
+    reclaimed: bool,
+    idle: IdleRule,
+    track: &mut IdleTrack,
+) -> Option<Decision> {
+    if let Some((g, f)) = gpus.iter().find_map(|g| g.fault.as_ref().map(|f| (g, f))) {
+        return Some(stop(
+            a,
+            StopReason::Preempted,
+            format!("its GPU {} failed ({f}); it resumes on another GPU", g.uuid),
+        ));
+    }
+    if !a.guest() {
+        return None;
+    }
+    if gpus.iter().any(|g| g.local_use) {
+        return Some(stop(
+            a,
+            StopReason::Preempted,
+            "the owner lab is using this GPU directly".into(),
+        ));
+    }
+    if reclaimed {
+        return Some(stop(
+            a,
+            StopReason::Preempted,
+            "the owner took the server back (reclaim --now)".into(),
+        ));
+    }
+    let after = idle.after?;
+    idle_decision(now, a, gpus, after, idle, track)
+}
+
+/// A guest's idleness: a warning once it nears `after`, a stop when it reaches it.
+fn idle_decision(
+    now: Duration,
+    a: &ActiveAttempt,
+    gpus: &[&GpuStat],
+    after: Duration,
+    idle: IdleRule,
+    track: &mut IdleTrack,
+) -> Option<Decision> {
+    let key = (a.job, a.attempt);
+    // Only a guest whose container has started and whose GPUs we can read is judged.
+    let idle_now = a.started.is_some()
+        && !gpus.is_empty()
+        && gpus.iter().all(|g| g.utilization_pct < IDLE_PCT);
+    if !idle_now {
+        track.since.remove(&key);
+        return None;
+    }
+    let (since, warned) = track.since.entry(key).or_insert((now, false));
+    let idle_for = now.saturating_sub(*since);
+    let interactive = a.spec.as_ref().is_some_and(|s| s.interactive);
+    if idle_for >= after {
+        let what = if interactive { "cancelled" } else { "requeued" };
+        return Some(stop(
+            a,
+            if interactive {
+                StopReason::Cancelled
+            } else {
+                StopReason::Preempted
+            },
+            format!(
+                "its GPUs stayed under {IDLE_PCT}% for {}: stopped and {what} so others can use them",
+                minutes(after)
+            ),
+        ));
+    }
+    if !*warned && idle_for + idle.warn_before() >= after {
+        *warned = true;
+        return Some(Decision::Warn {
+            job: a.job,
+            attempt: a.attempt,
+            line: format!(
+                "GPU Commons: this job's GPUs have been under {IDLE_PCT}% for {}; it will be stopped in {} unless it uses them",
+                minutes(idle_for),
+                minutes(after.saturating_sub(idle_for))
+            ),
+        });
+    }
+    None
+}
+
+/// A stop of `a` with its own grace.
+fn stop(a: &ActiveAttempt, reason: StopReason, detail: String) -> Decision {
+    let grace_s = a
+        .spec
+        .as_ref()
+        .and_then(|s| s.grace_s)
+        .unwrap_or(DEFAULT_GRACE_S);
+    Decision::Stop {
+        job: a.job,
+        attempt: a.attempt,
+        grace_s,
+        reason,
+        detail,
+    }
 }
 
 #[cfg(test)]

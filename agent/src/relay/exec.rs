@@ -1,4 +1,5 @@
-//! A relay to a process in the container (`docker exec`): a shell, a command, sftp.
+//! A relay to a process in the container (an exec, through the `ContainerRuntime`): a
+//! shell, a command, sftp.
 //!
 //! The process runs as the container's user (the job's, never root), with the container's
 //! environment plus the SSH client's accepted variables and `TERM`. Input goes to its
@@ -10,18 +11,27 @@
 
 use super::signals::ExecSignals;
 use super::{next_incoming, send_ctl, Incoming, Ws};
-use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, ResizeExecOptions, StartExecOptions, StartExecResults};
+use crate::runtime::{ContainerRuntime, ExecOutput, ExecRequest, RuntimeError};
 use commons_proto::relay::{env_allowed, signal_number, RelayCtl, Stream, Tty, RELAY_CHUNK_BYTES};
+use futures_util::stream::{BoxStream, SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 
-pub async fn run(
-    docker: &bollard::Docker,
+type Sink = SplitSink<Ws, Message>;
+/// How long a process has between the hang-up and the kill, once the user is gone.
+const HANGUP_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs `cmd` in `container` and relays it over `ws` until it ends, the user leaves, or
+/// `closed` says the job stops.
+pub async fn run<R: ContainerRuntime>(
+    rt: Arc<R>,
     container: &str,
     cmd: Vec<String>,
     tty: Option<Tty>,
@@ -29,89 +39,117 @@ pub async fn run(
     ws: Ws,
     mut closed: watch::Receiver<Option<String>>,
 ) -> anyhow::Result<()> {
-    let (mut sink, mut stream) = ws.split();
-    let mut vars: Vec<String> = env
-        .into_iter()
-        .filter(|(k, _)| env_allowed(k))
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    if let Some(t) = &tty {
-        vars.push(format!("TERM={}", t.term));
-    }
-    let created = docker
-        .create_exec(
-            container,
-            CreateExecOptions {
-                attach_stdin: Some(true),
-                attach_stdout: Some(true),
-                attach_stderr: Some(true),
-                tty: Some(tty.is_some()),
-                env: Some(vars),
-                cmd: Some(cmd),
-                ..Default::default()
-            },
-        )
-        .await;
-    let id = match created {
-        Ok(c) => c.id,
+    let (mut sink, stream) = ws.split();
+    let req = request(cmd, tty.as_ref(), env);
+    let id = match rt.exec_create(container, &req).await {
+        Ok(id) => id,
         Err(e) => {
             let message = format!("cannot start a process in the job's container: {e}");
             send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
             return Ok(());
         }
     };
-    let started = docker
-        .start_exec(
-            &id,
-            Some(StartExecOptions {
-                detach: false,
-                tty: tty.is_some(),
-                output_capacity: Some(RELAY_CHUNK_BYTES),
-            }),
-        )
-        .await?;
-    let StartExecResults::Attached {
-        mut output,
-        mut input,
-    } = started
-    else {
-        anyhow::bail!("the engine started the exec detached");
-    };
+    let io = rt.exec_start(&id, req.tty).await?;
     if let Some(t) = &tty {
-        resize(docker, &id, t.cols, t.rows).await;
+        resize(&*rt, &id, t.cols, t.rows).await;
     }
-    // Input and output move independently, so a process that writes before it reads (or
-    // the other way round) never waits for us. The input side ends when the portal closes
-    // the relay (the user closed the channel, or the relay is finished).
-    let mut input_task = {
-        let docker = docker.clone();
-        let id = id.clone();
-        tokio::spawn(async move {
-            let mut signals = ExecSignals::new(&id);
-            loop {
-                match next_incoming(&mut stream).await {
-                    Incoming::Data(b) => {
-                        // A process that closed its stdin just drops what follows.
-                        let _ = input.write_all(&b).await;
-                    }
-                    Incoming::Ctl(RelayCtl::Eof) => {
-                        let _ = input.shutdown().await;
-                    }
-                    Incoming::Ctl(RelayCtl::Resize { cols, rows }) => {
-                        resize(&docker, &id, cols, rows).await
-                    }
-                    Incoming::Ctl(RelayCtl::Signal { name }) => {
-                        if let Some(sig) = signal_number(&name) {
-                            signals.send(&docker, sig).await;
-                        }
-                    }
-                    Incoming::Ctl(_) => {}
-                    Incoming::Gone => return,
-                }
-            }
-        })
-    };
+    let mut input_task = spawn_input(rt.clone(), id.clone(), stream, io.input);
     let mut signals = ExecSignals::new(&id);
+    let pumped = pump(
+        &*rt,
+        &mut sink,
+        io.output,
+        &mut input_task,
+        &mut signals,
+        &mut closed,
+    )
+    .await;
+    let ctl = match pumped {
+        Ended::UserGone => return Ok(()),
+        Ended::Closed(message) => {
+            signals.send(&*rt, libc::SIGKILL).await;
+            RelayCtl::Closed { message }
+        }
+        Ended::Output => exit_ctl(&*rt, &id, &closed).await,
+    };
+    send_ctl(&mut sink, &ctl).await?;
+    super::finish(sink, input_task).await;
+    Ok(())
+}
+
+/// The exec for `cmd`: the client's accepted variables, and `TERM` with a terminal.
+fn request(cmd: Vec<String>, tty: Option<&Tty>, env: BTreeMap<String, String>) -> ExecRequest {
+    let mut vars: Vec<String> = env
+        .into_iter()
+        .filter(|(k, _)| env_allowed(k))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if let Some(t) = tty {
+        vars.push(format!("TERM={}", t.term));
+    }
+    ExecRequest {
+        cmd,
+        env: vars,
+        tty: tty.is_some(),
+    }
+}
+
+/// Feeds the portal's side to the process: its bytes to stdin, and its end of input,
+/// resizes and signals. Input and output move independently, so a process that writes
+/// before it reads (or the other way round) never waits for us. It ends when the portal
+/// closes the relay (the user closed the channel, or the relay is finished).
+fn spawn_input<R: ContainerRuntime>(
+    rt: Arc<R>,
+    id: String,
+    mut stream: SplitStream<Ws>,
+    mut input: Pin<Box<dyn AsyncWrite + Send>>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut signals = ExecSignals::new(&id);
+        loop {
+            match next_incoming(&mut stream).await {
+                Incoming::Data(b) => {
+                    // A process that closed its stdin just drops what follows.
+                    let _ = input.write_all(&b).await;
+                }
+                Incoming::Ctl(RelayCtl::Eof) => {
+                    let _ = input.shutdown().await;
+                }
+                Incoming::Ctl(RelayCtl::Resize { cols, rows }) => {
+                    resize(&*rt, &id, cols, rows).await
+                }
+                Incoming::Ctl(RelayCtl::Signal { name }) => {
+                    if let Some(sig) = signal_number(&name) {
+                        signals.send(&*rt, sig).await;
+                    }
+                }
+                Incoming::Ctl(_) => {}
+                Incoming::Gone => return,
+            }
+        }
+    })
+}
+
+/// How the relaying of output ended.
+enum Ended {
+    /// The user left (and the process got its hang-up, and its kill if need be): nobody
+    /// is there to tell.
+    UserGone,
+    /// The process's output ended (it exited, or the engine lost it).
+    Output,
+    /// The job stops: these words for the user.
+    Closed(String),
+}
+
+/// Relays the process's output to the user until one side ends.
+async fn pump<R: ContainerRuntime>(
+    rt: &R,
+    sink: &mut Sink,
+    mut output: BoxStream<'static, Result<ExecOutput, RuntimeError>>,
+    input_task: &mut JoinHandle<()>,
+    signals: &mut ExecSignals,
+    closed: &mut watch::Receiver<Option<String>>,
+) -> Ended {
     let mut user_gone: Option<tokio::time::Instant> = None;
     let ended = loop {
         let hangup_over = async {
@@ -123,77 +161,79 @@ pub async fn run(
         tokio::select! {
             out = output.next() => match out {
                 Some(Ok(chunk)) => {
-                    let (tag, bytes) = match chunk {
-                        LogOutput::StdErr { message } => (Stream::Stderr, message),
-                        LogOutput::StdOut { message }
-                        | LogOutput::Console { message }
-                        | LogOutput::StdIn { message } => (Stream::Stdout, message),
-                    };
-                    for part in bytes.chunks(RELAY_CHUNK_BYTES) {
-                        let mut frame = Vec::with_capacity(part.len() + 1);
-                        frame.push(tag as u8);
-                        frame.extend_from_slice(part);
-                        if sink.send(Message::binary(frame)).await.is_err() && user_gone.is_none() {
-                            user_gone = Some(tokio::time::Instant::now() + Duration::from_secs(2));
-                            signals.send(docker, libc::SIGHUP).await;
-                        }
+                    if !forward(sink, chunk).await && user_gone.is_none() {
+                        user_gone = Some(tokio::time::Instant::now() + HANGUP_GRACE);
+                        signals.send(rt, libc::SIGHUP).await;
                     }
                 }
                 Some(Err(e)) => {
                     tracing::warn!("exec output: {e}");
-                    break None;
+                    break Ended::Output;
                 }
-                None => break None,
+                None => break Ended::Output,
             },
-            _ = &mut input_task, if user_gone.is_none() => {
+            _ = &mut *input_task, if user_gone.is_none() => {
                 // The user closed the channel first: hang up, as a terminal would, and
                 // kill what ignores that.
-                user_gone = Some(tokio::time::Instant::now() + Duration::from_secs(2));
-                signals.send(docker, libc::SIGHUP).await;
+                user_gone = Some(tokio::time::Instant::now() + HANGUP_GRACE);
+                signals.send(rt, libc::SIGHUP).await;
             }
             _ = hangup_over => {
-                signals.send(docker, libc::SIGKILL).await;
-                return Ok(());
+                signals.send(rt, libc::SIGKILL).await;
+                return Ended::UserGone;
             }
             _ = closed.changed() => {
-                break Some(closed.borrow().clone().unwrap_or_else(|| "the job stopped".into()));
+                break Ended::Closed(closed.borrow().clone().unwrap_or_else(|| "the job stopped".into()));
             }
         }
     };
     if user_gone.is_some() {
-        return Ok(());
+        return Ended::UserGone;
     }
-    let ctl = match ended {
-        Some(message) => {
-            signals.send(docker, libc::SIGKILL).await;
-            RelayCtl::Closed { message }
-        }
-        None => match docker.inspect_exec(&id).await {
-            Ok(i) => match (i.running, i.exit_code) {
-                (Some(false), Some(code)) => RelayCtl::Exit { code },
-                _ => RelayCtl::Closed {
-                    message: closed
-                        .borrow()
-                        .clone()
-                        .unwrap_or_else(|| "the job's container stopped".into()),
-                },
-            },
-            Err(_) => RelayCtl::Closed {
-                message: "the job's container is gone".into(),
-            },
-        },
-    };
-    send_ctl(&mut sink, &ctl).await?;
-    super::finish(sink, input_task).await;
-    Ok(())
+    ended
 }
 
-async fn resize(docker: &bollard::Docker, id: &str, cols: u16, rows: u16) {
-    let opts = ResizeExecOptions {
-        height: rows.max(1),
-        width: cols.max(1),
+/// Sends one piece of output, tagged with its stream, in relay-sized frames; false when
+/// the portal's side is gone.
+async fn forward(sink: &mut Sink, chunk: ExecOutput) -> bool {
+    let (tag, bytes) = match chunk {
+        ExecOutput::Err(b) => (Stream::Stderr, b),
+        ExecOutput::Out(b) => (Stream::Stdout, b),
     };
-    if let Err(e) = docker.resize_exec(id, opts).await {
+    let mut sent = true;
+    for part in bytes.chunks(RELAY_CHUNK_BYTES) {
+        let mut frame = Vec::with_capacity(part.len() + 1);
+        frame.push(tag as u8);
+        frame.extend_from_slice(part);
+        sent &= sink.send(Message::binary(frame)).await.is_ok();
+    }
+    sent
+}
+
+/// What the user hears once the output ended: the exit status, or why there is none.
+async fn exit_ctl<R: ContainerRuntime>(
+    rt: &R,
+    id: &str,
+    closed: &watch::Receiver<Option<String>>,
+) -> RelayCtl {
+    match rt.exec_inspect(id).await {
+        Ok(i) => match (i.running, i.exit_code) {
+            (Some(false), Some(code)) => RelayCtl::Exit { code },
+            _ => RelayCtl::Closed {
+                message: closed
+                    .borrow()
+                    .clone()
+                    .unwrap_or_else(|| "the job's container stopped".into()),
+            },
+        },
+        Err(_) => RelayCtl::Closed {
+            message: "the job's container is gone".into(),
+        },
+    }
+}
+
+async fn resize<R: ContainerRuntime>(rt: &R, id: &str, cols: u16, rows: u16) {
+    if let Err(e) = rt.exec_resize(id, cols.max(1), rows.max(1)).await {
         tracing::debug!("exec resize: {e}");
     }
 }

@@ -8,33 +8,29 @@
 //! own network rules.
 
 use super::{next_incoming, send_ctl, Incoming, Ws};
+use crate::runtime::ContainerRuntime;
 use commons_proto::relay::{RelayCtl, Stream, RELAY_CHUNK_BYTES};
 use commons_proto::JobId;
+use futures_util::stream::SplitStream;
 use futures_util::{SinkExt, StreamExt};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 
-pub async fn run(
-    docker: &bollard::Docker,
+pub async fn run<R: ContainerRuntime>(
+    rt: &R,
     container: &str,
     job: JobId,
     port: u16,
     ws: Ws,
     mut closed: watch::Receiver<Option<String>>,
 ) -> anyhow::Result<()> {
-    let (mut sink, mut stream) = ws.split();
-    let pid = docker
-        .inspect_container(container, None)
-        .await
-        .ok()
-        .and_then(|c| c.state)
-        .and_then(|s| s.pid)
-        .filter(|p| *p > 0);
-    let Some(pid) = pid else {
+    let (mut sink, stream) = ws.split();
+    let Some(pid) = rt.main_pid(container).await else {
         let message = format!("job {job}'s container is not running");
         send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
         return Ok(());
@@ -53,24 +49,9 @@ pub async fn run(
     tcp.set_nonblocking(true)?;
     let tcp = tokio::net::TcpStream::from_std(tcp)?;
     let _ = tcp.set_nodelay(true);
-    let (mut rd, mut wr) = tcp.into_split();
-    // Each direction on its own, so neither end waits for the other to read. The input
-    // side ends when the portal closes the relay.
-    let mut input_task = tokio::spawn(async move {
-        loop {
-            match next_incoming(&mut stream).await {
-                Incoming::Data(b) => {
-                    // A server that closed its side just drops what follows.
-                    let _ = wr.write_all(&b).await;
-                }
-                Incoming::Ctl(RelayCtl::Eof) => {
-                    let _ = wr.shutdown().await;
-                }
-                Incoming::Ctl(_) => {}
-                Incoming::Gone => return,
-            }
-        }
-    });
+    let (mut rd, wr) = tcp.into_split();
+    // Each direction on its own, so neither end waits for the other to read.
+    let mut input_task = tokio::spawn(feed(stream, wr));
     let mut buf = vec![0u8; RELAY_CHUNK_BYTES];
     let last = loop {
         tokio::select! {
@@ -105,6 +86,24 @@ pub async fn run(
     }
     super::finish(sink, input_task).await;
     Ok(())
+}
+
+/// Writes the user's bytes to the connection, and its end of input as a half-close,
+/// until the portal closes the relay.
+async fn feed(mut stream: SplitStream<Ws>, mut wr: OwnedWriteHalf) {
+    loop {
+        match next_incoming(&mut stream).await {
+            Incoming::Data(b) => {
+                // A server that closed its side just drops what follows.
+                let _ = wr.write_all(&b).await;
+            }
+            Incoming::Ctl(RelayCtl::Eof) => {
+                let _ = wr.shutdown().await;
+            }
+            Incoming::Ctl(_) => {}
+            Incoming::Gone => return,
+        }
+    }
 }
 
 /// Connects to `port` on the loopback of the network namespace of process `pid`.

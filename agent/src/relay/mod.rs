@@ -2,8 +2,8 @@
 //! protocol is in `commons_proto::relay`).
 //!
 //! For each `OpenRelay` the agent dials the relay WebSocket the portal named, with its node
-//! credential and the one-time ticket, and connects it to the container: a `docker exec`
-//! (a shell, a command, the image's `sftp-server`) or, for `ssh -L`, a TCP connection made
+//! credential and the one-time ticket, and connects it to the container through the
+//! executor's `ContainerRuntime`: an exec (a shell, a command, the image's `sftp-server`) or, for `ssh -L`, a TCP connection made
 //! inside the container's network namespace. Relays of an attempt end with a message for
 //! the user when the agent stops the attempt ([`Relays::close_attempt`]); an exec ends by
 //! itself when its container does.
@@ -13,6 +13,7 @@ mod forward;
 pub mod signals;
 
 use crate::executor::Executor;
+use crate::runtime::ContainerRuntime;
 use commons_proto::relay::{relay_ws_url, RelayCtl, RelayTarget};
 use commons_proto::{Attempt, JobId, RelayOpen};
 use futures_util::{SinkExt, StreamExt};
@@ -71,33 +72,31 @@ impl Relays {
     }
 }
 
-/// What a relay needs: where the portal is, the node's credential, the engine.
+/// What a relay needs: where the portal is, the node's credential, the open relays (the
+/// container runtime comes with the executor).
 #[derive(Clone)]
 pub struct RelayContext {
     pub portal: String,
     pub credential: String,
-    pub docker: bollard::Docker,
     pub relays: Relays,
 }
 
 /// Serves an `OpenRelay` in the background.
-pub fn open<R: crate::runtime::ContainerRuntime>(
-    ctx: &RelayContext,
-    exec: &Executor<R>,
-    open: RelayOpen,
-) {
+pub fn open<R: ContainerRuntime>(ctx: &RelayContext, exec: &Executor<R>, open: RelayOpen) {
     let container = exec.running_container(open.job, open.attempt);
     let ctx = ctx.clone();
+    let rt = exec.runtime();
     tokio::spawn(async move {
         let (job, attempt) = (open.job, open.attempt);
-        if let Err(e) = serve(ctx, open, container).await {
+        if let Err(e) = serve(ctx, rt, open, container).await {
             tracing::warn!(job, attempt, "SSH relay failed: {e:#}");
         }
     });
 }
 
-async fn serve(
+async fn serve<R: ContainerRuntime>(
     ctx: RelayContext,
+    rt: Arc<R>,
     open: RelayOpen,
     container: Result<String, String>,
 ) -> anyhow::Result<()> {
@@ -121,11 +120,11 @@ async fn serve(
                 Some(c) => vec!["/bin/sh".to_string(), "-c".to_string(), c],
                 None => login_shell(),
             };
-            exec::run(&ctx.docker, &container, cmd, tty, env, ws, closed).await
+            exec::run(rt, &container, cmd, tty, env, ws, closed).await
         }
         RelayTarget::Sftp => {
             exec::run(
-                &ctx.docker,
+                rt,
                 &container,
                 sftp_server(),
                 None,
@@ -136,7 +135,7 @@ async fn serve(
             .await
         }
         RelayTarget::Forward { port } => {
-            forward::run(&ctx.docker, &container, open.job, port, ws, closed).await
+            forward::run(&*rt, &container, open.job, port, ws, closed).await
         }
     };
     ctx.relays.unregister(key, id);

@@ -7,6 +7,7 @@
 //! lived, and names it). Once the process has ended, its pidfd answers ESRCH, whatever
 //! process has the number since; a plain `kill(pid)` would reach that one.
 
+use crate::runtime::{ContainerRuntime, ExecState};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -75,9 +76,9 @@ impl ExecSignals {
     }
 
     /// Sends `sig` to the exec's process while it runs; whether it was delivered.
-    pub async fn send(&mut self, docker: &bollard::Docker, sig: i32) -> bool {
+    pub async fn send(&mut self, rt: &impl ContainerRuntime, sig: i32) -> bool {
         if matches!(self.target, Target::Unknown) {
-            self.target = self.find(docker).await;
+            self.target = self.find(rt).await;
         }
         let Target::Process(p) = &self.target else {
             return false;
@@ -98,8 +99,8 @@ impl ExecSignals {
     /// The exec's process, if it runs: its pid from the engine, a pidfd on that pid, and
     /// the engine asked again, so the pidfd is known to name the exec's process. An exec
     /// not started yet is looked up again at the next signal.
-    async fn find(&self, docker: &bollard::Docker) -> Target {
-        let Ok(first) = docker.inspect_exec(&self.exec).await else {
+    async fn find(&self, rt: &impl ContainerRuntime) -> Target {
+        let Ok(first) = rt.exec_inspect(&self.exec).await else {
             return Target::Unknown;
         };
         let pid = match running_pid(&first) {
@@ -120,7 +121,7 @@ impl ExecSignals {
                 return Target::Gone;
             }
         };
-        let again = docker.inspect_exec(&self.exec).await.ok();
+        let again = rt.exec_inspect(&self.exec).await.ok();
         if again.as_ref().and_then(running_pid) == Some(pid) {
             Target::Process(handle)
         } else {
@@ -130,7 +131,7 @@ impl ExecSignals {
 }
 
 /// The host pid of an exec that runs.
-fn running_pid(i: &bollard::models::ExecInspectResponse) -> Option<i32> {
+fn running_pid(i: &ExecState) -> Option<i32> {
     i.pid
         .filter(|p| *p > 1 && i.running == Some(true))
         .and_then(|p| i32::try_from(p).ok())

@@ -1,30 +1,20 @@
 //! The production [`ContainerRuntime`]: the Docker Engine through bollard.
 //!
-//! [`container_body`] is the one place that decides how a job's container looks (pure,
-//! unit-tested): labelled with its job and attempt, non-root, no privileges, every
-//! capability dropped, `no-new-privileges`, memory/CPU/pid limits, and the assigned GPUs
-//! as an NVIDIA device request plus `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES`, and
-//! the attempt's checkpoint directory as its one host path (a bind mount at `/checkpoint`).
-//! The image runs only at its pinned digest and is created from that ID, never from the
-//! tag (see [`super::images`]); it is pulled only from registries the node allows, and
-//! only by digest.
-//!
-//! An interactive job without a command gets [`KEEP_ALIVE`] as its entrypoint: the
-//! container stays up (for its owner to SSH in) until its time limit, a stop or its lease,
-//! and ends at once and cleanly on SIGTERM. An image without `/bin/sh` cannot run it: the
-//! container is removed before it starts and the job fails with [`RuntimeError::NoShell`].
+//! Containers are made as [`container_body`] says. The image runs only at its pinned
+//! digest and is created from that ID, never from the tag (see [`super::images`]); it is
+//! pulled only from registries the node allows, and only by digest. An interactive job
+//! without a command runs [`KEEP_ALIVE`](super::body::KEEP_ALIVE), which needs [`KEEP_ALIVE_SHELL`]: an image
+//! without it is removed before it starts and the job fails with
+//! [`RuntimeError::NoShell`]. The SSH relays' processes are execs (`docker_exec`).
 
+use super::body::{container_body, keeps_alive, KEEP_ALIVE_SHELL};
 use super::images::{self, ImagePolicy};
 use super::{
-    container_name, guest, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
-    FoundContainer, RuntimeError, LABEL_AGENT,
+    container_name, docker_exec, guest, AssignedGpu, CheckpointMount, ContainerRuntime,
+    ContainerStatus, ExecIo, ExecRequest, ExecState, FoundContainer, HostContainer, RuntimeError,
+    LABEL_AGENT,
 };
-use crate::checkpoint;
 use crate::host::LABEL_HOST;
-use bollard::models::{
-    ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountBindOptions,
-    MountBindOptionsPropagationEnum, MountType,
-};
 use bollard::query_parameters::{
     ContainerArchiveInfoOptions, CreateContainerOptions, ListContainersOptions, LogsOptions,
     RemoveContainerOptions, StopContainerOptions, TopOptions, WaitContainerOptions,
@@ -34,131 +24,6 @@ use commons_proto::{Attempt, JobId, JobSpec, LABEL_ATTEMPT, LABEL_JOB};
 use futures_util::{Stream, StreamExt};
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
-
-/// The uid:gid jobs run as: `nobody`, never root.
-pub const JOB_USER: &str = "65534:65534";
-const PIDS_LIMIT: i64 = 4096;
-
-/// The shell that keeps an interactive job without a command alive. `sleep` runs in the
-/// background and the shell `wait`s for it, so a SIGTERM interrupts the wait and the trap
-/// ends the shell (and so the container) at once, instead of after the current `sleep`.
-pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM INT HUP; \
-echo 'GPU Commons: interactive job ready; the container stays up until its time limit or a cancel'; \
-while :; do sleep 3600 & wait $!; done";
-/// The shell [`KEEP_ALIVE`] needs in the image.
-pub const KEEP_ALIVE_SHELL: &str = "/bin/sh";
-
-/// Whether the container runs [`KEEP_ALIVE`] instead of a command of the job's or the image's.
-pub fn keeps_alive(spec: &JobSpec) -> bool {
-    spec.interactive && spec.command.is_empty()
-}
-
-/// The container for one attempt. Pure: everything it decides is visible in the result.
-pub fn container_body(
-    agent_id: &str,
-    job: JobId,
-    attempt: Attempt,
-    spec: &JobSpec,
-    gpus: &[AssignedGpu],
-    ckpt: &CheckpointMount,
-) -> ContainerCreateBody {
-    let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
-    let visible = if uuids.is_empty() {
-        "none".to_string()
-    } else {
-        uuids.join(",")
-    };
-    let mut env: Vec<String> = spec
-        .env
-        .iter()
-        .filter(|(k, _)| !k.starts_with("COMMONS_") && !k.ends_with("_VISIBLE_DEVICES"))
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    env.push(format!("NVIDIA_VISIBLE_DEVICES={visible}"));
-    env.push(format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")));
-    // The image's filesystem is read-only (see `guest`): a home that can be written.
-    if !spec.env.contains_key("HOME") {
-        env.push("HOME=/tmp".into());
-    }
-    env.push(format!("COMMONS_JOB_ID={job}"));
-    env.push(format!("COMMONS_ATTEMPT={attempt}"));
-    env.push(format!(
-        "{}={}",
-        checkpoint::ENV_DIR,
-        checkpoint::CONTAINER_DIR
-    ));
-    if ckpt.resumed {
-        env.push(format!("{}=1", checkpoint::ENV_RESUME));
-    }
-    let real: Vec<String> = gpus
-        .iter()
-        .filter(|g| !g.fake)
-        .map(|g| g.uuid.clone())
-        .collect();
-    let device_requests = (!real.is_empty()).then(|| {
-        vec![DeviceRequest {
-            driver: Some("nvidia".into()),
-            device_ids: Some(real),
-            capabilities: Some(vec![vec!["gpu".into()]]),
-            ..Default::default()
-        }]
-    });
-    let labels = HashMap::from([
-        (LABEL_JOB.to_string(), job.to_string()),
-        (LABEL_ATTEMPT.to_string(), attempt.to_string()),
-        (LABEL_AGENT.to_string(), agent_id.to_string()),
-        ("commons.user".to_string(), spec.user.clone()),
-    ]);
-    let memory = (spec.memory_mb as i64).saturating_mul(1024 * 1024);
-    // The engine refuses a CPU limit above the host's CPUs; such a job gets all of them.
-    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let cpus = spec.cpus.min(host_cpus);
-    // The keep-alive replaces the image's entrypoint too: an entrypoint would take the
-    // shell as its arguments (and the image's default command goes with it).
-    let entrypoint = keeps_alive(spec).then(|| {
-        vec![
-            KEEP_ALIVE_SHELL.to_string(),
-            "-c".to_string(),
-            KEEP_ALIVE.to_string(),
-        ]
-    });
-    ContainerCreateBody {
-        image: Some(spec.image.clone()),
-        entrypoint,
-        cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
-        env: Some(env),
-        labels: Some(labels),
-        user: Some(JOB_USER.into()),
-        host_config: Some(HostConfig {
-            memory: Some(memory),
-            memory_swap: Some(memory),
-            nano_cpus: Some((cpus * 1e9) as i64),
-            pids_limit: Some(PIDS_LIMIT),
-            cap_drop: Some(vec!["ALL".into()]),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            privileged: Some(false),
-            init: Some(true),
-            device_requests,
-            mounts: Some(vec![Mount {
-                target: Some(checkpoint::CONTAINER_DIR.into()),
-                source: Some(ckpt.host_dir.to_string_lossy().into_owned()),
-                typ: Some(MountType::BIND),
-                read_only: Some(false),
-                bind_options: Some(MountBindOptions {
-                    propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }]),
-            tmpfs: Some(HashMap::from([(
-                "/tmp".to_string(),
-                "rw,nosuid,nodev,size=1g".to_string(),
-            )])),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 #[derive(Clone)]
 pub struct DockerRuntime {
@@ -196,16 +61,6 @@ impl DockerRuntime {
         self
     }
 
-    /// The host's id, if the runtime labels containers with one.
-    pub fn host_id(&self) -> Option<&str> {
-        self.host_id.as_deref()
-    }
-
-    /// This agent's id (`commons.agent` on its containers).
-    pub fn agent_id(&self) -> &str {
-        &self.agent_id
-    }
-
     /// The same runtime, with the node's image settings.
     pub fn with_images(mut self, images: ImagePolicy) -> Self {
         self.images = images;
@@ -218,11 +73,6 @@ impl DockerRuntime {
         guest::prepare(&self.docker, &iso).await?;
         self.isolation = iso;
         Ok(self)
-    }
-
-    /// The engine client, for what is not the executor's business (SSH relays).
-    pub fn docker(&self) -> Docker {
-        self.docker.clone()
     }
 }
 
@@ -595,172 +445,79 @@ impl ContainerRuntime for DockerRuntime {
             .filter_map(|p| p.first()?.trim().parse().ok())
             .collect()
     }
+
+    fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
+    fn host_id(&self) -> Option<&str> {
+        self.host_id.as_deref()
+    }
+
+    async fn list_host(&self) -> Result<Vec<HostContainer>, RuntimeError> {
+        let Some(host) = &self.host_id else {
+            return Ok(Vec::new());
+        };
+        let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_HOST}={host}")])]);
+        let found = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await?;
+        Ok(found
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                Some(HostContainer {
+                    id: c.id?,
+                    agent: labels.get(LABEL_AGENT).cloned().unwrap_or_default(),
+                    job: labels.get(LABEL_JOB).and_then(|j| j.parse().ok()),
+                    attempt: labels.get(LABEL_ATTEMPT).and_then(|a| a.parse().ok()),
+                    running: matches!(
+                        c.state,
+                        Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+                    ),
+                })
+            })
+            .collect())
+    }
+
+    async fn main_pid(&self, id: &str) -> Option<i64> {
+        docker_exec::main_pid(&self.docker, id).await
+    }
+
+    async fn exec_create(
+        &self,
+        container: &str,
+        req: &ExecRequest,
+    ) -> Result<String, RuntimeError> {
+        docker_exec::create(&self.docker, container, req).await
+    }
+
+    async fn exec_start(&self, exec: &str, tty: bool) -> Result<ExecIo, RuntimeError> {
+        docker_exec::start(&self.docker, exec, tty).await
+    }
+
+    async fn exec_resize(&self, exec: &str, cols: u16, rows: u16) -> Result<(), RuntimeError> {
+        docker_exec::resize(&self.docker, exec, cols, rows).await
+    }
+
+    async fn exec_inspect(&self, exec: &str) -> Result<ExecState, RuntimeError> {
+        docker_exec::inspect(&self.docker, exec).await
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn spec() -> JobSpec {
-        JobSpec {
-            image: "commons-demo:latest".into(),
-            command: vec!["sh".into(), "-c".into(), "echo hi".into()],
-            env: [
-                ("A".to_string(), "1".to_string()),
-                ("COMMONS_JOB_ID".to_string(), "spoof".to_string()),
-            ]
-            .into(),
-            cpus: 1.0,
-            memory_mb: 1024,
-            time_limit_s: 60,
-            user: "alice".into(),
-            checkpoint_interval_s: None,
-            shm_mb: None,
-            interactive: false,
-            guest: false,
-            lab: None,
-            grace_s: None,
-            image_digest: None,
-            image_signature: None,
-            image_campus: true,
-            disk_gb: None,
-        }
-    }
-
-    fn ckpt(resumed: bool) -> CheckpointMount {
-        CheckpointMount {
-            host_dir: "/var/lib/commons-agent/attempts/42-2/checkpoint".into(),
-            resumed,
-        }
-    }
-
-    #[test]
-    fn container_is_locked_down() {
-        let gpus = [
-            AssignedGpu {
-                uuid: "GPU-a".into(),
-                fake: false,
-            },
-            AssignedGpu {
-                uuid: "GPU-b".into(),
-                fake: false,
-            },
-        ];
-        let body = container_body("ag", 42, 2, &spec(), &gpus, &ckpt(false));
-        assert_eq!(body.user.as_deref(), Some(JOB_USER));
-        let labels = body.labels.as_ref().unwrap();
-        assert_eq!(labels[LABEL_JOB], "42");
-        assert_eq!(labels[LABEL_ATTEMPT], "2");
-        assert_eq!(labels[LABEL_AGENT], "ag");
-        let hc = body.host_config.as_ref().unwrap();
-        assert_eq!(hc.cap_drop.as_deref(), Some(&["ALL".to_string()][..]));
-        assert_eq!(hc.privileged, Some(false));
-        assert_eq!(hc.memory, Some(1024 * 1024 * 1024));
-        assert_eq!(hc.nano_cpus, Some(1_000_000_000));
-        assert_eq!(hc.pids_limit, Some(PIDS_LIMIT));
-        assert!(hc.binds.is_none(), "no host paths but the checkpoint mount");
-        let mounts = hc.mounts.as_ref().unwrap();
-        assert_eq!(mounts.len(), 1);
-        assert_eq!(mounts[0].typ, Some(MountType::BIND));
-        assert_eq!(mounts[0].target.as_deref(), Some("/checkpoint"));
-        assert_eq!(
-            mounts[0].source.as_deref(),
-            Some("/var/lib/commons-agent/attempts/42-2/checkpoint")
-        );
-        assert_eq!(mounts[0].read_only, Some(false));
-        let dr = &hc.device_requests.as_ref().unwrap()[0];
-        assert_eq!(
-            dr.device_ids.as_deref(),
-            Some(&["GPU-a".to_string(), "GPU-b".to_string()][..])
-        );
-        let env = body.env.as_ref().unwrap();
-        assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b".to_string()));
-        assert!(env.contains(&"CUDA_VISIBLE_DEVICES=GPU-a,GPU-b".to_string()));
-        assert!(env.contains(&"COMMONS_JOB_ID=42".to_string()));
-        assert!(!env.contains(&"COMMONS_JOB_ID=spoof".to_string()));
-        assert!(env.contains(&"A=1".to_string()));
-        assert!(env.contains(&"COMMONS_CHECKPOINT_DIR=/checkpoint".to_string()));
-        assert!(!env.iter().any(|e| e.starts_with("COMMONS_RESUME")));
-    }
-
-    #[test]
-    fn a_restored_checkpoint_sets_commons_resume_and_the_job_cannot_spoof_it() {
-        let mut s = spec();
-        s.env.insert("COMMONS_RESUME".into(), "1".into());
-        s.env.insert("COMMONS_CHECKPOINT_DIR".into(), "/tmp".into());
-        let fresh = container_body("ag", 42, 2, &s, &[], &ckpt(false))
-            .env
-            .unwrap();
-        assert!(
-            !fresh.iter().any(|e| e.starts_with("COMMONS_RESUME")),
-            "{fresh:?}"
-        );
-        assert!(!fresh.contains(&"COMMONS_CHECKPOINT_DIR=/tmp".to_string()));
-        let resumed = container_body("ag", 42, 2, &s, &[], &ckpt(true))
-            .env
-            .unwrap();
-        assert_eq!(
-            resumed
-                .iter()
-                .filter(|e| e.starts_with("COMMONS_RESUME"))
-                .count(),
-            1
-        );
-        assert!(resumed.contains(&"COMMONS_RESUME=1".to_string()));
-    }
-
-    #[test]
-    fn an_interactive_job_without_a_command_runs_the_keep_alive() {
-        let mut s = spec();
-        s.interactive = true;
-        let with_command = container_body("ag", 1, 1, &s, &[], &ckpt(false));
-        assert_eq!(with_command.entrypoint, None, "a command runs as given");
-        assert_eq!(with_command.cmd.as_deref(), Some(&s.command[..]));
-        s.command.clear();
-        let body = container_body("ag", 1, 1, &s, &[], &ckpt(false));
-        let entrypoint = body.entrypoint.unwrap();
-        assert_eq!(entrypoint[..2], ["/bin/sh".to_string(), "-c".to_string()]);
-        assert!(
-            entrypoint[2].starts_with("trap 'exit 0' TERM"),
-            "{entrypoint:?}"
-        );
-        assert!(
-            entrypoint[2].contains("wait $!"),
-            "SIGTERM must not wait for a sleep"
-        );
-        assert_eq!(body.cmd, None, "and not the image's default command");
-        assert_eq!(
-            body.user.as_deref(),
-            Some(JOB_USER),
-            "locked down as any job"
-        );
-        s.interactive = false;
-        let batch = container_body("ag", 1, 1, &s, &[], &ckpt(false));
-        assert_eq!(
-            (batch.entrypoint, batch.cmd),
-            (None, None),
-            "a batch job without a command runs the image's default"
-        );
-    }
-
     #[test]
     fn a_grace_is_rounded_up_to_whole_seconds() {
         assert_eq!(grace_secs_i32(Duration::from_secs(30)), 30);
         assert_eq!(grace_secs_i32(Duration::from_millis(9_001)), 10);
         assert_eq!(grace_secs_i32(Duration::ZERO), 0);
-    }
-
-    #[test]
-    fn fake_gpus_get_no_device_request() {
-        let gpus = [AssignedGpu {
-            uuid: "GPU-fake-00-A100-80GB".into(),
-            fake: true,
-        }];
-        let body = container_body("ag", 1, 1, &spec(), &gpus, &ckpt(false));
-        assert!(body.host_config.unwrap().device_requests.is_none());
-        assert!(body
-            .env
-            .unwrap()
-            .contains(&"NVIDIA_VISIBLE_DEVICES=GPU-fake-00-A100-80GB".to_string()));
     }
 }

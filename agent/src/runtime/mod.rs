@@ -20,18 +20,28 @@
 //! - Every container gets its attempt's [`CheckpointMount`]: the host directory
 //!   read-write at `/checkpoint`, `COMMONS_CHECKPOINT_DIR=/checkpoint`, and
 //!   `COMMONS_RESUME=1` exactly when the directory holds a restored checkpoint.
+//!
+//! Everything else in the agent that touches containers goes through the trait too: the
+//! guards, the start-up sweep of an earlier identity's containers (`host`) and the SSH
+//! relays' processes (`relay`); only `session` and `main` name [`DockerRuntime`], to make
+//! one.
 
+pub mod body;
 pub mod docker;
+mod docker_exec;
 pub mod guest;
 pub mod images;
 
-pub use docker::{container_body, DockerRuntime, JOB_USER};
+pub use body::{container_body, JOB_USER};
+pub use docker::DockerRuntime;
 
 use commons_proto::{Attempt, JobId, JobSpec};
+use futures_util::stream::BoxStream;
 use futures_util::Stream;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -104,6 +114,50 @@ pub enum ContainerStatus {
     Gone,
 }
 
+/// A container found with this runtime's host id, whichever agent made it (see `host`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostContainer {
+    pub id: String,
+    /// Its agent id (`commons.agent`).
+    pub agent: String,
+    pub job: Option<JobId>,
+    pub attempt: Option<Attempt>,
+    pub running: bool,
+}
+
+/// A process to start in a running container (`docker exec`), as the container's user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRequest {
+    pub cmd: Vec<String>,
+    /// `NAME=value`s added to the container's environment.
+    pub env: Vec<String>,
+    /// With a terminal: one output stream, and [`ContainerRuntime::exec_resize`] works.
+    pub tty: bool,
+}
+
+/// A piece of an exec's output, and the stream it came on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecOutput {
+    /// stdout (or, with a terminal, everything).
+    Out(bytes::Bytes),
+    Err(bytes::Bytes),
+}
+
+/// An exec's process, attached: its output until it ends, and its stdin.
+pub struct ExecIo {
+    pub output: BoxStream<'static, Result<ExecOutput, RuntimeError>>,
+    pub input: Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+}
+
+/// What the engine says of an exec now (each `None` when the engine did not say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExecState {
+    pub running: Option<bool>,
+    /// Its process's pid on the host.
+    pub pid: Option<i64>,
+    pub exit_code: Option<i64>,
+}
+
 /// The container's name: unique per agent and attempt, so a retried create finds the
 /// leftover of an earlier try instead of making a second container.
 pub fn container_name(agent_id: &str, job: JobId, attempt: Attempt) -> String {
@@ -158,4 +212,46 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Host pids of the processes inside a container (to tell our GPU use from the
     /// owner's); empty when they cannot be read.
     fn pids(&self, id: &str) -> impl Future<Output = BTreeSet<u32>> + Send;
+
+    /// This agent's id, the [`LABEL_AGENT`] on its containers.
+    fn agent_id(&self) -> &str;
+
+    /// The host's id its containers are labelled with (see `host`); `None`: none.
+    fn host_id(&self) -> Option<&str>;
+
+    /// Every container labelled with [`ContainerRuntime::host_id`], whichever agent made
+    /// it, running or not; none without a host id.
+    fn list_host(&self) -> impl Future<Output = Result<Vec<HostContainer>, RuntimeError>> + Send;
+
+    /// The host pid of a running container's main process; `None` when it does not run.
+    fn main_pid(&self, id: &str) -> impl Future<Output = Option<i64>> + Send;
+
+    /// Makes (does not start) a process in a running container; returns the exec's id.
+    fn exec_create(
+        &self,
+        container: &str,
+        req: &ExecRequest,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// Starts an exec made by [`ContainerRuntime::exec_create`], attached; `tty` as it
+    /// was made.
+    fn exec_start(
+        &self,
+        exec: &str,
+        tty: bool,
+    ) -> impl Future<Output = Result<ExecIo, RuntimeError>> + Send;
+
+    /// Sets the size of an exec's terminal.
+    fn exec_resize(
+        &self,
+        exec: &str,
+        cols: u16,
+        rows: u16,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Whether an exec runs, with what pid, and how it ended.
+    fn exec_inspect(
+        &self,
+        exec: &str,
+    ) -> impl Future<Output = Result<ExecState, RuntimeError>> + Send;
 }

@@ -318,7 +318,6 @@ async fn an_end_the_guard_caused_is_reported_with_the_guards_reason() {
             at_ms: clock::to_ms(clock::now()),
             grace_s: 10,
         },
-        true,
     )
     .unwrap();
     rt.exit(11, 1, SIGTERM_EXIT);

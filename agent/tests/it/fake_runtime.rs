@@ -7,8 +7,8 @@
 use commons_agent::executor::Executor;
 use commons_agent::outbox::{self, OutboxRx};
 use commons_agent::runtime::{
-    container_body, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus,
-    FoundContainer, RuntimeError,
+    container_body, AssignedGpu, CheckpointMount, ContainerRuntime, ContainerStatus, ExecIo,
+    ExecRequest, ExecState, FoundContainer, HostContainer, RuntimeError,
 };
 use commons_agent::store::{self, LeaseFile, Store};
 use commons_proto::{
@@ -20,6 +20,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// The fake runs no processes: the SSH relays are tested against the Docker Engine.
+fn no_processes(what: &str) -> RuntimeError {
+    RuntimeError::Engine(format!("the fake runtime runs no process in {what}"))
+}
 
 /// The exit code a stopped fake container reports (SIGTERM).
 pub(crate) const SIGTERM_EXIT: i64 = 143;
@@ -263,6 +268,42 @@ impl ContainerRuntime for FakeRuntime {
             .map(|c| BTreeSet::from([1000 + c.job as u32]))
             .unwrap_or_default()
     }
+
+    fn agent_id(&self) -> &str {
+        "fake"
+    }
+
+    fn host_id(&self) -> Option<&str> {
+        None
+    }
+
+    async fn list_host(&self) -> Result<Vec<HostContainer>, RuntimeError> {
+        Ok(Vec::new())
+    }
+
+    async fn main_pid(&self, _id: &str) -> Option<i64> {
+        None
+    }
+
+    async fn exec_create(
+        &self,
+        container: &str,
+        _req: &ExecRequest,
+    ) -> Result<String, RuntimeError> {
+        Err(no_processes(container))
+    }
+
+    async fn exec_start(&self, exec: &str, _tty: bool) -> Result<ExecIo, RuntimeError> {
+        Err(no_processes(exec))
+    }
+
+    async fn exec_resize(&self, exec: &str, _cols: u16, _rows: u16) -> Result<(), RuntimeError> {
+        Err(no_processes(exec))
+    }
+
+    async fn exec_inspect(&self, exec: &str) -> Result<ExecState, RuntimeError> {
+        Err(no_processes(exec))
+    }
 }
 
 /// Collects the executor's messages so a test can wait for one job's without losing
@@ -439,7 +480,7 @@ pub(crate) fn lease_file(dir: &Path, job: JobId, attempt: Attempt) -> LeaseFile 
 
 pub(crate) fn write_lease(dir: &Path, job: JobId, attempt: Attempt, lease: &LeaseFile) {
     let path = store::attempt_dir(dir, job, attempt).join(store::LEASE_FILE);
-    store::write_json(&path, lease, false).unwrap();
+    store::write_json(&path, lease).unwrap();
 }
 
 pub(crate) fn stops(rt: &FakeRuntime) -> Vec<(String, Duration)> {

@@ -5,6 +5,7 @@
 use super::{demo_image, new_agent_id};
 use bollard::exec::{CreateExecOptions, StartExecOptions};
 use commons_agent::relay::signals::ExecSignals;
+use commons_agent::runtime::DockerRuntime;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -60,6 +61,8 @@ fn process_with_pid(pid: i64) -> Option<Child> {
 async fn a_signal_after_the_exec_ended_reaches_no_process_that_took_its_pid() {
     let container = Sleeper::start();
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    // The relay's signals go through the agent's runtime, as in a relay.
+    let rt = DockerRuntime::connect(new_agent_id()).await.unwrap();
     let exec = docker
         .create_exec(
             &container.0,
@@ -83,10 +86,7 @@ async fn a_signal_after_the_exec_ended_reaches_no_process_that_took_its_pid() {
         .unwrap();
     // A signal while it runs reaches it (SIGCONT: harmless), as a user's Ctrl-Z/fg would.
     let mut signals = ExecSignals::new(&exec);
-    assert!(
-        signals.send(&docker, libc::SIGCONT).await,
-        "the running exec"
-    );
+    assert!(signals.send(&rt, libc::SIGCONT).await, "the running exec");
     let pid = docker.inspect_exec(&exec).await.unwrap().pid.unwrap();
 
     // The exec ends; its pid goes to another process.
@@ -98,8 +98,8 @@ async fn a_signal_after_the_exec_ended_reaches_no_process_that_took_its_pid() {
     let mut other = process_with_pid(pid).expect("a process with the exec's old pid");
 
     // The relay's hang-up and kill now, as when the user leaves after the command ended.
-    let hup = signals.send(&docker, libc::SIGHUP).await;
-    let kill = signals.send(&docker, libc::SIGKILL).await;
+    let hup = signals.send(&rt, libc::SIGHUP).await;
+    let kill = signals.send(&rt, libc::SIGKILL).await;
     // Then our own SIGTERM: the process dies of the relay's hang-up or kill if either
     // reached it (they came first), of SIGTERM if not.
     // SAFETY: kill(2) on our own child, which we have not reaped yet.

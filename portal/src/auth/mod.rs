@@ -159,40 +159,16 @@ impl FromRequest for CurrentUser {
                 }
                 !expired
             });
-            state
-                .db
-                .run(move |c| {
-                    let (user, labs, how) = match (token, uid) {
-                        // The token's user and their labs in one query.
-                        (Some(t), _) => {
-                            let (user, labs, can_add_credentials) =
-                                crate::db::users::token_holder(c, &t)?.ok_or_else(|| {
-                                    AppError::Unauthenticated(
-                                        "the access token is unknown, expired or revoked".into(),
-                                    )
-                                })?;
-                            (
-                                user,
-                                labs,
-                                Credential::Token {
-                                    can_add_credentials,
-                                },
-                            )
-                        }
-                        (None, Some(id)) => {
-                            let user = crate::db::users::user_by_id(c, id)
-                                .map_err(|_| AppError::Unauthenticated("please log in".into()))?;
-                            let labs = crate::db::users::labs_of(c, user.id)?;
-                            (user, labs, Credential::Session)
-                        }
-                        (None, None) => {
-                            return Err(AppError::Unauthenticated("please log in".into()))
-                        }
-                    };
-                    Ok(CurrentUser(Actor { user, labs }, how))
-                })
+            let (actor, token) = crate::service::identity::caller(&state, token, uid)
                 .await
-                .map_err(|e| as_response(api, e))
+                .map_err(|e| as_response(api, e))?;
+            let how = match token {
+                Some(can_add_credentials) => Credential::Token {
+                    can_add_credentials,
+                },
+                None => Credential::Session,
+            };
+            Ok(CurrentUser(actor, how))
         })
     }
 }

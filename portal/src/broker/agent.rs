@@ -11,13 +11,11 @@
 //! is accepted, and a heartbeat counts only from the session that holds the node. The
 //! times leases count from are the database's (`db::clock`).
 
-use crate::db::models::{AgentClock, Node};
-use crate::db::node_link::{self, Beat, Claim};
-use crate::db::{nodes, now};
+use crate::db::models::Node;
 use crate::error::{ApiError, AppError};
-use crate::service::attempts::{self, Timing};
-use crate::service::output::{self, Verdict};
-use crate::service::samples::{self, Sampler};
+use crate::service::agent_link::{self, Link, LinkSettings};
+use crate::service::attempts::Timing;
+use crate::service::samples::Sampler;
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
 use commons_proto::{
@@ -36,10 +34,8 @@ async fn enrol(
     body: web::Json<EnrolRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let req = body.into_inner();
-    let (node, lab, credential) = state
-        .db
-        .run(move |c| nodes::enrol(c, &req.token, &req.hostname, &req.agent_version))
-        .await?;
+    let (node, lab, credential) =
+        agent_link::enrol(&state, req.token, req.hostname, req.agent_version).await?;
     tracing::info!(node = node.id, lab = %lab.slug, "node enrolled");
     Ok(HttpResponse::Created().json(EnrolResponse {
         node_id: node.id,
@@ -61,16 +57,9 @@ async fn connect(
         .and_then(|h| h.strip_prefix("Bearer "))
         .map(str::to_string)
         .ok_or_else(|| ApiError(AppError::Unauthenticated("node credential required".into())))?;
-    let node = state
-        .db
-        .run(move |c| nodes::node_by_credential(c, &credential))
+    let node = agent_link::node_for_credential(&state, credential)
         .await
-        .map_err(ApiError)?
-        .ok_or_else(|| {
-            ApiError(AppError::Unauthenticated(
-                "unknown or revoked node credential".into(),
-            ))
-        })?;
+        .map_err(ApiError)?;
     let addr = remote_addr(&req);
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream = stream.max_frame_size(4 << 20);
@@ -125,17 +114,22 @@ async fn serve(
     let mut registered: Option<(u64, tokio::sync::mpsc::Receiver<PortalMsg>)> = None;
     tracing::info!(node = node.id, name = %node.name, %addr, "agent connected");
     let silence = Duration::from_secs(silence_s(&state));
-    // The agent process's session, from its `Hello`: leases name it.
-    let mut agent_session: Option<u64> = None;
     let opened = std::time::Instant::now();
     let mut rate = super::limits::Rate::new(opened);
     let mut log_rate = super::limits::Rate::logs(opened);
     let mut refusals = super::limits::Refusals::new(opened);
     let mut log_drops = super::limits::LogDrops::default();
-    // This connection's view of the node's running attempts, for their utilisation.
-    let sampler = std::sync::Arc::new(std::sync::Mutex::new(Sampler::new(
-        state.config.utilization.sample_interval_s,
-    )));
+    // The agent process's session (from its `Hello`: leases name it), and this
+    // connection's view of the node's running attempts, for their utilisation.
+    let mut link = Link {
+        node: node.id,
+        addr: addr.clone(),
+        session: None,
+        sampler: std::sync::Arc::new(std::sync::Mutex::new(Sampler::new(
+            state.config.utilization.sample_interval_s,
+        ))),
+    };
+    let set = settings(&state);
     loop {
         tokio::select! {
             msg = tokio::time::timeout(silence, stream.next()) => {
@@ -158,7 +152,7 @@ async fn serve(
                         );
                         tracing::warn!(node = node.id, "agent refused: {why}");
                         refuse(session, why).await;
-                        leave(&state, node.id, registered.as_ref().map(|r| r.0), agent_session).await;
+                        leave(&state, node.id, registered.as_ref().map(|r| r.0), link.session).await;
                         return;
                     }
                     Ok(mut m) => {
@@ -195,12 +189,11 @@ async fn serve(
                             _ => None,
                         };
                         let began = std::time::Instant::now();
-                        let handled =
-                            handle(&state, node.id, &addr, agent_session, &sampler, m).await;
+                        let handled = agent_link::apply(&state, set, &link, m).await;
                         let mut catch_up = None;
                         if let (Some((s, reports)), Ok(_)) = (&hello, &handled) {
                             // Accepted: this session holds the node now.
-                            agent_session = Some(*s);
+                            link.session = Some(*s);
                             if registered.is_none() {
                                 registered = Some(state.agents.register(node.id));
                                 catch_up = Some((*s, reports.clone()));
@@ -216,10 +209,7 @@ async fn serve(
                                 if let Some((s, reports)) = catch_up {
                                     // Placed while it was not yet registered here: the
                                     // scheduler could not deliver those.
-                                    let (id, timing) = (node.id, timing(&state));
-                                    match state.db.run(move |c| {
-                                        attempts::starts_after_registering(c, id, s, &reports, timing)
-                                    }).await {
+                                    match agent_link::starts_after_registering(&state, set, node.id, s, reports).await {
                                         Ok(more) => replies.extend(more),
                                         Err(e) => tracing::warn!(node = node.id, "starts after registering: {e:#}"),
                                     }
@@ -231,14 +221,14 @@ async fn serve(
                             Err(AppError::Unauthenticated(why)) => {
                                 tracing::warn!(node = node.id, "agent disconnected: {why}");
                                 refuse(session, why).await;
-                                leave(&state, node.id, registered.as_ref().map(|r| r.0), agent_session).await;
+                                leave(&state, node.id, registered.as_ref().map(|r| r.0), link.session).await;
                                 return;
                             }
                             Err(AppError::Conflict { message, .. }) if hello.is_some() => {
                                 tracing::warn!(node = node.id, %addr, "agent refused: {message}");
                                 state.metrics.agent_messages_refused.inc();
                                 refuse(session, message).await;
-                                leave(&state, node.id, registered.as_ref().map(|r| r.0), agent_session).await;
+                                leave(&state, node.id, registered.as_ref().map(|r| r.0), link.session).await;
                                 return;
                             }
                             Err(AppError::Forbidden(why)) => {
@@ -267,7 +257,7 @@ async fn serve(
         &state,
         node.id,
         registered.as_ref().map(|r| r.0),
-        agent_session,
+        link.session,
     )
     .await;
     tracing::info!(node = node.id, "agent disconnected");
@@ -302,10 +292,9 @@ async fn leave(state: &AppState, node: i64, conn: Option<u64>, session: Option<u
         return;
     };
     if state.agents.unregister(node, conn) {
-        let _ = state
-            .db
-            .run(move |c| node_link::release(c, node, session))
-            .await;
+        if let Err(e) = agent_link::release(state, node, session).await {
+            tracing::warn!(node, "cannot release the node: {e:#}");
+        }
         state.wake.notify_one();
     }
 }
@@ -334,17 +323,7 @@ pub async fn extend_leases_for_shutdown(state: &AppState) -> usize {
     let ttl = state.config.scheduler.lease_ttl_s;
     let mut told = 0;
     for node in state.agents.connected() {
-        let renew = state
-            .db
-            .run(move |c| {
-                let Some(clock) = nodes::node_by_id(c, node)?.agent_clock() else {
-                    return Ok::<_, AppError>(None);
-                };
-                // What the agent's last heartbeat renewed (its reports are not at hand).
-                let last = attempts::Renewable::RenewedUntil(clock.lease_until(ttl));
-                attempts::renew(c, node, &clock, long, last).map(Some)
-            })
-            .await;
+        let renew = agent_link::extend_for_shutdown(state, node, ttl, long).await;
         match renew {
             Ok(Some(msg)) => told += usize::from(state.agents.send(node, msg)),
             Ok(None) => {}
@@ -364,215 +343,11 @@ pub fn timing(state: &AppState) -> Timing {
     }
 }
 
-/// Applies one agent message; returns the replies to send.
-async fn handle(
-    state: &AppState,
-    node: i64,
-    addr: &str,
-    session: Option<u64>,
-    sampler: &std::sync::Arc<std::sync::Mutex<Sampler>>,
-    msg: AgentMsg,
-) -> Result<Vec<PortalMsg>, AppError> {
-    let sampler = sampler.clone();
-    let timing = timing(state);
-    let heartbeat_s = state.config.scheduler.heartbeat_s;
-    let lease_ttl_s = state.config.scheduler.lease_ttl_s;
-    // When output arrived, for an attempt's last lines (see `service::output`); leases
-    // count on the database's clock (`node_link`).
-    let received_at = now();
-    let metrics = state.metrics.clone();
-    let silence = chrono::Duration::seconds(silence_s(state) as i64);
-    let addr = addr.to_string();
-    let (replies, wake) = state
-        .db
-        .run(move |c| -> Result<(Vec<PortalMsg>, bool), AppError> {
-            let mut replies = Vec::new();
-            let mut wake = false;
-            match msg {
-                AgentMsg::Hello {
-                    agent_version,
-                    session,
-                    seq,
-                    gpus,
-                    attempts: reports,
-                    capacity,
-                    disk,
-                    ..
-                } => {
-                    // Leases count from when this message arrived, on the database's
-                    // clock (the agent counts from when it left, on its own).
-                    let received_at = match node_link::claim(c, node, session, seq, &addr, silence)?
-                    {
-                        Claim::Taken { received_at } => received_at,
-                        Claim::Held { by, seen } => {
-                            return Err(AppError::conflict(
-                                "credential_in_use",
-                                format!(
-                                    "another agent with this node's credential is connected \
-                                     (from {by}, last heard {} UTC): two agents must not share \
-                                     one credential (a cloned server or state dir?), so this one \
-                                     is refused while the other runs; the node's page shows both",
-                                    seen.map_or("-".to_string(), |t| t
-                                        .format("%H:%M:%S")
-                                        .to_string())
-                                ),
-                            ));
-                        }
-                        Claim::Revoked => {
-                            return Err(AppError::Unauthenticated(
-                                "the node's credential was revoked".into(),
-                            ))
-                        }
-                    };
-                    if let Some(cap) = &capacity {
-                        nodes::set_capacity(c, node, cap)?;
-                    }
-                    if let Some(d) = &disk {
-                        nodes::set_disk(c, node, d)?;
-                    }
-                    let clock = AgentClock {
-                        session,
-                        seq,
-                        received_at,
-                    };
-                    nodes::upsert_gpus(c, node, &agent_version, &gpus)?;
-                    crate::service::inventory::judge(c, node, &gpus)?;
-                    replies.push(PortalMsg::Welcome {
-                        node_id: node,
-                        heartbeat_s,
-                        lease_ttl_s,
-                    });
-                    for r in &reports {
-                        let out = attempts::apply_report(c, node, r, timing)?;
-                        replies.extend(out.stop);
-                    }
-                    attempts::reconcile_missing(c, node, &reports)?;
-                    replies.extend(attempts::pending_stops(c, node, timing)?);
-                    let jobs = attempts::reported_jobs(&reports);
-                    let which = attempts::Renewable::Reported(&jobs);
-                    replies.push(attempts::renew(c, node, &clock, lease_ttl_s, which)?);
-                    replies.extend(attempts::undelivered_starts(
-                        c, node, &reports, &clock, timing,
-                    )?);
-                    wake = true;
-                }
-                AgentMsg::Heartbeat {
-                    seq,
-                    gpu_stats,
-                    attempts: reports,
-                    capacity,
-                    disk,
-                } => {
-                    let session = session
-                        .ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
-                    // Revoked on any replica, or the node taken over by another agent
-                    // session: refused here too, and nothing is renewed.
-                    let received_at = match node_link::beat(c, node, session, seq)? {
-                        Beat::Counted {
-                            received_at,
-                            contended,
-                        } => {
-                            if contended {
-                                tracing::warn!(
-                                    node,
-                                    "two agents used this node's credential at once: the \
-                                     node is flagged for its lab admin"
-                                );
-                            }
-                            received_at
-                        }
-                        Beat::Superseded => {
-                            return Err(AppError::Unauthenticated(
-                                "another agent with this node's credential holds the node now"
-                                    .into(),
-                            ))
-                        }
-                        Beat::Revoked => {
-                            return Err(AppError::Unauthenticated(
-                                "the node's credential was revoked".into(),
-                            ))
-                        }
-                    };
-                    let clock = AgentClock {
-                        session,
-                        seq,
-                        received_at,
-                    };
-                    if let Some(cap) = &capacity {
-                        nodes::set_capacity(c, node, cap)?;
-                    }
-                    // Sent only when it changed: the scheduler looks again.
-                    if let Some(d) = &disk {
-                        nodes::set_disk(c, node, d)?;
-                        wake = true;
-                    }
-                    wake |= nodes::update_gpu_stats(c, node, &gpu_stats)?;
-                    let (stops, freed) =
-                        crate::service::reports::apply_reports(c, node, &reports, timing)?;
-                    wake |= freed;
-                    replies.extend(stops);
-                    let jobs = attempts::reported_jobs(&reports);
-                    let which = attempts::Renewable::Reported(&jobs);
-                    replies.push(attempts::renew(c, node, &clock, lease_ttl_s, which)?);
-                    replies.extend(attempts::undelivered_starts(
-                        c, node, &reports, &clock, timing,
-                    )?);
-                    // Last, and never in the way of the leases: a sample lost is a dot
-                    // missing from a chart.
-                    let mut sampler = sampler.lock().unwrap_or_else(|e| e.into_inner());
-                    let at = received_at;
-                    if let Err(e) = samples::record(c, &mut sampler, node, &gpu_stats, &reports, at)
-                    {
-                        tracing::warn!(node, "utilisation samples not written: {e:#}");
-                    }
-                }
-                AgentMsg::AttemptEvent {
-                    job,
-                    attempt,
-                    state: st,
-                    exit_code,
-                    stop,
-                    reason,
-                } => {
-                    let r = commons_proto::AttemptReport {
-                        job,
-                        attempt,
-                        state: st,
-                        exit_code,
-                        stop,
-                        reason,
-                    };
-                    let out = attempts::apply_report(c, node, &r, timing)?;
-                    wake |= out.freed;
-                    replies.extend(out.stop);
-                }
-                AgentMsg::Logs {
-                    job,
-                    attempt,
-                    chunk,
-                } => match output::append(c, node, job, attempt, &chunk, received_at)? {
-                    Verdict::Written => {}
-                    Verdict::Over => {
-                        metrics.agent_messages_refused.inc();
-                        tracing::debug!(
-                            node,
-                            job,
-                            attempt,
-                            "output of an attempt that is over dropped"
-                        );
-                    }
-                    Verdict::Foreign => {
-                        return Err(AppError::Forbidden(format!(
-                            "output for job {job} attempt {attempt}, which this node does not run"
-                        )));
-                    }
-                },
-            }
-            Ok((replies, wake))
-        })
-        .await?;
-    if wake {
-        state.wake.notify_one();
+/// The settings agents' messages are judged by on this portal.
+fn settings(state: &AppState) -> LinkSettings {
+    LinkSettings {
+        timing: timing(state),
+        heartbeat_s: state.config.scheduler.heartbeat_s,
+        silence_s: silence_s(state),
     }
-    Ok(replies)
 }

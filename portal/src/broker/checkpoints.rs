@@ -11,7 +11,6 @@
 //! - Errors are the API's JSON errors; malformed path segments are 404.
 
 use crate::db::models::Node;
-use crate::db::nodes;
 use crate::error::{ApiError, AppError};
 use crate::service::checkpoints;
 use crate::state::AppState;
@@ -53,11 +52,7 @@ pub(super) async fn node(state: &AppState, req: &HttpRequest) -> Result<Node, Ap
         .and_then(|h| h.strip_prefix("Bearer "))
         .map(str::to_string)
         .ok_or_else(|| AppError::Unauthenticated("node credential required".into()))?;
-    state
-        .db
-        .run(move |c| nodes::node_by_credential(c, &credential))
-        .await?
-        .ok_or_else(|| AppError::Unauthenticated("unknown or revoked node credential".into()))
+    crate::service::agent_link::node_for_credential(state, credential).await
 }
 
 /// A path segment as a number; anything else is "not found".

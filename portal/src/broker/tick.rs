@@ -25,13 +25,13 @@
 //! to reconnect and renew. A portal that was down longer than a lease so does not
 //! requeue every running job on campus at its first tick.
 //! With PostgreSQL, several portal replicas may run; only the one holding the advisory
-//! lock [`LEADER_LOCK`] ticks (the lock lives as long as its connection). SQLite
+//! lock [`crate::db::leader::LEADER_LOCK`] ticks (the lock lives as long as its connection). SQLite
 //! deployments run one portal.
 
-use crate::db::{nodes, snapshot, users};
 use crate::error::AppError;
 use crate::metrics::{preemption_cause, CauseLabel, KindLabel, LabLabel, Metrics, PhaseLabel};
-use crate::service::{attempts, plan_commit};
+use crate::service::plan_commit;
+use crate::service::round::Leader;
 use crate::state::AppState;
 use commons_proto::{PortalMsg, StopReason};
 use std::collections::HashMap;
@@ -45,61 +45,6 @@ const PRUNE_EVERY: Duration = Duration::from_secs(600);
 /// (at 50,000 queued, a round that starts jobs moves nearly every row; writing them all
 /// took about as long as the round itself).
 pub const WAITING_MOVES_EVERY: Duration = Duration::from_secs(10);
-
-/// Advisory lock key of the scheduler leader ("GPUC" in ASCII).
-pub const LEADER_LOCK: i64 = 0x4750_5543;
-
-#[derive(diesel::QueryableByName)]
-struct Locked {
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    locked: bool,
-}
-
-/// Holds (or tries to take) the leader lock on a dedicated PostgreSQL connection.
-#[derive(Default)]
-struct Leader {
-    conn: Option<diesel::PgConnection>,
-    leading: bool,
-}
-
-impl Leader {
-    fn check(&mut self, url: &str) -> bool {
-        use diesel::{Connection, RunQueryDsl};
-        if self.leading {
-            // Still ours while the connection lives.
-            let alive = self.conn.as_mut().is_some_and(|c| {
-                diesel::sql_query("SELECT TRUE AS locked")
-                    .get_result::<Locked>(c)
-                    .is_ok()
-            });
-            if alive {
-                return true;
-            }
-            tracing::warn!("lost the scheduler leader connection");
-            *self = Leader::default();
-        }
-        if self.conn.is_none() {
-            self.conn = diesel::PgConnection::establish(url).ok();
-        }
-        let Some(c) = self.conn.as_mut() else {
-            return false;
-        };
-        let got = diesel::sql_query(format!(
-            "SELECT pg_try_advisory_lock({LEADER_LOCK}) AS locked"
-        ))
-        .get_result::<Locked>(c)
-        .map(|l| l.locked);
-        match got {
-            Ok(true) => {
-                tracing::info!("this portal now runs the scheduler");
-                self.leading = true;
-            }
-            Ok(false) => {}
-            Err(_) => self.conn = None,
-        }
-        self.leading
-    }
-}
 
 pub async fn run(state: AppState) {
     let period = Duration::from_millis(state.config.scheduler.tick_ms);
@@ -186,33 +131,12 @@ pub async fn tick(
     let policy = state.config.policy.clone();
     let metrics = std::sync::Arc::clone(&state.metrics);
     let m = std::sync::Arc::clone(&metrics);
-    let (snapshot, shown) = state
-        .db
-        .run(move |c| {
-            // On the database's clock, as the leases were counted: replicas whose clocks
-            // disagree judge them alike.
-            let t = crate::db::clock(c)?;
-            let silent = t - chrono::Duration::seconds(3 * cfg.heartbeat_s as i64 + 5);
-            nodes::mark_silent_offline(c, silent)?;
-            let lost = if judge_leases {
-                attempts::expire_leases(
-                    c,
-                    t - chrono::Duration::seconds(cfg.lease_margin_s as i64),
-                )?
-            } else {
-                0
-            };
-            if lost > 0 {
-                tracing::warn!(lost, "attempts lost with their servers; jobs requeued");
-            }
-            let (snapshot, shown) = snapshot::read_with_waiting(c, &policy)?;
-            let labs = snapshot.nodes.iter().map(|n| n.lab);
-            if !m.knows_labs(labs.chain(snapshot.queue.iter().map(|q| q.lab))) {
-                m.set_labs(users::all_lab_slugs(c)?);
-            }
-            Ok::<_, AppError>((snapshot, shown))
-        })
-        .await?;
+    let lap = crate::service::round::Lap {
+        heartbeat_s: cfg.heartbeat_s,
+        lease_margin_s: cfg.lease_margin_s,
+        judge_leases,
+    };
+    let (snapshot, shown) = crate::service::round::read(state, lap, policy, m).await?;
     let now_s = chrono::Utc::now().timestamp();
     let offset = state.config.policy.utc_offset_s;
     metrics.observe_snapshot(&snapshot, now_s, offset);

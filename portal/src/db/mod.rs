@@ -8,7 +8,7 @@
 //!   `database is locked` errors under load. PostgreSQL gets `database_pool_size`
 //!   connections (16 by default): with `fsync` on, concurrent commits share their WAL
 //!   flushes, and the load test measured 594-645 submissions/s with a pool of 8 against
-//!   1,088-1,143/s with 16 (README, *Load test*).
+//!   1,088-1,143/s with 16 (docs/src/reports/performance.md).
 //! - Blocking diesel calls run on the blocking thread pool ([`Db::run`]), never on the
 //!   async executor.
 
@@ -23,6 +23,7 @@ pub mod images;
 pub mod job_search;
 pub mod job_templates;
 pub mod jobs;
+pub mod leader;
 pub mod models;
 pub mod node_link;
 pub mod nodes;

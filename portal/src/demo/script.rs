@@ -66,7 +66,8 @@ pub const FAST: Pace = Pace {
 const STEP_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A job that counts steps, keeps the count in `/checkpoint` and resumes from it: the
-/// checkpoint contract of the README, in plain sh. On SIGTERM it takes `save_s` to "save".
+/// checkpoint contract (docs/src/user/checkpoints.md), in plain sh. On SIGTERM it takes
+/// `save_s` to "save".
 fn steps_job(steps: u32, save_s: u32) -> Vec<String> {
     let script = format!(
         "n=0; [ -f /checkpoint/step ] && n=$(cat /checkpoint/step); \

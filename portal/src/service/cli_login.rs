@@ -205,3 +205,5 @@ pub async fn decide(
         })
         .await
 }
+
+pub use crate::db::cli_logins::normalise_user_code;

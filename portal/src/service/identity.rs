@@ -125,6 +125,48 @@ pub fn sign_in(c: &mut DbConn, id: &Identity, rules: &GroupRules) -> Result<User
     })
 }
 
+/// Everyone, for the development login's list (only ever offered when it is on).
+pub async fn dev_login_users(ctx: &super::Ctx) -> Result<Vec<User>, AppError> {
+    ctx.db.run(crate::db::users::all_users).await
+}
+
+/// The user the development login names, if any.
+pub async fn dev_login_user(ctx: &super::Ctx, name: String) -> Result<Option<User>, AppError> {
+    ctx.db
+        .run(move |c| crate::db::users::user_by_name(c, &name))
+        .await
+}
+
+/// Who is calling: the holder of access token `token`, else the user of the browser
+/// session `session_user`. With a token, also whether it may add SSH keys and tokens.
+pub async fn caller(
+    ctx: &super::Ctx,
+    token: Option<String>,
+    session_user: Option<i64>,
+) -> Result<(super::Actor, Option<bool>), AppError> {
+    ctx.db
+        .run(move |c| match (token, session_user) {
+            // The token's user and their labs in one query.
+            (Some(t), _) => {
+                let (user, labs, can_add_credentials) =
+                    accounts::token_holder(c, &t)?.ok_or_else(|| {
+                        AppError::Unauthenticated(
+                            "the access token is unknown, expired or revoked".into(),
+                        )
+                    })?;
+                Ok((super::Actor { user, labs }, Some(can_add_credentials)))
+            }
+            (None, Some(id)) => {
+                let user = accounts::user_by_id(c, id)
+                    .map_err(|_| AppError::Unauthenticated("please log in".into()))?;
+                let labs = accounts::labs_of(c, user.id)?;
+                Ok((super::Actor { user, labs }, None))
+            }
+            (None, None) => Err(AppError::Unauthenticated("please log in".into())),
+        })
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

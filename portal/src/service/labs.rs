@@ -3,9 +3,7 @@
 //! fixed number of queries.
 
 use super::{lab_admin, Actor};
-use crate::db::audit::AuditEntry;
 use crate::db::models::{Lab, Node, Role};
-use crate::db::usage::LabUsage;
 use crate::db::{self, DbConn};
 use crate::domain::MembershipSource;
 use crate::error::AppError;
@@ -184,6 +182,15 @@ pub fn preset(l: &Lending) -> &'static str {
                 .unwrap_or("custom")
         }
     }
+}
+
+pub use crate::db::audit::AuditEntry;
+pub use crate::db::usage::LabUsage;
+/// The whole campus's audit log, newest first (operators only; lab admins read their
+/// lab's in its console).
+pub async fn campus_audit(ctx: &super::Ctx, actor: &Actor) -> Result<Vec<AuditEntry>, AppError> {
+    actor.require_operator()?;
+    ctx.db.run(|c| crate::db::audit::list(c, None, 500)).await
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //!   that the id exists).
 
 pub mod account;
+pub mod agent_link;
 pub mod agents;
 pub mod attempts;
 pub mod checkpoints;
@@ -32,12 +33,14 @@ pub mod plan_commit;
 pub mod policy;
 pub mod relays;
 pub mod reports;
+pub mod round;
 pub mod samples;
 pub mod sessions;
 pub mod ssh;
 pub mod ssh_keys;
 #[cfg(test)]
 pub(crate) mod testkit;
+pub mod tokens;
 pub mod utilization;
 pub mod views;
 

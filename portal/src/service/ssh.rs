@@ -173,6 +173,18 @@ pub async fn gateway(
     }))
 }
 
+/// The deployment's SSH host key: this replica's (`public`) when none is recorded yet,
+/// else the one recorded, which every replica must use.
+pub async fn claim_host_key(
+    ctx: &Ctx,
+    algorithm: String,
+    public: String,
+) -> Result<String, AppError> {
+    ctx.db
+        .run(move |c| crate::db::gateway::claim_host_key(c, &algorithm, &public))
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,8 @@
 
 use super::{jobs::visible, Actor, Ctx};
 use crate::config::UtilizationConfig;
-use crate::db::samples::Sample;
+pub use crate::db::samples::Sample;
+pub use crate::db::usage::WeekUsage;
 use crate::db::{self, DbConn};
 use crate::domain::AttemptStatus;
 use crate::error::AppError;

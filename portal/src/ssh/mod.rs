@@ -96,10 +96,7 @@ pub async fn start(state: AppState) -> anyhow::Result<Option<Gateway>> {
     let public = key.public_key().to_openssh()?;
     let algorithm = key.algorithm().to_string();
     let mine = public.clone();
-    let recorded = state
-        .db
-        .run(move |c| crate::db::gateway::claim_host_key(c, &algorithm, &mine))
-        .await?;
+    let recorded = crate::service::ssh::claim_host_key(&state, algorithm, mine).await?;
     let same = |a: &str, b: &str| {
         a.split_whitespace()
             .take(2)

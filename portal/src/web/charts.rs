@@ -3,7 +3,7 @@
 //! all; a line chart carries its summary in words).
 
 use super::human;
-use crate::db::usage::WeekUsage;
+use crate::service::utilization::WeekUsage;
 use crate::service::utilization::{Point, Utilization};
 use chrono::NaiveDateTime;
 use std::fmt::Write;
@@ -330,7 +330,7 @@ mod tests {
             .unwrap()
             .and_hms_opt(10, 0, 0)
             .unwrap();
-        let sample = |attempt, min: i64, util: f64| crate::db::samples::Sample {
+        let sample = |attempt, min: i64, util: f64| crate::service::utilization::Sample {
             job_id: 7,
             attempt,
             at: t0 + chrono::Duration::minutes(min),

@@ -9,8 +9,8 @@
 
 use super::Banner;
 use crate::auth::{CredentialsManager, CsrfForm, CurrentUser};
-use crate::db::cli_logins::normalise_user_code;
 use crate::error::{AppError, WebError};
+use crate::service::cli_login::normalise_user_code;
 use crate::service::cli_login::{self, Pending, CLIENT};
 use crate::state::AppState;
 use actix_session::Session;

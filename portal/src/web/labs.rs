@@ -3,10 +3,10 @@
 
 use super::{optional, Banner};
 use crate::auth::{CsrfForm, CurrentUser, NoFields};
-use crate::db::audit::AuditEntry;
 use crate::db::models::{Lab, Role};
 use crate::domain::MembershipSource;
 use crate::error::{AppError, WebError};
+use crate::service::labs::AuditEntry;
 use crate::service::labs::{self, MemberRow, NodeRow};
 use crate::service::members;
 use crate::service::policy::{
@@ -60,7 +60,7 @@ struct LabAdminPage {
     nodes: Vec<NodeRow>,
     members: Vec<MemberRow>,
     audit: Vec<AuditEntry>,
-    usage: crate::db::usage::LabUsage,
+    usage: crate::service::labs::LabUsage,
     member_default: Quota,
     /// The grace period a node without its own gets.
     default_grace_s: u32,
@@ -112,12 +112,8 @@ async fn audit_page(
     session: Session,
     user: CurrentUser,
 ) -> Result<AuditPage, WebError> {
-    user.require_operator()?;
+    let audit = crate::service::labs::campus_audit(&state, &user).await?;
     let banner = Banner::new(&state, &session, Some(&user));
-    let audit = state
-        .db
-        .run(|c| crate::db::audit::list(c, None, 500))
-        .await?;
     Ok(AuditPage { banner, audit })
 }
 

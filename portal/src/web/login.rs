@@ -8,7 +8,6 @@ use super::Banner;
 use crate::auth::oidc::PendingLogin;
 use crate::auth::{log_in, log_out, CsrfForm, NoFields};
 use crate::db::models::User;
-use crate::db::users;
 use crate::error::{AppError, WebError};
 use crate::service::identity::sign_in;
 use crate::state::AppState;
@@ -62,7 +61,7 @@ async fn login_page(
     error: Option<String>,
 ) -> Result<LoginPage, WebError> {
     let users = if state.config.insecure_dev_login {
-        state.db.run(users::all_users).await?
+        crate::service::identity::dev_login_users(state).await?
     } else {
         Vec::new()
     };
@@ -179,7 +178,7 @@ async fn dev_login(
         .into());
     }
     let name = form.0.username.trim().to_string();
-    let user = state.db.run(move |c| users::user_by_name(c, &name)).await?;
+    let user = crate::service::identity::dev_login_user(&state, name).await?;
     let Some(user) = user else {
         return Err(AppError::invalid("username", "no such user").into());
     };

@@ -3,8 +3,8 @@
 
 use super::{optional, Banner};
 use crate::auth::{CredentialsManager, CsrfForm, CurrentUser, NoFields};
-use crate::db::users::{self, TokenInfo};
 use crate::error::{AppError, WebError};
+use crate::service::tokens::{self, TokenInfo};
 use crate::state::AppState;
 use actix_session::Session;
 use actix_web::{web, HttpResponse};
@@ -42,16 +42,7 @@ async fn render(
     error: Option<String>,
 ) -> Result<TokensPage, WebError> {
     let banner = Banner::new(state, session, Some(&user));
-    let id = user.user.id;
-    let (tokens, sessions) = state
-        .db
-        .run(move |c| {
-            Ok::<_, AppError>((
-                users::tokens_of(c, id)?,
-                crate::db::web_sessions::count_for_user(c, id)?,
-            ))
-        })
-        .await?;
+    let (tokens, sessions) = tokens::list(state, &user).await?;
     Ok(TokensPage {
         banner,
         tokens,
@@ -84,20 +75,9 @@ async fn create(
     form: CsrfForm<NewToken>,
 ) -> Result<HttpResponse, WebError> {
     let user = user.0;
-    let id = user.user.id;
     let form = form.0;
     let result = match optional::<i64>("expires_days", &form.expires_days) {
-        Ok(Some(d)) if !(1..=3650).contains(&d) => Err(AppError::invalid(
-            "expires_days",
-            "from 1 to 3650 days, or empty for never",
-        )),
-        Ok(days) => {
-            let until = days.map(|d| crate::db::now() + chrono::Duration::days(d));
-            state
-                .db
-                .run(move |c| users::create_api_token_until(c, id, &form.name, until))
-                .await
-        }
+        Ok(days) => tokens::create(&state, &user, form.name, days).await,
         Err(e) => Err(e),
     };
     let (status, page) = match result {
@@ -123,11 +103,7 @@ async fn revoke(
     id: web::Path<i64>,
     _form: CsrfForm<NoFields>,
 ) -> Result<HttpResponse, WebError> {
-    let (uid, token) = (user.user.id, id.into_inner());
-    state
-        .db
-        .run(move |c| users::revoke_token(c, uid, token))
-        .await?;
+    tokens::revoke(&state, &user, id.into_inner()).await?;
     Ok(HttpResponse::SeeOther()
         .insert_header(("location", "/tokens"))
         .finish())

@@ -1,7 +1,7 @@
 //! The `commons` CLI end to end: the real binary (built from `cli/`) against a real
 //! portal and agent (fake GPUs, the real Docker Engine), checked against the API.
 
-use crate::harness::{Backend, TestPortal, BACKENDS};
+use crate::support::harness::{Backend, TestPortal};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -46,7 +46,7 @@ impl From<Output> for Ran {
 impl Cli {
     pub fn new() -> Cli {
         Cli {
-            bin: crate::cluster::cli_binary(),
+            bin: crate::support::cluster::cli_binary(),
             config: tempfile::tempdir().unwrap(),
             env: Vec::new(),
         }
@@ -126,9 +126,8 @@ async fn signed_in(p: &TestPortal, token: &str) -> Cli {
     cli
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cli_runs_follows_lists_and_cancels_as_the_api_says() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn cli_runs_follows_lists_and_cancels_as_the_api_says(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:2xA100-80GB").await;
         let cli = signed_in(&p, &p.alice).await;
@@ -268,7 +267,7 @@ async fn cli_runs_follows_lists_and_cancels_as_the_api_says() {
         wide.extend(["--", "true"]);
         let waiter: i64 = cli.ok(&wide).await.stdout.trim().parse().unwrap();
         let me = &p;
-        crate::harness::wait_for(T, "an estimated start", || async move {
+        crate::support::harness::wait_for(T, "an estimated start", || async move {
             me.job(&me.alice, waiter).await["estimated_start_at"].is_string()
         })
         .await;

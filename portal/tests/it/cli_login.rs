@@ -6,10 +6,10 @@
 #[path = "cli_login_guards.rs"]
 mod guards;
 
-use crate::browser::Browser;
 use crate::cli::{refused, Cli};
-use crate::harness::{Backend, TestPortal, BACKENDS};
-use crate::web::{browser, hidden_csrf};
+use crate::support::browser::Browser;
+use crate::support::harness::{Backend, TestPortal};
+use crate::support::session::{browser, hidden_csrf};
 use fantoccini::Locator;
 use guards::type_code;
 use serde_json::{json, Value};
@@ -113,9 +113,8 @@ async fn approve_over_http(
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cli_login_by_the_device_grant_approved_or_denied() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn cli_login_by_the_device_grant_approved_or_denied(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let cli = Cli::new();
         let pending = start_login(&cli, &p.url).await;

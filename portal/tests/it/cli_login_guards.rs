@@ -4,8 +4,8 @@
 //! a trusted proxy, per forwarded address); and its tokens last 30 days and add SSH keys
 //! or tokens only when the user ticked it, over the API and on the pages.
 
-use crate::harness::{Backend, TestPortal, BACKENDS};
-use crate::web::{browser, hidden_csrf};
+use crate::support::harness::{Backend, TestPortal, BACKENDS};
+use crate::support::session::{browser, hidden_csrf};
 use serde_json::{json, Value};
 
 /// A cookie-keeping client signed in as `user` through the development login.
@@ -103,9 +103,8 @@ fn text_of(page: &str, id: &str) -> String {
     rest[from..].split('<').next().unwrap().trim().to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_link_cannot_approve_and_the_page_says_where_the_request_came_from() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn a_link_cannot_approve_and_the_page_says_where_the_request_came_from(backend: Backend) {
         let p = TestPortal::start(backend).await;
         // Someone starts a sign-in with a name meant to look official, and a forged
         // X-Forwarded-For (the portal has no trusted proxy: it is ignored).
@@ -170,9 +169,8 @@ async fn a_link_cannot_approve_and_the_page_says_where_the_request_came_from() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn polling_too_fast_slows_down_and_starts_are_limited_per_address() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn polling_too_fast_slows_down_and_starts_are_limited_per_address(backend: Backend) {
         // The default limit: 20 sign-ins per address in 10 minutes.
         let p = TestPortal::start(backend).await;
         let s = started(&p, &[]).await;

@@ -1,12 +1,11 @@
 //! The lab admin console, personal access tokens and the audit log, over HTTP with the
 //! development login.
 
-use crate::harness::{TestPortal, BACKENDS};
-use crate::web::{hidden_csrf, logged_in};
+use crate::support::harness::TestPortal;
+use crate::support::session::{logged_in, BrowserSession};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lab_admin_page_sets_lending_rules_and_quotas() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn lab_admin_page_sets_lending_rules_and_quotas(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:1xA100-80GB").await;
         let node = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
@@ -23,7 +22,7 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
                 "[{backend:?}] {member} is no admin of vision"
             );
         }
-        let carol = logged_in(&p, "carol").await;
+        let carol = BrowserSession::login(&p, "carol").await;
         let page = carol
             .get(url("/labs/vision/admin"))
             .send()
@@ -40,26 +39,21 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
             !page.contains("Save lab quota"),
             "lab quotas are for operators"
         );
-        let csrf = hidden_csrf(&page);
-        let lending = url(&format!("/labs/vision/nodes/{node}/lending"));
+        let lending = format!("/labs/vision/nodes/{node}/lending");
 
         let r = carol
-            .post(&lending)
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form(&lending, &[
                 ("mode", "nights"),
                 ("max_lent_gpus", "-3"),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 422);
         assert!(
             r.text().await.unwrap().contains("max_lent_gpus"),
             "the field is named"
         );
         let r = carol
-            .post(&lending)
+            .post(url(&lending))
             .form(&[("mode", "never")])
             .send()
             .await
@@ -71,17 +65,13 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
         );
 
         let r = carol
-            .post(&lending)
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form(&lending, &[
                 ("mode", "nights_weekends"),
                 ("max_lent_gpus", "1"),
                 ("grace_seconds", "60"),
                 ("borrowers", "physics"),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 303, "[{backend:?}] {}", r.text().await.unwrap());
         let n = &p.get_json(&p.alice, "/api/v1/nodes").await[0];
         assert_eq!(n["lending"]["mode"], "windows");
@@ -107,16 +97,12 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
         );
 
         let r = carol
-            .post(url("/labs/vision/members/alice/quota"))
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form("/labs/vision/members/alice/quota", &[
                 ("max_gpus", "2"),
                 ("max_gpu_hours", "100"),
                 ("max_job_minutes", ""),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 303);
         let page = carol
             .get(url("/labs/vision/admin"))
@@ -133,11 +119,8 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
 
         // A new server: the console makes a one-time enrolment token, shown once.
         let r = carol
-            .post(url("/labs/vision/enrol-token"))
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/labs/vision/enrol-token", &[])
+            .await;
         assert_eq!(r.status(), 200);
         let page = r.text().await.unwrap();
         let at = page
@@ -161,26 +144,13 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
             201,
             "[{backend:?}] the console's token enrols a server"
         );
-        let alice = logged_in(&p, "alice").await;
-        let alice_csrf = hidden_csrf(
-            &alice
-                .get(url("/tokens"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-        );
+        let alice = BrowserSession::login(&p, "alice").await;
         let r = alice
-            .post(url("/labs/vision/enrol-token"))
-            .form(&[("csrf", alice_csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/labs/vision/enrol-token", &[])
+            .await;
         assert_eq!(r.status(), 403, "a member makes no enrolment tokens");
 
-        let olga = logged_in(&p, "olga").await;
+        let olga = BrowserSession::login(&p, "olga").await;
         let page = olga
             .get(url("/labs/physics/admin"))
             .send()
@@ -190,56 +160,34 @@ async fn lab_admin_page_sets_lending_rules_and_quotas() {
             .await
             .unwrap();
         assert!(page.contains("Save lab quota"), "operators edit lab quotas");
-        let csrf = hidden_csrf(&page);
         let r = olga
-            .post(url("/labs/physics/quota"))
-            .form(&[("csrf", csrf.as_str()), ("max_gpus", "4")])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/labs/physics/quota", &[("max_gpus", "4")])
+            .await;
         assert_eq!(r.status(), 303);
         p.stop().await;
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_members_and_the_audit_log() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn tokens_members_and_the_audit_log(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let url = |path: &str| format!("{}{path}", p.url);
 
         // A personal access token: made in the browser, shown once, works, revoked.
-        let alice = logged_in(&p, "alice").await;
-        let page = alice
-            .get(url("/tokens"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let csrf = hidden_csrf(&page);
+        let alice = BrowserSession::login(&p, "alice").await;
         let r = alice
-            .post(url("/tokens"))
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form("/tokens", &[
                 ("name", ""),
                 ("expires_days", "30"),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 422, "a token needs a name");
         let r = alice
-            .post(url("/tokens"))
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form("/tokens", &[
                 ("name", "laptop"),
                 ("expires_days", "30"),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 200);
         let page = r.text().await.unwrap();
         let at = page
@@ -267,11 +215,8 @@ async fn tokens_members_and_the_audit_log() {
             listing[at..].split('/').next().unwrap().parse().unwrap()
         };
         let r = alice
-            .post(url(&format!("/tokens/{id}/revoke")))
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+            .post_form(&format!("/tokens/{id}/revoke"), &[])
+            .await;
         assert_eq!(r.status(), 303);
         let r = p
             .http
@@ -281,74 +226,38 @@ async fn tokens_members_and_the_audit_log() {
             .await
             .unwrap();
         assert_eq!(r.status(), 401, "[{backend:?}] a revoked token is refused");
-        let bob = logged_in(&p, "bob").await;
-        let page = bob
-            .get(url("/tokens"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let bob_csrf = hidden_csrf(&page);
+        let bob = BrowserSession::login(&p, "bob").await;
         let r = bob
-            .post(url(&format!("/tokens/{id}/revoke")))
-            .form(&[("csrf", bob_csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+            .post_form(&format!("/tokens/{id}/revoke"), &[])
+            .await;
         assert_eq!(r.status(), 404, "nobody revokes another's token");
 
         // A lab admin adds a member by e-mail, makes them admin, sets a quota; all audited.
-        let carol = logged_in(&p, "carol").await;
-        let page = carol
-            .get(url("/labs/vision/admin"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let csrf = hidden_csrf(&page);
+        let carol = BrowserSession::login(&p, "carol").await;
         let r = carol
-            .post(url("/labs/vision/members"))
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form("/labs/vision/members", &[
                 ("member", "nobody@campus.test"),
                 ("role", "member"),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 422);
         let r = carol
-            .post(url("/labs/vision/members"))
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form("/labs/vision/members", &[
                 ("member", "bob@campus.test"),
                 ("role", "member"),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 303);
         let r = carol
-            .post(url("/labs/vision/members"))
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form("/labs/vision/members", &[
                 ("member", "bob"),
                 ("role", "admin"),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 303);
         let r = carol
-            .post(url("/labs/vision/members/alice/quota"))
-            .form(&[("csrf", csrf.as_str()), ("max_gpus", "3")])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/labs/vision/members/alice/quota", &[("max_gpus", "3")])
+            .await;
         assert_eq!(r.status(), 303);
         let r = bob.get(url("/labs/vision/admin")).send().await.unwrap();
         assert_eq!(
@@ -369,11 +278,8 @@ async fn tokens_members_and_the_audit_log() {
             "[{backend:?}] the value after is shown: {audit}"
         );
         let r = carol
-            .post(url("/labs/vision/members/bob/remove"))
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/labs/vision/members/bob/remove", &[])
+            .await;
         assert_eq!(r.status(), 303);
         assert_eq!(
             bob.get(url("/labs/vision/admin"))
@@ -386,7 +292,7 @@ async fn tokens_members_and_the_audit_log() {
 
         // Operators read the whole log; others may not.
         assert_eq!(alice.get(url("/audit")).send().await.unwrap().status(), 403);
-        let olga = logged_in(&p, "olga").await;
+        let olga = BrowserSession::login(&p, "olga").await;
         let all = olga
             .get(url("/audit"))
             .send()

@@ -5,8 +5,8 @@
 //! the owner's job, requeued and running again (through the API and the job page). Then
 //! Ctrl-C (SIGINT) stops the demo, and no process or container it started is left.
 
-use crate::cluster::{agent_binary, demo_image, portal_binary};
-use crate::web::browser;
+use crate::support::cluster::{agent_binary, demo_image, portal_binary};
+use crate::support::session::browser;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -161,7 +161,7 @@ async fn the_demo_tells_its_story_and_leaves_nothing_behind() {
         .text()
         .await
         .unwrap();
-    let csrf = crate::web::hidden_csrf(&login);
+    let csrf = crate::support::session::hidden_csrf(&login);
     let r = b
         .post(format!("{url}/login"))
         .form(&[("username", user.as_str()), ("csrf", &csrf)])

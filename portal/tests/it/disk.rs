@@ -3,8 +3,8 @@
 //! that much (else it waits with the reason), and enforced on the server; a server under
 //! its agent's free-space floor takes no new guest, and its page says why.
 
-use crate::harness::{wait_for, TestPortal, BACKENDS};
-use crate::web::logged_in;
+use crate::support::harness::{wait_for, TestPortal};
+use crate::support::session::logged_in;
 use commons_agent::disk::Floor;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -44,9 +44,8 @@ async fn reason_with(p: &TestPortal, token: &str, id: i64, text: &str) -> Value 
     p.job(&token, id).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disk_gb_is_checked_placed_within_the_nodes_largest_and_enforced_there() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn disk_gb_is_checked_placed_within_the_nodes_largest_and_enforced_there(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p
             .agent_with(&p.url, "vision", "fake:2xA100-80GB", |c| {
@@ -113,9 +112,8 @@ async fn disk_gb_is_checked_placed_within_the_nodes_largest_and_enforced_there()
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn under_its_disk_floor_a_node_takes_no_new_guest_and_its_page_says_why() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn under_its_disk_floor_a_node_takes_no_new_guest_and_its_page_says_why(backend: Backend) {
         let p = TestPortal::start(backend).await;
         // A floor no disk meets: 1 EiB free.
         let _agent = p

@@ -1,8 +1,8 @@
 //! Start-time estimates: a waiting job shows when the scheduler expects it to start,
 //! in the API (`estimated_start_at`) and on its page.
 
-use crate::harness::{wait_for, TestPortal, BACKENDS};
-use crate::web::{browser, hidden_csrf};
+use crate::support::harness::{wait_for, TestPortal};
+use crate::support::session::{browser, hidden_csrf};
 use chrono::NaiveDateTime;
 use serde_json::json;
 use std::time::Duration;
@@ -19,9 +19,8 @@ fn at(v: &serde_json::Value) -> NaiveDateTime {
     NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f").unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_behind_a_running_one_shows_its_estimated_start() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn a_job_behind_a_running_one_shows_its_estimated_start(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:1xA100-80GB").await;
         let first = p.submit(&p.alice, job("sleep 120")).await;

@@ -3,7 +3,7 @@
 //! `/metrics` without its scrape token on an address beyond loopback. Each refusal is a
 //! clear error at start, before anything listens.
 
-use crate::cluster::{free_port, portal_binary};
+use crate::support::cluster::{free_port, portal_binary};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -4,8 +4,8 @@
 //! a job never runs on two servers at once (checked on the Docker Engine's own event
 //! timeline) and a finished job never runs again.
 
-use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess};
-use crate::timeline::Timeline;
+use crate::support::cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess};
+use crate::support::timeline::Timeline;
 use serde_json::json;
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //! member's quota, the error page's navigation, sessions at login and at their absolute
 //! expiry, and damaged rows read as errors instead of permissive defaults.
 
-use crate::harness::{TestPortal, BACKENDS};
-use crate::web::{hidden_csrf, logged_in};
+use crate::support::harness::TestPortal;
+use crate::support::session::{hidden_csrf, logged_in};
 use diesel::connection::SimpleConnection;
 use serde_json::json;
 
@@ -23,9 +23,8 @@ async fn raw_sql(p: &TestPortal, sql: String) {
     .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lending_form_keeps_custom_windows_and_a_blank_grace_means_the_campus_default() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn the_lending_form_keeps_custom_windows_and_a_blank_grace_means_the_campus_default(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:1xA100-80GB").await;
         let node = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
@@ -89,9 +88,8 @@ async fn the_lending_form_keeps_custom_windows_and_a_blank_grace_means_the_campu
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_role_change_keeps_the_members_quota() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn a_role_change_keeps_the_members_quota(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let (status, _) = p
             .put_json(
@@ -144,7 +142,7 @@ async fn a_role_change_keeps_the_members_quota() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_page_keeps_the_navigation() {
-    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
     let carol = logged_in(&p, "carol").await;
     for (path, status) in [("/jobs/987654", 404), ("/labs/physics/admin", 403)] {
         let r = carol.get(format!("{}{path}", p.url)).send().await.unwrap();
@@ -162,7 +160,7 @@ async fn an_error_page_keeps_the_navigation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_starts_a_fresh_session() {
-    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
     let url = |path: &str| format!("{}{path}", p.url);
     // A client without a cookie jar: cookies are carried by hand.
     let plain = reqwest::Client::builder()
@@ -207,9 +205,8 @@ async fn login_starts_a_fresh_session() {
 
 // The absolute expiry, now enforced on the stored session: `sessions.rs`.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn damaged_rows_are_errors_not_permissive_defaults() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn damaged_rows_are_errors_not_permissive_defaults(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:1xA100-80GB").await;
         let job = p
@@ -261,7 +258,7 @@ async fn damaged_rows_are_errors_not_permissive_defaults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forms_without_their_csrf_token_change_nothing() {
-    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
     let carol = logged_in(&p, "carol").await;
     for (path, form) in [
         (

@@ -2,8 +2,8 @@
 //! backends: never a 5xx, and nothing stored for a refused request. Inputs come from
 //! `fuzzkit` (valid requests damaged at random); `COMMONS_FUZZ_CASES` sets the budget.
 
-use crate::fuzzkit::{budget, damaged, report, samples};
-use crate::harness::{Backend, TestPortal, BACKENDS};
+use crate::support::fuzzkit::{budget, damaged, report, samples};
+use crate::support::harness::{Backend, TestPortal, BACKENDS};
 use serde_json::{json, Value};
 
 /// Sends each body; asserts no 5xx; returns how many were accepted (2xx).
@@ -150,7 +150,7 @@ async fn damaged_sso_callbacks_are_refused() {
         n,
     );
     for v in &params {
-        let b = crate::web::browser();
+        let b = crate::support::session::browser();
         let r = b.get(format!("{}/auth/login", p.url)).send().await.unwrap();
         let location = r.headers()["location"].to_str().unwrap().to_string();
         let state = url::Url::parse(&location)

@@ -8,10 +8,10 @@
 //! Needs nginx and the PostgreSQL server binaries (`.ci/run` installs both), root for the
 //! network namespaces, and the Docker Engine.
 
-use crate::cluster::{free_port, AgentProcess, Api, Host, PortalOpts, PortalProcess};
-use crate::harness::{Backend, TestDb};
 use crate::policy::leader_locks;
-use crate::timeline::Timeline;
+use crate::support::cluster::{free_port, AgentProcess, Api, Host, PortalOpts, PortalProcess};
+use crate::support::harness::{Backend, TestDb};
+use crate::support::timeline::Timeline;
 use serde_json::{json, Value};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -105,7 +105,7 @@ fn job(cmd: &str) -> Value {
 /// Waits for a condition of blocking checks (database queries); how long it took.
 async fn wait_until(within: Duration, what: &str, check: impl Fn() -> bool) -> Duration {
     let t0 = Instant::now();
-    crate::harness::wait_for(within, what, || std::future::ready(check())).await;
+    crate::support::harness::wait_for(within, what, || std::future::ready(check())).await;
     t0.elapsed()
 }
 
@@ -125,7 +125,7 @@ async fn browser_login(url: &str, user: &str) -> reqwest::Client {
         .text()
         .await
         .unwrap();
-    let csrf = crate::web::hidden_csrf(&page);
+    let csrf = crate::support::session::hidden_csrf(&page);
     let r = b
         .post(format!("{url}/login"))
         .form(&[("username", user), ("csrf", &csrf)])
@@ -243,7 +243,7 @@ async fn killing_the_leader_behind_nginx_loses_and_doubles_nothing() {
         all_done.as_secs_f64()
     );
     other.stop();
-    crate::cluster::remove_containers(&jobs);
+    crate::support::cluster::remove_containers(&jobs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,7 +312,7 @@ async fn replicas_whose_clocks_disagree_never_requeue_a_valid_lease() {
         leader.log()
     );
     drop(agent);
-    crate::cluster::remove_containers(&[j]);
+    crate::support::cluster::remove_containers(&[j]);
 }
 
 /// A PostgreSQL server of the test's own (the shared one serves other tests): initdb,
@@ -501,5 +501,5 @@ async fn postgres_restarting_under_load_loses_nothing_the_portal_accepted() {
     portal.stop();
     let mut all = accepted.clone();
     all.push(running);
-    crate::cluster::remove_containers(&all);
+    crate::support::cluster::remove_containers(&all);
 }

@@ -3,7 +3,7 @@
 //! what, audit entries, signatures checked when added and required by labs, and the job
 //! form's choices.
 
-use crate::harness::{TestPortal, BACKENDS};
+use crate::support::harness::{TestPortal, BACKENDS};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
@@ -27,9 +27,8 @@ async fn delete(p: &TestPortal, token: &str, path: &str) -> u16 {
         .as_u16()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_naming_an_image_not_on_the_list_is_refused_and_nothing_stored() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn a_job_naming_an_image_not_on_the_list_is_refused_and_nothing_stored(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let (status, body) = p
             .post_json(&p.alice, "/api/v1/jobs", &job("busybox:1.36"))
@@ -62,9 +61,8 @@ async fn a_job_naming_an_image_not_on_the_list_is_refused_and_nothing_stored() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lab_entries_serve_their_lab_only_and_roles_decide_who_adds() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn lab_entries_serve_their_lab_only_and_roles_decide_who_adds(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let entry = |lab: Option<&str>, name: &str| {
             let mut e =
@@ -300,7 +298,7 @@ async fn signatures_are_verified_when_added_and_required_by_labs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_job_form_offers_the_allowed_images_with_their_descriptions() {
-    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
     let (status, _) = p
         .post_json(
             &p.carol,
@@ -309,7 +307,7 @@ async fn the_job_form_offers_the_allowed_images_with_their_descriptions() {
         )
         .await;
     assert_eq!(status, 201);
-    let alice = crate::web::logged_in(&p, "alice").await;
+    let alice = crate::support::session::logged_in(&p, "alice").await;
     let page = alice
         .get(format!("{}/jobs/new", p.url))
         .send()
@@ -326,7 +324,7 @@ async fn the_job_form_offers_the_allowed_images_with_their_descriptions() {
         "{page}"
     );
     assert!(page.contains(r#"<option value="commons-demo:latest">"#));
-    let bob = crate::web::logged_in(&p, "bob").await;
+    let bob = crate::support::session::logged_in(&p, "bob").await;
     let page = bob
         .get(format!("{}/jobs/new", p.url))
         .send()
@@ -342,16 +340,15 @@ async fn the_job_form_offers_the_allowed_images_with_their_descriptions() {
     p.stop().await;
 }
 
-/// The console page manages the list as the API does: a lab admin adds and removes their
-/// lab's entries and sets "signed only"; a refused entry comes back beside its field with
-/// the form kept and nothing stored; a member sees the list with no form and is refused
-/// (403, nothing stored) when posting anyway.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_page_manages_the_list_with_the_apis_rules() {
-    for backend in BACKENDS {
+per_backend! {
+    /// The console page manages the list as the API does: a lab admin adds and removes their
+    /// lab's entries and sets "signed only"; a refused entry comes back beside its field with
+    /// the form kept and nothing stored; a member sees the list with no form and is refused
+    /// (403, nothing stored) when posting anyway.
+    async fn the_console_page_manages_the_list_with_the_apis_rules(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let url = |path: &str| format!("{}{path}", p.url);
-        let carol = crate::web::logged_in(&p, "carol").await;
+        let carol = crate::support::session::logged_in(&p, "carol").await;
         let page = carol
             .get(url("/images"))
             .send()
@@ -369,7 +366,7 @@ async fn the_console_page_manages_the_list_with_the_apis_rules() {
             !page.contains("the whole campus"),
             "a lab admin adds no campus entries"
         );
-        let csrf = crate::web::hidden_csrf(&page);
+        let csrf = crate::support::session::hidden_csrf(&page);
 
         // A bad digest: 422, the error beside the digest field, the form as typed.
         let r = carol
@@ -427,7 +424,7 @@ async fn the_console_page_manages_the_list_with_the_apis_rules() {
         assert_eq!(entry["description"], "PyTorch 2.5");
 
         // A member sees it, with no form and no remove button, and is refused anyway.
-        let alice = crate::web::logged_in(&p, "alice").await;
+        let alice = crate::support::session::logged_in(&p, "alice").await;
         let page = alice
             .get(url("/images"))
             .send()
@@ -441,7 +438,7 @@ async fn the_console_page_manages_the_list_with_the_apis_rules() {
             !page.contains("Allow an image") && !page.contains(">Remove<"),
             "{page}"
         );
-        let acsrf = crate::web::hidden_csrf(&page);
+        let acsrf = crate::support::session::hidden_csrf(&page);
         let r = alice
             .post(url("/images"))
             .form(&[
@@ -510,7 +507,7 @@ async fn the_console_page_manages_the_list_with_the_apis_rules() {
             "{page}"
         );
         // The operator may add campus entries from the page.
-        let olga = crate::web::logged_in(&p, "olga").await;
+        let olga = crate::support::session::logged_in(&p, "olga").await;
         let page = olga
             .get(url("/images"))
             .send()

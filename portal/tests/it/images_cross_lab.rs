@@ -7,7 +7,7 @@
 //! vision's server. Neither learns the ID nor runs the image; vision's own job on its own
 //! entry does run it, from the local copy.
 
-use crate::harness::{wait_for, TestPortal, BACKENDS};
+use crate::support::harness::{wait_for, TestPortal, BACKENDS};
 use commons_portal::db::models::Role;
 use commons_portal::db::users;
 use serde_json::{json, Value};

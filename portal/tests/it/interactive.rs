@@ -3,8 +3,8 @@
 //! (with its rules and refusals), the new limit reaching the agent, the audit entry, and
 //! the lab's interactive boost set in the console and honoured by the scheduler.
 
-use crate::harness::{wait_for, TestPortal, BACKENDS};
-use crate::web::{hidden_csrf, logged_in};
+use crate::support::harness::{wait_for, TestPortal};
+use crate::support::session::{hidden_csrf, logged_in};
 use commons_portal::db::audit;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -29,9 +29,8 @@ fn limit_on_agent(dir: &std::path::Path, job: i64) -> Option<u64> {
     lease.and_then(|l| l.time_limit_s)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_interactive_job_stays_up_and_its_owner_extends_it_within_the_quota() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn an_interactive_job_stays_up_and_its_owner_extends_it_within_the_quota(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let agent = p.agent("vision", "fake:2xA100-80GB").await;
         let id = p.submit(&p.alice, interactive(2)).await;
@@ -181,9 +180,8 @@ async fn an_interactive_job_stays_up_and_its_owner_extends_it_within_the_quota()
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lab_admin_boosts_interactive_jobs_ahead_of_the_labs_batch_jobs() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn a_lab_admin_boosts_interactive_jobs_ahead_of_the_labs_batch_jobs(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:1xA100-80GB").await;
         let path = "/api/v1/labs/vision/interactive";

@@ -1,6 +1,6 @@
 //! Jobs through the API, end to end: portal + agent (fake GPUs) + Docker.
 
-use crate::harness::{wait_for, TestPortal, BACKENDS};
+use crate::support::harness::{wait_for, TestPortal};
 use serde_json::json;
 use std::time::Duration;
 
@@ -11,9 +11,8 @@ fn job(cmd: &str, gpus: i64) -> serde_json::Value {
            "time_limit_minutes": 5, "cpus": 0.5, "memory_gb": 0.25})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failing_job_reports_exit_code_and_logs() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn failing_job_reports_exit_code_and_logs(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:2xA100-80GB").await;
         let id = p.submit(&p.alice, job("echo hello; exit 3", 1)).await;
@@ -59,9 +58,8 @@ async fn failing_job_reports_exit_code_and_logs() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gpu_job_waits_for_a_busy_gpu_then_starts() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn two_gpu_job_waits_for_a_busy_gpu_then_starts(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:2xA100-80GB").await;
         let first = p.submit(&p.alice, job("sleep 4; echo first done", 1)).await;
@@ -99,9 +97,8 @@ async fn two_gpu_job_waits_for_a_busy_gpu_then_starts() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_removes_the_running_container() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn cancel_removes_the_running_container(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let agent = p.agent("vision", "fake:1xA100-80GB").await;
         let id = p.submit(&p.alice, job("sleep 300", 1)).await;
@@ -143,9 +140,8 @@ async fn cancel_removes_the_running_container() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_submissions_name_the_field_and_store_nothing() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn bad_submissions_name_the_field_and_store_nothing(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let base = job("true", 1);
         let with = |key: &str, value: serde_json::Value| {
@@ -206,9 +202,8 @@ async fn bad_submissions_name_the_field_and_store_nothing() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_image_fails_with_the_reason() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn missing_image_fails_with_the_reason(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:1xA100-80GB").await;
         // Allowed (at a digest no image here has), but not on the server.
@@ -233,9 +228,8 @@ async fn missing_image_fails_with_the_reason() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_enrolment_token_works_once() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn an_enrolment_token_works_once(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let agent = p.agent("vision", "fake:1xA100-80GB").await;
         // The same token again, straight at the endpoint ...
@@ -268,9 +262,8 @@ async fn an_enrolment_token_works_once() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_restart_re_adopts_its_running_container() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn agent_restart_re_adopts_its_running_container(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let agent = p.agent("vision", "fake:1xA100-80GB").await;
         let id = p.submit(&p.alice, job("sleep 3; echo survived", 1)).await;

@@ -4,17 +4,16 @@
 //! whose `Hello` leaves out an attempt that may still run elsewhere, and two agents with
 //! one credential never run a job twice (judged on the Docker Engine's own timeline).
 
-use crate::harness::{Backend, TestAgent, TestPortal, BACKENDS};
-use crate::timeline::Timeline;
+use crate::support::harness::{Backend, TestAgent, TestPortal};
+use crate::support::timeline::Timeline;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_portal_stopped_longer_than_a_lease_stops_no_running_job() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn a_portal_stopped_longer_than_a_lease_stops_no_running_job(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let agent = p.agent("vision", "fake:1xA100-80GB").await;
         let job = p
@@ -31,7 +30,7 @@ async fn a_portal_stopped_longer_than_a_lease_stops_no_running_job() {
         // Down for a lease and a half (the tests' lease is 10 s, the margin 2 s).
         let p = p.restart_after(Duration::from_secs(15)).await;
         let me = &p;
-        crate::harness::wait_for(Duration::from_secs(30), "agent back", || async move {
+        crate::support::harness::wait_for(Duration::from_secs(30), "agent back", || async move {
             me.get_json(&me.alice, "/api/v1/nodes").await[0]["online"] == true
         })
         .await;
@@ -63,7 +62,7 @@ async fn a_portal_stopped_longer_than_a_lease_stops_no_running_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_of_another_protocol_is_refused_with_the_reason() {
-    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
     let token = p.enrol_token("vision");
     let enrolled: serde_json::Value = p
         .http
@@ -145,7 +144,7 @@ async fn node_of(p: &TestPortal, agent: &TestAgent) -> serde_json::Value {
 async fn kill_guard(agent: &TestAgent, job: i64) {
     let dir = agent.dir.path().join("attempts").join(format!("{job}-1"));
     // The agent starts the guard right after it reports the attempt running.
-    crate::harness::wait_for(Duration::from_secs(10), "the attempt's guard", || {
+    crate::support::harness::wait_for(Duration::from_secs(10), "the attempt's guard", || {
         std::future::ready(commons_agent::guard::is_running(&dir))
     })
     .await;
@@ -204,13 +203,12 @@ async fn a_server_whose_state_dir_was_lost_and_enrolled_again_does_not_run_its_j
         j = p.job(&p.alice, job).await;
     }
     timeline.assert_no_overlap(job, 2).await;
-    crate::harness::remove_agent_containers(&first_id);
+    crate::support::harness::remove_agent_containers(&first_id);
     p.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attempt_a_hello_leaves_out_is_requeued_only_when_its_lease_ran_out() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn an_attempt_a_hello_leaves_out_is_requeued_only_when_its_lease_ran_out(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let mut first = p.agent("vision", "fake:1xA100-80GB").await;
         p.spread_job_ids().await;
@@ -254,9 +252,8 @@ async fn an_attempt_a_hello_leaves_out_is_requeued_only_when_its_lease_ran_out()
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_agent_with_one_credential_is_refused_flagged_and_runs_nothing() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn a_second_agent_with_one_credential_is_refused_flagged_and_runs_nothing(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let first = p.agent("vision", "fake:2xA100-80GB").await;
         p.spread_job_ids().await;
@@ -317,7 +314,7 @@ async fn a_second_agent_with_one_credential_is_refused_flagged_and_runs_nothing(
         let _ = (&mut clone.task).await;
         // The node's page says it, with both addresses, to its lab admin, who dismisses it.
         let id = flagged["id"].as_i64().unwrap();
-        let carol = crate::web::logged_in(&p, "carol").await;
+        let carol = crate::support::session::logged_in(&p, "carol").await;
         let page = carol
             .get(format!("{}/nodes/{id}", p.url))
             .send()
@@ -330,7 +327,7 @@ async fn a_second_agent_with_one_credential_is_refused_flagged_and_runs_nothing(
             page.contains("id=\"shared-credential\"") && page.contains(refused),
             "[{backend:?}] {page}"
         );
-        let csrf = crate::web::hidden_csrf(&page);
+        let csrf = crate::support::session::hidden_csrf(&page);
         let r = carol
             .post(format!("{}/nodes/{id}/dismiss-shared", p.url))
             .form(&[("csrf", csrf.as_str())])

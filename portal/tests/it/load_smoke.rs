@@ -1,9 +1,9 @@
 //! The load generator, small: a few simulated agents (the real protocol, no Docker) and
 //! a few hundred submissions through the REST API, on both backends, in seconds. The
-//! figures in the README come from the example `load` at full size.
+//! figures in docs/src/reports/performance.md come from the example `load` at full size.
 
-use crate::harness::{Backend, TestPortal, BACKENDS};
-use crate::load::{connect_agents, job, scrape, submit, total};
+use crate::support::harness::{Backend, TestPortal, BACKENDS};
+use crate::support::load::{connect_agents, job, scrape, submit, total};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 

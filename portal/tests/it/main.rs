@@ -3,12 +3,17 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod browser;
+// What the tests share (portals, agents, browsers, a cluster of processes, the OIDC
+// provider, fuzzing); the test files are the rest.
+#[macro_use]
+mod support;
+// `support::timeline` names it here, as the soak example (which includes both) has it.
+use support::cluster;
+
 mod checkpoints;
 mod cli;
 mod cli_login;
 mod cli_ssh;
-mod cluster;
 mod console;
 mod demo;
 mod disk;
@@ -17,16 +22,12 @@ mod exposure;
 mod failures;
 mod foundations;
 mod fuzz_http;
-#[path = "../fuzzkit.rs"]
-mod fuzzkit;
 mod ha;
-mod harness;
 mod images;
 mod images_cross_lab;
 mod interactive;
 mod jobs;
 mod leases;
-mod load;
 mod load_smoke;
 mod migrate_db;
 mod migration;
@@ -34,13 +35,11 @@ mod migrations;
 mod node_page;
 mod noisy;
 mod observability;
-mod oidc_provider;
 mod owner;
 mod pages;
 mod pages_browser;
 mod policy;
 mod provider_smoke;
-mod screenshot_data;
 mod security;
 mod sessions;
 mod ssh;
@@ -48,7 +47,6 @@ mod ssh_keys;
 mod ssh_refusals;
 mod sso;
 mod time_zones;
-mod timeline;
 mod usage_page;
 mod utilization;
 mod web;

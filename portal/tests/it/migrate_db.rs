@@ -1,9 +1,9 @@
 //! `commons-portal admin migrate-db` from a real SQLite file (a campus that ran jobs) to a
 //! real PostgreSQL database, and `admin backup` of a running portal's SQLite file.
 
-use crate::cluster::portal_binary;
-use crate::harness::{Backend, TestDb, TestPortal};
-use crate::load::{connect_agents, job};
+use crate::support::cluster::portal_binary;
+use crate::support::harness::{Backend, TestDb, TestPortal};
+use crate::support::load::{connect_agents, job};
 use serde_json::{json, Value};
 use std::process::Command;
 use std::sync::atomic::Ordering;

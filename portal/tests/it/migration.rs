@@ -4,8 +4,8 @@
 //! checkpoint. The job is a counter that saves its count to `/checkpoint` every second
 //! (atomically: write, then rename) and on SIGTERM, and prints where each start begins.
 
-use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess};
-use crate::timeline::Timeline;
+use crate::support::cluster::{remove_containers, AgentProcess, Api, Host, PortalProcess};
+use crate::support::timeline::Timeline;
 use serde_json::json;
 use std::time::Duration;
 
@@ -131,7 +131,7 @@ async fn a_vanished_server_costs_at_most_one_checkpoint_interval() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_server_moves_its_guests_from_their_checkpoints_and_finishes_the_owners() {
-    use crate::harness::{Backend, TestPortal};
+    use crate::support::harness::{Backend, TestPortal};
     let p = TestPortal::start(Backend::Sqlite).await;
     let _vision = p.agent("vision", "fake:2xA100-80GB").await;
     let sleeper = json!({"image": "commons-demo:latest", "command": ["sh", "-c", "sleep 600"],

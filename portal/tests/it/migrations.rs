@@ -1,6 +1,6 @@
 //! Every migration applies and reverts on both backends.
 
-use crate::harness::{Backend, TestDb, BACKENDS};
+use crate::support::harness::{Backend, TestDb, BACKENDS};
 use commons_portal::db::{establish, DbConn, POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS};
 use diesel_migrations::MigrationHarness;
 

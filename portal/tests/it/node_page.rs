@@ -3,8 +3,8 @@
 //! a member, another lab's admin, or a form without its CSRF token changes nothing. A
 //! node reporting GPUs it did not enrol with takes no guests until its lab admin approves.
 
-use crate::harness::{TestPortal, BACKENDS};
-use crate::web::{hidden_csrf, logged_in};
+use crate::support::harness::TestPortal;
+use crate::support::session::{hidden_csrf, logged_in};
 use commons_portal::db::models::Role;
 use commons_portal::db::{audit, users};
 use serde_json::Value;
@@ -43,9 +43,8 @@ async fn node_audit(p: &TestPortal) -> Vec<(String, String, String)> {
     .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lab_admins_use_the_owner_controls_on_the_node_page_and_no_one_else() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn lab_admins_use_the_owner_controls_on_the_node_page_and_no_one_else(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:1xA100-80GB").await;
         let id = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
@@ -214,12 +213,11 @@ async fn lab_admins_use_the_owner_controls_on_the_node_page_and_no_one_else() {
     }
 }
 
-/// The node's page and the API for a server that comes back with more GPUs than it
-/// enrolled with: no guest is placed there (the owner lab's jobs run) until its lab admin
-/// approves them, with the form on the page (CSRF, audited) or the API; a member may not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gpus_a_node_did_not_enrol_with_wait_for_its_lab_admin_before_guests_get_them() {
-    for backend in BACKENDS {
+per_backend! {
+    /// The node's page and the API for a server that comes back with more GPUs than it
+    /// enrolled with: no guest is placed there (the owner lab's jobs run) until its lab admin
+    /// approves them, with the form on the page (CSRF, audited) or the API; a member may not.
+    async fn gpus_a_node_did_not_enrol_with_wait_for_its_lab_admin_before_guests_get_them(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let mut agent = p.agent("vision", "fake:1xA100-80GB").await;
         let id = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
@@ -242,7 +240,7 @@ async fn gpus_a_node_did_not_enrol_with_wait_for_its_lab_admin_before_guests_get
         };
         let guest = p.submit(&p.bob, job(2)).await;
         let me = &p;
-        crate::harness::wait_for(
+        crate::support::harness::wait_for(
             std::time::Duration::from_secs(30),
             "the guest's reason",
             || async move {

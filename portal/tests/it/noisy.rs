@@ -4,17 +4,19 @@
 //! containers, on SQLite (host 240) and PostgreSQL (host 241). The server never
 //! disconnects, SSH into the quiet job works all along, and every numbered line of the
 //! quiet job reaches its log. The figures (what the flood got through, per second) are
-//! printed for the README.
+//! printed for the book's performance report.
 //!
 //! And the portal's own side, with a hand-driven agent (as an old or rogue one would
 //! behave): thousands of output chunks at once are dropped over the output rate, never
 //! refused, the connection stays, and the job's log says what was dropped; a pile of
 //! refused messages still closes the connection.
 
-use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess};
-use crate::harness::{Backend, TestDb, TestPortal};
 use crate::observability::{scrape, scrape_as};
 use crate::ssh::{add_key, keygen, ssh_options, trust_gateway};
+use crate::support::cluster::{
+    remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess,
+};
+use crate::support::harness::{Backend, TestDb, TestPortal};
 use commons_proto::{
     AgentMsg, AttemptReport, AttemptState, GpuInfo, PortalMsg, CONNECT_PATH, ENROL_PATH,
     PROTOCOL_VERSION,
@@ -157,7 +159,7 @@ async fn flood_beside_a_quiet_job(backend: Backend, host_n: u8) {
     let flood_log = api.logs(flood).await;
     let portal_log = portal.log();
 
-    // The figures, for the README.
+    // The figures, for the book's performance report.
     let secs = FLOOD_S as f64;
     let logs_out = r#"commons_agent_messages_total{direction="out",kind="logs"}"#;
     let sent_bytes = "commons_agent_log_bytes_total{fate=\"sent\"}";

@@ -1,8 +1,8 @@
 //! `/metrics` of a real portal process and a real agent process after a real job, and the
 //! JSON log format. Hosts 180 and 181.
 
-use crate::cluster::{AgentProcess, Api, Host, PortalOpts, PortalProcess};
-use crate::harness::{Backend, TestDb};
+use crate::support::cluster::{AgentProcess, Api, Host, PortalOpts, PortalProcess};
+use crate::support::harness::{Backend, TestDb};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -188,7 +188,7 @@ async fn metrics_move_after_a_job(backend: Backend, host_n: u8) {
             .any(|l| l["span"]["node"].is_number()),
         "no node in the agent's JSON log:\n{alog}"
     );
-    crate::cluster::remove_containers(&[job]);
+    crate::support::cluster::remove_containers(&[job]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,7 +206,7 @@ async fn metrics_can_need_a_token_and_be_off() {
     let token_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(token_file.path(), "s3cret\n").unwrap();
     let path = token_file.path().to_path_buf();
-    let p = crate::harness::TestPortal::start_with(Backend::Sqlite, move |c| {
+    let p = crate::support::harness::TestPortal::start_with(Backend::Sqlite, move |c| {
         c.metrics.bearer_token_file = Some(path);
     })
     .await;
@@ -217,7 +217,7 @@ async fn metrics_can_need_a_token_and_be_off() {
     assert_eq!(wrong.status(), 401);
     let ok = http.get(&url).bearer_auth("s3cret").send().await.unwrap();
     assert_eq!(ok.status(), 200);
-    let off = crate::harness::TestPortal::start_with(Backend::Sqlite, |c| {
+    let off = crate::support::harness::TestPortal::start_with(Backend::Sqlite, |c| {
         c.metrics.enabled = false;
     })
     .await;

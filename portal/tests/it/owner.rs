@@ -5,10 +5,10 @@
 //!
 //! Hosts 150..=179 are this file's.
 
-use crate::cluster::{
+use crate::support::cluster::{
     agent_binary, remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess,
 };
-use crate::harness::{Backend, TestDb};
+use crate::support::harness::{Backend, TestDb};
 use serde_json::{json, Value};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -2,8 +2,8 @@
 //! API and against what the test set up, the jobs list's scopes, filters, search, order
 //! and pages. (`pages_browser` drives the same pages in Chromium.)
 
-use crate::harness::{wait_for, Backend, TestAgent, TestPortal, BACKENDS};
-use crate::web::logged_in;
+use crate::support::harness::{wait_for, Backend, TestAgent, TestPortal};
+use crate::support::session::logged_in;
 use commons_portal::db::models::Role;
 use commons_portal::db::users;
 use serde_json::{json, Value};
@@ -147,9 +147,8 @@ pub async fn page(b: &reqwest::Client, p: &TestPortal, path: &str) -> (u16, Stri
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_overview_counts_match_the_api_and_the_campus() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn the_overview_counts_match_the_api_and_the_campus(backend: Backend) {
         let c = campus(backend).await;
         let p = &c.p;
         let api = p.get_json(&p.carol, "/api/v1/overview").await;
@@ -262,7 +261,7 @@ async fn the_overview_counts_match_the_api_and_the_campus() {
         assert!(html.contains("style=\"width: 50%\""), "as a bar");
 
         // Logged out: the home page sends to the login page.
-        let r = crate::web::browser()
+        let r = crate::support::session::browser()
             .get(format!("{}/", p.url))
             .send()
             .await
@@ -279,9 +278,8 @@ async fn the_overview_counts_match_the_api_and_the_campus() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_jobs_list_filters_searches_sorts_and_pages() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn the_jobs_list_filters_searches_sorts_and_pages(backend: Backend) {
         // No server: every job waits (with its reason and an unknown start).
         let p = TestPortal::start(backend).await;
         // A second image on the campus allow-list (pinned; no server runs it here).
@@ -426,9 +424,8 @@ async fn the_jobs_list_filters_searches_sorts_and_pages() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_usage() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_usage(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let carol = logged_in(&p, "carol").await;
         let (status, html) = page(&carol, &p, "/labs/vision/admin").await;
@@ -442,7 +439,7 @@ async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_u
             html.contains("name=\"max_gpus:alice\""),
             "quotas are edited in the table"
         );
-        let csrf = crate::web::hidden_csrf(&html);
+        let csrf = crate::support::session::hidden_csrf(&html);
         let save = |fields: Vec<(&'static str, &'static str)>| {
             let carol = carol.clone();
             let url = format!("{}/labs/vision/member-quotas", p.url);
@@ -502,7 +499,7 @@ async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_u
         let r = alice
             .post(format!("{}/labs/vision/member-quotas", p.url))
             .form(&[
-                ("csrf", crate::web::hidden_csrf(&h).as_str()),
+                ("csrf", crate::support::session::hidden_csrf(&h).as_str()),
                 ("max_gpus:alice", "9"),
             ])
             .send()
@@ -535,13 +532,12 @@ async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_u
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn saved_job_templates_fill_the_form_and_are_each_users_own() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn saved_job_templates_fill_the_form_and_are_each_users_own(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let alice = logged_in(&p, "alice").await;
         let (_, html) = page(&alice, &p, "/jobs/new").await;
-        let csrf = crate::web::hidden_csrf(&html);
+        let csrf = crate::support::session::hidden_csrf(&html);
         let fields = |name: &str, command: &str| {
             vec![
                 ("csrf", csrf.clone()),
@@ -608,7 +604,7 @@ async fn saved_job_templates_fill_the_form_and_are_each_users_own() {
         let (_, h) = page(&bob, &p, "/jobs/new").await;
         let r = bob
             .post(format!("{}/jobs/templates/{id}/delete", p.url))
-            .form(&[("csrf", crate::web::hidden_csrf(&h))])
+            .form(&[("csrf", crate::support::session::hidden_csrf(&h))])
             .send()
             .await
             .unwrap();

@@ -2,11 +2,11 @@
 //! member, a lab admin and an operator at 375 px and 1,920 px (no horizontal scrolling,
 //! one `h1`, a title, no console errors, the map reachable by keyboard), valid HTML by
 //! the Nu validator, and a job page that follows its job from queued to succeeded
-//! without a reload. An ignored test writes the screenshots the README shows.
+//! without a reload. An ignored test writes the screenshots the book shows.
 
-use crate::browser::Browser;
-use crate::harness::{wait_for, Backend, TestPortal};
 use crate::pages::{campus, job, Campus};
+use crate::support::browser::Browser;
+use crate::support::harness::{wait_for, Backend, TestPortal};
 use fantoccini::Locator;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -191,13 +191,13 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
             b.url().await.ends_with('/'),
             "the overview is the home page"
         );
-        let http = crate::web::logged_in(p, user).await;
+        let http = crate::support::session::logged_in(p, user).await;
         // A saved template, so the submit form lists one.
         let (_, form) = crate::pages::page(&http, p, "/jobs/new").await;
         let r = http
             .post(format!("{}/jobs", p.url))
             .form(&[
-                ("csrf", crate::web::hidden_csrf(&form).as_str()),
+                ("csrf", crate::support::session::hidden_csrf(&form).as_str()),
                 ("image", "commons-demo:latest"),
                 ("gpus", "1"),
                 ("time_limit_minutes", "10"),
@@ -306,7 +306,7 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
     }
     html.push((
         "login".into(),
-        crate::pages::page(&crate::web::browser(), p, "/login")
+        crate::pages::page(&crate::support::session::browser(), p, "/login")
             .await
             .1,
     ));
@@ -413,7 +413,7 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
     let history = js(&b, "return document.getElementById('history').textContent;").await;
     assert!(history.as_str().unwrap().contains("succeeded"), "{history}");
     // The log as a file; "submit again" fills the form from the job.
-    let http = crate::web::logged_in(&p, "alice").await;
+    let http = crate::support::session::logged_in(&p, "alice").await;
     let r = http
         .get(format!("{}/jobs/{id}/log.txt", p.url))
         .send()
@@ -442,7 +442,7 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
     b.close().await;
 }
 
-/// Writes screenshots of the main pages to docs/screenshots/ (README: "Portal pages").
+/// Writes screenshots of the main pages to docs/screenshots/ (shown in docs/src/user/portal.md).
 /// Run: `cargo test -p commons-portal --test it pages_browser::screenshots -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes docs/screenshots/; run by hand"]
@@ -477,8 +477,8 @@ async fn screenshots() {
             if user == "alice" {
                 // Quotas, so that "My usage" has bars to show (after the other pages: a
                 // quota would change why their jobs wait).
-                crate::screenshot_data::quotas_for_the_usage_shot(&c.p).await;
-                crate::screenshot_data::minutes_of_samples(&c.p, c.owner_job).await;
+                crate::support::screenshot_data::quotas_for_the_usage_shot(&c.p).await;
+                crate::support::screenshot_data::minutes_of_samples(&c.p, c.owner_job).await;
             }
             b.close().await;
             b = Browser::start().await;

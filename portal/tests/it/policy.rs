@@ -1,7 +1,7 @@
 //! The scheduler's policy in the running system: owner first with preemption, lending
 //! rules and quotas set through the API, with role checks.
 
-use crate::harness::{wait_for, TestPortal, BACKENDS};
+use crate::support::harness::{wait_for, TestPortal};
 use serde_json::json;
 use std::time::Duration;
 
@@ -18,9 +18,8 @@ fn secs(v: &serde_json::Value) -> f64 {
     t.and_utc().timestamp_millis() as f64 / 1000.0
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owner_job_preempts_a_guest_within_the_grace_period() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn owner_job_preempts_a_guest_within_the_grace_period(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:2xA100-80GB").await;
         let node = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
@@ -116,7 +115,7 @@ async fn owner_job_preempts_a_guest_within_the_grace_period() {
         );
         assert_eq!(physics.members[0].0, "bob");
         // ... and the console shows them.
-        let olga = crate::web::logged_in(&p, "olga").await;
+        let olga = crate::support::session::logged_in(&p, "olga").await;
         let page = olga
             .get(format!("{}/labs/physics/admin", p.url))
             .send()
@@ -133,9 +132,8 @@ async fn owner_job_preempts_a_guest_within_the_grace_period() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lending_rules_and_quotas_bind_guests_and_need_the_right_role() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn lending_rules_and_quotas_bind_guests_and_need_the_right_role(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:2xA100-80GB").await;
         let node = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
@@ -325,7 +323,7 @@ pub fn leader_locks(url: &str) -> i64 {
         "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted \
          AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
          AND ((classid::bigint << 32) | objid::bigint) = {}",
-        commons_portal::broker::tick::LEADER_LOCK
+        commons_portal::db::leader::LEADER_LOCK
     ))
     .get_result::<N>(&mut c)
     .unwrap()
@@ -334,7 +332,7 @@ pub fn leader_locks(url: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_schedules_and_another_takes_over() {
-    let p = TestPortal::start(crate::harness::Backend::Postgres).await;
+    let p = TestPortal::start(crate::support::harness::Backend::Postgres).await;
     let url = p.portal.state.config.database_url.clone();
     let u = url.clone();
     wait_for(Duration::from_secs(10), "the first portal to lead", || {

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::Digest;
 
-use crate::browser::Browser;
-use crate::oidc_provider::{free_port, OidcProvider, TestUser};
+use crate::support::browser::Browser;
+use crate::support::oidc_provider::{free_port, OidcProvider, TestUser};
 
 fn alice() -> TestUser {
     TestUser {

@@ -3,8 +3,8 @@
 //! or sniffed, and what a rogue agent can write (only into the attempt placed on its
 //! node now).
 
-use crate::harness::{wait_for, Backend, TestPortal, BACKENDS};
-use crate::web::{hidden_csrf, logged_in};
+use crate::support::harness::{wait_for, Backend, TestPortal};
+use crate::support::session::{hidden_csrf, logged_in};
 use commons_proto::{AgentMsg, AttemptReport, AttemptState, PortalMsg, StopReason};
 use serde_json::json;
 use sha2::Digest;
@@ -121,7 +121,7 @@ async fn pages_carry_a_strict_policy_and_no_inline_script() {
     assert!(r.text().await.unwrap().contains("/status"));
 }
 
-/// The README says lab admins see their lab's jobs; they could not.
+/// The docs say lab admins see their lab's jobs; they could not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lab_admins_see_their_labs_jobs_and_no_one_elses() {
     let p = TestPortal::start(Backend::Sqlite).await;
@@ -337,15 +337,14 @@ async fn an_agents_last_lines_after_its_report_of_the_end_are_kept() {
     p.stop().await;
 }
 
-/// A rogue agent (a real credential) writes only into the attempt placed on its node now.
-/// It runs attempt 1 of a job, goes away, and comes back once a real agent runs attempt 2;
-/// then its late output for attempt 1, its output and events for attempt 2 (another
-/// node's), and its checkpoints for either change nothing. Each outcome is judged once the
-/// portal has handled the messages (a heartbeat sent after them is answered), never after
-/// a fixed sleep.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rogue_agent_writes_only_into_the_attempt_placed_on_its_node_now() {
-    for backend in BACKENDS {
+per_backend! {
+    /// A rogue agent (a real credential) writes only into the attempt placed on its node now.
+    /// It runs attempt 1 of a job, goes away, and comes back once a real agent runs attempt 2;
+    /// then its late output for attempt 1, its output and events for attempt 2 (another
+    /// node's), and its checkpoints for either change nothing. Each outcome is judged once the
+    /// portal has handled the messages (a heartbeat sent after them is answered), never after
+    /// a fixed sleep.
+    async fn a_rogue_agent_writes_only_into_the_attempt_placed_on_its_node_now(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let credential = enrol(&p, "vision", "rogue").await;
         let mut rogue = HandAgent::connect(&p, &credential, 1).await;

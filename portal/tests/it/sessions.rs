@@ -1,8 +1,8 @@
 //! Browser sessions kept by the server: a copied cookie is worth nothing after logout or
 //! "sign out everywhere", and idle and absolute expiry are the server's to enforce.
 
-use crate::harness::{Backend, TestPortal, BACKENDS};
-use crate::web::hidden_csrf;
+use crate::support::harness::{Backend, TestPortal};
+use crate::support::session::hidden_csrf;
 use commons_portal::db::schema::web_sessions;
 use diesel::prelude::*;
 
@@ -74,9 +74,8 @@ async fn sql<T: Send + 'static>(
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_copied_cookie_is_worth_nothing_after_logout() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn a_copied_cookie_is_worth_nothing_after_logout(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let cookie = login(&p, "alice").await;
         let copy = cookie.clone();
@@ -107,9 +106,8 @@ async fn a_copied_cookie_is_worth_nothing_after_logout() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sign_out_everywhere_ends_every_session_of_the_user_and_no_other() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn sign_out_everywhere_ends_every_session_of_the_user_and_no_other(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let (a1, a2, b1) = (
             login(&p, "alice").await,

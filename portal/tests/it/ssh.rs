@@ -2,7 +2,9 @@
 //! as separate processes (the agent on a host of its own), and real containers of the demo
 //! image (busybox plus OpenSSH's sftp-server).
 
-use crate::cluster::{remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess};
+use crate::support::cluster::{
+    remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess,
+};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -486,7 +488,7 @@ async fn http_get_retry(port: u16) -> String {
 }
 
 async fn job_page(rig: &Rig, job: i64) -> String {
-    let http = crate::web::browser();
+    let http = crate::support::session::browser();
     let login = http
         .get(format!("{}/login", rig.api.url))
         .send()
@@ -495,7 +497,7 @@ async fn job_page(rig: &Rig, job: i64) -> String {
         .text()
         .await
         .unwrap();
-    let csrf = crate::web::hidden_csrf(&login);
+    let csrf = crate::support::session::hidden_csrf(&login);
     let r = http
         .post(format!("{}/login", rig.api.url))
         .form(&[("username", "alice"), ("csrf", csrf.as_str())])
@@ -628,7 +630,7 @@ async fn the_gateway_refuses_wrong_keys_other_jobs_ended_jobs_and_passwords() {
 /// agent mailbox) to have the agent dial it a relay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_reaches_a_job_whose_agent_another_replica_holds() {
-    let db = crate::harness::TestDb::new(crate::harness::Backend::Postgres);
+    let db = crate::support::harness::TestDb::new(crate::support::harness::Backend::Postgres);
     let host = Host::new(232);
     let opts = PortalOpts {
         ssh: true,

@@ -1,8 +1,8 @@
 //! Users' SSH public keys over the API and the web page, on both backends, with keys
 //! made by OpenSSH's `ssh-keygen`; and the two calls the SSH gateway makes.
 
-use crate::harness::{TestPortal, BACKENDS};
-use crate::web::{hidden_csrf, logged_in};
+use crate::support::harness::{TestPortal, BACKENDS};
+use crate::support::session::{hidden_csrf, logged_in};
 use commons_portal::db::ssh_keys;
 use serde_json::{json, Value};
 use std::path::Path;

@@ -4,8 +4,8 @@
 //! every job, one failed attempt each, counted per source address and user name with a
 //! higher cap per address (so one user's failures behind a NAT lock out no one else).
 
-use crate::cluster::{remove_containers, Api};
 use crate::ssh::{add_key, keygen, Rig};
+use crate::support::cluster::{remove_containers, Api};
 use serde_json::json;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -67,7 +67,7 @@ async fn agent_forwarding_x11_and_other_subsystems_are_refused() {
         .stderr(Stdio::null())
         .spawn()
         .expect("ssh-agent (apt-get install openssh-client)");
-    crate::harness::wait_for(Duration::from_secs(10), "ssh-agent's socket", || {
+    crate::support::harness::wait_for(Duration::from_secs(10), "ssh-agent's socket", || {
         std::future::ready(sock.exists())
     })
     .await;

@@ -1,9 +1,9 @@
 //! Campus SSO against a real OpenID Connect provider (LemonLDAP::NG from Debian), driven
 //! by headless Chromium and, for the refusals, by hand over HTTP.
 
-use crate::browser::Browser;
-use crate::harness::{Backend, TestPortal, BACKENDS};
-use crate::oidc_provider::{free_port, OidcProvider, TestUser};
+use crate::support::browser::Browser;
+use crate::support::harness::{Backend, TestPortal};
+use crate::support::oidc_provider::{free_port, OidcProvider, TestUser};
 use commons_portal::config::Secret;
 use commons_portal::db::models::Role;
 use commons_portal::identity::GroupRules;
@@ -104,9 +104,8 @@ async fn browser_login(p: &TestPortal, b: &Browser, login: &str) {
     wait_url(b, "/").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sso_login_creates_users_and_memberships_from_groups() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn sso_login_creates_users_and_memberships_from_groups(backend: Backend) {
         let (p, provider) = sso(backend, false).await;
         let b = Browser::start().await;
 

@@ -1,9 +1,9 @@
 //! Times in the reader's time zone, in headless Chromium started in other zones.
 
-use crate::browser::Browser;
-use crate::harness::{wait_for, Backend, TestPortal};
 use crate::pages::job;
 use crate::pages_browser::{browser_login, js};
+use crate::support::browser::Browser;
+use crate::support::harness::{wait_for, Backend, TestPortal};
 use std::time::Duration;
 
 /// Times on the pages are the reader's: Chromium in another time zone (its `TZ`) shows a

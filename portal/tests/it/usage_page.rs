@@ -2,9 +2,9 @@
 //! backends: the bars' figures are those of `/api/v1/me` and `/api/v1/usage`, and the
 //! pages are valid HTML. (`pages_browser` drives the page in Chromium too.)
 
-use crate::harness::{TestPortal, BACKENDS};
 use crate::pages::{job, page};
-use crate::web::logged_in;
+use crate::support::harness::{TestPortal, BACKENDS};
+use crate::support::session::logged_in;
 use serde_json::json;
 use std::time::Duration;
 
@@ -140,7 +140,7 @@ async fn my_usage_shows_the_weeks_gpu_hours_against_each_quota() {
         assert_eq!(status, 200);
         assert!(olga_html.contains("id=\"no-labs\""));
         // Logged out: to the login page.
-        let r = crate::web::browser()
+        let r = crate::support::session::browser()
             .get(format!("{}/usage", p.url))
             .send()
             .await

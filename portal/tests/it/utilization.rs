@@ -5,8 +5,8 @@
 //! chart, its summary in words, valid HTML) show them to whoever may see the job and to
 //! nobody else. Hosts 60 and 61.
 
-use crate::cluster::{AgentProcess, Api, Host, PortalOpts, PortalProcess};
-use crate::harness::{Backend, TestDb};
+use crate::support::cluster::{AgentProcess, Api, Host, PortalOpts, PortalProcess};
+use crate::support::harness::{Backend, TestDb};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ const BUSY_MB: i64 = 81920 * 73 / 100;
 
 /// The job page as `user` sees it, over HTTP.
 async fn page(url: &str, user: &str, path: &str) -> (u16, String) {
-    let b = crate::web::logged_in_at(url, user).await;
+    let b = crate::support::session::logged_in_at(url, user).await;
     let r = b.get(format!("{url}{path}")).send().await.unwrap();
     (r.status().as_u16(), r.text().await.unwrap())
 }

@@ -1,26 +1,11 @@
 //! The HTML UI over HTTP: development login, CSRF, the submit form, the job page.
 
-use crate::harness::{TestPortal, BACKENDS};
+use crate::support::harness::TestPortal;
+use crate::support::session::{browser, hidden_csrf, logged_in};
 use std::time::Duration;
 
-pub fn hidden_csrf(html: &str) -> String {
-    let at =
-        html.find("name=\"csrf\" value=\"").expect("a CSRF field") + "name=\"csrf\" value=\"".len();
-    html[at..].split('"').next().unwrap().to_string()
-}
-
-pub fn browser() -> reqwest::Client {
-    reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(std::time::Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submit_in_the_browser_form_and_watch_the_job() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn submit_in_the_browser_form_and_watch_the_job(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let _agent = p.agent("vision", "fake:1xA100-80GB").await;
         let b = browser();
@@ -180,35 +165,9 @@ async fn submit_in_the_browser_form_and_watch_the_job() {
     }
 }
 
-pub async fn logged_in(p: &TestPortal, user: &str) -> reqwest::Client {
-    logged_in_at(&p.url, user).await
-}
-
-/// The same, for the portal at `url` (a portal process, say).
-pub async fn logged_in_at(url: &str, user: &str) -> reqwest::Client {
-    let b = browser();
-    let login = b
-        .get(format!("{url}/login"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = hidden_csrf(&login);
-    let r = b
-        .post(format!("{url}/login"))
-        .form(&[("username", user), ("csrf", &csrf)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303);
-    b
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_session_cookie_is_locked_down() {
-    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
     let b = browser();
     let login = b.get(format!("{}/login", p.url)).send().await.unwrap();
     let cookie = login.headers()["set-cookie"].to_str().unwrap().to_string();
@@ -233,7 +192,7 @@ async fn the_session_cookie_is_locked_down() {
 /// with the field named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_job_form_takes_a_command_as_long_as_the_api() {
-    let p = TestPortal::start(crate::harness::Backend::Sqlite).await;
+    let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
     let b = logged_in(&p, "alice").await;
     let form = b
         .get(format!("{}/jobs/new", p.url))

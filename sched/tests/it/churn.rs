@@ -121,7 +121,7 @@ fn an_owner_job_borrows_a_safe_free_gpu_instead_of_preempting() {
         vec![guest.clone()],
         vec![job(1, 1, 10, 1)],
     );
-    // Off by default (it raised preemptions in the simulator, see the README).
+    // Off by default (it raised preemptions in the simulator, see docs/src/reports/simulator.md).
     assert_eq!(preempted(&plan(&s, &Policy::default(), NOW)), vec![100]);
     let on = Policy {
         owner_borrows_before_preempting: true,
@@ -154,7 +154,7 @@ fn an_owner_job_waits_for_its_own_job_that_ends_soon_instead_of_preempting() {
         owner_patience_s: 600,
         ..Policy::default()
     };
-    // Off by default (it made owners wait longer in the simulator, see the README).
+    // Off by default (it made owners wait longer in the simulator, see docs/src/reports/simulator.md).
     assert_eq!(preempted(&plan(&s, &Policy::default(), NOW)), vec![101]);
     let p = plan(&s, &patient, NOW);
     assert!(p.preempt.is_empty() && p.start.is_empty(), "{p:?}");

@@ -5,7 +5,7 @@
 mod baselines;
 mod cli;
 mod fuzz;
-#[path = "../../../portal/tests/fuzzkit.rs"]
+#[path = "../../../portal/tests/it/support/fuzzkit.rs"]
 mod fuzzkit;
 mod interactive;
 mod invariants;

@@ -243,7 +243,7 @@ impl Store {
         self.inner.limits
     }
 
-    /// Where it keeps things, for logs and the README.
+    /// Where it keeps things, for logs and the docs.
     pub fn describe(&self) -> &str {
         &self.inner.describe
     }

@@ -14,11 +14,10 @@ async fn lab_id(p: &TestPortal, slug: &'static str) -> i64 {
     run(p, move |c| db::users::lab_by_slug(c, slug)).await.id
 }
 
-/// An agent uploads more than its attempt's cap, part by part: the part that goes over
-/// is refused with the cap and the figures, and nothing of the upload is kept.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attempt_uploading_past_its_cap_in_parts_is_refused_and_nothing_is_kept() {
-    for backend in BACKENDS {
+per_backend! {
+    /// An agent uploads more than its attempt's cap, part by part: the part that goes over
+    /// is refused with the cap and the figures, and nothing of the upload is kept.
+    async fn an_attempt_uploading_past_its_cap_in_parts_is_refused_and_nothing_is_kept(backend: Backend) {
         let (p, _dir) = portal_with(backend, &Kind::File, None, |k| {
             k.attempt_cap_gb = 0.0001;
         })
@@ -67,12 +66,11 @@ async fn an_attempt_uploading_past_its_cap_in_parts_is_refused_and_nothing_is_ke
     }
 }
 
-/// A lab's use is its committed checkpoints and its staged parts, counted as each part
-/// arrives: an agent that uploads past the lab's cap in parts is refused at the part
-/// that goes over. A job replacing its oldest checkpoint is not counted twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lab_past_its_cap_is_refused_part_by_part() {
-    for backend in BACKENDS {
+per_backend! {
+    /// A lab's use is its committed checkpoints and its staged parts, counted as each part
+    /// arrives: an agent that uploads past the lab's cap in parts is refused at the part
+    /// that goes over. A job replacing its oldest checkpoint is not counted twice.
+    async fn a_lab_past_its_cap_is_refused_part_by_part(backend: Backend) {
         let (p, _dir) = portal(backend, &Kind::File, None).await;
         let (node, credential) = enrol(&p, "vision", "vision-a").await;
         let a = Agent { p: &p, credential };
@@ -114,12 +112,11 @@ async fn a_lab_past_its_cap_is_refused_part_by_part() {
     }
 }
 
-/// Twelve agents' parts of one lab at the same moment, each one fitting alone: exactly
-/// as many pass as the cap holds (the lab is locked while a part is counted and staged).
-/// Four rounds, the cap raised by what the last one staged: a race shows in most rounds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_uploads_of_one_lab_cannot_pass_its_cap_together() {
-    for backend in BACKENDS {
+per_backend! {
+    /// Twelve agents' parts of one lab at the same moment, each one fitting alone: exactly
+    /// as many pass as the cap holds (the lab is locked while a part is counted and staged).
+    /// Four rounds, the cap raised by what the last one staged: a race shows in most rounds.
+    async fn concurrent_uploads_of_one_lab_cannot_pass_its_cap_together(backend: Backend) {
         let (p, _dir) = portal(backend, &Kind::File, None).await;
         let (node, credential) = enrol(&p, "vision", "vision-a").await;
         let a = Agent { p: &p, credential };

@@ -5,7 +5,7 @@
 //! moto comes from `target/test-venv/bin/moto_server` (or `COMMONS_TEST_MOTO`); a missing
 //! one is a failure that says how to install it, never a skip.
 
-use crate::harness::{Backend, TestPortal, BACKENDS};
+use crate::support::harness::{Backend, TestPortal, BACKENDS};
 use commons_portal::db::{self, checkpoints as rows, models::AttemptStatus, DbConn};
 use commons_portal::domain::JobState;
 use commons_portal::error::AppError;
@@ -508,9 +508,8 @@ async fn scenario(p: &TestPortal) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn checkpoints_on_the_file_store() {
-    for backend in BACKENDS {
+per_backend! {
+    async fn checkpoints_on_the_file_store(backend: Backend) {
         let (p, _dir) = portal(backend, &Kind::File, None).await;
         scenario(&p).await;
         p.stop().await;
@@ -567,9 +566,9 @@ async fn the_default_store_is_beside_the_sqlite_file_and_made_on_first_use() {
         serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
     assert_eq!((m.bytes, m.parts.len(), m.sha256), (5_000, 2, sha(&data)));
     // The job page says when.
-    let b = crate::web::browser();
+    let b = crate::support::session::browser();
     let login = b.get(format!("{}/login", p.url)).send().await.unwrap();
-    let csrf = crate::web::hidden_csrf(&login.text().await.unwrap());
+    let csrf = crate::support::session::hidden_csrf(&login.text().await.unwrap());
     let r = b
         .post(format!("{}/login", p.url))
         .form(&[("username", "alice"), ("csrf", &csrf)])

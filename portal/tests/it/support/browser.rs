@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::Locator;
 
-use crate::oidc_provider::free_port;
+use crate::support::oidc_provider::free_port;
 
 /// The flags Chromium needs headless, as root, on a machine without network access.
 const CHROMIUM_ARGS: &[&str] = &[

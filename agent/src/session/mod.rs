@@ -12,22 +12,24 @@
 //! says so in its close frame, which is logged as an error. Checkpoints travel over plain
 //! HTTP to the same portal, with the same credential (`checkpoint::client`).
 
+mod orders;
+
 use crate::checkpoint::{CheckpointClient, Policy};
-use crate::executor::{Admission, Executor};
+use crate::executor::Executor;
 use crate::gpu::{self, GpuSource};
 use crate::guard;
 use crate::metrics::METRICS;
 use crate::outbox::{self, OutboxRx};
 use crate::owner::{self, OwnerState};
-use crate::reconcile::Launch;
-use crate::relay::{self, RelayContext, Relays};
-use crate::runtime::{AssignedGpu, DockerRuntime};
+use crate::relay::{RelayContext, Relays};
+use crate::runtime::{ContainerRuntime, DockerRuntime};
 use crate::state::{self, NodeCredential};
 use crate::store::Store;
 use crate::AgentConfig;
 use anyhow::{bail, Context};
 use commons_proto::*;
 use futures_util::{SinkExt, StreamExt};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -50,7 +52,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 }
 
 /// Stops what an earlier identity of this host left running (see `host`).
-async fn stop_earlier_identities(runtime: &DockerRuntime) -> anyhow::Result<()> {
+async fn stop_earlier_identities(runtime: &impl ContainerRuntime) -> anyhow::Result<()> {
     let found = crate::host::stop_earlier_identities(runtime)
         .await
         .context("stopping the containers of an earlier identity of this host")?;
@@ -68,13 +70,24 @@ async fn stop_earlier_identities(runtime: &DockerRuntime) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Everything a connection to the portal works with; it outlives every connection.
+struct Parts {
+    config: AgentConfig,
+    cred: NodeCredential,
+    gpus: Arc<dyn GpuSource>,
+    inventory: Vec<GpuInfo>,
+    exec: Executor,
+    relay: RelayContext,
+    owner: Arc<OwnerState>,
+}
+
 /// Serves the portal with the node's credential, reconnecting until the task is dropped.
 async fn serve(
     mut config: AgentConfig,
     cred: NodeCredential,
     host_id: String,
 ) -> anyhow::Result<()> {
-    let gpus: std::sync::Arc<dyn GpuSource> = std::sync::Arc::from(gpu::from_mode(
+    let gpus: Arc<dyn GpuSource> = Arc::from(gpu::from_mode(
         &config.gpus,
         &config.state_dir,
         config.fake_busy_util,
@@ -82,39 +95,9 @@ async fn serve(
     let inventory = gpus.inventory()?;
     // Bound before anything else runs: a second agent on this state dir stops here.
     let listener = owner::server::bind(&config.state_dir, config.socket_group.as_deref())?;
-    let blocked = match config.guest_network {
-        crate::runtime::guest::GuestNetwork::Egress => {
-            crate::runtime::guest::blocked_destinations(&config.portal, &config.guest_block)
-                .await
-                .context("the guests' egress network")?
-        }
-        crate::runtime::guest::GuestNetwork::None => Vec::new(),
-    };
-    let runtime = DockerRuntime::connect(cred.agent_id.clone())
-        .await
-        .context("cannot reach the Docker Engine (is it running, and may this user use it?)")?
-        .with_isolation(crate::runtime::guest::Isolation {
-            network: config.guest_network,
-            blocked,
-        })
-        .await
-        .context("setting up the guests' network")?
-        .with_images(crate::runtime::images::ImagePolicy {
-            // This server's own lab: its own allow-list entries may use local images.
-            own_lab: Some(cred.lab.clone()),
-            ..config.images.clone()
-        })
-        .with_host_id(host_id);
+    let runtime = connect_runtime(&config, &cred, host_id).await?;
     stop_earlier_identities(&runtime).await?;
-    let program = guard::default_program();
-    if program.is_none() {
-        tracing::warn!(
-            "no commons-agent executable found to run attempt guards (set {}): leases and \
-             time limits are not enforced while the agent is down",
-            guard::GUARD_EXE_ENV
-        );
-    }
-    let store = Store::new(&config.state_dir).with_guard(program);
+    let store = Store::new(&config.state_dir).with_guard(guard_program());
     // `auto` becomes `image` or `watch` here, once, by trying (see `disk`).
     config.disk = config
         .disk
@@ -131,7 +114,6 @@ async fn serve(
     let relay = RelayContext {
         portal: config.portal.clone(),
         credential: cred.credential.clone(),
-        docker: runtime.docker(),
         relays: Relays::default(),
     };
     let (tx, mut rx) = outbox::channel(config.log_limit);
@@ -140,34 +122,101 @@ async fn serve(
     let owner = OwnerState::new(owner::IdleRule {
         after: config.idle_guest,
     });
+    let parts = Parts {
+        config,
+        cred,
+        gpus,
+        inventory,
+        exec,
+        relay,
+        owner,
+    };
     // The watch and the socket server live exactly as long as this future: an embedding
     // that drops the agent (the tests abort it to play a crash) leaves neither behind, so
     // the next agent on this state dir can bind the socket.
-    let _tasks = TaskGuard(vec![
-        tokio::spawn(owner::run_watch(exec.clone(), gpus.clone(), owner.clone())),
+    let _tasks = owner_tasks(&parts, listener);
+    reconnect(&parts, &mut rx).await
+}
+
+/// The container runtime: the Docker Engine, with the guests' network made, the node's
+/// image rules, and the host's id on every container.
+async fn connect_runtime(
+    config: &AgentConfig,
+    cred: &NodeCredential,
+    host_id: String,
+) -> anyhow::Result<DockerRuntime> {
+    let blocked = match config.guest_network {
+        crate::runtime::guest::GuestNetwork::Egress => {
+            crate::runtime::guest::blocked_destinations(&config.portal, &config.guest_block)
+                .await
+                .context("the guests' egress network")?
+        }
+        crate::runtime::guest::GuestNetwork::None => Vec::new(),
+    };
+    Ok(DockerRuntime::connect(cred.agent_id.clone())
+        .await
+        .context("cannot reach the Docker Engine (is it running, and may this user use it?)")?
+        .with_isolation(crate::runtime::guest::Isolation {
+            network: config.guest_network,
+            blocked,
+        })
+        .await
+        .context("setting up the guests' network")?
+        .with_images(crate::runtime::images::ImagePolicy {
+            // This server's own lab: its own allow-list entries may use local images.
+            own_lab: Some(cred.lab.clone()),
+            ..config.images.clone()
+        })
+        .with_host_id(host_id))
+}
+
+/// The program the attempts' guards run, if there is one (said loudly when not).
+fn guard_program() -> Option<std::path::PathBuf> {
+    let program = guard::default_program();
+    if program.is_none() {
+        tracing::warn!(
+            "no commons-agent executable found to run attempt guards (set {}): leases and \
+             time limits are not enforced while the agent is down",
+            guard::GUARD_EXE_ENV
+        );
+    }
+    program
+}
+
+/// The owner's watch over the GPUs and the owner's socket server.
+fn owner_tasks(parts: &Parts, listener: tokio::net::UnixListener) -> TaskGuard {
+    let p = parts;
+    TaskGuard(vec![
+        tokio::spawn(owner::run_watch(
+            p.exec.clone(),
+            p.gpus.clone(),
+            p.owner.clone(),
+        )),
         tokio::spawn(owner::server::serve(
             listener,
             owner::server::Control {
-                exec: exec.clone(),
-                gpus: gpus.clone(),
-                inventory: inventory.clone(),
-                owner: owner.clone(),
-                portal: config.portal.clone(),
-                credential: cred.credential.clone(),
-                node_name: cred.node_name.clone(),
+                exec: p.exec.clone(),
+                gpus: p.gpus.clone(),
+                inventory: p.inventory.clone(),
+                owner: p.owner.clone(),
+                portal: p.config.portal.clone(),
+                credential: p.cred.credential.clone(),
+                node_name: p.cred.node_name.clone(),
                 http: reqwest::Client::new(),
             },
         )),
-    ]);
+    ])
+}
 
+/// Connects to the portal again and again, with capped, jittered exponential back-off,
+/// until the server leaves or the portal refuses its credential.
+async fn reconnect(parts: &Parts, rx: &mut OutboxRx) -> anyhow::Result<()> {
+    let (config, owner) = (&parts.config, &parts.owner);
     let mut backoff = Duration::from_secs(1);
     loop {
         let started = std::time::Instant::now();
-        let session = connect_once(
-            &config, &cred, &*gpus, &inventory, &exec, &relay, &owner, &mut rx,
-        );
         let outcome = tokio::select! {
-            r = session => r,
+            r = connect_once(parts, rx) => r,
             _ = owner.left.notified() => {
                 let _ = std::fs::remove_file(owner::socket::socket_path(&config.state_dir));
                 state::remove_credential(&config.state_dir)
@@ -309,41 +358,29 @@ fn ws_url(portal: &str) -> String {
     format!("{base}{CONNECT_PATH}")
 }
 
-// One connection needs all of the agent's parts; a struct for one call site adds nothing.
-#[allow(clippy::too_many_arguments)]
-async fn connect_once(
-    config: &AgentConfig,
-    cred: &NodeCredential,
-    gpus: &dyn GpuSource,
-    inventory: &[GpuInfo],
-    exec: &Executor,
-    relay: &RelayContext,
-    owner: &OwnerState,
-    rx: &mut OutboxRx,
-) -> anyhow::Result<()> {
+/// One connection: `Hello`, then heartbeats, the portal's messages and the outbox until
+/// the portal closes it or it fails.
+async fn connect_once(parts: &Parts, rx: &mut OutboxRx) -> anyhow::Result<()> {
+    let (config, exec) = (&parts.config, &parts.exec);
     let mut req = ws_url(&config.portal).into_client_request()?;
     req.headers_mut().insert(
         "authorization",
-        format!("Bearer {}", cred.credential).parse()?,
+        format!("Bearer {}", parts.cred.credential).parse()?,
     );
     let (ws, _) = tokio_tungstenite::connect_async(req).await?;
     let _connected = Connected::new();
     let (mut sink, mut stream) = ws.split();
-    let send = |m: &AgentMsg| -> Result<Message, serde_json::Error> {
-        METRICS.message("out", m.kind());
-        Ok(Message::text(serde_json::to_string(m)?))
-    };
     let fake = matches!(config.gpus, crate::GpuMode::Fake(_));
     // Numbered and timed as late as possible: leases count from this moment.
-    let mut hello = exec.hello(AGENT_VERSION, inventory.to_vec());
+    let mut hello = exec.hello(AGENT_VERSION, parts.inventory.clone());
     // The disk report goes in every Hello, and in a heartbeat when it changed.
     let mut disk_sent = owner_disk(config);
     if let AgentMsg::Hello { capacity, disk, .. } = &mut hello {
         *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
         *disk = Some(disk_sent);
     }
-    sink.send(send(&hello)?).await?;
-    owner.set_link(true, None);
+    sink.send(encode(&hello)?).await?;
+    parts.owner.set_link(true, None);
     tracing::info!("connected to {}", config.portal);
 
     // Leases and time limits need no tick here: the executor checks them every second,
@@ -356,24 +393,8 @@ async fn connect_once(
         tokio::select! {
             biased;
             _ = heartbeat.tick() => {
-                let gpu_stats = match exec.gpu_stats(gpus).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!("GPU stats: {e}");
-                        Vec::new()
-                    }
-                };
-                METRICS.gpus(inventory, &gpu_stats);
-                let mut beat = exec.heartbeat(gpu_stats);
-                if let AgentMsg::Heartbeat { capacity, disk, .. } = &mut beat {
-                    *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
-                    let now = owner_disk(config);
-                    if now != disk_sent {
-                        *disk = Some(now);
-                        disk_sent = now;
-                    }
-                }
-                sink.send(send(&beat)?).await?;
+                let beat = heartbeat_msg(parts, fake, &mut disk_sent).await;
+                sink.send(encode(&beat)?).await?;
             }
             msg = stream.next() => {
                 let Some(msg) = msg else {
@@ -382,15 +403,7 @@ async fn connect_once(
                 };
                 match msg? {
                     Message::Text(text) => {
-                        let msg: PortalMsg = match serde_json::from_str(&text) {
-                            Ok(m) => m,
-                            Err(e) => {
-                                tracing::warn!("ignoring a message this agent does not understand: {e}");
-                                continue;
-                            }
-                        };
-                        METRICS.message("in", msg.kind());
-                        if let Some(period) = handle(msg, exec, relay, inventory) {
+                        if let Some(period) = on_text(parts, &text) {
                             heartbeat = tokio::time::interval(period);
                         }
                     }
@@ -401,9 +414,52 @@ async fn connect_once(
                     _ => {}
                 }
             }
-            Some(ev) = rx.recv() => sink.send(send(&ev)?).await?,
+            Some(ev) = rx.recv() => sink.send(encode(&ev)?).await?,
         }
     }
+}
+
+/// A message for the portal, counted.
+fn encode(m: &AgentMsg) -> Result<Message, serde_json::Error> {
+    METRICS.message("out", m.kind());
+    Ok(Message::text(serde_json::to_string(m)?))
+}
+
+/// This heartbeat: the GPUs' readings, the capacity, and the disk when it changed since
+/// `disk_sent`.
+async fn heartbeat_msg(parts: &Parts, fake: bool, disk_sent: &mut NodeDisk) -> AgentMsg {
+    let config = &parts.config;
+    let gpu_stats = match parts.exec.gpu_stats(&*parts.gpus).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("GPU stats: {e}");
+            Vec::new()
+        }
+    };
+    METRICS.gpus(&parts.inventory, &gpu_stats);
+    let mut beat = parts.exec.heartbeat(gpu_stats);
+    if let AgentMsg::Heartbeat { capacity, disk, .. } = &mut beat {
+        *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
+        let now = owner_disk(config);
+        if now != *disk_sent {
+            *disk = Some(now);
+            *disk_sent = now;
+        }
+    }
+    beat
+}
+
+/// Applies one text message from the portal; a new heartbeat period when it sets one.
+fn on_text(parts: &Parts, text: &str) -> Option<Duration> {
+    let msg: PortalMsg = match serde_json::from_str(text) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!("ignoring a message this agent does not understand: {e}");
+            return None;
+        }
+    };
+    METRICS.message("in", msg.kind());
+    orders::handle(msg, &parts.exec, &parts.relay, &parts.inventory)
 }
 
 /// The node's disk as the portal hears it (see `disk::floor`).
@@ -426,102 +482,6 @@ impl Drop for Connected {
     fn drop(&mut self) {
         METRICS.connected.set(0);
     }
-}
-
-/// Applies one portal message; returns a new heartbeat period when the portal sets one.
-fn handle(
-    msg: PortalMsg,
-    exec: &Executor,
-    relay: &RelayContext,
-    inventory: &[GpuInfo],
-) -> Option<Duration> {
-    match msg {
-        PortalMsg::Welcome {
-            node_id,
-            heartbeat_s,
-            ..
-        } => {
-            tracing::info!(node_id, heartbeat_s, "welcomed");
-            return Some(Duration::from_secs(heartbeat_s.max(1)));
-        }
-        PortalMsg::Start {
-            job,
-            attempt,
-            spec,
-            gpus,
-            lease,
-            resume,
-        } => {
-            let assigned = gpus
-                .iter()
-                .map(|uuid| AssignedGpu {
-                    uuid: uuid.clone(),
-                    fake: inventory
-                        .iter()
-                        .find(|g| &g.uuid == uuid)
-                        .is_none_or(|g| g.fake),
-                })
-                .collect();
-            tracing::info!(job, attempt, image = %spec.image, resume, "start");
-            let launch = Launch {
-                spec,
-                gpus: assigned,
-                resume,
-            };
-            match exec.start_with(job, attempt, launch, lease) {
-                Admission::Accepted | Admission::Duplicate => {}
-                Admission::LeaseUnknown => tracing::warn!(
-                    job,
-                    attempt,
-                    session = lease.session,
-                    seq = lease.seq,
-                    "not starting: the lease names a session or message this agent does not \
-                     know, so it grants nothing (the portal sends the attempt again)"
-                ),
-            }
-        }
-        PortalMsg::Stop {
-            job,
-            attempt,
-            grace_s,
-            reason,
-            detail,
-        } => {
-            tracing::info!(job, attempt, %reason, grace_s, detail = detail.as_deref().unwrap_or(""), "stop");
-            relay
-                .relays
-                .close_attempt(job, attempt, &session_end(job, reason, detail.as_deref()));
-            if !exec.stop(job, attempt, grace_s, reason, detail.as_deref()) {
-                // Not ours (any more): say so, so the portal can settle it.
-                exec.report_unknown(job, attempt, reason);
-            }
-        }
-        PortalMsg::Renew {
-            lease,
-            attempts,
-            time_limits,
-        } => {
-            exec.set_time_limits(&time_limits);
-            METRICS.lease_renewals.inc();
-            exec.renew(lease, &attempts);
-        }
-        PortalMsg::OpenRelay(open) => relay::open(relay, exec, open),
-    }
-    None
-}
-
-/// What an SSH user reads when the job's stop ends their session.
-fn session_end(job: JobId, reason: StopReason, detail: Option<&str>) -> String {
-    let why = match detail.map(str::trim).filter(|d| !d.is_empty()) {
-        Some(d) => format!("{reason}: {d}"),
-        None => reason.to_string(),
-    };
-    let next = if reason.requeues() {
-        " It goes back to the queue; connect again when it runs."
-    } else {
-        ""
-    };
-    format!("GPU Commons: job {job} is stopping ({why}), so this session ends.{next}")
 }
 
 /// Background tasks aborted when the guard is dropped.

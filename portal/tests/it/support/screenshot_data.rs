@@ -1,7 +1,7 @@
 //! What the screenshots (`pages_browser::screenshots`) need beyond the seeded campus:
 //! quotas for "My usage", and a running job with some minutes of utilisation samples.
 
-use crate::harness::TestPortal;
+use crate::support::harness::TestPortal;
 
 /// Quotas, so that "My usage" has bars to show.
 pub async fn quotas_for_the_usage_shot(p: &TestPortal) {

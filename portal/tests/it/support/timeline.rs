@@ -2,6 +2,7 @@
 //! tests that must never run a job twice judge: watched from before the submission, and
 //! a judgement fails unless it saw every container it judges.
 
+// `crate::cluster`: where the tests and the soak example both have it.
 use crate::cluster::demo_image;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
