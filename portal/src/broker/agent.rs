@@ -65,7 +65,7 @@ async fn connect(
         .db
         .run(move |c| nodes::node_by_credential(c, &credential))
         .await
-        .map_err(ApiError)?
+        .map_err(ApiError::from)?
         .ok_or_else(|| {
             ApiError(AppError::Unauthenticated(
                 "unknown or revoked node credential".into(),

@@ -121,7 +121,7 @@ pub fn sign_in(c: &mut DbConn, id: &Identity, rules: &GroupRules) -> Result<User
                 )?;
             }
         }
-        accounts::user_by_id(c, user_id)
+        Ok(accounts::user_by_id(c, user_id)?)
     })
 }
 

@@ -144,7 +144,7 @@ pub async fn logs(state: &Ctx, actor: &Actor, id: i64) -> Result<String, AppErro
         .db
         .run(move |c| {
             visible(c, &actor, id)?;
-            db::jobs::logs(c, id, db::jobs::MAX_LOG_BYTES as usize)
+            Ok(db::jobs::logs(c, id, db::jobs::MAX_LOG_BYTES as usize)?)
         })
         .await
 }
@@ -156,7 +156,7 @@ pub async fn events(state: &Ctx, actor: &Actor, id: i64) -> Result<Vec<JobEvent>
         .db
         .run(move |c| {
             visible(c, &actor, id)?;
-            db::jobs::events(c, id)
+            Ok(db::jobs::events(c, id)?)
         })
         .await
 }

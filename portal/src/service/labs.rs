@@ -109,7 +109,7 @@ pub fn usage(
     weeks: usize,
 ) -> Result<LabUsage, AppError> {
     let admin = lab_admin(c, actor, slug)?;
-    db::usage::lab_usage(c, admin.lab().id, db::now(), weeks)
+    Ok(db::usage::lab_usage(c, admin.lab().id, db::now(), weeks)?)
 }
 
 /// A node's lending rules in one sentence: "lends up to 4 GPUs on nights and weekends

@@ -97,6 +97,7 @@ async fn create(
                 .db
                 .run(move |c| users::create_api_token_until(c, id, &form.name, until))
                 .await
+                .map_err(AppError::from)
         }
         Err(e) => Err(e),
     };
