@@ -138,7 +138,7 @@ async fn main() {
 
     // Seed labs, users and tokens through the portal's own operator functions.
     let began = Instant::now();
-    let db = Db::open(&url).unwrap();
+    let db = Db::open_with(&url, commons_portal::config::DEFAULT_DATABASE_POOL_SIZE).unwrap();
     let slugs: Vec<String> = (0..labs).map(|l| format!("lab{l}")).collect();
     for s in &slugs {
         commons_portal::admin::create_lab(&db, s, s).unwrap();

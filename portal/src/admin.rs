@@ -4,7 +4,8 @@ use crate::db::models::Role;
 use crate::db::{users, Db};
 use crate::error::AppError;
 
-fn plain(e: AppError) -> anyhow::Error {
+fn plain(e: impl Into<AppError>) -> anyhow::Error {
+    let e: AppError = e.into();
     match e.field() {
         Some(f) => anyhow::anyhow!("{f}: {e}"),
         None => anyhow::anyhow!("{e}"),
@@ -44,7 +45,7 @@ pub fn api_token(db: &Db, username: &str) -> anyhow::Result<String> {
     db.run_blocking(|c| {
         let user = users::user_by_name(c, username)?
             .ok_or_else(|| AppError::invalid("USERNAME", format!("no user {username:?}")))?;
-        users::create_api_token(c, user.id, "created by admin CLI")
+        Ok::<_, AppError>(users::create_api_token(c, user.id, "created by admin CLI")?)
     })
     .map_err(plain)
 }

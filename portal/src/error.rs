@@ -1,6 +1,7 @@
 //! The portal's one error type, and how it is shown: JSON under `/api` ([`ApiError`]),
 //! an HTML page in the UI ([`WebError`]). Internal causes go to the log, never to users.
 
+use crate::db::DbError;
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
@@ -126,38 +127,40 @@ impl From<commons_api::Invalid> for AppError {
     }
 }
 
-impl From<diesel::result::Error> for AppError {
-    fn from(e: diesel::result::Error) -> Self {
-        if database_went_away(&e) {
+/// What the database layer says, as the status and message users see: the one place a
+/// database error becomes HTTP.
+impl From<DbError> for AppError {
+    fn from(e: DbError) -> Self {
+        if e.is_unavailable() {
             tracing::warn!("the database is unavailable: {e}");
             return AppError::Unavailable(
                 "the database is unavailable for a moment; try again".into(),
             );
         }
-        AppError::Internal(e.into())
+        match e {
+            DbError::NotFound(what) => AppError::NotFound(what),
+            DbError::Invalid { field, message } => AppError::invalid(&field, message),
+            DbError::Conflict { code, message } => AppError::Conflict { code, message },
+            DbError::BadCredential(m) => AppError::Unauthenticated(m),
+            DbError::TooMany {
+                code,
+                message,
+                retry_after_s,
+            } => AppError::TooMany {
+                code,
+                message,
+                retry_after_s,
+            },
+            DbError::Full(m) => AppError::Unavailable(m),
+            e => AppError::Internal(e.into()),
+        }
     }
 }
 
-/// The database restarted or dropped the connection under the query (a 503 to try again,
-/// not a 500): the connection is closed, or PostgreSQL says it is shutting down or
-/// starting up (SQLSTATE 57P01-57P03, which diesel reports only by their message).
-pub fn database_went_away(e: &diesel::result::Error) -> bool {
-    use diesel::result::{DatabaseErrorKind as K, Error as E};
-    match e {
-        E::DatabaseError(K::ClosedConnection | K::UnableToSendCommand, _) => true,
-        E::DatabaseError(_, info) => {
-            let m = info.message();
-            [
-                "terminating connection due to administrator command",
-                "the database system is shutting down",
-                "the database system is starting up",
-                "the database system is in recovery mode",
-                "server closed the connection unexpectedly",
-            ]
-            .iter()
-            .any(|p| m.contains(p))
-        }
-        _ => false,
+/// diesel used directly (a transaction the service layer opens): as the database layer's.
+impl From<diesel::result::Error> for AppError {
+    fn from(e: diesel::result::Error) -> Self {
+        DbError::Query(e).into()
     }
 }
 
@@ -192,6 +195,13 @@ impl ResponseError for ApiError {
     }
 }
 
+/// A database error straight from a handler, mapped as everywhere ([`AppError`]'s `From`).
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        ApiError(e.into())
+    }
+}
+
 /// An error in the HTML UI.
 #[derive(Debug, Error)]
 #[error(transparent)]
@@ -219,6 +229,13 @@ impl ResponseError for WebError {
             .body(page.message.clone());
         res.extensions_mut().insert(page);
         res
+    }
+}
+
+/// A database error straight from a handler, mapped as everywhere ([`AppError`]'s `From`).
+impl From<DbError> for WebError {
+    fn from(e: DbError) -> Self {
+        WebError(e.into())
     }
 }
 

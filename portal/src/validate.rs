@@ -127,6 +127,16 @@ mod tests {
     }
 
     #[test]
+    fn the_test_kits_demo_job_is_what_the_rules_make() {
+        let r: JobRequest = serde_json::from_str(
+            r#"{"image":"commons-demo:latest","gpus":1,"time_limit_minutes":5}"#,
+        )
+        .unwrap();
+        let labs = [("vision".to_string(), 7)];
+        assert_eq!(job(r, &labs).unwrap(), crate::db::testkit::demo_job(7));
+    }
+
+    #[test]
     fn gpu_selection_nul_bytes_tiny_cpus_and_big_shm_are_refused() {
         for (k, v) in [
             ("NVIDIA_VISIBLE_DEVICES", "all"),

@@ -51,7 +51,8 @@ fn ttl_for(state: &State, ttl: &Duration) -> i64 {
     }
 }
 
-fn other(e: AppError) -> anyhow::Error {
+fn other(e: impl Into<AppError>) -> anyhow::Error {
+    let e: AppError = e.into();
     anyhow::anyhow!("session store: {e}")
 }
 

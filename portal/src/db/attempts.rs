@@ -5,11 +5,11 @@ use super::models::{Attempt, AttemptStatus, JobState};
 use super::schema::*;
 use super::types::to_json;
 use super::DbConn;
-use crate::error::AppError;
+use super::DbError;
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 
-pub fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, AppError> {
+pub fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, DbError> {
     Ok(job_attempts::table
         .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
         .order(job_attempts::id)
@@ -18,7 +18,7 @@ pub fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, AppError> {
 }
 
 /// Attempt `attempt` of `job`, if it exists.
-pub fn find(c: &mut DbConn, job: i64, attempt: i32) -> Result<Option<Attempt>, AppError> {
+pub fn find(c: &mut DbConn, job: i64, attempt: i32) -> Result<Option<Attempt>, DbError> {
     Ok(job_attempts::table
         .filter(job_attempts::job_id.eq(job))
         .filter(job_attempts::attempt.eq(attempt))
@@ -32,7 +32,7 @@ pub fn on_node(
     c: &mut DbConn,
     node: i64,
     states: &[AttemptStatus],
-) -> Result<Vec<Attempt>, AppError> {
+) -> Result<Vec<Attempt>, DbError> {
     Ok(job_attempts::table
         .filter(job_attempts::node_id.eq(node))
         .filter(job_attempts::state.eq_any(states))
@@ -42,11 +42,7 @@ pub fn on_node(
 }
 
 /// A job's attempts in the given states.
-pub fn on_job(
-    c: &mut DbConn,
-    job: i64,
-    states: &[AttemptStatus],
-) -> Result<Vec<Attempt>, AppError> {
+pub fn on_job(c: &mut DbConn, job: i64, states: &[AttemptStatus]) -> Result<Vec<Attempt>, DbError> {
     Ok(job_attempts::table
         .filter(job_attempts::job_id.eq(job))
         .filter(job_attempts::state.eq_any(states))
@@ -56,7 +52,7 @@ pub fn on_job(
 }
 
 /// A node's attempts being stopped, with their jobs' states.
-pub fn stopping_on(c: &mut DbConn, node: i64) -> Result<Vec<(Attempt, JobState)>, AppError> {
+pub fn stopping_on(c: &mut DbConn, node: i64) -> Result<Vec<(Attempt, JobState)>, DbError> {
     Ok(job_attempts::table
         .inner_join(jobs::table)
         .filter(job_attempts::node_id.eq(node))
@@ -66,7 +62,7 @@ pub fn stopping_on(c: &mut DbConn, node: i64) -> Result<Vec<(Attempt, JobState)>
 }
 
 /// Active attempts whose lease ran out before `cutoff`.
-pub fn expired(c: &mut DbConn, cutoff: NaiveDateTime) -> Result<Vec<Attempt>, AppError> {
+pub fn expired(c: &mut DbConn, cutoff: NaiveDateTime) -> Result<Vec<Attempt>, DbError> {
     Ok(job_attempts::table
         .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
         .filter(job_attempts::lease_until.lt(cutoff))
@@ -83,8 +79,8 @@ pub fn insert(
     gpus: &[i64],
     lease_until: NaiveDateTime,
     at: NaiveDateTime,
-) -> Result<(), AppError> {
-    let gpu_ids = to_json(gpus).map_err(|e| AppError::Internal(e.into()))?;
+) -> Result<(), DbError> {
+    let gpu_ids = to_json(gpus).map_err(DbError::Json)?;
     diesel::insert_into(job_attempts::table)
         .values((
             job_attempts::job_id.eq(job),
@@ -99,14 +95,14 @@ pub fn insert(
     Ok(())
 }
 
-pub fn set_status(c: &mut DbConn, id: i64, status: AttemptStatus) -> Result<(), AppError> {
+pub fn set_status(c: &mut DbConn, id: i64, status: AttemptStatus) -> Result<(), DbError> {
     diesel::update(job_attempts::table.find(id))
         .set(job_attempts::state.eq(status))
         .execute(c)?;
     Ok(())
 }
 
-pub fn mark_running(c: &mut DbConn, id: i64, at: NaiveDateTime) -> Result<(), AppError> {
+pub fn mark_running(c: &mut DbConn, id: i64, at: NaiveDateTime) -> Result<(), DbError> {
     diesel::update(job_attempts::table.find(id))
         .set((
             job_attempts::state.eq(AttemptStatus::Running),
@@ -128,7 +124,7 @@ pub fn start_running(
     job: i64,
     attempt: i32,
     at: NaiveDateTime,
-) -> Result<Option<bool>, AppError> {
+) -> Result<Option<bool>, DbError> {
     use diesel::sql_types::{BigInt, Integer, Timestamp};
     let DbConn::Pg(pg) = c else {
         return Ok(None);
@@ -170,7 +166,7 @@ pub fn end(
     exit_code: Option<i64>,
     reason: Option<&str>,
     at: NaiveDateTime,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     diesel::update(job_attempts::table.find(id))
         .set((
             job_attempts::state.eq(status),
@@ -203,7 +199,7 @@ pub fn renew_on(
     node: i64,
     until: NaiveDateTime,
     which: Renewable<'_>,
-) -> Result<Vec<(i64, i32)>, AppError> {
+) -> Result<Vec<(i64, i32)>, DbError> {
     use diesel::dsl::case_when;
     use diesel::sql_types::Timestamp;
     let longer = case_when(
@@ -246,7 +242,7 @@ pub fn renew_on(
 /// Owner take-backs of the queued jobs: per job, how many of its attempts ran on
 /// another lab's node and were stopped (the job is queued again, so they did not end
 /// it), and when the last of them ended. Jobs without any are missing.
-pub fn take_backs_of_queued(c: &mut DbConn) -> Result<Vec<(i64, u32, NaiveDateTime)>, AppError> {
+pub fn take_backs_of_queued(c: &mut DbConn) -> Result<Vec<(i64, u32, NaiveDateTime)>, DbError> {
     let rows: Vec<(i64, Option<NaiveDateTime>)> = job_attempts::table
         .inner_join(jobs::table)
         .inner_join(nodes::table)

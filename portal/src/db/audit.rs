@@ -3,8 +3,8 @@
 
 use super::models::User;
 use super::schema::audit_log;
+use super::DbError;
 use super::{now, DbConn};
-use crate::error::AppError;
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 use serde::Serialize;
@@ -33,7 +33,7 @@ pub fn record(
     target: &str,
     before: &str,
     after: &str,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     diesel::insert_into(audit_log::table)
         .values((
             audit_log::at.eq(now()),
@@ -60,7 +60,7 @@ pub fn record_as(
     target: &str,
     before: &str,
     after: &str,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     diesel::insert_into(audit_log::table)
         .values((
             audit_log::at.eq(now()),
@@ -77,7 +77,7 @@ pub fn record_as(
 }
 
 /// The newest entries, of one lab or of all.
-pub fn list(c: &mut DbConn, lab: Option<i64>, limit: i64) -> Result<Vec<AuditEntry>, AppError> {
+pub fn list(c: &mut DbConn, lab: Option<i64>, limit: i64) -> Result<Vec<AuditEntry>, DbError> {
     let mut q = audit_log::table.into_boxed();
     if let Some(l) = lab {
         q = q.filter(audit_log::lab_id.eq(l));

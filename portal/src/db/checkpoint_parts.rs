@@ -12,8 +12,8 @@
 
 use super::schema::*;
 use super::DbConn;
+use super::DbError;
 use crate::domain::AttemptStatus;
-use crate::error::AppError;
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 use std::collections::BTreeMap;
@@ -40,7 +40,7 @@ pub type UploadKey = (i64, i32, i32);
 /// Holds the lab's row until the transaction ends, so that two uploads of one lab count
 /// and stage their parts one after the other. PostgreSQL: `SELECT ... FOR UPDATE`;
 /// SQLite serialises writers already (one connection, see `db`).
-pub fn lock_lab(c: &mut DbConn, lab: i64) -> Result<(), AppError> {
+pub fn lock_lab(c: &mut DbConn, lab: i64) -> Result<(), DbError> {
     if let DbConn::Pg(pg) = c {
         labs::table
             .find(lab)
@@ -60,7 +60,7 @@ pub fn stage(
     bytes: i64,
     sha256: &str,
     at: NaiveDateTime,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     diesel::delete(
         checkpoint_parts::table
             .filter(checkpoint_parts::job_id.eq(job))
@@ -88,7 +88,7 @@ pub fn stage(
 pub fn of_upload(
     c: &mut DbConn,
     (job, attempt, seq): UploadKey,
-) -> Result<Vec<StagedPart>, AppError> {
+) -> Result<Vec<StagedPart>, DbError> {
     Ok(checkpoint_parts::table
         .filter(checkpoint_parts::job_id.eq(job))
         .filter(checkpoint_parts::attempt.eq(attempt))
@@ -99,14 +99,14 @@ pub fn of_upload(
 }
 
 /// Whether part `n` of the upload is staged with this checksum.
-pub fn is_staged(c: &mut DbConn, key: UploadKey, n: u32, sha256: &str) -> Result<bool, AppError> {
+pub fn is_staged(c: &mut DbConn, key: UploadKey, n: u32, sha256: &str) -> Result<bool, DbError> {
     Ok(of_upload(c, key)?
         .iter()
         .any(|p| p.n == n as i32 && p.sha256 == sha256))
 }
 
 /// Every staged part of a job (tests and the job's pruning).
-pub fn staged_of_job(c: &mut DbConn, job: i64) -> Result<Vec<StagedPart>, AppError> {
+pub fn staged_of_job(c: &mut DbConn, job: i64) -> Result<Vec<StagedPart>, DbError> {
     Ok(checkpoint_parts::table
         .filter(checkpoint_parts::job_id.eq(job))
         .order((
@@ -119,7 +119,7 @@ pub fn staged_of_job(c: &mut DbConn, job: i64) -> Result<Vec<StagedPart>, AppErr
 }
 
 /// Bytes staged for `lab`.
-pub fn staged_bytes_of_lab(c: &mut DbConn, lab: i64) -> Result<i64, AppError> {
+pub fn staged_bytes_of_lab(c: &mut DbConn, lab: i64) -> Result<i64, DbError> {
     // Summed here: SUM over BIGINT is NUMERIC on PostgreSQL and BIGINT on SQLite.
     let sizes: Vec<i64> = checkpoint_parts::table
         .filter(checkpoint_parts::lab_id.eq(lab))
@@ -129,7 +129,7 @@ pub fn staged_bytes_of_lab(c: &mut DbConn, lab: i64) -> Result<i64, AppError> {
 }
 
 /// Deletes the rows of one upload; returns how many went.
-pub fn unstage_upload(c: &mut DbConn, (job, attempt, seq): UploadKey) -> Result<usize, AppError> {
+pub fn unstage_upload(c: &mut DbConn, (job, attempt, seq): UploadKey) -> Result<usize, DbError> {
     Ok(diesel::delete(
         checkpoint_parts::table
             .filter(checkpoint_parts::job_id.eq(job))
@@ -141,7 +141,7 @@ pub fn unstage_upload(c: &mut DbConn, (job, attempt, seq): UploadKey) -> Result<
 
 /// Uploads whose attempt is no longer placed (ended, replaced, or unknown): nothing may
 /// add to them any more, and nothing will commit them.
-pub fn abandoned(c: &mut DbConn) -> Result<Vec<UploadKey>, AppError> {
+pub fn abandoned(c: &mut DbConn) -> Result<Vec<UploadKey>, DbError> {
     let keys: Vec<UploadKey> = checkpoint_parts::table
         .select((
             checkpoint_parts::job_id,
@@ -172,7 +172,7 @@ pub fn abandoned(c: &mut DbConn) -> Result<Vec<UploadKey>, AppError> {
 }
 
 /// Deletes every staged row of `job`.
-pub fn unstage_job(c: &mut DbConn, job: i64) -> Result<usize, AppError> {
+pub fn unstage_job(c: &mut DbConn, job: i64) -> Result<usize, DbError> {
     Ok(
         diesel::delete(checkpoint_parts::table.filter(checkpoint_parts::job_id.eq(job)))
             .execute(c)?,

@@ -8,7 +8,7 @@
 use super::models::JobState;
 use super::schema::*;
 use super::DbConn;
-use crate::error::AppError;
+use super::DbError;
 use crate::insert_returning_id;
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
@@ -54,7 +54,7 @@ pub struct NewCheckpoint<'a> {
     pub created_at: NaiveDateTime,
 }
 
-pub fn insert(c: &mut DbConn, new: &NewCheckpoint<'_>) -> Result<Checkpoint, AppError> {
+pub fn insert(c: &mut DbConn, new: &NewCheckpoint<'_>) -> Result<Checkpoint, DbError> {
     let id = insert_returning_id!(
         c,
         diesel::insert_into(checkpoints::table).values((
@@ -78,7 +78,7 @@ pub fn insert(c: &mut DbConn, new: &NewCheckpoint<'_>) -> Result<Checkpoint, App
 }
 
 /// The seq the next commit of `attempt` of `job` gets (its parts are uploaded under it).
-pub fn next_seq(c: &mut DbConn, job: i64, attempt: i32) -> Result<i32, AppError> {
+pub fn next_seq(c: &mut DbConn, job: i64, attempt: i32) -> Result<i32, DbError> {
     let max: Option<i32> = checkpoints::table
         .filter(checkpoints::job_id.eq(job))
         .filter(checkpoints::attempt.eq(attempt))
@@ -88,7 +88,7 @@ pub fn next_seq(c: &mut DbConn, job: i64, attempt: i32) -> Result<i32, AppError>
 }
 
 /// A job's checkpoints, newest first.
-pub fn for_job(c: &mut DbConn, job: i64) -> Result<Vec<Checkpoint>, AppError> {
+pub fn for_job(c: &mut DbConn, job: i64) -> Result<Vec<Checkpoint>, DbError> {
     Ok(checkpoints::table
         .filter(checkpoints::job_id.eq(job))
         .order((checkpoints::attempt.desc(), checkpoints::seq.desc()))
@@ -97,7 +97,7 @@ pub fn for_job(c: &mut DbConn, job: i64) -> Result<Vec<Checkpoint>, AppError> {
 }
 
 /// The checkpoint a job resumes from, if it has one.
-pub fn latest(c: &mut DbConn, job: i64) -> Result<Option<Checkpoint>, AppError> {
+pub fn latest(c: &mut DbConn, job: i64) -> Result<Option<Checkpoint>, DbError> {
     Ok(checkpoints::table
         .filter(checkpoints::job_id.eq(job))
         .order((checkpoints::attempt.desc(), checkpoints::seq.desc()))
@@ -107,7 +107,7 @@ pub fn latest(c: &mut DbConn, job: i64) -> Result<Option<Checkpoint>, AppError> 
 }
 
 /// Which of `jobs` have any committed checkpoint (one query).
-pub fn jobs_with_any(c: &mut DbConn, jobs: &[i64]) -> Result<BTreeSet<i64>, AppError> {
+pub fn jobs_with_any(c: &mut DbConn, jobs: &[i64]) -> Result<BTreeSet<i64>, DbError> {
     Ok(checkpoints::table
         .filter(checkpoints::job_id.eq_any(jobs))
         .select(checkpoints::job_id)
@@ -117,7 +117,7 @@ pub fn jobs_with_any(c: &mut DbConn, jobs: &[i64]) -> Result<BTreeSet<i64>, AppE
         .collect())
 }
 
-pub fn delete(c: &mut DbConn, ids: &[i64]) -> Result<usize, AppError> {
+pub fn delete(c: &mut DbConn, ids: &[i64]) -> Result<usize, DbError> {
     Ok(diesel::delete(checkpoints::table.filter(checkpoints::id.eq_any(ids))).execute(c)?)
 }
 
@@ -125,7 +125,7 @@ pub fn delete(c: &mut DbConn, ids: &[i64]) -> Result<usize, AppError> {
 pub fn latest_at_for_jobs(
     c: &mut DbConn,
     jobs: &[i64],
-) -> Result<BTreeMap<i64, NaiveDateTime>, AppError> {
+) -> Result<BTreeMap<i64, NaiveDateTime>, DbError> {
     let rows: Vec<(i64, i32, i32, NaiveDateTime)> = checkpoints::table
         .filter(checkpoints::job_id.eq_any(jobs))
         .select((
@@ -152,7 +152,7 @@ pub fn latest_at_for_jobs(
 pub fn latest_at_for_attempts(
     c: &mut DbConn,
     attempts: &[(i64, i32)],
-) -> Result<BTreeMap<(i64, i32), NaiveDateTime>, AppError> {
+) -> Result<BTreeMap<(i64, i32), NaiveDateTime>, DbError> {
     let jobs: BTreeSet<i64> = attempts.iter().map(|(j, _)| *j).collect();
     let wanted: BTreeSet<(i64, i32)> = attempts.iter().copied().collect();
     let rows: Vec<(i64, i32, NaiveDateTime)> = checkpoints::table
@@ -174,7 +174,7 @@ pub fn latest_at_for_attempts(
 }
 
 /// Bytes the checkpoints of `lab` take.
-pub fn lab_bytes(c: &mut DbConn, lab: i64) -> Result<i64, AppError> {
+pub fn lab_bytes(c: &mut DbConn, lab: i64) -> Result<i64, DbError> {
     // Summed here: SUM over BIGINT is NUMERIC on PostgreSQL and BIGINT on SQLite.
     let sizes: Vec<i64> = checkpoints::table
         .filter(checkpoints::lab_id.eq(lab))
@@ -184,7 +184,7 @@ pub fn lab_bytes(c: &mut DbConn, lab: i64) -> Result<i64, AppError> {
 }
 
 /// A lab's slug and its own checkpoint cap in GB (`None`: the campus default).
-pub fn lab_cap(c: &mut DbConn, lab: i64) -> Result<(String, Option<f64>), AppError> {
+pub fn lab_cap(c: &mut DbConn, lab: i64) -> Result<(String, Option<f64>), DbError> {
     Ok(labs::table
         .find(lab)
         .select((labs::slug, labs::checkpoint_cap_gb))
@@ -192,7 +192,7 @@ pub fn lab_cap(c: &mut DbConn, lab: i64) -> Result<(String, Option<f64>), AppErr
 }
 
 /// Sets (or, with `None`, clears) a lab's own checkpoint cap in GB.
-pub fn set_lab_cap(c: &mut DbConn, lab: i64, cap_gb: Option<f64>) -> Result<(), AppError> {
+pub fn set_lab_cap(c: &mut DbConn, lab: i64, cap_gb: Option<f64>) -> Result<(), DbError> {
     diesel::update(labs::table.find(lab))
         .set(labs::checkpoint_cap_gb.eq(cap_gb))
         .execute(c)?;
@@ -204,7 +204,7 @@ pub fn set_lab_cap(c: &mut DbConn, lab: i64, cap_gb: Option<f64>) -> Result<(), 
 pub fn ended_jobs_with_checkpoints(
     c: &mut DbConn,
     before: NaiveDateTime,
-) -> Result<Vec<i64>, AppError> {
+) -> Result<Vec<i64>, DbError> {
     Ok(checkpoints::table
         .inner_join(jobs::table)
         .filter(jobs::state.eq_any(ENDED))
@@ -221,7 +221,7 @@ pub fn gone_or_ended_before(
     c: &mut DbConn,
     ids: &[i64],
     before: NaiveDateTime,
-) -> Result<Vec<i64>, AppError> {
+) -> Result<Vec<i64>, DbError> {
     let rows: Vec<(i64, JobState, Option<NaiveDateTime>)> = jobs::table
         .filter(jobs::id.eq_any(ids))
         .select((jobs::id, jobs::state, jobs::finished_at))
@@ -241,6 +241,6 @@ pub fn gone_or_ended_before(
 }
 
 /// Deletes every checkpoint row of `job`.
-pub fn delete_for_job(c: &mut DbConn, job: i64) -> Result<usize, AppError> {
+pub fn delete_for_job(c: &mut DbConn, job: i64) -> Result<usize, DbError> {
     Ok(diesel::delete(checkpoints::table.filter(checkpoints::job_id.eq(job))).execute(c)?)
 }

@@ -11,8 +11,8 @@
 
 use super::schema::cli_logins;
 use super::users::{hash_secret, new_secret};
+use super::DbError;
 use super::{now, DbConn};
-use crate::error::AppError;
 use chrono::{Duration, NaiveDateTime};
 use diesel::prelude::*;
 
@@ -89,7 +89,7 @@ pub fn start(
     client_name: &str,
     client_addr: &str,
     per_address: u32,
-) -> Result<(String, String, NaiveDateTime), AppError> {
+) -> Result<(String, String, NaiveDateTime), DbError> {
     let t = now();
     diesel::delete(cli_logins::table.filter(cli_logins::expires_at.lt(t))).execute(c)?;
     let from_here: i64 = cli_logins::table
@@ -102,7 +102,7 @@ pub fn start(
             .select(diesel::dsl::min(cli_logins::expires_at))
             .first(c)?;
         let wait = oldest.map_or(TTL_S, |o| (o - t).num_seconds().clamp(1, TTL_S));
-        return Err(AppError::TooMany {
+        return Err(DbError::TooMany {
             code: "too_many_sign_ins",
             message: format!(
                 "{client_addr} started {from_here} sign-ins in the last {} minutes, the most \
@@ -115,7 +115,7 @@ pub fn start(
     }
     let pending: i64 = cli_logins::table.count().get_result(c)?;
     if pending >= MAX_PENDING {
-        return Err(AppError::Unavailable(
+        return Err(DbError::Full(
             "too many sign-ins are waiting; try again in a few minutes".into(),
         ));
     }
@@ -144,13 +144,11 @@ pub fn start(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(AppError::Internal(anyhow::anyhow!(
-        "no free user code after 5 tries"
-    )))
+    Err(DbError::Corrupt(format!("no free user code after 5 tries")))
 }
 
 /// The sign-in a user code names, if it has not expired.
-pub fn by_user_code(c: &mut DbConn, typed: &str) -> Result<Option<CliLogin>, AppError> {
+pub fn by_user_code(c: &mut DbConn, typed: &str) -> Result<Option<CliLogin>, DbError> {
     Ok(cli_logins::table
         .filter(cli_logins::user_code.eq(normalise_user_code(typed)))
         .filter(cli_logins::expires_at.gt(now()))
@@ -161,7 +159,7 @@ pub fn by_user_code(c: &mut DbConn, typed: &str) -> Result<Option<CliLogin>, App
 
 /// Approves (`Some(may add credentials)`) or denies (`None`) sign-in `id` for `user`;
 /// false when it was decided already or has expired.
-pub fn decide(c: &mut DbConn, id: i64, user: i64, approve: Option<bool>) -> Result<bool, AppError> {
+pub fn decide(c: &mut DbConn, id: i64, user: i64, approve: Option<bool>) -> Result<bool, DbError> {
     let t = now();
     let open = cli_logins::table
         .find(id)
@@ -210,7 +208,7 @@ pub struct Approved {
 }
 
 /// Polls the sign-in of `device_code`; redeems it when approved (once).
-pub fn poll(c: &mut DbConn, device_code: &str) -> Result<Poll, AppError> {
+pub fn poll(c: &mut DbConn, device_code: &str) -> Result<Poll, DbError> {
     let hash = hash_secret(device_code);
     let row: Option<CliLogin> = cli_logins::table
         .filter(cli_logins::device_code_hash.eq(&hash))

@@ -2,8 +2,8 @@
 //! mailbox through which one replica asks another to pass a message to an agent.
 
 use super::schema::{agent_mail, ssh_host_keys};
+use super::DbError;
 use super::{clock, now, DbConn};
-use crate::error::AppError;
 use diesel::prelude::*;
 
 /// Records `public_key` as the deployment's host key of its algorithm unless one is
@@ -12,7 +12,7 @@ pub fn claim_host_key(
     c: &mut DbConn,
     algorithm: &str,
     public_key: &str,
-) -> Result<String, AppError> {
+) -> Result<String, DbError> {
     c.transaction(|c| {
         let have: Option<String> = ssh_host_keys::table
             .find(algorithm)
@@ -34,7 +34,7 @@ pub fn claim_host_key(
 }
 
 /// The deployment's host public keys (OpenSSH one-line form), oldest first.
-pub fn host_keys(c: &mut DbConn) -> Result<Vec<String>, AppError> {
+pub fn host_keys(c: &mut DbConn) -> Result<Vec<String>, DbError> {
     Ok(ssh_host_keys::table
         .order(ssh_host_keys::created_at.asc())
         .select(ssh_host_keys::public_key)
@@ -42,7 +42,7 @@ pub fn host_keys(c: &mut DbConn) -> Result<Vec<String>, AppError> {
 }
 
 /// Leaves `body` (a JSON `PortalMsg`) for the replica that holds `node`'s agent.
-pub fn post(c: &mut DbConn, node: i64, body: &str) -> Result<(), AppError> {
+pub fn post(c: &mut DbConn, node: i64, body: &str) -> Result<(), DbError> {
     // On the database's clock, which [`take`] judges its age on.
     let t = clock(c)?;
     diesel::insert_into(agent_mail::table)
@@ -61,7 +61,7 @@ pub fn take(
     c: &mut DbConn,
     nodes: &[i64],
     ttl: chrono::Duration,
-) -> Result<Vec<(i64, String)>, AppError> {
+) -> Result<Vec<(i64, String)>, DbError> {
     c.transaction(|c| {
         let since = clock(c)? - ttl;
         diesel::delete(agent_mail::table.filter(agent_mail::created_at.lt(since))).execute(c)?;

@@ -7,8 +7,8 @@
 
 use super::models::ImageAllow;
 use super::schema::{image_allows, labs};
+use super::DbError;
 use super::{now, DbConn};
-use crate::error::AppError;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
@@ -25,7 +25,7 @@ pub struct NewEntry<'a> {
 }
 
 /// Stores an entry; `None` when that lab (or the campus) already has `name_tag`.
-pub fn insert(c: &mut DbConn, e: &NewEntry) -> Result<Option<ImageAllow>, AppError> {
+pub fn insert(c: &mut DbConn, e: &NewEntry) -> Result<Option<ImageAllow>, DbError> {
     let insert = diesel::insert_into(image_allows::table).values((
         image_allows::lab_id.eq(e.lab_id),
         image_allows::name_tag.eq(e.name_tag),
@@ -37,13 +37,13 @@ pub fn insert(c: &mut DbConn, e: &NewEntry) -> Result<Option<ImageAllow>, AppErr
         image_allows::created_at.eq(now()),
     ));
     match crate::insert_returning_id!(c, insert, image_allows::id) {
-        Ok(id) => Ok(Some(get(c, id)?.ok_or(AppError::NotFound("image"))?)),
+        Ok(id) => Ok(Some(get(c, id)?.ok_or(DbError::NotFound("image"))?)),
         Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
 
-pub fn get(c: &mut DbConn, id: i64) -> Result<Option<ImageAllow>, AppError> {
+pub fn get(c: &mut DbConn, id: i64) -> Result<Option<ImageAllow>, DbError> {
     Ok(image_allows::table
         .find(id)
         .select(ImageAllow::as_select())
@@ -51,12 +51,12 @@ pub fn get(c: &mut DbConn, id: i64) -> Result<Option<ImageAllow>, AppError> {
         .optional()?)
 }
 
-pub fn delete(c: &mut DbConn, id: i64) -> Result<bool, AppError> {
+pub fn delete(c: &mut DbConn, id: i64) -> Result<bool, DbError> {
     Ok(diesel::delete(image_allows::table.find(id)).execute(c)? > 0)
 }
 
 /// The campus entries and those of `labs`, campus first, then by lab and name.
-pub fn usable_by(c: &mut DbConn, labs: &[i64]) -> Result<Vec<ImageAllow>, AppError> {
+pub fn usable_by(c: &mut DbConn, labs: &[i64]) -> Result<Vec<ImageAllow>, DbError> {
     Ok(image_allows::table
         .filter(
             image_allows::lab_id
@@ -69,7 +69,7 @@ pub fn usable_by(c: &mut DbConn, labs: &[i64]) -> Result<Vec<ImageAllow>, AppErr
 }
 
 /// Every entry (operators' view).
-pub fn all(c: &mut DbConn) -> Result<Vec<ImageAllow>, AppError> {
+pub fn all(c: &mut DbConn) -> Result<Vec<ImageAllow>, DbError> {
     Ok(image_allows::table
         .order((image_allows::lab_id, image_allows::name_tag))
         .select(ImageAllow::as_select())
@@ -77,7 +77,7 @@ pub fn all(c: &mut DbConn) -> Result<Vec<ImageAllow>, AppError> {
 }
 
 /// The entry a job of `lab` gets for `name_tag`: the lab's own, else the campus's.
-pub fn for_job(c: &mut DbConn, lab: i64, name_tag: &str) -> Result<Option<ImageAllow>, AppError> {
+pub fn for_job(c: &mut DbConn, lab: i64, name_tag: &str) -> Result<Option<ImageAllow>, DbError> {
     let mut found: Vec<ImageAllow> = image_allows::table
         .filter(image_allows::name_tag.eq(name_tag))
         .filter(
@@ -92,7 +92,7 @@ pub fn for_job(c: &mut DbConn, lab: i64, name_tag: &str) -> Result<Option<ImageA
 }
 
 /// Slugs of labs by id, for showing entries.
-pub fn lab_slugs(c: &mut DbConn) -> Result<std::collections::BTreeMap<i64, String>, AppError> {
+pub fn lab_slugs(c: &mut DbConn) -> Result<std::collections::BTreeMap<i64, String>, DbError> {
     Ok(labs::table
         .select((labs::id, labs::slug))
         .load::<(i64, String)>(c)?
@@ -101,7 +101,7 @@ pub fn lab_slugs(c: &mut DbConn) -> Result<std::collections::BTreeMap<i64, Strin
 }
 
 /// Sets whether lab `lab`'s jobs may use signed entries only.
-pub fn set_require_signed(c: &mut DbConn, lab: i64, on: bool) -> Result<(), AppError> {
+pub fn set_require_signed(c: &mut DbConn, lab: i64, on: bool) -> Result<(), DbError> {
     diesel::update(labs::table.find(lab))
         .set(labs::require_signed_images.eq(on))
         .execute(c)?;

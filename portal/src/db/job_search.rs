@@ -5,7 +5,7 @@
 use super::models::{Job, JobKind, JobState};
 use super::schema::*;
 use super::DbConn;
-use crate::error::AppError;
+use super::DbError;
 use diesel::prelude::*;
 
 diesel::define_sql_function!(fn lower(x: diesel::sql_types::Text) -> diesel::sql_types::Text);
@@ -91,7 +91,7 @@ pub fn search(
     f: &JobFilter,
     offset: i64,
     limit: i64,
-) -> Result<(Vec<Job>, i64), AppError> {
+) -> Result<(Vec<Job>, i64), DbError> {
     let total: i64 = apply_filter!(jobs::table.into_boxed(), f)
         .count()
         .get_result(c)?;

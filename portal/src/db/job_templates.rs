@@ -1,8 +1,8 @@
 //! Saved job templates: a user's submit-form fields under a name (JSON text).
 
 use super::schema::*;
+use super::DbError;
 use super::{now, DbConn};
-use crate::error::AppError;
 use diesel::prelude::*;
 
 #[derive(Debug, Clone, Queryable, Selectable)]
@@ -17,7 +17,7 @@ pub struct JobTemplate {
 }
 
 /// The user's templates, by name.
-pub fn list(c: &mut DbConn, user: i64) -> Result<Vec<JobTemplate>, AppError> {
+pub fn list(c: &mut DbConn, user: i64) -> Result<Vec<JobTemplate>, DbError> {
     Ok(job_templates::table
         .filter(job_templates::user_id.eq(user))
         .order(job_templates::name)
@@ -26,7 +26,7 @@ pub fn list(c: &mut DbConn, user: i64) -> Result<Vec<JobTemplate>, AppError> {
 }
 
 /// Template `id` if it is `user`'s.
-pub fn own(c: &mut DbConn, user: i64, id: i64) -> Result<Option<JobTemplate>, AppError> {
+pub fn own(c: &mut DbConn, user: i64, id: i64) -> Result<Option<JobTemplate>, DbError> {
     Ok(job_templates::table
         .find(id)
         .filter(job_templates::user_id.eq(user))
@@ -37,7 +37,7 @@ pub fn own(c: &mut DbConn, user: i64, id: i64) -> Result<Option<JobTemplate>, Ap
 
 /// Saves `form` under `name` for `user`, replacing a template of that name; its id.
 /// Run inside a transaction.
-pub fn save(c: &mut DbConn, user: i64, name: &str, form: &str) -> Result<i64, AppError> {
+pub fn save(c: &mut DbConn, user: i64, name: &str, form: &str) -> Result<i64, DbError> {
     let existing: Option<i64> = job_templates::table
         .filter(job_templates::user_id.eq(user))
         .filter(job_templates::name.eq(name))
@@ -60,7 +60,7 @@ pub fn save(c: &mut DbConn, user: i64, name: &str, form: &str) -> Result<i64, Ap
 }
 
 /// How many templates `user` has.
-pub fn count(c: &mut DbConn, user: i64) -> Result<i64, AppError> {
+pub fn count(c: &mut DbConn, user: i64) -> Result<i64, DbError> {
     Ok(job_templates::table
         .filter(job_templates::user_id.eq(user))
         .count()
@@ -68,7 +68,7 @@ pub fn count(c: &mut DbConn, user: i64) -> Result<i64, AppError> {
 }
 
 /// Deletes template `id` of `user`; false when there was none.
-pub fn delete_own(c: &mut DbConn, user: i64, id: i64) -> Result<bool, AppError> {
+pub fn delete_own(c: &mut DbConn, user: i64, id: i64) -> Result<bool, DbError> {
     Ok(diesel::delete(
         job_templates::table
             .find(id)

@@ -6,15 +6,15 @@
 use super::models::{Attempt, Job, JobEvent, JobState};
 use super::schema::*;
 use super::types::to_json;
+use super::DbError;
 use super::{now, DbConn};
-use crate::error::AppError;
 use crate::validate::ValidJob;
 use diesel::prelude::*;
 
 /// Most log bytes kept per job; later output is dropped with a note.
 pub const MAX_LOG_BYTES: i64 = 4 * 1024 * 1024;
 
-pub fn add_event(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Result<(), AppError> {
+pub fn add_event(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Result<(), DbError> {
     diesel::insert_into(job_events::table)
         .values((
             job_events::job_id.eq(job),
@@ -27,7 +27,7 @@ pub fn add_event(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Re
 }
 
 /// Moves a job to `state` and records why.
-pub fn set_state(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Result<(), AppError> {
+pub fn set_state(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Result<(), DbError> {
     let t = now();
     diesel::update(jobs::table.find(job))
         .set(jobs::state.eq(state))
@@ -44,11 +44,10 @@ pub fn set_state(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Re
     add_event(c, job, state, message)
 }
 
-pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> {
-    let json = |e: serde_json::Error| AppError::Internal(e.into());
-    let command = to_json(&v.command).map_err(json)?;
-    let env = to_json(&v.env).map_err(json)?;
-    let models = to_json(&v.gpu_models).map_err(json)?;
+pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
+    let command = to_json(&v.command)?;
+    let env = to_json(&v.env)?;
+    let models = to_json(&v.gpu_models)?;
     let created_at = now();
     let reason = "waiting for the scheduler";
     if let DbConn::Pg(pg) = c {
@@ -124,7 +123,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, AppError> 
 }
 
 /// Sets a job's time limit (an extension; the caller checks the rules).
-pub fn set_time_limit(c: &mut DbConn, id: i64, limit_s: i64) -> Result<(), AppError> {
+pub fn set_time_limit(c: &mut DbConn, id: i64, limit_s: i64) -> Result<(), DbError> {
     diesel::update(jobs::table.find(id))
         .set(jobs::time_limit_s.eq(limit_s))
         .execute(c)?;
@@ -135,7 +134,7 @@ pub fn set_time_limit(c: &mut DbConn, id: i64, limit_s: i64) -> Result<(), AppEr
 pub fn time_limits(
     c: &mut DbConn,
     jobs: &[i64],
-) -> Result<std::collections::BTreeMap<i64, i64>, AppError> {
+) -> Result<std::collections::BTreeMap<i64, i64>, DbError> {
     Ok(jobs::table
         .filter(jobs::id.eq_any(jobs))
         .select((jobs::id, jobs::time_limit_s))
@@ -145,7 +144,7 @@ pub fn time_limits(
 }
 
 /// The jobs `ids` that exist (one query), in id order.
-pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Job>, AppError> {
+pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Job>, DbError> {
     Ok(jobs::table
         .filter(jobs::id.eq_any(ids))
         .order(jobs::id)
@@ -153,16 +152,16 @@ pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Job>, AppError> {
         .load(c)?)
 }
 
-pub fn get(c: &mut DbConn, id: i64) -> Result<Job, AppError> {
+pub fn get(c: &mut DbConn, id: i64) -> Result<Job, DbError> {
     jobs::table
         .find(id)
         .select(Job::as_select())
         .first(c)
         .optional()?
-        .ok_or(AppError::NotFound("job"))
+        .ok_or(DbError::NotFound("job"))
 }
 
-pub fn list_for_user(c: &mut DbConn, user: i64, limit: i64) -> Result<Vec<Job>, AppError> {
+pub fn list_for_user(c: &mut DbConn, user: i64, limit: i64) -> Result<Vec<Job>, DbError> {
     Ok(jobs::table
         .filter(jobs::user_id.eq(user))
         .order(jobs::id.desc())
@@ -172,7 +171,7 @@ pub fn list_for_user(c: &mut DbConn, user: i64, limit: i64) -> Result<Vec<Job>, 
 }
 
 /// A lab's latest jobs, newest first (its admins' `commons ls --all`).
-pub fn list_for_lab(c: &mut DbConn, lab: i64, limit: i64) -> Result<Vec<Job>, AppError> {
+pub fn list_for_lab(c: &mut DbConn, lab: i64, limit: i64) -> Result<Vec<Job>, DbError> {
     Ok(jobs::table
         .filter(jobs::lab_id.eq(lab))
         .order(jobs::id.desc())
@@ -182,7 +181,7 @@ pub fn list_for_lab(c: &mut DbConn, lab: i64, limit: i64) -> Result<Vec<Job>, Ap
 }
 
 /// The latest attempt of each of `jobs` (one query).
-pub fn last_attempts(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<Attempt>, AppError> {
+pub fn last_attempts(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<Attempt>, DbError> {
     let all: Vec<Attempt> = job_attempts::table
         .filter(job_attempts::job_id.eq_any(jobs))
         .order((job_attempts::job_id, job_attempts::attempt))
@@ -198,7 +197,7 @@ pub fn last_attempts(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<Attempt>, AppEr
     Ok(last)
 }
 
-pub fn events(c: &mut DbConn, job: i64) -> Result<Vec<JobEvent>, AppError> {
+pub fn events(c: &mut DbConn, job: i64) -> Result<Vec<JobEvent>, DbError> {
     Ok(job_events::table
         .filter(job_events::job_id.eq(job))
         .order(job_events::id)
@@ -206,7 +205,7 @@ pub fn events(c: &mut DbConn, job: i64) -> Result<Vec<JobEvent>, AppError> {
         .load(c)?)
 }
 
-pub fn attempts(c: &mut DbConn, job: i64) -> Result<Vec<Attempt>, AppError> {
+pub fn attempts(c: &mut DbConn, job: i64) -> Result<Vec<Attempt>, DbError> {
     Ok(job_attempts::table
         .filter(job_attempts::job_id.eq(job))
         .order(job_attempts::attempt)
@@ -215,7 +214,7 @@ pub fn attempts(c: &mut DbConn, job: i64) -> Result<Vec<Attempt>, AppError> {
 }
 
 /// The job's output, all attempts in order, at most the last `tail` bytes.
-pub fn logs(c: &mut DbConn, job: i64, tail: usize) -> Result<String, AppError> {
+pub fn logs(c: &mut DbConn, job: i64, tail: usize) -> Result<String, DbError> {
     let chunks: Vec<(i32, String)> = job_logs::table
         .filter(job_logs::job_id.eq(job))
         .order(job_logs::id)
@@ -241,7 +240,7 @@ pub fn logs(c: &mut DbConn, job: i64, tail: usize) -> Result<String, AppError> {
 }
 
 /// Appends output, up to [`MAX_LOG_BYTES`] per job.
-pub fn append_log(c: &mut DbConn, job: i64, attempt: i32, chunk: &str) -> Result<(), AppError> {
+pub fn append_log(c: &mut DbConn, job: i64, attempt: i32, chunk: &str) -> Result<(), DbError> {
     c.transaction(|c| {
         let used: Option<i64> = jobs::table
             .find(job)
@@ -282,7 +281,7 @@ pub fn append_log(c: &mut DbConn, job: i64, attempt: i32, chunk: &str) -> Result
 }
 
 /// A job placed on `node` as attempt `attempt`: no longer waiting.
-pub fn set_placed(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(), AppError> {
+pub fn set_placed(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(), DbError> {
     diesel::update(jobs::table.find(job))
         .set((
             jobs::attempts.eq(attempt),
@@ -296,7 +295,7 @@ pub fn set_placed(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(
 }
 
 /// A job back in the queue: on no node, with the reason it waits.
-pub fn set_unplaced(c: &mut DbConn, job: i64, why: &str) -> Result<(), AppError> {
+pub fn set_unplaced(c: &mut DbConn, job: i64, why: &str) -> Result<(), DbError> {
     diesel::update(jobs::table.find(job))
         .set((jobs::node_id.eq(None::<i64>), jobs::reason.eq(Some(why))))
         .execute(c)?;
@@ -308,7 +307,7 @@ pub fn set_result(
     job: i64,
     exit_code: Option<i64>,
     reason: Option<&str>,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     diesel::update(jobs::table.find(job))
         .set((jobs::exit_code.eq(exit_code), jobs::reason.eq(reason)))
         .execute(c)?;
@@ -323,7 +322,7 @@ pub fn set_running(
     job: i64,
     attempt: i32,
     at: chrono::NaiveDateTime,
-) -> Result<bool, AppError> {
+) -> Result<bool, DbError> {
     use diesel::dsl::case_when;
     use diesel::sql_types::{Nullable, Timestamp};
     let first = case_when(
@@ -353,7 +352,7 @@ pub fn set_waiting(
     reason: &str,
     position: i32,
     estimated_start: Option<chrono::NaiveDateTime>,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     diesel::update(
         jobs::table
             .find(job)
@@ -369,7 +368,7 @@ pub fn set_waiting(
 }
 
 /// The username of a job's owner.
-pub fn owner_name(c: &mut DbConn, job: &Job) -> Result<String, AppError> {
+pub fn owner_name(c: &mut DbConn, job: &Job) -> Result<String, DbError> {
     Ok(users::table
         .find(job.user_id)
         .select(users::username)
@@ -377,11 +376,11 @@ pub fn owner_name(c: &mut DbConn, job: &Job) -> Result<String, AppError> {
 }
 
 /// Cancels a job. Returns the attempt to stop on its node, if one is active.
-pub fn cancel(c: &mut DbConn, job: &Job, by: &str) -> Result<Option<Attempt>, AppError> {
+pub fn cancel(c: &mut DbConn, job: &Job, by: &str) -> Result<Option<Attempt>, DbError> {
     c.transaction(|c| {
         let current = get(c, job.id)?;
         if current.state().is_final() {
-            return Err(AppError::conflict(
+            return Err(DbError::conflict(
                 "job_finished",
                 format!("job {} has already {}", job.id, current.state()),
             ));
@@ -411,7 +410,7 @@ pub fn cancel(c: &mut DbConn, job: &Job, by: &str) -> Result<Option<Attempt>, Ap
 }
 
 /// How many jobs each lab has in each state: (lab id, state, count).
-pub fn count_by_lab_and_state(c: &mut DbConn) -> Result<Vec<(i64, String, i64)>, AppError> {
+pub fn count_by_lab_and_state(c: &mut DbConn) -> Result<Vec<(i64, String, i64)>, DbError> {
     Ok(jobs::table
         .group_by((jobs::lab_id, jobs::state))
         .select((jobs::lab_id, jobs::state, diesel::dsl::count_star()))

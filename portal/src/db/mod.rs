@@ -5,8 +5,8 @@
 //! - Migrations are embedded and applied at start, per backend.
 //! - SQLite runs with WAL, foreign keys on and a busy timeout, through a pool of one
 //!   connection: SQLite serialises writers anyway, and one connection rules out
-//!   `database is locked` errors under load. PostgreSQL gets `database_pool_size`
-//!   connections (16 by default): with `fsync` on, concurrent commits share their WAL
+//!   `database is locked` errors under load. PostgreSQL gets as many
+//!   connections as the caller asks for (the portal's `database_pool_size`, 16 by default): with `fsync` on, concurrent commits share their WAL
 //!   flushes, and the load test measured 594-645 submissions/s with a pool of 8 against
 //!   1,088-1,143/s with 16 (docs/src/reports/performance.md).
 //! - Blocking diesel calls run on the blocking thread pool ([`Db::run`]), never on the
@@ -34,6 +34,8 @@ pub mod samples;
 pub mod schema;
 pub mod snapshot;
 pub mod ssh_keys;
+#[cfg(test)]
+pub mod testkit;
 pub mod types;
 pub mod usage;
 pub mod users;
@@ -55,8 +57,39 @@ pub enum DbConn {
     Sqlite(diesel::SqliteConnection),
 }
 
+/// What the database layer says: a refusal it makes itself (a row that is missing, input
+/// or a credential that breaks a stored rule), or a failure underneath (the pool, a
+/// query, the connection). It knows nothing of HTTP; the portal maps it to a status in
+/// one place (`error.rs`).
 #[derive(Debug, Error)]
 pub enum DbError {
+    /// The row a caller named does not exist; the thing's name (`job`, `node`).
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// Input that breaks a rule the database layer keeps; `field` names the culprit.
+    #[error("{message}")]
+    Invalid { field: String, message: String },
+    /// The write clashes with what is stored; `code` says how, for scripts.
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
+    /// A credential (an enrolment token) that is unknown, spent or expired.
+    #[error("{0}")]
+    BadCredential(String),
+    /// Too many of a kind from one client; it may try again after `retry_after_s`.
+    #[error("{message}")]
+    TooMany {
+        code: &'static str,
+        message: String,
+        retry_after_s: u64,
+    },
+    /// A table is at the limit it keeps for everyone; try again later.
+    #[error("{0}")]
+    Full(String),
+    /// Stored data that is not as every writer leaves it (a bug, not the caller's fault).
+    #[error("{0}")]
+    Corrupt(String),
+    #[error("JSON column: {0}")]
+    Json(#[from] serde_json::Error),
     #[error("database URL must start with sqlite:// or postgres://, got {0:?}")]
     BadUrl(String),
     #[error("cannot connect to the database: {0}")]
@@ -73,19 +106,58 @@ pub enum DbError {
     Lost,
 }
 
-impl From<DbError> for crate::error::AppError {
-    fn from(e: DbError) -> Self {
-        use crate::error::AppError;
-        match e {
-            // No connection to be had (the server restarts, or every connection is busy
-            // past the pool's timeout): a 503 to try again, and the pool reconnects.
-            DbError::Connect(_) | DbError::Pool(_) | DbError::Lost => {
-                tracing::warn!("the database is unavailable: {e}");
-                AppError::Unavailable("the database is unavailable for a moment; try again".into())
-            }
-            DbError::Query(q) => q.into(),
-            e => AppError::Internal(e.into()),
+impl DbError {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        DbError::Invalid {
+            field: field.into(),
+            message: message.into(),
         }
+    }
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        DbError::Conflict {
+            code,
+            message: message.into(),
+        }
+    }
+    /// No connection to be had, or the one in use went away: the server restarts, or
+    /// every connection is busy past the pool's timeout. Worth trying again; the pool
+    /// reconnects.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            DbError::Connect(_) | DbError::Pool(_) | DbError::Lost => true,
+            DbError::Query(q) => database_went_away(q),
+            _ => false,
+        }
+    }
+}
+
+/// A broken rule from the shared request rules (`commons_api`), with its field.
+impl From<commons_api::Invalid> for DbError {
+    fn from(e: commons_api::Invalid) -> Self {
+        DbError::invalid(&e.field, e.message)
+    }
+}
+
+/// The database restarted or dropped the connection under the query (worth trying again,
+/// not a bug): the connection is closed, or PostgreSQL says it is shutting down or
+/// starting up (SQLSTATE 57P01-57P03, which diesel reports only by their message).
+pub fn database_went_away(e: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind as K, Error as E};
+    match e {
+        E::DatabaseError(K::ClosedConnection | K::UnableToSendCommand, _) => true,
+        E::DatabaseError(_, info) => {
+            let m = info.message();
+            [
+                "terminating connection due to administrator command",
+                "the database system is shutting down",
+                "the database system is starting up",
+                "the database system is in recovery mode",
+                "server closed the connection unexpectedly",
+            ]
+            .iter()
+            .any(|p| m.contains(p))
+        }
+        _ => false,
     }
 }
 
@@ -137,9 +209,6 @@ pub fn run_migrations(conn: &mut DbConn) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Connections to PostgreSQL by default (`database_pool_size`).
-pub const DEFAULT_POOL_SIZE: u32 = 16;
-
 /// A pool of connections and the way to use them from async code.
 #[derive(Clone)]
 pub struct Db {
@@ -152,11 +221,6 @@ pub struct Db {
 }
 
 impl Db {
-    /// Connects with the default pool size, and applies pending migrations.
-    pub fn open(url: &str) -> Result<Self, DbError> {
-        Self::open_with(url, DEFAULT_POOL_SIZE)
-    }
-
     /// Connects, and applies pending migrations: a pool of up to `pool_size` connections
     /// on PostgreSQL, of one on SQLite (see the module's invariants).
     pub fn open_with(url: &str, pool_size: u32) -> Result<Self, DbError> {

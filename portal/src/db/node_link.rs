@@ -19,8 +19,8 @@
 //! [`db::clock`]: super::clock
 
 use super::schema::nodes;
+use super::DbError;
 use super::{clock, now, DbConn, PG_NOW_UTC};
-use crate::error::AppError;
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 use diesel::sql_types::{Nullable, Timestamp};
@@ -54,7 +54,7 @@ pub enum Beat {
     Revoked,
 }
 
-fn revoked(c: &mut DbConn, node: i64) -> Result<bool, AppError> {
+fn revoked(c: &mut DbConn, node: i64) -> Result<bool, DbError> {
     let at: Option<Option<NaiveDateTime>> = nodes::table
         .find(node)
         .select(nodes::revoked_at)
@@ -72,7 +72,7 @@ pub fn claim(
     seq: u64,
     addr: &str,
     silence: chrono::Duration,
-) -> Result<Claim, AppError> {
+) -> Result<Claim, DbError> {
     let session = session as i64;
     c.transaction(|c| {
         let t = clock(c)?;
@@ -132,7 +132,7 @@ pub fn claim(
 
 /// A heartbeat (message `seq`) of agent session `session`: counted only while that
 /// session holds the node. One statement, whose time is the database's.
-pub fn beat(c: &mut DbConn, node: i64, session: u64, seq: u64) -> Result<Beat, AppError> {
+pub fn beat(c: &mut DbConn, node: i64, session: u64, seq: u64) -> Result<Beat, DbError> {
     let target = nodes::table
         .find(node)
         .filter(nodes::revoked_at.is_null())
@@ -170,7 +170,7 @@ pub fn beat(c: &mut DbConn, node: i64, session: u64, seq: u64) -> Result<Beat, A
             Beat::Superseded
         });
     };
-    let received_at = at.ok_or_else(|| AppError::Internal(anyhow::anyhow!("no clock written")))?;
+    let received_at = at.ok_or_else(|| DbError::Corrupt("no clock written".into()))?;
     let contended = contender.is_some_and(|s| s != session as i64);
     if contended {
         flag_shared(c, node)?;
@@ -183,7 +183,7 @@ pub fn beat(c: &mut DbConn, node: i64, session: u64, seq: u64) -> Result<Beat, A
 
 /// The holder was heard after a contender was refused: both ran at once. Flags the node
 /// with both addresses (the flag stays until a lab admin dismisses it).
-fn flag_shared(c: &mut DbConn, node: i64) -> Result<(), AppError> {
+fn flag_shared(c: &mut DbConn, node: i64) -> Result<(), DbError> {
     diesel::update(
         nodes::table
             .find(node)
@@ -203,7 +203,7 @@ fn flag_shared(c: &mut DbConn, node: i64) -> Result<(), AppError> {
 
 /// Clears the shared-credential flag (a lab admin dealt with it), and a contender not
 /// flagged yet; returns what the flag said.
-pub fn dismiss_shared(c: &mut DbConn, node: i64) -> Result<Option<String>, AppError> {
+pub fn dismiss_shared(c: &mut DbConn, node: i64) -> Result<Option<String>, DbError> {
     let (at, from, refused): (Option<NaiveDateTime>, Option<String>, Option<String>) = nodes::table
         .find(node)
         .select((
@@ -233,7 +233,7 @@ pub fn dismiss_shared(c: &mut DbConn, node: i64) -> Result<Option<String>, AppEr
 
 /// The connection of `session` ended: the node is offline, unless another session holds
 /// it by now.
-pub fn release(c: &mut DbConn, node: i64, session: u64) -> Result<(), AppError> {
+pub fn release(c: &mut DbConn, node: i64, session: u64) -> Result<(), DbError> {
     let t = clock(c)?;
     diesel::update(
         nodes::table
@@ -248,7 +248,7 @@ pub fn release(c: &mut DbConn, node: i64, session: u64) -> Result<(), AppError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::testkit::{campus, postgres, sqlite};
+    use crate::db::testkit::{campus, postgres, sqlite};
 
     fn silence() -> chrono::Duration {
         chrono::Duration::seconds(20)

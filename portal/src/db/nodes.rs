@@ -3,8 +3,8 @@
 use super::models::{Gpu, Lab, Node};
 use super::schema::*;
 use super::users::{hash_secret, new_secret};
+use super::DbError;
 use super::{now, DbConn};
-use crate::error::AppError;
 use crate::insert_returning_id;
 use commons_proto::{GpuInfo, GpuStat};
 use diesel::prelude::*;
@@ -16,7 +16,7 @@ pub fn enrol(
     token: &str,
     hostname: &str,
     agent_version: &str,
-) -> Result<(Node, Lab, String), AppError> {
+) -> Result<(Node, Lab, String), DbError> {
     c.transaction(|c| {
         let row: Option<(
             i64,
@@ -34,15 +34,15 @@ pub fn enrol(
             .first(c)
             .optional()?;
         let Some((token_id, lab_id, used_at, expires_at)) = row else {
-            return Err(AppError::Unauthenticated("unknown enrolment token".into()));
+            return Err(DbError::BadCredential("unknown enrolment token".into()));
         };
         if used_at.is_some() {
-            return Err(AppError::Unauthenticated(
+            return Err(DbError::BadCredential(
                 "this enrolment token was used already; ask the lab admin for a new one".into(),
             ));
         }
         if expires_at < now() {
-            return Err(AppError::Unauthenticated(
+            return Err(DbError::BadCredential(
                 "this enrolment token has expired".into(),
             ));
         }
@@ -82,7 +82,7 @@ pub fn enrol(
         ))
         .execute(c)?;
         if spent != 1 {
-            return Err(AppError::Unauthenticated(
+            return Err(DbError::BadCredential(
                 "this enrolment token was used already".into(),
             ));
         }
@@ -95,7 +95,7 @@ pub fn enrol(
     })
 }
 
-pub fn node_by_credential(c: &mut DbConn, credential: &str) -> Result<Option<Node>, AppError> {
+pub fn node_by_credential(c: &mut DbConn, credential: &str) -> Result<Option<Node>, DbError> {
     Ok(nodes::table
         .filter(nodes::credential_hash.eq(hash_secret(credential)))
         .filter(nodes::revoked_at.is_null())
@@ -112,7 +112,7 @@ pub fn set_agent_clock(
     c: &mut DbConn,
     node: i64,
     clock: &super::models::AgentClock,
-) -> Result<bool, AppError> {
+) -> Result<bool, DbError> {
     let written = diesel::update(nodes::table.find(node).filter(nodes::revoked_at.is_null()))
         .set((
             nodes::agent_session.eq(clock.session as i64),
@@ -132,7 +132,7 @@ pub fn set_inventory(
     node: i64,
     baseline: Option<&str>,
     unapproved: bool,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     let target = nodes::table.find(node);
     match baseline {
         Some(b) => diesel::update(target)
@@ -155,7 +155,7 @@ pub fn upsert_gpus(
     node: i64,
     version: &str,
     inventory: &[GpuInfo],
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     c.transaction(|c| {
         // Online, and when it was heard, are the link's (`node_link::claim`).
         diesel::update(nodes::table.find(node))
@@ -198,7 +198,7 @@ pub fn upsert_gpus(
 
 /// Records a heartbeat's GPU numbers. Returns whether any GPU's local use or fault
 /// changed (the scheduler should look again).
-pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<bool, AppError> {
+pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<bool, DbError> {
     // What the portal knew before this heartbeat, read once for the whole node. Only
     // GPUs whose figures changed are written: at rest a heartbeat writes no GPU row (the
     // node's row, with its clock, is written by `set_agent_clock`), and opens no
@@ -269,7 +269,7 @@ pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<
 pub fn mark_silent_offline(
     c: &mut DbConn,
     cutoff: chrono::NaiveDateTime,
-) -> Result<usize, AppError> {
+) -> Result<usize, DbError> {
     Ok(diesel::update(
         nodes::table
             .filter(nodes::online.eq(true))
@@ -280,7 +280,7 @@ pub fn mark_silent_offline(
 }
 
 /// Every node with its lab and GPUs, for the nodes page and API.
-pub fn list_with_gpus(c: &mut DbConn) -> Result<Vec<(Node, Lab, Vec<Gpu>)>, AppError> {
+pub fn list_with_gpus(c: &mut DbConn) -> Result<Vec<(Node, Lab, Vec<Gpu>)>, DbError> {
     let rows: Vec<(Node, Lab)> = nodes::table
         .inner_join(labs::table)
         .filter(nodes::revoked_at.is_null())
@@ -306,7 +306,7 @@ pub fn list_with_gpus(c: &mut DbConn) -> Result<Vec<(Node, Lab, Vec<Gpu>)>, AppE
 }
 
 /// The GPUs node `id` reports now, in index order.
-pub fn gpus_of(c: &mut DbConn, node: i64) -> Result<Vec<Gpu>, AppError> {
+pub fn gpus_of(c: &mut DbConn, node: i64) -> Result<Vec<Gpu>, DbError> {
     Ok(gpus::table
         .filter(gpus::node_id.eq(node))
         .filter(gpus::present.eq(true))
@@ -315,7 +315,7 @@ pub fn gpus_of(c: &mut DbConn, node: i64) -> Result<Vec<Gpu>, AppError> {
         .load(c)?)
 }
 
-pub fn gpus_by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Gpu>, AppError> {
+pub fn gpus_by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Gpu>, DbError> {
     Ok(gpus::table
         .filter(gpus::id.eq_any(ids))
         .order(gpus::idx)
@@ -327,7 +327,7 @@ pub fn gpus_by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Gpu>, AppError> {
 pub fn names(
     c: &mut DbConn,
     ids: &[i64],
-) -> Result<std::collections::BTreeMap<i64, String>, AppError> {
+) -> Result<std::collections::BTreeMap<i64, String>, DbError> {
     Ok(nodes::table
         .filter(nodes::id.eq_any(ids))
         .select((nodes::id, nodes::name))
@@ -337,7 +337,7 @@ pub fn names(
 }
 
 /// A lab's enrolled (not revoked) nodes.
-pub fn of_lab(c: &mut DbConn, lab: i64) -> Result<Vec<Node>, AppError> {
+pub fn of_lab(c: &mut DbConn, lab: i64) -> Result<Vec<Node>, DbError> {
     Ok(nodes::table
         .filter(nodes::lab_id.eq(lab))
         .filter(nodes::revoked_at.is_null())
@@ -353,7 +353,7 @@ pub fn set_lending(
     lending_json: &str,
     grace_s: i32,
     reclaim: bool,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     diesel::update(nodes::table.find(node))
         .set((
             nodes::lending.eq(lending_json),
@@ -365,7 +365,7 @@ pub fn set_lending(
 }
 
 /// The nodes among `ids` that are online and not revoked (one query).
-pub fn online_nodes(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, AppError> {
+pub fn online_nodes(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, DbError> {
     Ok(nodes::table
         .filter(nodes::id.eq_any(ids))
         .filter(nodes::online.eq(true))
@@ -375,7 +375,7 @@ pub fn online_nodes(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, AppError> 
 }
 
 /// The nodes `ids` (one query).
-pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, AppError> {
+pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, DbError> {
     Ok(nodes::table
         .filter(nodes::id.eq_any(ids))
         .select(Node::as_select())
@@ -383,7 +383,7 @@ pub fn by_ids(c: &mut DbConn, ids: &[i64]) -> Result<Vec<Node>, AppError> {
 }
 
 /// Node `id` if it is online and not revoked (where a start may go).
-pub fn online_node(c: &mut DbConn, id: i64) -> Result<Option<Node>, AppError> {
+pub fn online_node(c: &mut DbConn, id: i64) -> Result<Option<Node>, DbError> {
     Ok(nodes::table
         .find(id)
         .filter(nodes::online.eq(true))
@@ -398,7 +398,7 @@ pub fn set_capacity(
     c: &mut DbConn,
     node: i64,
     cap: &commons_proto::NodeCapacity,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     diesel::update(nodes::table.find(node))
         .set((
             nodes::cpus.eq(cap.cpus.max(0.0)),
@@ -411,7 +411,7 @@ pub fn set_capacity(
 
 /// Records the node's disk from its agent: the largest job's disk, and why it takes no
 /// new guests when its disk is under the agent's floor.
-pub fn set_disk(c: &mut DbConn, node: i64, disk: &commons_proto::NodeDisk) -> Result<(), AppError> {
+pub fn set_disk(c: &mut DbConn, node: i64, disk: &commons_proto::NodeDisk) -> Result<(), DbError> {
     let low = disk.below_floor.then(|| {
         format!(
             "its disk has {} GiB free, under its agent's floor of {} GiB: it takes no new \
@@ -430,31 +430,31 @@ pub fn set_disk(c: &mut DbConn, node: i64, disk: &commons_proto::NodeDisk) -> Re
 
 /// Revokes a node's credential: it is refused from now on (its next connection, and a
 /// connected one at its next message) and vanishes from the lists.
-pub fn revoke(c: &mut DbConn, node: i64) -> Result<(), AppError> {
+pub fn revoke(c: &mut DbConn, node: i64) -> Result<(), DbError> {
     diesel::update(nodes::table.find(node))
         .set((nodes::revoked_at.eq(Some(now())), nodes::online.eq(false)))
         .execute(c)?;
     Ok(())
 }
 
-pub fn set_draining(c: &mut DbConn, node: i64, draining: bool) -> Result<(), AppError> {
+pub fn set_draining(c: &mut DbConn, node: i64, draining: bool) -> Result<(), DbError> {
     diesel::update(nodes::table.find(node))
         .set(nodes::draining.eq(draining))
         .execute(c)?;
     Ok(())
 }
 
-pub fn node_by_id(c: &mut DbConn, id: i64) -> Result<Node, AppError> {
+pub fn node_by_id(c: &mut DbConn, id: i64) -> Result<Node, DbError> {
     nodes::table
         .find(id)
         .select(Node::as_select())
         .first(c)
         .optional()?
-        .ok_or(AppError::NotFound("node"))
+        .ok_or(DbError::NotFound("node"))
 }
 
 /// Every node's (name, lab id, online), for the metrics.
-pub fn online_by_node(c: &mut DbConn) -> Result<Vec<(String, i64, bool)>, AppError> {
+pub fn online_by_node(c: &mut DbConn) -> Result<Vec<(String, i64, bool)>, DbError> {
     Ok(nodes::table
         .select((nodes::name, nodes::lab_id, nodes::online))
         .order_by(nodes::id)
@@ -464,7 +464,7 @@ pub fn online_by_node(c: &mut DbConn) -> Result<Vec<(String, i64, bool)>, AppErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::testkit::{campus, sqlite};
+    use crate::db::testkit::{campus, sqlite};
     use diesel::connection::{Connection, InstrumentationEvent};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};

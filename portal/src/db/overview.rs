@@ -4,8 +4,8 @@
 use super::models::{Attempt, JobKind, JobState};
 use super::schema::*;
 use super::DbConn;
+use super::DbError;
 use crate::domain::AttemptStatus;
-use crate::error::AppError;
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 
@@ -18,7 +18,7 @@ pub struct Holder {
 }
 
 /// Active attempts (starting, running, stopping) with their job's lab and user.
-pub fn holders(c: &mut DbConn) -> Result<Vec<Holder>, AppError> {
+pub fn holders(c: &mut DbConn) -> Result<Vec<Holder>, DbError> {
     let rows: Vec<(Attempt, i64, String)> = job_attempts::table
         .inner_join(jobs::table.inner_join(users::table))
         .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
@@ -45,7 +45,7 @@ pub struct Waiting {
 }
 
 /// Every queued job, oldest first.
-pub fn waiting(c: &mut DbConn) -> Result<Vec<Waiting>, AppError> {
+pub fn waiting(c: &mut DbConn) -> Result<Vec<Waiting>, DbError> {
     Ok(jobs::table
         .filter(jobs::state.eq(JobState::Queued))
         .order(jobs::id)
@@ -57,7 +57,7 @@ pub fn waiting(c: &mut DbConn) -> Result<Vec<Waiting>, AppError> {
 pub fn recent_starts(
     c: &mut DbConn,
     since: NaiveDateTime,
-) -> Result<Vec<(NaiveDateTime, NaiveDateTime)>, AppError> {
+) -> Result<Vec<(NaiveDateTime, NaiveDateTime)>, DbError> {
     let rows: Vec<(NaiveDateTime, Option<NaiveDateTime>)> = jobs::table
         .filter(jobs::started_at.gt(since))
         .select((jobs::created_at, jobs::started_at))

@@ -20,7 +20,7 @@ use super::models::{AttemptStatus, JobState};
 use super::schema::*;
 use super::types::to_json;
 use super::DbConn;
-use crate::error::AppError;
+use super::DbError;
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Timestamp};
@@ -45,7 +45,7 @@ struct Claimed {
 /// Moves the jobs of `starts` (job, node) that are still queued to `starting` on their
 /// node, as their next attempt, in one statement; returns (job, attempt) of those moved.
 /// Their reason, queue position and estimated start are cleared.
-pub fn claim_queued(c: &mut DbConn, starts: &[(i64, i64)]) -> Result<Vec<(i64, i32)>, AppError> {
+pub fn claim_queued(c: &mut DbConn, starts: &[(i64, i64)]) -> Result<Vec<(i64, i32)>, DbError> {
     if starts.is_empty() {
         return Ok(Vec::new());
     }
@@ -102,8 +102,8 @@ pub fn insert_attempts(
     c: &mut DbConn,
     attempts: &[NewAttempt],
     at: NaiveDateTime,
-) -> Result<(), AppError> {
-    let json = |g: &[i64]| to_json(g).map_err(|e| AppError::Internal(e.into()));
+) -> Result<(), DbError> {
+    let json = |g: &[i64]| to_json(g).map_err(DbError::Json);
     let gpu_ids: Vec<String> = attempts
         .iter()
         .map(|a| json(&a.gpus))
@@ -138,7 +138,7 @@ pub fn add_events(
     c: &mut DbConn,
     events: &[(i64, JobState, String)],
     at: NaiveDateTime,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     let rows: Vec<_> = events
         .iter()
         .map(|(job, state, message)| {
@@ -164,7 +164,7 @@ pub fn add_events(
 /// still start or run to `stopping`; returns the ids of the jobs moved. (The jobs first:
 /// an attempt that ended meanwhile moved its job out of `starting`/`running` in the same
 /// transaction, so neither is touched.)
-pub fn preempt(c: &mut DbConn, ids: &[i64]) -> Result<Vec<i64>, AppError> {
+pub fn preempt(c: &mut DbConn, ids: &[i64]) -> Result<Vec<i64>, DbError> {
     let mut moved = Vec::new();
     for chunk in ids.chunks(SQLITE_ROWS) {
         let update = diesel::update(
@@ -201,7 +201,7 @@ pub struct Waiting {
 }
 
 /// Writes what each of `rows` (job, waiting) shows, for those still queued.
-pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), AppError> {
+pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbError> {
     if rows.is_empty() {
         return Ok(());
     }

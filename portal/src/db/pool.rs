@@ -108,7 +108,7 @@ mod tests {
     #[test]
     fn a_connection_in_use_is_asked_nothing_before_each_use() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&format!("sqlite://{}/t.db", dir.path().display())).unwrap();
+        let db = Db::open_with(&format!("sqlite://{}/t.db", dir.path().display()), 1).unwrap();
         let work = |db: &Db| {
             db.run_blocking(|c| c.batch_execute("SELECT 2").map_err(DbError::from))
                 .unwrap()

@@ -4,7 +4,7 @@
 
 use super::schema::*;
 use super::DbConn;
-use crate::error::AppError;
+use super::DbError;
 use chrono::NaiveDateTime;
 use diesel::dsl::max;
 use diesel::prelude::*;
@@ -23,7 +23,7 @@ pub struct Sample {
 }
 
 /// Writes `rows` in one statement (one multi-row INSERT); nothing for none.
-pub fn insert(c: &mut DbConn, rows: &[Sample]) -> Result<usize, AppError> {
+pub fn insert(c: &mut DbConn, rows: &[Sample]) -> Result<usize, DbError> {
     if rows.is_empty() {
         return Ok(0);
     }
@@ -53,7 +53,7 @@ pub fn insert(c: &mut DbConn, rows: &[Sample]) -> Result<usize, AppError> {
 pub fn last_at(
     c: &mut DbConn,
     jobs: &[i64],
-) -> Result<BTreeMap<(i64, i32), NaiveDateTime>, AppError> {
+) -> Result<BTreeMap<(i64, i32), NaiveDateTime>, DbError> {
     let rows: Vec<(i64, i32, Option<NaiveDateTime>)> = attempt_samples::table
         .filter(attempt_samples::job_id.eq_any(jobs))
         .group_by((attempt_samples::job_id, attempt_samples::attempt))
@@ -70,7 +70,7 @@ pub fn last_at(
 }
 
 /// A job's samples, by attempt, oldest first.
-pub fn for_job(c: &mut DbConn, job: i64) -> Result<Vec<Sample>, AppError> {
+pub fn for_job(c: &mut DbConn, job: i64) -> Result<Vec<Sample>, DbError> {
     Ok(attempt_samples::table
         .filter(attempt_samples::job_id.eq(job))
         .order((attempt_samples::attempt, attempt_samples::at))
@@ -79,6 +79,6 @@ pub fn for_job(c: &mut DbConn, job: i64) -> Result<Vec<Sample>, AppError> {
 }
 
 /// Deletes every sample taken before `before`; returns how many.
-pub fn expire(c: &mut DbConn, before: NaiveDateTime) -> Result<usize, AppError> {
+pub fn expire(c: &mut DbConn, before: NaiveDateTime) -> Result<usize, DbError> {
     Ok(diesel::delete(attempt_samples::table.filter(attempt_samples::at.lt(before))).execute(c)?)
 }

@@ -11,8 +11,8 @@
 use super::models::{Attempt, Gpu, JobState, Lab, Node};
 use super::plan::Waiting;
 use super::schema::*;
+use super::DbError;
 use super::{now, DbConn};
-use crate::error::AppError;
 use commons_sched::{LabInfo, MemberInfo, Policy, Quota};
 use diesel::prelude::*;
 use std::collections::BTreeMap;
@@ -27,7 +27,7 @@ fn secs(t: chrono::NaiveDateTime) -> i64 {
 }
 
 /// Reads the campus into a scheduler snapshot (one transaction).
-pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, AppError> {
+pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, DbError> {
     Ok(read_with_waiting(c, policy)?.0)
 }
 
@@ -58,7 +58,7 @@ struct QueuedRow {
 pub fn read_with_waiting(
     c: &mut DbConn,
     policy: &Policy,
-) -> Result<(commons_sched::Snapshot, BTreeMap<i64, Waiting>), AppError> {
+) -> Result<(commons_sched::Snapshot, BTreeMap<i64, Waiting>), DbError> {
     c.transaction(|c| {
         let began = std::time::Instant::now();
         let mut took = Vec::new();

@@ -9,14 +9,14 @@
 
 use super::models::SshKey;
 use super::schema::{ssh_keys, users};
+use super::DbError;
 use super::{now, DbConn};
-use crate::error::AppError;
 use crate::pubkey::ParsedKey;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 /// A user's keys, oldest first.
-pub fn keys_of_user(c: &mut DbConn, user_id: i64) -> Result<Vec<SshKey>, AppError> {
+pub fn keys_of_user(c: &mut DbConn, user_id: i64) -> Result<Vec<SshKey>, DbError> {
     Ok(ssh_keys::table
         .filter(ssh_keys::user_id.eq(user_id))
         .order(ssh_keys::id)
@@ -26,7 +26,7 @@ pub fn keys_of_user(c: &mut DbConn, user_id: i64) -> Result<Vec<SshKey>, AppErro
 
 /// Records that key `key_id` was just used to log in (`last_used_at` = now). A key
 /// removed meanwhile is no error.
-pub fn touch(c: &mut DbConn, key_id: i64) -> Result<(), AppError> {
+pub fn touch(c: &mut DbConn, key_id: i64) -> Result<(), DbError> {
     diesel::update(ssh_keys::table.find(key_id))
         .set(ssh_keys::last_used_at.eq(now()))
         .execute(c)?;
@@ -34,7 +34,7 @@ pub fn touch(c: &mut DbConn, key_id: i64) -> Result<(), AppError> {
 }
 
 /// How many keys a user has.
-pub fn count_of_user(c: &mut DbConn, user_id: i64) -> Result<i64, AppError> {
+pub fn count_of_user(c: &mut DbConn, user_id: i64) -> Result<i64, DbError> {
     Ok(ssh_keys::table
         .filter(ssh_keys::user_id.eq(user_id))
         .count()
@@ -42,7 +42,7 @@ pub fn count_of_user(c: &mut DbConn, user_id: i64) -> Result<i64, AppError> {
 }
 
 /// Is this fingerprint registered, by anyone?
-pub fn fingerprint_taken(c: &mut DbConn, fingerprint: &str) -> Result<bool, AppError> {
+pub fn fingerprint_taken(c: &mut DbConn, fingerprint: &str) -> Result<bool, DbError> {
     Ok(diesel::select(diesel::dsl::exists(
         ssh_keys::table.filter(ssh_keys::fingerprint.eq(fingerprint)),
     ))
@@ -50,7 +50,7 @@ pub fn fingerprint_taken(c: &mut DbConn, fingerprint: &str) -> Result<bool, AppE
 }
 
 /// Stores a checked key for a user; `None` when its fingerprint is already registered.
-pub fn insert(c: &mut DbConn, user_id: i64, key: &ParsedKey) -> Result<Option<SshKey>, AppError> {
+pub fn insert(c: &mut DbConn, user_id: i64, key: &ParsedKey) -> Result<Option<SshKey>, DbError> {
     let insert = diesel::insert_into(ssh_keys::table).values((
         ssh_keys::user_id.eq(user_id),
         ssh_keys::name.eq(&key.name),
@@ -73,7 +73,7 @@ pub fn insert(c: &mut DbConn, user_id: i64, key: &ParsedKey) -> Result<Option<Ss
 }
 
 /// Key `key_id` if it is `user_id`'s.
-pub fn own_key(c: &mut DbConn, user_id: i64, key_id: i64) -> Result<Option<SshKey>, AppError> {
+pub fn own_key(c: &mut DbConn, user_id: i64, key_id: i64) -> Result<Option<SshKey>, DbError> {
     Ok(ssh_keys::table
         .find(key_id)
         .filter(ssh_keys::user_id.eq(user_id))
@@ -83,7 +83,7 @@ pub fn own_key(c: &mut DbConn, user_id: i64, key_id: i64) -> Result<Option<SshKe
 }
 
 /// Deletes key `key_id` of `user_id`; false when there was none.
-pub fn delete_own(c: &mut DbConn, user_id: i64, key_id: i64) -> Result<bool, AppError> {
+pub fn delete_own(c: &mut DbConn, user_id: i64, key_id: i64) -> Result<bool, DbError> {
     let n = diesel::delete(
         ssh_keys::table
             .find(key_id)
@@ -96,7 +96,7 @@ pub fn delete_own(c: &mut DbConn, user_id: i64, key_id: i64) -> Result<bool, App
 /// Locks the user's row until the transaction ends, so that two requests adding keys
 /// for the same user count that user's keys one after the other (PostgreSQL; SQLite
 /// has one writer anyway).
-pub fn lock_user(c: &mut DbConn, user_id: i64) -> Result<(), AppError> {
+pub fn lock_user(c: &mut DbConn, user_id: i64) -> Result<(), DbError> {
     diesel::update(users::table.find(user_id))
         .set(users::display_name.eq(users::display_name))
         .execute(c)?;

@@ -5,7 +5,7 @@
 use super::models::Attempt;
 use super::schema::*;
 use super::DbConn;
-use crate::error::AppError;
+use super::DbError;
 use chrono::{Datelike, Duration, NaiveDate, NaiveDateTime};
 use diesel::prelude::*;
 use std::collections::BTreeMap;
@@ -58,7 +58,7 @@ pub fn lab_usage(
     lab: i64,
     now: NaiveDateTime,
     n_weeks: usize,
-) -> Result<LabUsage, AppError> {
+) -> Result<LabUsage, DbError> {
     let this = monday(now);
     let weeks: Vec<NaiveDateTime> = (0..n_weeks as i64)
         .map(|i| this - Duration::days(7 * i))
@@ -123,7 +123,7 @@ pub fn member_use(
     lab: i64,
     now: NaiveDateTime,
     period_s: i64,
-) -> Result<BTreeMap<String, (u32, f64)>, AppError> {
+) -> Result<BTreeMap<String, (u32, f64)>, DbError> {
     let since = now - Duration::seconds(period_s);
     let rows: Vec<(Attempt, String)> = job_attempts::table
         .inner_join(jobs::table.inner_join(users::table))

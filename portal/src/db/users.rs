@@ -4,9 +4,9 @@
 use super::models::{Lab, Role, User};
 use super::schema::*;
 use super::types::Json;
+use super::DbError;
 use super::{now, DbConn};
 use crate::domain::MembershipSource;
-use crate::error::AppError;
 use crate::insert_returning_id;
 use commons_sched::Quota;
 use diesel::prelude::*;
@@ -22,10 +22,10 @@ pub fn hash_secret(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
-pub fn create_lab(c: &mut DbConn, slug: &str, name: &str) -> Result<Lab, AppError> {
-    crate::validate::slug("slug", slug)?;
+pub fn create_lab(c: &mut DbConn, slug: &str, name: &str) -> Result<Lab, DbError> {
+    commons_api::rules::slug("slug", slug)?;
     if name.trim().is_empty() || name.len() > 200 {
-        return Err(AppError::invalid(
+        return Err(DbError::invalid(
             "name",
             "a lab needs a name of 1 to 200 characters",
         ));
@@ -35,7 +35,7 @@ pub fn create_lab(c: &mut DbConn, slug: &str, name: &str) -> Result<Lab, AppErro
         .count()
         .get_result(c)?;
     if exists > 0 {
-        return Err(AppError::conflict(
+        return Err(DbError::conflict(
             "lab_exists",
             format!("lab {slug:?} exists already"),
         ));
@@ -53,11 +53,11 @@ pub fn create_lab(c: &mut DbConn, slug: &str, name: &str) -> Result<Lab, AppErro
 }
 
 /// The lab `slug`, or an error naming the field `lab` (for operator commands).
-pub fn lab_by_slug(c: &mut DbConn, slug: &str) -> Result<Lab, AppError> {
-    find_lab(c, slug)?.ok_or_else(|| AppError::invalid("lab", format!("no lab {slug:?}")))
+pub fn lab_by_slug(c: &mut DbConn, slug: &str) -> Result<Lab, DbError> {
+    find_lab(c, slug)?.ok_or_else(|| DbError::invalid("lab", format!("no lab {slug:?}")))
 }
 
-pub fn find_lab(c: &mut DbConn, slug: &str) -> Result<Option<Lab>, AppError> {
+pub fn find_lab(c: &mut DbConn, slug: &str) -> Result<Option<Lab>, DbError> {
     Ok(labs::table
         .filter(labs::slug.eq(slug))
         .select(Lab::as_select())
@@ -65,17 +65,17 @@ pub fn find_lab(c: &mut DbConn, slug: &str) -> Result<Option<Lab>, AppError> {
         .optional()?)
 }
 
-pub fn lab_by_id(c: &mut DbConn, id: i64) -> Result<Lab, AppError> {
+pub fn lab_by_id(c: &mut DbConn, id: i64) -> Result<Lab, DbError> {
     labs::table
         .find(id)
         .select(Lab::as_select())
         .first(c)
         .optional()?
-        .ok_or(AppError::NotFound("lab"))
+        .ok_or(DbError::NotFound("lab"))
 }
 
 /// Slugs of the labs `ids` (one query).
-pub fn lab_slugs(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, String>, AppError> {
+pub fn lab_slugs(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, String>, DbError> {
     Ok(labs::table
         .filter(labs::id.eq_any(ids))
         .select((labs::id, labs::slug))
@@ -85,7 +85,7 @@ pub fn lab_slugs(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, String>, A
 }
 
 /// Every lab's (id, slug).
-pub fn all_lab_slugs(c: &mut DbConn) -> Result<Vec<(i64, String)>, AppError> {
+pub fn all_lab_slugs(c: &mut DbConn) -> Result<Vec<(i64, String)>, DbError> {
     Ok(labs::table
         .order(labs::id)
         .select((labs::id, labs::slug))
@@ -93,12 +93,7 @@ pub fn all_lab_slugs(c: &mut DbConn) -> Result<Vec<(i64, String)>, AppError> {
 }
 
 /// Replaces the lab's borrowing quota (`borrowing`) or its members' default quota.
-pub fn set_lab_quota(
-    c: &mut DbConn,
-    lab: i64,
-    borrowing: bool,
-    json: &str,
-) -> Result<(), AppError> {
+pub fn set_lab_quota(c: &mut DbConn, lab: i64, borrowing: bool, json: &str) -> Result<(), DbError> {
     let row = diesel::update(labs::table.find(lab));
     if borrowing {
         row.set(labs::quota.eq(json)).execute(c)?;
@@ -109,7 +104,7 @@ pub fn set_lab_quota(
 }
 
 /// Turns the lab's priority boost for interactive jobs on or off.
-pub fn set_interactive_boost(c: &mut DbConn, lab: i64, on: bool) -> Result<(), AppError> {
+pub fn set_interactive_boost(c: &mut DbConn, lab: i64, on: bool) -> Result<(), DbError> {
     diesel::update(labs::table.find(lab))
         .set(labs::interactive_boost.eq(on))
         .execute(c)?;
@@ -127,7 +122,7 @@ pub struct Membership {
     pub source: MembershipSource,
 }
 
-pub fn membership(c: &mut DbConn, lab: i64, user: i64) -> Result<Option<Membership>, AppError> {
+pub fn membership(c: &mut DbConn, lab: i64, user: i64) -> Result<Option<Membership>, DbError> {
     Ok(memberships::table
         .filter(memberships::lab_id.eq(lab))
         .filter(memberships::user_id.eq(user))
@@ -137,7 +132,7 @@ pub fn membership(c: &mut DbConn, lab: i64, user: i64) -> Result<Option<Membersh
 }
 
 /// A lab's members with their usernames, by username.
-pub fn members_of(c: &mut DbConn, lab: i64) -> Result<Vec<(String, Membership)>, AppError> {
+pub fn members_of(c: &mut DbConn, lab: i64) -> Result<Vec<(String, Membership)>, DbError> {
     Ok(memberships::table
         .inner_join(users::table)
         .filter(memberships::lab_id.eq(lab))
@@ -147,7 +142,7 @@ pub fn members_of(c: &mut DbConn, lab: i64) -> Result<Vec<(String, Membership)>,
 }
 
 /// A user's memberships, whatever their labs.
-pub fn memberships_of(c: &mut DbConn, user: i64) -> Result<Vec<Membership>, AppError> {
+pub fn memberships_of(c: &mut DbConn, user: i64) -> Result<Vec<Membership>, DbError> {
     Ok(memberships::table
         .filter(memberships::user_id.eq(user))
         .select(Membership::as_select())
@@ -161,7 +156,7 @@ pub fn upsert_membership(
     lab: i64,
     role: Role,
     source: MembershipSource,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     let changed = diesel::update(
         memberships::table
             .filter(memberships::user_id.eq(user))
@@ -182,7 +177,7 @@ pub fn upsert_membership(
     Ok(())
 }
 
-pub fn remove_membership(c: &mut DbConn, user: i64, lab: i64) -> Result<(), AppError> {
+pub fn remove_membership(c: &mut DbConn, user: i64, lab: i64) -> Result<(), DbError> {
     diesel::delete(
         memberships::table
             .filter(memberships::user_id.eq(user))
@@ -192,7 +187,7 @@ pub fn remove_membership(c: &mut DbConn, user: i64, lab: i64) -> Result<(), AppE
     Ok(())
 }
 
-pub fn set_member_quota(c: &mut DbConn, lab: i64, user: i64, json: &str) -> Result<(), AppError> {
+pub fn set_member_quota(c: &mut DbConn, lab: i64, user: i64, json: &str) -> Result<(), DbError> {
     diesel::update(
         memberships::table
             .filter(memberships::lab_id.eq(lab))
@@ -208,17 +203,17 @@ pub fn create_user(
     username: &str,
     email: &str,
     operator: bool,
-) -> Result<User, AppError> {
-    crate::validate::username(username)?;
+) -> Result<User, DbError> {
+    commons_api::rules::username(username)?;
     if !email.contains('@') || email.len() > 320 {
-        return Err(AppError::invalid("email", "an e-mail address needs an @"));
+        return Err(DbError::invalid("email", "an e-mail address needs an @"));
     }
     let exists: i64 = users::table
         .filter(users::username.eq(username))
         .count()
         .get_result(c)?;
     if exists > 0 {
-        return Err(AppError::conflict(
+        return Err(DbError::conflict(
             "user_exists",
             format!("user {username:?} exists already"),
         ));
@@ -239,7 +234,7 @@ pub fn create_user(
 }
 
 /// User names by id (one query).
-pub fn usernames(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, String>, AppError> {
+pub fn usernames(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, String>, DbError> {
     Ok(users::table
         .filter(users::id.eq_any(ids))
         .select((users::id, users::username))
@@ -248,16 +243,16 @@ pub fn usernames(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, String>, A
         .collect())
 }
 
-pub fn user_by_id(c: &mut DbConn, id: i64) -> Result<User, AppError> {
+pub fn user_by_id(c: &mut DbConn, id: i64) -> Result<User, DbError> {
     users::table
         .find(id)
         .select(User::as_select())
         .first(c)
         .optional()?
-        .ok_or(AppError::NotFound("user"))
+        .ok_or(DbError::NotFound("user"))
 }
 
-pub fn user_by_name(c: &mut DbConn, username: &str) -> Result<Option<User>, AppError> {
+pub fn user_by_name(c: &mut DbConn, username: &str) -> Result<Option<User>, DbError> {
     Ok(users::table
         .filter(users::username.eq(username))
         .select(User::as_select())
@@ -270,7 +265,7 @@ pub fn user_by_identity(
     c: &mut DbConn,
     issuer: &str,
     subject: &str,
-) -> Result<Option<User>, AppError> {
+) -> Result<Option<User>, DbError> {
     Ok(users::table
         .filter(users::oidc_issuer.eq(issuer))
         .filter(users::oidc_subject.eq(subject))
@@ -285,7 +280,7 @@ pub fn insert_sso_user(
     username: &str,
     email: &str,
     name: &str,
-) -> Result<i64, AppError> {
+) -> Result<i64, DbError> {
     Ok(insert_returning_id!(
         c,
         diesel::insert_into(users::table).values((
@@ -305,7 +300,7 @@ pub fn set_identity(
     user: i64,
     id: &crate::identity::Identity,
     operator: bool,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     diesel::update(users::table.find(user))
         .set((
             users::oidc_issuer.eq(&id.issuer),
@@ -318,7 +313,7 @@ pub fn set_identity(
     Ok(())
 }
 
-pub fn user_by_email(c: &mut DbConn, email: &str) -> Result<Option<User>, AppError> {
+pub fn user_by_email(c: &mut DbConn, email: &str) -> Result<Option<User>, DbError> {
     Ok(users::table
         .filter(users::email.eq(email))
         .select(User::as_select())
@@ -326,7 +321,7 @@ pub fn user_by_email(c: &mut DbConn, email: &str) -> Result<Option<User>, AppErr
         .optional()?)
 }
 
-pub fn all_users(c: &mut DbConn) -> Result<Vec<User>, AppError> {
+pub fn all_users(c: &mut DbConn) -> Result<Vec<User>, DbError> {
     Ok(users::table
         .order(users::username)
         .select(User::as_select())
@@ -334,12 +329,12 @@ pub fn all_users(c: &mut DbConn) -> Result<Vec<User>, AppError> {
 }
 
 /// Adds or changes a membership by hand (operator commands, the demo).
-pub fn set_membership(c: &mut DbConn, user: i64, lab: i64, role: Role) -> Result<(), AppError> {
+pub fn set_membership(c: &mut DbConn, user: i64, lab: i64, role: Role) -> Result<(), DbError> {
     upsert_membership(c, user, lab, role, MembershipSource::Manual)
 }
 
 /// The labs a user belongs to, by slug.
-pub fn labs_of(c: &mut DbConn, user: i64) -> Result<Vec<(Lab, Role)>, AppError> {
+pub fn labs_of(c: &mut DbConn, user: i64) -> Result<Vec<(Lab, Role)>, DbError> {
     Ok(memberships::table
         .inner_join(labs::table)
         .filter(memberships::user_id.eq(user))
@@ -349,7 +344,7 @@ pub fn labs_of(c: &mut DbConn, user: i64) -> Result<Vec<(Lab, Role)>, AppError> 
 }
 
 /// Creates a personal access token that never expires; returns the secret (shown once).
-pub fn create_api_token(c: &mut DbConn, user: i64, name: &str) -> Result<String, AppError> {
+pub fn create_api_token(c: &mut DbConn, user: i64, name: &str) -> Result<String, DbError> {
     create_api_token_until(c, user, name, None)
 }
 
@@ -360,7 +355,7 @@ pub fn create_api_token_until(
     user: i64,
     name: &str,
     expires_at: Option<chrono::NaiveDateTime>,
-) -> Result<String, AppError> {
+) -> Result<String, DbError> {
     create_scoped_api_token(c, user, name, expires_at, true)
 }
 
@@ -372,10 +367,10 @@ pub fn create_scoped_api_token(
     name: &str,
     expires_at: Option<chrono::NaiveDateTime>,
     can_add_credentials: bool,
-) -> Result<String, AppError> {
+) -> Result<String, DbError> {
     let name = name.trim();
     if name.is_empty() || name.len() > 100 {
-        return Err(AppError::invalid(
+        return Err(DbError::invalid(
             "name",
             "name the token (1 to 100 characters), e.g. after the laptop that uses it",
         ));
@@ -405,7 +400,7 @@ pub struct TokenInfo {
     pub revoked_at: Option<chrono::NaiveDateTime>,
 }
 
-pub fn tokens_of(c: &mut DbConn, user: i64) -> Result<Vec<TokenInfo>, AppError> {
+pub fn tokens_of(c: &mut DbConn, user: i64) -> Result<Vec<TokenInfo>, DbError> {
     Ok(api_tokens::table
         .filter(api_tokens::user_id.eq(user))
         .order(api_tokens::id.desc())
@@ -421,7 +416,7 @@ pub fn tokens_of(c: &mut DbConn, user: i64) -> Result<Vec<TokenInfo>, AppError> 
 }
 
 /// Revokes one of the user's own tokens.
-pub fn revoke_token(c: &mut DbConn, user: i64, id: i64) -> Result<(), AppError> {
+pub fn revoke_token(c: &mut DbConn, user: i64, id: i64) -> Result<(), DbError> {
     let n = diesel::update(
         api_tokens::table
             .find(id)
@@ -431,7 +426,7 @@ pub fn revoke_token(c: &mut DbConn, user: i64, id: i64) -> Result<(), AppError> 
     .set(api_tokens::revoked_at.eq(now()))
     .execute(c)?;
     if n == 0 {
-        return Err(AppError::NotFound("token"));
+        return Err(DbError::NotFound("token"));
     }
     Ok(())
 }
@@ -442,7 +437,7 @@ pub type UserWithLabs = (User, Vec<(Lab, Role)>);
 /// The user a personal access token belongs to, if it is valid, with their labs and
 /// roles (one query); records its use when the last one recorded is over
 /// [`TOKEN_USE_SLACK_S`] old.
-pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<UserWithLabs>, AppError> {
+pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<UserWithLabs>, DbError> {
     Ok(token_holder(c, secret)?.map(|(user, labs, _)| (user, labs)))
 }
 
@@ -451,7 +446,7 @@ pub fn user_by_token(c: &mut DbConn, secret: &str) -> Result<Option<UserWithLabs
 pub type TokenHolder = (User, Vec<(Lab, Role)>, bool);
 
 /// [`user_by_token`], with the token's right to add credentials.
-pub fn token_holder(c: &mut DbConn, secret: &str) -> Result<Option<TokenHolder>, AppError> {
+pub fn token_holder(c: &mut DbConn, secret: &str) -> Result<Option<TokenHolder>, DbError> {
     let t = now();
     type Row = (
         i64,
@@ -505,7 +500,7 @@ pub const TOKEN_USE_SLACK_S: i64 = 60;
 pub const ENROL_TOKEN_TTL_H: i64 = 24;
 
 /// Creates a one-time enrolment token for a lab; returns the secret.
-pub fn create_enrol_token(c: &mut DbConn, lab: i64) -> Result<String, AppError> {
+pub fn create_enrol_token(c: &mut DbConn, lab: i64) -> Result<String, DbError> {
     let secret = new_secret("gce");
     diesel::insert_into(enrol_tokens::table)
         .values((
@@ -521,7 +516,7 @@ pub fn create_enrol_token(c: &mut DbConn, lab: i64) -> Result<String, AppError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::testkit::sqlite;
+    use crate::db::testkit::sqlite;
     use diesel::connection::{Connection, InstrumentationEvent};
     use std::sync::{Arc, Mutex};
 

@@ -6,8 +6,8 @@
 
 use super::schema::web_sessions;
 use super::users::hash_secret;
+use super::DbError;
 use super::{now, DbConn};
-use crate::error::AppError;
 use chrono::Duration;
 use diesel::prelude::*;
 
@@ -18,7 +18,7 @@ pub struct Stored {
 }
 
 /// The live session of `key`, if there is one.
-pub fn load(c: &mut DbConn, key: &str) -> Result<Option<Stored>, AppError> {
+pub fn load(c: &mut DbConn, key: &str) -> Result<Option<Stored>, DbError> {
     let state = web_sessions::table
         .filter(web_sessions::id_hash.eq(hash_secret(key)))
         .filter(web_sessions::expires_at.gt(now()))
@@ -35,7 +35,7 @@ pub fn insert(
     user: Option<i64>,
     state: &str,
     ttl_s: i64,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     let at = now();
     diesel::delete(web_sessions::table.filter(web_sessions::expires_at.le(at))).execute(c)?;
     diesel::insert_into(web_sessions::table)
@@ -57,7 +57,7 @@ pub fn update(
     user: Option<i64>,
     state: &str,
     ttl_s: i64,
-) -> Result<bool, AppError> {
+) -> Result<bool, DbError> {
     let at = now();
     let n = diesel::update(
         web_sessions::table
@@ -82,7 +82,7 @@ pub fn touch(
     ttl_s: i64,
     anonymous_ttl_s: i64,
     slack_s: i64,
-) -> Result<(), AppError> {
+) -> Result<(), DbError> {
     let at = now();
     let hash = hash_secret(key);
     for (signed_in, ttl) in [(true, ttl_s), (false, anonymous_ttl_s)] {
@@ -104,14 +104,14 @@ pub fn touch(
     Ok(())
 }
 
-pub fn delete(c: &mut DbConn, key: &str) -> Result<(), AppError> {
+pub fn delete(c: &mut DbConn, key: &str) -> Result<(), DbError> {
     diesel::delete(web_sessions::table.filter(web_sessions::id_hash.eq(hash_secret(key))))
         .execute(c)?;
     Ok(())
 }
 
 /// Ends every session of `user`; returns how many were live.
-pub fn delete_for_user(c: &mut DbConn, user: i64) -> Result<usize, AppError> {
+pub fn delete_for_user(c: &mut DbConn, user: i64) -> Result<usize, DbError> {
     let at = now();
     let live = web_sessions::table
         .filter(web_sessions::user_id.eq(user))
@@ -123,7 +123,7 @@ pub fn delete_for_user(c: &mut DbConn, user: i64) -> Result<usize, AppError> {
 }
 
 /// The user's live sessions.
-pub fn count_for_user(c: &mut DbConn, user: i64) -> Result<i64, AppError> {
+pub fn count_for_user(c: &mut DbConn, user: i64) -> Result<i64, DbError> {
     Ok(web_sessions::table
         .filter(web_sessions::user_id.eq(user))
         .filter(web_sessions::expires_at.gt(now()))

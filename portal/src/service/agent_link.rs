@@ -50,6 +50,7 @@ pub async fn enrol(
     ctx.db
         .run(move |c| nodes::enrol(c, &token, &hostname, &agent_version))
         .await
+        .map_err(AppError::from)
 }
 
 /// The node a connection's credential names; refused when unknown or revoked.
@@ -66,6 +67,7 @@ pub async fn release(ctx: &Ctx, node: i64, session: u64) -> Result<(), AppError>
     ctx.db
         .run(move |c| node_link::release(c, node, session))
         .await
+        .map_err(AppError::from)
 }
 
 /// Applies one message of `link`; the replies to send. Wakes the scheduler when GPUs were

@@ -117,7 +117,7 @@ pub fn starts_after_registering(
     }
 }
 
-fn requeue(c: &mut DbConn, job: i64, why: &str) -> Result<(), AppError> {
+fn requeue(c: &mut DbConn, job: i64, why: &str) -> Result<(), db::DbError> {
     db::jobs::set_unplaced(c, job, why)?;
     set_state(c, job, JobState::Queued, &format!("requeued: {why}"))
 }
@@ -141,14 +141,19 @@ fn end_attempt(
         JobState::Starting | JobState::Running => {}
         // A job that ended by itself during its grace period has simply ended.
         JobState::Preempting if status == AttemptStatus::Exited => {}
-        JobState::Preempting => return requeue(c, job.id, reason.unwrap_or("preempted")),
+        JobState::Preempting => return Ok(requeue(c, job.id, reason.unwrap_or("preempted"))?),
         JobState::Cancelled => {
-            return add_event(c, job.id, JobState::Cancelled, "container stopped");
+            return Ok(add_event(
+                c,
+                job.id,
+                JobState::Cancelled,
+                "container stopped",
+            )?);
         }
         _ => return Ok(()),
     }
     db::jobs::set_result(c, job.id, exit_code, reason)?;
-    match status {
+    let ended = match status {
         AttemptStatus::Exited if exit_code == Some(0) => {
             set_state(c, job.id, JobState::Succeeded, "exited with code 0")
         }
@@ -165,7 +170,8 @@ fn end_attempt(
             None => set_state(c, job.id, JobState::Failed, reason.unwrap_or("stopped")),
         },
         _ => set_state(c, job.id, JobState::Failed, reason.unwrap_or("failed")),
-    }
+    };
+    Ok(ended?)
 }
 
 /// What the caller must do after a report.

@@ -200,7 +200,15 @@ pub async fn decide(
                     None => ("cli.login_denied", ""),
                 };
                 let after = format!("{} from {}{right}", row.user_code, row.client_addr);
-                db::audit::record(c, &user, None, action, &row.client_name, "", &after)
+                Ok(db::audit::record(
+                    c,
+                    &user,
+                    None,
+                    action,
+                    &row.client_name,
+                    "",
+                    &after,
+                )?)
             })
         })
         .await

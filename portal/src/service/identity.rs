@@ -121,13 +121,16 @@ pub fn sign_in(c: &mut DbConn, id: &Identity, rules: &GroupRules) -> Result<User
                 )?;
             }
         }
-        accounts::user_by_id(c, user_id)
+        Ok(accounts::user_by_id(c, user_id)?)
     })
 }
 
 /// Everyone, for the development login's list (only ever offered when it is on).
 pub async fn dev_login_users(ctx: &super::Ctx) -> Result<Vec<User>, AppError> {
-    ctx.db.run(crate::db::users::all_users).await
+    ctx.db
+        .run(crate::db::users::all_users)
+        .await
+        .map_err(AppError::from)
 }
 
 /// The user the development login names, if any.
@@ -135,6 +138,7 @@ pub async fn dev_login_user(ctx: &super::Ctx, name: String) -> Result<Option<Use
     ctx.db
         .run(move |c| crate::db::users::user_by_name(c, &name))
         .await
+        .map_err(AppError::from)
 }
 
 /// Who is calling: the holder of access token `token`, else the user of the browser

@@ -116,7 +116,7 @@ pub async fn remove(state: &Ctx, actor: &Actor, id: i64) -> Result<(), AppError>
                     Some(_) => {}
                 }
                 q::delete(c, id)?;
-                db::audit::record(
+                Ok(db::audit::record(
                     c,
                     &actor.user,
                     entry.lab_id,
@@ -124,7 +124,7 @@ pub async fn remove(state: &Ctx, actor: &Actor, id: i64) -> Result<(), AppError>
                     &format!("image {}", entry.name_tag),
                     &entry.digest,
                     "none",
-                )
+                )?)
             })
         })
         .await

@@ -122,7 +122,7 @@ pub async fn approve(ctx: &Ctx, actor: &Actor, node: i64) -> Result<NodeView, Ap
             let before = baseline_of(n.gpu_baseline.as_deref()).unwrap_or_default();
             db::transaction(c, |c| {
                 db::nodes::set_inventory(c, node, Some(&encode(&now)?), false)?;
-                db::audit::record(
+                Ok::<_, AppError>(db::audit::record(
                     c,
                     admin.user(),
                     Some(n.lab_id),
@@ -130,7 +130,7 @@ pub async fn approve(ctx: &Ctx, actor: &Actor, node: i64) -> Result<NodeView, Ap
                     &format!("node {}", n.name),
                     &describe(&before),
                     &describe(&now),
-                )
+                )?)
             })?;
             tracing::info!(node, by = %admin.user().username, gpus = %describe(&now), "inventory approved");
             view_of(c, node)

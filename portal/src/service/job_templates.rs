@@ -38,7 +38,7 @@ pub async fn save(ctx: &Ctx, actor: &Actor, name: &str, form: String) -> Result<
                         format!("at most {MAX_TEMPLATES} templates: delete one first"),
                     ));
                 }
-                db::job_templates::save(c, user, &name, &form)
+                Ok(db::job_templates::save(c, user, &name, &form)?)
             })
         })
         .await
@@ -47,7 +47,10 @@ pub async fn save(ctx: &Ctx, actor: &Actor, name: &str, form: String) -> Result<
 /// The actor's templates, by name.
 pub async fn list(ctx: &Ctx, actor: &Actor) -> Result<Vec<JobTemplate>, AppError> {
     let user = actor.user.id;
-    ctx.db.run(move |c| db::job_templates::list(c, user)).await
+    Ok(ctx
+        .db
+        .run(move |c| db::job_templates::list(c, user))
+        .await?)
 }
 
 /// One of the actor's templates.

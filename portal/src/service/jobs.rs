@@ -145,7 +145,7 @@ pub async fn logs(state: &Ctx, actor: &Actor, id: i64) -> Result<String, AppErro
         .db
         .run(move |c| {
             visible(c, &actor, id)?;
-            db::jobs::logs(c, id, db::jobs::MAX_LOG_BYTES as usize)
+            Ok(db::jobs::logs(c, id, db::jobs::MAX_LOG_BYTES as usize)?)
         })
         .await
 }

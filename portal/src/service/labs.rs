@@ -107,7 +107,7 @@ pub fn usage(
     weeks: usize,
 ) -> Result<LabUsage, AppError> {
     let admin = lab_admin(c, actor, slug)?;
-    db::usage::lab_usage(c, admin.lab().id, db::now(), weeks)
+    Ok(db::usage::lab_usage(c, admin.lab().id, db::now(), weeks)?)
 }
 
 /// A node's lending rules in one sentence: "lends up to 4 GPUs on nights and weekends
@@ -190,7 +190,10 @@ pub use crate::db::usage::LabUsage;
 /// lab's in its console).
 pub async fn campus_audit(ctx: &super::Ctx, actor: &Actor) -> Result<Vec<AuditEntry>, AppError> {
     actor.require_operator()?;
-    ctx.db.run(|c| crate::db::audit::list(c, None, 500)).await
+    ctx.db
+        .run(|c| crate::db::audit::list(c, None, 500))
+        .await
+        .map_err(AppError::from)
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ pub async fn set_member(
                 let before =
                     users::membership(c, lab, person.id)?.map_or("none", |m| m.role.as_str());
                 users::upsert_membership(c, person.id, lab, role, MembershipSource::Manual)?;
-                db::audit::record(
+                Ok(db::audit::record(
                     c,
                     admin.user(),
                     Some(lab),
@@ -57,7 +57,7 @@ pub async fn set_member(
                     &format!("member {}", person.username),
                     before,
                     role.as_str(),
-                )
+                )?)
             })
         })
         .await
@@ -81,7 +81,7 @@ pub async fn remove_member(
                 users::membership(c, lab, person.id)?.ok_or(AppError::NotFound("member"))?;
             db::transaction(c, |c| {
                 users::remove_membership(c, person.id, lab)?;
-                db::audit::record(
+                Ok(db::audit::record(
                     c,
                     admin.user(),
                     Some(lab),
@@ -89,7 +89,7 @@ pub async fn remove_member(
                     &format!("member {username}"),
                     before.role.as_str(),
                     "none",
-                )
+                )?)
             })
         })
         .await

@@ -53,7 +53,7 @@ pub fn lending_view(l: commons_sched::Lending) -> commons_api::node::Lending {
 
 /// Every enrolled node with its lab and GPUs (two queries).
 pub fn list(c: &mut DbConn) -> Result<Vec<(Node, Lab, Vec<Gpu>)>, AppError> {
-    db::nodes::list_with_gpus(c)
+    Ok(db::nodes::list_with_gpus(c)?)
 }
 
 /// The same, as the API shows it.

@@ -179,12 +179,13 @@ impl Issuer<'_> {
     ) -> Result<(), AppError> {
         let target = format!("node {}", node.name);
         let lab = Some(node.lab_id);
-        match self {
+        let recorded = match self {
             Issuer::Server(actor) => {
                 db::audit::record_as(c, actor, lab, action, &target, before, after)
             }
             Issuer::Admin(user) => db::audit::record(c, user, lab, action, &target, before, after),
-        }
+        };
+        Ok(recorded?)
     }
 }
 

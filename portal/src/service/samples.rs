@@ -165,7 +165,7 @@ pub fn record(
             ..Window::default()
         };
     }
-    db::samples::insert(c, &due)
+    Ok(db::samples::insert(c, &due)?)
 }
 
 /// Deletes samples older than the retention, now and then every hour, for as long as

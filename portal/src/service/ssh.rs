@@ -12,6 +12,7 @@
 
 use super::Ctx;
 use crate::db::models::{Job, User};
+use crate::db::DbError;
 use crate::db::{audit, jobs, ssh_keys, users};
 use crate::domain::JobState;
 use crate::error::AppError;
@@ -59,8 +60,8 @@ pub async fn authorize(
         .run(move |c| {
             let job = match jobs::get(c, job) {
                 Ok(j) => j,
-                Err(AppError::NotFound(_)) => return Ok(Err(Refusal::NoSuchJob)),
-                Err(e) => return Err(e),
+                Err(DbError::NotFound(_)) => return Ok(Err(Refusal::NoSuchJob)),
+                Err(e) => return Err(e.into()),
             };
             let keys = ssh_keys::keys_of_user(c, job.user_id)?;
             let found = keys.into_iter().find(|k| {
@@ -87,16 +88,18 @@ pub async fn authorize(
 /// Whether anyone registered `key`: the answer to a key query, whichever job it names.
 pub async fn key_registered(ctx: &Ctx, key: &russh::keys::PublicKey) -> Result<bool, AppError> {
     let fingerprint = crate::pubkey::fingerprint(key);
-    ctx.db
+    Ok(ctx
+        .db
         .run(move |c| ssh_keys::fingerprint_taken(c, &fingerprint))
-        .await
+        .await?)
 }
 
 /// Records a login in the audit log: who, which job, from where, with which key.
 pub async fn audit_login(ctx: &Ctx, login: &Login, from: &str) -> Result<(), AppError> {
     let (user, lab, job) = (login.user.clone(), login.lab, login.job);
     let after = format!("from {from}, key {}", login.key_fingerprint);
-    ctx.db
+    Ok(ctx
+        .db
         .run(move |c| {
             audit::record(
                 c,
@@ -108,7 +111,7 @@ pub async fn audit_login(ctx: &Ctx, login: &Login, from: &str) -> Result<(), App
                 &after,
             )
         })
-        .await
+        .await?)
 }
 
 /// Where the job runs now: its node and attempt, or words for its owner on why there is
@@ -183,6 +186,7 @@ pub async fn claim_host_key(
     ctx.db
         .run(move |c| crate::db::gateway::claim_host_key(c, &algorithm, &public))
         .await
+        .map_err(AppError::from)
 }
 
 #[cfg(test)]

@@ -43,7 +43,10 @@ pub async fn add(state: &Ctx, actor: &Actor, req: NewSshKey) -> Result<SshKey, A
 /// The actor's keys, oldest first.
 pub async fn list(state: &Ctx, actor: &Actor) -> Result<Vec<SshKey>, AppError> {
     let user = actor.user.id;
-    state.db.run(move |c| ssh_keys::keys_of_user(c, user)).await
+    Ok(state
+        .db
+        .run(move |c| ssh_keys::keys_of_user(c, user))
+        .await?)
 }
 
 /// Removes one of the actor's keys; another user's (or no) key is "not found".
@@ -85,7 +88,7 @@ fn delete(c: &mut DbConn, user: &User, id: i64) -> Result<(), AppError> {
         if !ssh_keys::delete_own(c, user.id, id)? {
             return Err(AppError::NotFound("SSH key"));
         }
-        db::audit::record(
+        Ok(db::audit::record(
             c,
             user,
             None,
@@ -93,7 +96,7 @@ fn delete(c: &mut DbConn, user: &User, id: i64) -> Result<(), AppError> {
             &format!("ssh key {}", key.fingerprint),
             &describe(&key),
             "none",
-        )
+        )?)
     })
 }
 

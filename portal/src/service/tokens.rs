@@ -42,6 +42,7 @@ pub async fn create(
     ctx.db
         .run(move |c| users::create_api_token_until(c, id, &name, until))
         .await
+        .map_err(AppError::from)
 }
 
 /// Revokes the caller's token `token` (another user's is "not found").
@@ -50,4 +51,5 @@ pub async fn revoke(ctx: &Ctx, actor: &Actor, token: i64) -> Result<(), AppError
     ctx.db
         .run(move |c| users::revoke_token(c, uid, token))
         .await
+        .map_err(AppError::from)
 }

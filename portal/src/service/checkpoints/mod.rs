@@ -492,7 +492,7 @@ pub async fn latest(ctx: &Ctx, node: i64, job: i64) -> Result<Option<Download>, 
             if !held {
                 return Err(AppError::NotFound("attempt"));
             }
-            rows::latest(c, job)
+            Ok(rows::latest(c, job)?)
         })
         .await?;
     let Some(checkpoint) = found else {

@@ -6,7 +6,7 @@
 //! one is a failure that says how to install it, never a skip.
 
 use crate::support::harness::{Backend, TestPortal, BACKENDS};
-use commons_portal::db::{self, checkpoints as rows, models::AttemptStatus, DbConn};
+use commons_portal::db::{self, checkpoints as rows, models::AttemptStatus, DbConn, DbError};
 use commons_portal::domain::JobState;
 use commons_portal::error::AppError;
 use commons_portal::service::checkpoints::{self, store};
@@ -84,9 +84,9 @@ async fn enrol(p: &TestPortal, lab: &str, host: &str) -> (i64, String) {
     )
 }
 
-async fn run<T: Send + 'static>(
+async fn run<T: Send + 'static, E: From<DbError> + std::fmt::Debug + Send + 'static>(
     p: &TestPortal,
-    f: impl FnOnce(&mut DbConn) -> Result<T, AppError> + Send + 'static,
+    f: impl FnOnce(&mut DbConn) -> Result<T, E> + Send + 'static,
 ) -> T {
     p.portal.state.db.run(f).await.unwrap()
 }
@@ -105,13 +105,13 @@ async fn running_job(p: &TestPortal, node: i64) -> i64 {
         .unwrap();
         let job = db::jobs::insert(c, alice.id, &commons_portal::validate::job(req, &labs)?)?;
         place(c, job.id, 1, node)?;
-        Ok(job.id)
+        Ok::<_, AppError>(job.id)
     })
     .await
 }
 
 /// Attempt `attempt` of `job` starts running on `node` (the last one ends).
-fn place(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(), AppError> {
+fn place(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(), DbError> {
     let t = db::now();
     if let Some(prev) = db::attempts::find(c, job, attempt - 1)? {
         db::attempts::end(c, prev.id, AttemptStatus::Stopped, None, None, t)?;
@@ -485,7 +485,7 @@ async fn scenario(p: &TestPortal) {
         diesel::update(jobs::table.find(job))
             .set(jobs::finished_at.eq(db::now() - chrono::Duration::days(2)))
             .execute(c)?;
-        Ok(())
+        Ok::<_, DbError>(())
     })
     .await;
     assert_eq!(
