@@ -10,25 +10,10 @@
 //!
 //! When several rules name the same lab, admin wins over member.
 
+pub use crate::domain::Identity;
 use crate::domain::Role;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-
-/// A verified login: the ID token's claims that matter to us.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    pub issuer: String,
-    pub subject: String,
-    pub username: String,
-    pub email: String,
-    /// The provider vouches for the e-mail (`email_verified`); only then may the login
-    /// take over an account the operators made by hand for that address.
-    pub email_verified: bool,
-    pub name: String,
-    pub groups: Vec<String>,
-    /// For RP-initiated logout.
-    pub id_token: String,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

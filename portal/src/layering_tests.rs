@@ -37,8 +37,9 @@ fn db_names(text: &str) -> Vec<(usize, String)> {
         while let Some(at) = rest.find("db::") {
             let before = rest[..at].chars().last();
             rest = &rest[at + 4..];
-            // `crate::db::x`, `db::x` at a word start; not `some_db::x`.
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            // `crate::db::x`, `db::x` at a word start, `commons_db::x`; not `some_db::x`.
+            let crate_name = code[..code.len() - rest.len() - 4].ends_with("commons_");
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') && !crate_name {
                 continue;
             }
             let names: Vec<String> = if let Some(group) = rest.strip_prefix('{') {
@@ -110,4 +111,8 @@ fn the_check_sees_what_it_must() {
     assert_eq!(names("use crate::db::models::Job;"), Vec::<String>::new());
     assert_eq!(names("diesel::sql_query(\"x\")"), ["diesel"]);
     assert_eq!(names("let x = my_db::jobs;"), Vec::<String>::new());
+    assert_eq!(
+        names("use commons_db::{users, models::User};"),
+        ["db::users"]
+    );
 }

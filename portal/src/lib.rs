@@ -3,7 +3,8 @@
 //!
 //! Layers, imports pointing down only: `main`/`app`/`demo`/`admin` (wiring); `web`, `api`
 //! (HTTP handlers); `broker` (agents' WebSocket, scheduler tick); `auth` (who is asking,
-//! CSRF); `service` (use cases and read models); `db` (schema, typed rows, queries);
+//! CSRF); `service` (use cases and read models); `db` (schema, typed rows, queries: the
+//! `commons-db` crate, under its old name);
 //! domain types any layer may use (`domain`, `identity`, `pubkey`, `validate`, `config`,
 //! `error`, `metrics`).
 
@@ -14,9 +15,7 @@ pub mod auth;
 pub mod broker;
 pub mod client_addr;
 pub mod config;
-pub mod db;
 pub mod demo;
-pub mod domain;
 pub mod error;
 pub mod identity;
 pub mod metrics;
@@ -26,6 +25,11 @@ pub mod ssh;
 pub mod state;
 pub mod validate;
 pub mod web;
+
+// The database layer is its own crate (no HTTP in it); these keep the paths the
+// portal's modules have always used.
+pub use commons_db as db;
+pub use commons_db::domain;
 
 #[cfg(test)]
 mod layering_tests;

@@ -13,6 +13,7 @@
 //! - `fingerprint` is `SHA256:<base64>`, exactly as `ssh-keygen -l` prints it, and
 //!   depends on the key alone (not on its comment): it is what makes a key unique.
 
+pub use crate::domain::ParsedKey;
 use crate::error::AppError;
 use russh::keys::ssh_key::public::KeyData;
 use russh::keys::{Algorithm, HashAlg, PublicKey};
@@ -27,19 +28,6 @@ pub const MAX_KEY_BYTES: usize = 16 * 1024;
 pub const MIN_RSA_BITS: u32 = 2048;
 /// OpenSSH's own upper limit.
 pub const MAX_RSA_BITS: u32 = 16384;
-
-/// A key that passed every check, ready to store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParsedKey {
-    /// The name the user gave, else the key's comment, else one made from the key.
-    pub name: String,
-    /// The algorithm's SSH name, e.g. `ssh-ed25519`.
-    pub algorithm: String,
-    /// `SHA256:...` as OpenSSH prints it.
-    pub fingerprint: String,
-    /// The canonical OpenSSH one-line form.
-    pub public_key: String,
-}
 
 /// Why a key is refused. Each says what is wrong in words a user can act on; the API
 /// gives [`KeyError::code`] as `error` and [`KeyError::field`] as `field`.

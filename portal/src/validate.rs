@@ -6,9 +6,8 @@
 //! before anything is written, so a bad request stores nothing.
 
 use crate::error::AppError;
-use std::collections::BTreeMap;
 
-pub use crate::domain::JobKind;
+pub use crate::domain::{JobKind, ValidJob};
 pub use commons_api::job::{
     CHECKPOINT_MINUTES, DEFAULT_CPUS, DEFAULT_MEMORY_GB, MAX_COMMAND_BYTES, MAX_CPUS,
     MAX_ENV_BYTES, MAX_GPUS, MAX_GPU_MEMORY_GB, MAX_MEMORY_GB, MAX_TIME_LIMIT_MIN,
@@ -26,32 +25,6 @@ pub fn username(s: &str) -> Result<(), AppError> {
 /// A Docker image reference: `[host[:port]/]path[:tag][@sha256:<64 hex>]`.
 pub fn image_reference(s: &str) -> Result<(), AppError> {
     Ok(commons_api::rules::image_reference(s)?)
-}
-
-/// A request that passed every rule, with defaults filled in.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ValidJob {
-    pub image: String,
-    pub command: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    pub gpus: i32,
-    pub gpu_models: Vec<String>,
-    pub min_gpu_memory_mb: i64,
-    pub cpus: f64,
-    pub memory_mb: i64,
-    pub time_limit_s: i64,
-    pub kind: JobKind,
-    pub lab_id: i64,
-    pub checkpoint_interval_s: Option<i64>,
-    pub shm_mb: Option<i64>,
-    /// GiB; none: the campus default, applied when the job is placed and started.
-    pub disk_gb: Option<i64>,
-    /// The allow-list's pin for `image` (set by `service::jobs::submit`, not by the rules
-    /// here, which know nothing of the allow-list).
-    pub image_digest: Option<String>,
-    pub image_signature: Option<String>,
-    /// The pin came from the campus allow-list (not the lab's own).
-    pub image_campus: bool,
 }
 
 /// Checks a request against the rules and the labs the user belongs to (slug -> id).

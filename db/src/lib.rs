@@ -1,5 +1,7 @@
-//! The database layer: diesel over SQLite (embedded default) or PostgreSQL, chosen by the
-//! URL scheme, with the same queries for both. No HTTP in here.
+//! GPU Commons' database layer: diesel over SQLite (embedded default) or PostgreSQL,
+//! chosen by the URL scheme, with the same queries for both; the schema, typed rows,
+//! queries, the pool and the migrations (embedded from the workspace's `migrations/`).
+//! No HTTP in here: errors are [`DbError`], which the portal maps to statuses.
 //!
 //! Invariants:
 //! - Migrations are embedded and applied at start, per backend.
@@ -18,6 +20,7 @@ pub mod checkpoint_parts;
 pub mod checkpoints;
 pub mod cli_logins;
 pub mod copy;
+pub mod domain;
 pub mod gateway;
 pub mod images;
 pub mod job_search;
@@ -34,7 +37,7 @@ pub mod samples;
 pub mod schema;
 pub mod snapshot;
 pub mod ssh_keys;
-#[cfg(test)]
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod types;
 pub mod usage;
@@ -85,9 +88,10 @@ pub enum DbError {
     /// A table is at the limit it keeps for everyone; try again later.
     #[error("{0}")]
     Full(String),
-    /// Stored data that is not as every writer leaves it (a bug, not the caller's fault).
+    /// What should not happen (a row not as every writer leaves it, no free user code
+    /// after several tries): never the caller's fault.
     #[error("{0}")]
-    Corrupt(String),
+    Internal(String),
     #[error("JSON column: {0}")]
     Json(#[from] serde_json::Error),
     #[error("database URL must start with sqlite:// or postgres://, got {0:?}")]
@@ -298,8 +302,8 @@ impl Db {
 macro_rules! insert_returning_id {
     ($conn:expr, $insert:expr, $id:expr) => {
         match $conn {
-            $crate::db::DbConn::Pg(c) => $insert.returning($id).get_result::<i64>(c),
-            $crate::db::DbConn::Sqlite(c) => $insert.returning($id).get_result::<i64>(c),
+            $crate::DbConn::Pg(c) => $insert.returning($id).get_result::<i64>(c),
+            $crate::DbConn::Sqlite(c) => $insert.returning($id).get_result::<i64>(c),
         }
     };
 }

@@ -298,7 +298,7 @@ pub fn insert_sso_user(
 pub fn set_identity(
     c: &mut DbConn,
     user: i64,
-    id: &crate::identity::Identity,
+    id: &crate::domain::Identity,
     operator: bool,
 ) -> Result<(), DbError> {
     diesel::update(users::table.find(user))
@@ -516,7 +516,7 @@ pub fn create_enrol_token(c: &mut DbConn, lab: i64) -> Result<String, DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::testkit::sqlite;
+    use crate::testkit::sqlite;
     use diesel::connection::{Connection, InstrumentationEvent};
     use std::sync::{Arc, Mutex};
 

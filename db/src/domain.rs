@@ -1,10 +1,13 @@
-//! The portal's closed sets of values: job and attempt states, job kinds, membership
-//! roles and sources. Any layer may use them.
+//! The portal's closed sets of values (job and attempt states, job kinds, membership
+//! roles and sources) and the plain data the database layer stores as it is handed it
+//! (a checked job request, a checked SSH key, a verified login). Any layer may use them;
+//! they live here, under the database layer, because their columns are read and written
+//! through them.
 //!
 //! Invariant: text that is not one of the listed values is an error wherever it is read
 //! (a database row, a form, a request), never a silent default. In the database they are
 //! `Text` columns read and written through diesel's `FromSql`/`ToSql` (implemented in
-//! `db::types`), so a damaged row fails its query instead of turning into `Failed` or
+//! `types`), so a damaged row fails its query instead of turning into `Failed` or
 //! `Member`.
 
 use serde::{Deserialize, Serialize};
@@ -140,4 +143,59 @@ mod tests {
         assert!(AttemptStatus::Stopping.is_active());
         assert!(!AttemptStatus::Lost.is_active());
     }
+}
+
+/// A request that passed every rule, with defaults filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidJob {
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub gpus: i32,
+    pub gpu_models: Vec<String>,
+    pub min_gpu_memory_mb: i64,
+    pub cpus: f64,
+    pub memory_mb: i64,
+    pub time_limit_s: i64,
+    pub kind: JobKind,
+    pub lab_id: i64,
+    pub checkpoint_interval_s: Option<i64>,
+    pub shm_mb: Option<i64>,
+    /// GiB; none: the campus default, applied when the job is placed and started.
+    pub disk_gb: Option<i64>,
+    /// The allow-list's pin for `image` (set by the portal's submission, not by its
+    /// request rules, which know nothing of the allow-list).
+    pub image_digest: Option<String>,
+    pub image_signature: Option<String>,
+    /// The pin came from the campus allow-list (not the lab's own).
+    pub image_campus: bool,
+}
+
+/// A key that passed every check, ready to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedKey {
+    /// The name the user gave, else the key's comment, else one made from the key.
+    pub name: String,
+    /// The algorithm's SSH name, e.g. `ssh-ed25519`.
+    pub algorithm: String,
+    /// `SHA256:...` as OpenSSH prints it.
+    pub fingerprint: String,
+    /// The canonical OpenSSH one-line form.
+    pub public_key: String,
+}
+
+/// A verified login: the ID token's claims that matter to us.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub issuer: String,
+    pub subject: String,
+    pub username: String,
+    pub email: String,
+    /// The provider vouches for the e-mail (`email_verified`); only then may the login
+    /// take over an account the operators made by hand for that address.
+    pub email_verified: bool,
+    pub name: String,
+    pub groups: Vec<String>,
+    /// For RP-initiated logout.
+    pub id_token: String,
 }

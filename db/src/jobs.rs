@@ -8,7 +8,7 @@ use super::schema::*;
 use super::types::to_json;
 use super::DbError;
 use super::{now, DbConn};
-use crate::validate::ValidJob;
+use crate::domain::ValidJob;
 use diesel::prelude::*;
 
 /// Most log bytes kept per job; later output is dropped with a note.

@@ -1,5 +1,5 @@
 //! Users' SSH public keys: the queries. The rules a key must pass are in
-//! [`crate::pubkey`], the use cases (limits, ownership, audit) in `service::ssh_keys`.
+//! the portal's `pubkey`, the use cases (limits, ownership, audit) in `service::ssh_keys`.
 //!
 //! For the SSH gateway: [`keys_of_user`] gives the keys a job's owner may log in with,
 //! and [`touch`] records that one was used.
@@ -11,7 +11,7 @@ use super::models::SshKey;
 use super::schema::{ssh_keys, users};
 use super::DbError;
 use super::{now, DbConn};
-use crate::pubkey::ParsedKey;
+use crate::domain::ParsedKey;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 

@@ -464,7 +464,7 @@ pub fn online_by_node(c: &mut DbConn) -> Result<Vec<(String, i64, bool)>, DbErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::testkit::{campus, sqlite};
+    use crate::testkit::{campus, sqlite};
     use diesel::connection::{Connection, InstrumentationEvent};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
@@ -521,7 +521,7 @@ mod tests {
     fn a_revoked_node_gets_no_clock() {
         let (_d, mut c) = sqlite();
         let node = campus(&mut c, 0).node;
-        let clock = crate::db::models::AgentClock {
+        let clock = crate::models::AgentClock {
             session: 9,
             seq: 5,
             received_at: now(),
@@ -531,7 +531,7 @@ mod tests {
             .set(nodes::revoked_at.eq(now()))
             .execute(&mut c)
             .unwrap();
-        let clock = crate::db::models::AgentClock { seq: 6, ..clock };
+        let clock = crate::models::AgentClock { seq: 6, ..clock };
         assert!(!set_agent_clock(&mut c, node.id, &clock).unwrap());
         let seq: i64 = nodes::table
             .find(node.id)

@@ -144,7 +144,7 @@ pub fn start(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(DbError::Corrupt("no free user code after 5 tries".to_string()))
+    Err(DbError::Internal("no free user code after 5 tries".into()))
 }
 
 /// The sign-in a user code names, if it has not expired.

@@ -1,10 +1,13 @@
 //! A small campus in a fresh SQLite file (or PostgreSQL database), for the database
-//! layer's unit tests and the service layer's.
+//! layer's unit tests and the portal's (the `testkit` feature).
+
+// Test code: a failed step is a failed test, said where it happened.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::models::{AgentClock, Job, Node};
 use super::{establish, run_migrations, DbConn};
-use crate::db;
-use crate::validate::ValidJob;
+use crate as db;
+use crate::domain::ValidJob;
 use diesel::connection::{Connection, InstrumentationEvent};
 use std::sync::{Arc, Mutex};
 

@@ -170,7 +170,7 @@ pub fn beat(c: &mut DbConn, node: i64, session: u64, seq: u64) -> Result<Beat, D
             Beat::Superseded
         });
     };
-    let received_at = at.ok_or_else(|| DbError::Corrupt("no clock written".into()))?;
+    let received_at = at.ok_or_else(|| DbError::Internal("no clock written".into()))?;
     let contended = contender.is_some_and(|s| s != session as i64);
     if contended {
         flag_shared(c, node)?;
@@ -248,14 +248,14 @@ pub fn release(c: &mut DbConn, node: i64, session: u64) -> Result<(), DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::testkit::{campus, postgres, sqlite};
+    use crate::testkit::{campus, postgres, sqlite};
 
     fn silence() -> chrono::Duration {
         chrono::Duration::seconds(20)
     }
 
-    fn node_row(c: &mut DbConn, id: i64) -> crate::db::models::Node {
-        crate::db::nodes::node_by_id(c, id).unwrap()
+    fn node_row(c: &mut DbConn, id: i64) -> crate::models::Node {
+        crate::nodes::node_by_id(c, id).unwrap()
     }
 
     /// One agent holds the credential; a second is refused while the first lives; the

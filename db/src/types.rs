@@ -109,8 +109,8 @@ pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String, serde_json::E
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::{establish, DbConn};
     use crate::domain::JobState;
+    use crate::{establish, DbConn};
     use diesel::prelude::*;
     use diesel::sql_types::Text;
 
