@@ -311,17 +311,21 @@ fn canonical(kind: &str, v: Value) -> Result<Value, CopyError> {
             let s = v.as_str().unwrap_or_default().replace('T', " ");
             let t = chrono::NaiveDateTime::parse_from_str(&s, "%Y-%m-%d %H:%M:%S%.f")
                 .map_err(|e| CopyError::Data(format!("not a time ({e}): {s}")))?;
-            // PostgreSQL keeps microseconds, rounding the rest (integers: an f64 cannot
-            // hold nanoseconds since 1970 exactly).
             let t = t.and_utc();
-            let micros = t.timestamp() * 1_000_000
-                + i64::from(t.timestamp_subsec_nanos()).div_euclid(1000)
-                + i64::from(t.timestamp_subsec_nanos() % 1000 >= 500);
-            Value::from(micros)
+            Value::from(t.timestamp() * 1_000_000 + pg_micros(t.timestamp_subsec_nanos()))
         }
         "double precision" | "real" => Value::from(v.as_f64().unwrap_or(f64::NAN).to_string()),
         _ => v,
     })
+}
+
+/// The microseconds PostgreSQL keeps of a time's fraction of a second given to the
+/// nanosecond: it reads the fraction as a double and rounds it with `rint` (ties to
+/// even, on the double's value), so `.886406500` becomes `.886406`, not `.886407`.
+/// Anything else makes the copy's check fail on about one time in a thousand.
+fn pg_micros(nanos: u32) -> i64 {
+    let fraction: f64 = format!("0.{nanos:09}").parse().unwrap_or(0.0);
+    (fraction * 1_000_000.0).round_ties_even() as i64
 }
 
 /// An online backup of the SQLite database at `url` into the new file `to`
@@ -340,4 +344,25 @@ pub fn sqlite_backup(url: &str, to: &std::path::Path) -> Result<u64, CopyError> 
         .bind::<Text, _>(to.display().to_string())
         .execute(&mut c)?;
     Ok(std::fs::metadata(to).map(|m| m.len()).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fractions_round_to_microseconds_as_postgresql_rounds_them() {
+        // What PostgreSQL answers for '2026-12-05 10:00:00.<fraction>'::timestamp.
+        for (nanos, micros) in [
+            (500, 0),
+            (1_500, 2),
+            (886_406_500, 886_406),
+            (886_407_500, 886_408),
+            (123_456_500, 123_456),
+            (123_456_501, 123_457),
+            (999_999_999, 1_000_000),
+        ] {
+            assert_eq!(pg_micros(nanos), micros, "{nanos} ns");
+        }
+    }
 }
