@@ -214,11 +214,13 @@ per_backend! {
 async fn behind_a_trusted_proxy_the_forwarded_address_counts_and_shows() {
     // The test's client plays a reverse proxy on loopback that appends the address it
     // saw to X-Forwarded-For, after whatever the client sent.
-    let p = TestPortal::start_with(Backend::Sqlite, |c| {
-        c.cli_login.starts_per_address = 1;
-        c.trusted_proxies = vec!["127.0.0.1".into()];
-    })
-    .await;
+    let p = TestPortal::builder(Backend::Sqlite)
+        .config(|c| {
+            c.cli_login.starts_per_address = 1;
+            c.trusted_proxies = vec!["127.0.0.1".into()];
+        })
+        .start()
+        .await;
     let xff = |v: &'static str| [("x-forwarded-for", v)];
     started(&p, &xff("198.51.100.1")).await;
     let r = start_raw(&p, json!({}), &xff("198.51.100.1")).await;

@@ -209,10 +209,12 @@ async fn signatures_are_verified_when_added_and_required_by_labs() {
     let (rogue, _) = keygen(keys.path(), "rogue");
     for backend in BACKENDS {
         let pubkey = public.clone();
-        let p = TestPortal::start_with(backend, move |c| {
-            c.images.authority_keys = vec![pubkey];
-        })
-        .await;
+        let p = TestPortal::builder(backend)
+            .config(move |c| {
+                c.images.authority_keys = vec![pubkey];
+            })
+            .start()
+            .await;
         let image = "signed-model:v1";
         let d = digest('b');
         let add = |sig: String| json!({"name_tag": image, "digest": d, "lab": "vision", "signature": sig});

@@ -206,10 +206,12 @@ async fn metrics_can_need_a_token_and_be_off() {
     let token_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(token_file.path(), "s3cret\n").unwrap();
     let path = token_file.path().to_path_buf();
-    let p = crate::support::harness::TestPortal::start_with(Backend::Sqlite, move |c| {
-        c.metrics.bearer_token_file = Some(path);
-    })
-    .await;
+    let p = crate::support::harness::TestPortal::builder(Backend::Sqlite)
+        .config(move |c| {
+            c.metrics.bearer_token_file = Some(path);
+        })
+        .start()
+        .await;
     let url = format!("{}/metrics", p.url);
     let http = reqwest::Client::new();
     assert_eq!(http.get(&url).send().await.unwrap().status(), 401);
@@ -217,10 +219,12 @@ async fn metrics_can_need_a_token_and_be_off() {
     assert_eq!(wrong.status(), 401);
     let ok = http.get(&url).bearer_auth("s3cret").send().await.unwrap();
     assert_eq!(ok.status(), 200);
-    let off = crate::support::harness::TestPortal::start_with(Backend::Sqlite, |c| {
-        c.metrics.enabled = false;
-    })
-    .await;
+    let off = crate::support::harness::TestPortal::builder(Backend::Sqlite)
+        .config(|c| {
+            c.metrics.enabled = false;
+        })
+        .start()
+        .await;
     let res = http
         .get(format!("{}/metrics", off.url))
         .send()

@@ -206,7 +206,10 @@ per_backend! {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_absolute_expiry_are_the_servers() {
-    let p = TestPortal::start_with(Backend::Sqlite, |c| c.session_absolute_hours = 24).await;
+    let p = TestPortal::builder(Backend::Sqlite)
+        .config(|c| c.session_absolute_hours = 24)
+        .start()
+        .await;
     // Idle: the row's expiry, whatever the cookie says.
     let cookie = login(&p, "alice").await;
     assert_eq!(jobs_status(&p, &cookie).await, 200);

@@ -45,21 +45,23 @@ pub(crate) async fn sso(backend: Backend, other_issuer_name: bool) -> (TestPorta
         provider.client_id.clone(),
         provider.client_secret.clone(),
     );
-    let p = TestPortal::start_with(backend, move |c| {
-        c.listen = format!("127.0.0.1:{wport}");
-        c.public_url = Some(portal_url);
-        c.insecure_dev_login = false;
-        c.oidc.issuer = Some(issuer);
-        c.oidc.client_id = Some(id);
-        c.oidc.client_secret = Some(Secret(secret));
-        c.oidc.groups = GroupRules {
-            lab_group_prefix: Some("lab-".into()),
-            lab_admin_suffix: Some("-admins".into()),
-            operator_group: Some("gpu-operators".into()),
-            group_rules: vec![],
-        };
-    })
-    .await;
+    let p = TestPortal::builder(backend)
+        .config(move |c| {
+            c.listen = format!("127.0.0.1:{wport}");
+            c.public_url = Some(portal_url);
+            c.insecure_dev_login = false;
+            c.oidc.issuer = Some(issuer);
+            c.oidc.client_id = Some(id);
+            c.oidc.client_secret = Some(Secret(secret));
+            c.oidc.groups = GroupRules {
+                lab_group_prefix: Some("lab-".into()),
+                lab_admin_suffix: Some("-admins".into()),
+                operator_group: Some("gpu-operators".into()),
+                group_rules: vec![],
+            };
+        })
+        .start()
+        .await;
     (p, provider)
 }
 

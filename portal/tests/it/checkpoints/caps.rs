@@ -225,16 +225,18 @@ impl Drop for Tmpfs {
 async fn a_store_at_its_floor_refuses_uploads_and_the_database_beside_it_keeps_working() {
     let fs = Tmpfs::mount(32);
     let url = format!("sqlite://{}", fs.path().join("commons.db").display());
-    let p = TestPortal::start_with(Backend::Sqlite, |c| {
-        c.database_url = url;
-        c.checkpoints = CheckpointsConfig {
-            part_mb: 1,
-            min_free_gb: 0.0,
-            min_free_percent: 50.0,
-            ..Default::default()
-        };
-    })
-    .await;
+    let p = TestPortal::builder(Backend::Sqlite)
+        .config(|c| {
+            c.database_url = url;
+            c.checkpoints = CheckpointsConfig {
+                part_mb: 1,
+                min_free_gb: 0.0,
+                min_free_percent: 50.0,
+                ..Default::default()
+            };
+        })
+        .start()
+        .await;
     p.portal.scheduler.abort();
     let (node, credential) = enrol(&p, "vision", "vision-a").await;
     let a = Agent { p: &p, credential };

@@ -46,24 +46,26 @@ async fn portal_with(
     adjust: impl FnOnce(&mut commons_portal::config::CheckpointsConfig),
 ) -> (TestPortal, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let p = TestPortal::start_with(backend, |c| {
-        let k = &mut c.checkpoints;
-        k.part_mb = 1;
-        k.keep_per_job = 2;
-        match kind {
-            Kind::File => k.store = Some(format!("file://{}", dir.path().display())),
-            Kind::S3 => {
-                k.store = Some(format!("s3://checkpoints/t{:x}", rand::random::<u32>()));
-                k.endpoint = moto.map(|m| m.endpoint.clone());
-                k.allow_http = true;
-                k.region = Some("us-east-1".into());
-                k.access_key_id = Some("testing".into());
-                k.secret_access_key = Some(commons_portal::config::Secret("testing".into()));
+    let p = TestPortal::builder(backend)
+        .config(|c| {
+            let k = &mut c.checkpoints;
+            k.part_mb = 1;
+            k.keep_per_job = 2;
+            match kind {
+                Kind::File => k.store = Some(format!("file://{}", dir.path().display())),
+                Kind::S3 => {
+                    k.store = Some(format!("s3://checkpoints/t{:x}", rand::random::<u32>()));
+                    k.endpoint = moto.map(|m| m.endpoint.clone());
+                    k.allow_http = true;
+                    k.region = Some("us-east-1".into());
+                    k.access_key_id = Some("testing".into());
+                    k.secret_access_key = Some(commons_portal::config::Secret("testing".into()));
+                }
             }
-        }
-        adjust(k);
-    })
-    .await;
+            adjust(k);
+        })
+        .start()
+        .await;
     p.portal.scheduler.abort();
     (p, dir)
 }

@@ -108,13 +108,50 @@ pub struct TestPortal {
     _db: TestDb,
 }
 
-impl TestPortal {
-    pub async fn start(backend: Backend) -> TestPortal {
-        Self::start_with(backend, |_| {}).await
+/// A change to a test portal's configuration.
+type Adjust<'a> = Box<dyn FnOnce(&mut Config) + 'a>;
+
+/// How a [`TestPortal`] is set up before it starts.
+pub struct TestPortalBuilder<'a> {
+    backend: Backend,
+    adjust: Vec<Adjust<'a>>,
+}
+
+impl<'a> TestPortalBuilder<'a> {
+    /// Adjusts the configuration (SSO settings, limits, a store) after the test settings;
+    /// several adjustments apply in order.
+    pub fn config(mut self, adjust: impl FnOnce(&mut Config) + 'a) -> Self {
+        self.adjust.push(Box::new(adjust));
+        self
     }
 
-    /// The same, with the configuration adjusted first (SSO settings, say).
-    pub async fn start_with(backend: Backend, adjust: impl FnOnce(&mut Config)) -> TestPortal {
+    pub async fn start(self) -> TestPortal {
+        let adjust = self.adjust;
+        TestPortal::start_with(self.backend, move |c| {
+            for a in adjust {
+                a(c);
+            }
+        })
+        .await
+    }
+}
+
+impl TestPortal {
+    /// A portal on `backend` with the test settings (fast ticks, short leases, the
+    /// development login), four users in two labs, and the demo image allowed.
+    pub async fn start(backend: Backend) -> TestPortal {
+        Self::builder(backend).start().await
+    }
+
+    /// The same, set up step by step: `TestPortal::builder(b).config(|c| ...).start()`.
+    pub fn builder<'a>(backend: Backend) -> TestPortalBuilder<'a> {
+        TestPortalBuilder {
+            backend,
+            adjust: Vec::new(),
+        }
+    }
+
+    async fn start_with(backend: Backend, adjust: impl FnOnce(&mut Config)) -> TestPortal {
         init_logging();
         let db = TestDb::new(backend);
         let mut config = Config {
