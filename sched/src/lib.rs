@@ -52,6 +52,7 @@ mod reason;
 mod request;
 mod risk;
 mod state;
+mod world;
 
 pub use fairshare::decay;
 pub use model::*;
