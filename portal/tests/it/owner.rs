@@ -344,16 +344,16 @@ async fn a_lending_window_closing_preempts_guests() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let j = c
-        .bob
-        .wait_job(job, Duration::from_secs(10), "requeued", |j| {
-            j["state"] == "queued"
-        })
+    // Requeued first with the preemption's words; the scheduler's next written round
+    // (waiting reasons are written at most every few seconds) says what it waits for.
+    c.bob
+        .wait_job(
+            job,
+            Duration::from_secs(60),
+            "requeued, waiting for the window",
+            |j| j["state"] == "queued" && j["reason"].as_str().unwrap_or("").contains("not lent"),
+        )
         .await;
-    assert!(
-        j["reason"].as_str().unwrap_or("").contains("not lent"),
-        "it waits for the window: {j}"
-    );
     let audit = c.portal.audit("set_lending");
     assert!(
         audit
