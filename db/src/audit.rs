@@ -34,11 +34,26 @@ pub fn record(
     before: &str,
     after: &str,
 ) -> Result<(), DbError> {
+    let by = (Some(actor.id), actor.username.as_str());
+    insert(c, by, lab, action, target, before, after)
+}
+
+/// One entry; `by` is the actor's user id (none for a server or the operator CLI) and
+/// name.
+fn insert(
+    c: &mut DbConn,
+    by: (Option<i64>, &str),
+    lab: Option<i64>,
+    action: &str,
+    target: &str,
+    before: &str,
+    after: &str,
+) -> Result<(), DbError> {
     diesel::insert_into(audit_log::table)
         .values((
             audit_log::at.eq(now()),
-            audit_log::actor_id.eq(actor.id),
-            audit_log::actor.eq(&actor.username),
+            audit_log::actor_id.eq(by.0),
+            audit_log::actor.eq(by.1),
             audit_log::lab_id.eq(lab),
             audit_log::action.eq(action),
             audit_log::target.eq(target),
@@ -61,19 +76,7 @@ pub fn record_as(
     before: &str,
     after: &str,
 ) -> Result<(), DbError> {
-    diesel::insert_into(audit_log::table)
-        .values((
-            audit_log::at.eq(now()),
-            audit_log::actor_id.eq(None::<i64>),
-            audit_log::actor.eq(actor),
-            audit_log::lab_id.eq(lab),
-            audit_log::action.eq(action),
-            audit_log::target.eq(target),
-            audit_log::before.eq(before),
-            audit_log::after.eq(after),
-        ))
-        .execute(c)?;
-    Ok(())
+    insert(c, (None, actor), lab, action, target, before, after)
 }
 
 /// The newest entries, of one lab or of all.

@@ -387,31 +387,23 @@ impl TestPortal {
     }
 
     pub async fn put_json(&self, token: &str, path: &str, body: &Value) -> (u16, Value) {
-        let r = self
-            .http
-            .put(format!("{}{path}", self.url))
-            .bearer_auth(token)
-            .json(body)
-            .send()
+        self.send_json(self.http.put(format!("{}{path}", self.url)), token, body)
             .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let text = r.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
     }
 
     pub async fn post_json(&self, token: &str, path: &str, body: &Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .bearer_auth(token)
-            .json(body)
-            .send()
+        self.send_json(self.http.post(format!("{}{path}", self.url)), token, body)
             .await
-            .unwrap();
+    }
+
+    /// Sends `body` as JSON with `token`: the status and the answer (JSON, or its text).
+    async fn send_json(
+        &self,
+        req: reqwest::RequestBuilder,
+        token: &str,
+        body: &Value,
+    ) -> (u16, Value) {
+        let r = req.bearer_auth(token).json(body).send().await.unwrap();
         let status = r.status().as_u16();
         let text = r.text().await.unwrap();
         (
