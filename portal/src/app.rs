@@ -112,12 +112,14 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         tracing::warn!("public_url is plain http: session cookies are not marked Secure");
     }
     let idle = actix_web::cookie::time::Duration::minutes(config.session_idle_minutes as i64);
+    let checkpoints = crate::service::checkpoints::Store::from_config(&config)?;
     let state = AppState {
         ctx: crate::service::Ctx {
             db,
             agents: Default::default(),
             wake: Default::default(),
-            checkpoints: crate::service::checkpoints::Store::from_config(&config)?,
+            files: crate::service::files::Files::new(checkpoints.clone(), &config.files),
+            checkpoints,
             relays: Default::default(),
             metrics: Default::default(),
             image_authorities: std::sync::Arc::new(config.images.keys()?),
