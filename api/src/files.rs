@@ -178,7 +178,11 @@ pub fn human_bytes(n: u64) -> String {
     } else {
         format!("{v:.2}")
     };
-    let s = s.trim_end_matches('0').trim_end_matches('.');
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &s
+    };
     format!("{s} {}", UNITS[unit])
 }
 
@@ -254,5 +258,7 @@ mod tests {
         assert_eq!(human_bytes(2_250_000_000), "2.25 GB");
         assert_eq!(human_bytes(10_000_000_000), "10 GB");
         assert_eq!(human_bytes(123_456_789), "123 MB");
+        assert_eq!(human_bytes(600_000), "600 kB");
+        assert_eq!(human_bytes(100_000_000_000), "100 GB");
     }
 }

@@ -3,7 +3,9 @@
 //! deletes, the path rules, the quotas (nothing of a refused upload stays) and who may
 //! read and write a lab's space. The CLI, S3 and the browser are in `files_clients`.
 
-use crate::support::files::{self as f, delete, get, list, noise, paths, put, put_streamed, sha256};
+use crate::support::files::{
+    self as f, delete, get, list, noise, paths, put, put_streamed, sha256,
+};
 use crate::support::harness::{Backend, TestPortal};
 use serde_json::json;
 
@@ -86,21 +88,30 @@ per_backend! {
     }
 }
 
-/// A raw request with a path as sent (not re-encoded): status and body.
+/// A request with its path exactly as given (a browser's URL parser would resolve `..`
+/// and `.` before sending), over a plain connection: status and body.
 async fn raw(p: &TestPortal, method: reqwest::Method, path: &str) -> f::Answer {
-    let r = p
-        .http
-        .request(method, format!("{}{path}", p.url))
-        .bearer_auth(&p.alice)
-        .body("data")
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = p.url.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
+         Content-Length: 4\r\nConnection: close\r\n\r\ndata",
+        p.alice
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).await.unwrap();
+    let text = String::from_utf8_lossy(&got);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     f::Answer {
         status,
-        body: serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        body: serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.into())),
     }
 }
 
@@ -123,16 +134,27 @@ async fn bad_paths_are_refused_naming_the_rule() {
         ("/api/v1/labs/vision/files/a%2F%2Fb", "empty segment"),
     ];
     for (path, rule) in cases {
-        for method in [reqwest::Method::PUT, reqwest::Method::GET, reqwest::Method::DELETE] {
+        for method in [
+            reqwest::Method::PUT,
+            reqwest::Method::GET,
+            reqwest::Method::DELETE,
+        ] {
             let a = raw(&p, method.clone(), path).await;
             assert_eq!(a.status, 422, "{method} {path}: {a}");
             assert_eq!(a.body["field"], "path", "{method} {path}: {a}");
             let m = a.body["message"].as_str().unwrap_or_default();
-            assert!(m.contains(rule), "{method} {path} should name {rule:?}: {m}");
+            assert!(
+                m.contains(rule),
+                "{method} {path} should name {rule:?}: {m}"
+            );
         }
     }
     let a = list(&p, &p.alice, MINE, "../").await;
-    assert_eq!((a.status, a.body["field"].as_str()), (422, Some("prefix")), "{a}");
+    assert_eq!(
+        (a.status, a.body["field"].as_str()),
+        (422, Some("prefix")),
+        "{a}"
+    );
     assert!(paths(&list(&p, &p.alice, MINE, "").await.body).is_empty());
     assert!(objects(dir.path()).is_empty(), "{:?}", objects(dir.path()));
     // A checksum that does not match keeps nothing either.

@@ -26,11 +26,7 @@ pub async fn portal_in(
 
 /// The API path of `path` in the space `base` (`/api/v1/files`, `/api/v1/labs/x/files`).
 pub fn url(p: &TestPortal, base: &str, path: &str) -> String {
-    format!(
-        "{}{base}/{}",
-        p.url,
-        commons_api::files::encode_path(path)
-    )
+    format!("{}{base}/{}", p.url, commons_api::files::encode_path(path))
 }
 
 pub fn sha256(data: &[u8]) -> String {
