@@ -70,6 +70,9 @@
   }
 
   const form = document.getElementById('upload');
+  // Set here: the attribute is not (yet) in the HTML standard, so the page stays valid.
+  const folderInput = document.getElementById('upload-folder');
+  if (folderInput) folderInput.webkitdirectory = true;
   if (form) {
     form.addEventListener('submit', async function (ev) {
       ev.preventDefault();
@@ -78,7 +81,7 @@
       list.textContent = '';
       const picked = [];
       for (const f of document.getElementById('upload-files').files) picked.push([f, dir + f.name]);
-      for (const f of document.getElementById('upload-folder').files) {
+      for (const f of folderInput.files) {
         picked.push([f, dir + (f.webkitRelativePath || f.name)]);
       }
       if (picked.length === 0) {

@@ -21,6 +21,7 @@ mod estimates;
 mod exposure;
 mod failures;
 mod files;
+mod files_clients;
 mod foundations;
 mod fuzz_http;
 mod ha;
