@@ -63,6 +63,9 @@ per_backend! {
         refused(&cli, &["cp", &w("big.bin"), "files:big.bin"], 1, "your file quota of 5 MB").await;
         assert_eq!(paths(&list(&p, &p.alice, MINE, "").await.body), ["up/set/sub/b.bin"]);
         assert_eq!(f::files_under(&store.path().join("files")).len(), 1);
+        let who = cli.ok(&["whoami"]).await;
+        assert!(who.stdout.contains("your files: 300 kB of 5 MB (1 file)"), "{who}");
+        assert!(who.stdout.contains("lab vision files: 0 B of 500 GB (0 files)"), "{who}");
     }
 }
 
