@@ -268,3 +268,40 @@ per_backend! {
         assert_eq!(paths(&list(&p, &p.alice, VISION, "").await.body), ["shared/o.txt"]);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_cut_off_by_its_client_leaves_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = f::portal_in(Backend::Sqlite, dir.path(), |_| {}).await;
+    let addr = p.url.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "PUT /api/v1/files/cut.bin HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
+         Transfer-Encoding: chunked\r\n\r\n",
+        p.alice
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    // 12 MB in 1 MB chunks: past the first part, so the store holds a multipart upload.
+    let chunk = noise(1 << 20, 21);
+    for _ in 0..12 {
+        s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+            .await
+            .unwrap();
+        s.write_all(&chunk).await.unwrap();
+        s.write_all(b"\r\n").await.unwrap();
+    }
+    let wait = std::time::Duration::from_secs(30);
+    crate::support::harness::wait_for(wait, "the upload to count against the quota", || async {
+        let me = p.get_json(&p.alice, "/api/v1/me").await;
+        me["files"]["used_bytes"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    drop(s);
+    crate::support::harness::wait_for(wait, "the cut-off upload to be forgotten", || async {
+        let me = p.get_json(&p.alice, "/api/v1/me").await;
+        me["files"]["used_bytes"] == 0 && objects(dir.path()).is_empty()
+    })
+    .await;
+    assert!(paths(&list(&p, &p.alice, MINE, "").await.body).is_empty());
+}

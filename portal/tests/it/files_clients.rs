@@ -9,6 +9,7 @@ use crate::support::browser::Browser;
 use crate::support::files::{self as f, get, list, noise, paths, put, put_streamed, sha256};
 use crate::support::harness::{wait_for, Backend, TestPortal};
 use fantoccini::Locator;
+use std::path::Path;
 use std::time::Duration;
 
 const MINE: &str = "/api/v1/files";
@@ -157,38 +158,9 @@ async fn files_live_on_s3_and_a_refused_upload_leaves_no_part_there() {
     assert_eq!(s3_keys(&moto, &format!("{prefix}/files/")).await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_files_page_uploads_with_progress_downloads_and_deletes_at_375_px() {
-    let store = tempfile::tempdir().unwrap();
-    let p = f::portal_in(Backend::Sqlite, store.path(), |c| c.user_quota_gb = 0.005).await;
-    assert_eq!(
-        put(&p, &p.alice, MINE, "data/raw/x.bin", b"xx")
-            .await
-            .status,
-        201
-    );
-    let work = tempfile::tempdir().unwrap();
-    let one = work.path().join("one.txt");
-    let big = work.path().join("big.bin");
-    std::fs::write(&one, "first").unwrap();
-    std::fs::write(&big, noise(6_000_000, 5)).unwrap();
-
-    let b = Browser::start().await;
-    b.client.set_window_size(375, 800).await.unwrap();
-    browser_login(&b, &p, "alice").await;
-    b.client
-        .goto(&format!("{}/files?dir=data%2F", p.url))
-        .await
-        .unwrap();
-    check_page(&b, "files at 375 px").await;
-    let folder = js(
-        &b,
-        "return document.querySelector('tr.folder a').textContent;",
-    )
-    .await;
-    assert_eq!(folder, "raw/");
-
-    // Two files at once: one fits, one passes the quota; each line says which.
+/// Uploads `one` (which fits) and `big` (which passes the quota) from the Files page at
+/// once; checks each progress line says what became of its file.
+async fn upload_one_that_fits_and_one_that_does_not(b: &Browser, one: &Path, big: &Path) {
     let input = b.client.find(Locator::Id("upload-files")).await.unwrap();
     input
         .send_keys(&format!("{}\n{}", one.display(), big.display()))
@@ -203,7 +175,7 @@ async fn the_files_page_uploads_with_progress_downloads_and_deletes_at_375_px() 
         .unwrap();
     let started = std::time::Instant::now();
     let lines = loop {
-        let lines = js(&b, "return Array.from(document.querySelectorAll('#progress li')).map(l => [l.className, l.textContent]);").await;
+        let lines = js(b, "return Array.from(document.querySelectorAll('#progress li')).map(l => [l.className, l.textContent]);").await;
         if lines
             .as_array()
             .is_some_and(|l| l.len() == 2 && l.iter().all(|x| x[0] != ""))
@@ -217,20 +189,19 @@ async fn the_files_page_uploads_with_progress_downloads_and_deletes_at_375_px() 
         tokio::time::sleep(Duration::from_millis(150)).await;
     };
     assert_eq!(lines[0][0], "done", "{lines}");
+    let first = lines[0][1].as_str().unwrap();
     assert!(
-        lines[0][1].as_str().unwrap().contains("data/one.txt"),
+        first.contains("data/one.txt") && first.contains("stored"),
         "{lines}"
     );
     assert_eq!(lines[1][0], "failed", "{lines}");
+    let second = lines[1][1].as_str().unwrap();
     assert!(
-        lines[1][1]
-            .as_str()
-            .unwrap()
-            .contains("refused: your file quota of 5 MB"),
+        second.contains("refused: your file quota of 5 MB"),
         "{lines}"
     );
     let error = js(
-        &b,
+        b,
         "return document.getElementById('files-error').textContent;",
     )
     .await;
@@ -238,8 +209,7 @@ async fn the_files_page_uploads_with_progress_downloads_and_deletes_at_375_px() 
         error.as_str().unwrap().contains("1 of 2 uploads failed"),
         "{error}"
     );
-
-    // The browser logs the refusal it was told about (and nothing else).
+    // The browser logs the refusal it was told about, and nothing else.
     let logged = b.console_errors().await;
     assert!(
         logged
@@ -247,38 +217,76 @@ async fn the_files_page_uploads_with_progress_downloads_and_deletes_at_375_px() 
             .all(|e| e.contains("big.bin") && e.contains("413")),
         "{logged:?}"
     );
+}
 
-    // The page again: the file is listed, downloads, and goes after a confirmation.
-    b.client
-        .goto(&format!("{}/files?dir=data%2F", p.url))
-        .await
-        .unwrap();
-    check_page(&b, "files after the upload").await;
-    let got = js(&b, "return fetch(document.querySelector('tr[data-path=\"data/one.txt\"] a').href).then(r => r.text());").await;
+/// On the Files page of `data/`: downloads `data/one.txt`, then deletes it (a cancelled
+/// confirmation first, which keeps it).
+async fn download_then_delete(b: &Browser, p: &TestPortal) {
+    let got = js(b, "return fetch(document.querySelector('tr[data-path=\"data/one.txt\"] a').href).then(r => r.text());").await;
     assert_eq!(got, "first");
     let bar = js(
-        &b,
+        b,
         "return document.getElementById('files-quota').textContent;",
     )
     .await;
     assert_eq!(bar, "7 B used of 5 MB");
-    js(&b, "window.confirm = () => false; document.querySelector('button.delete[data-path=\"data/one.txt\"]').click(); return null;").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let button = "document.querySelector('button.delete[data-path=\"data/one.txt\"]')";
+    let kept = js(
+        b,
+        &format!("window.confirm = () => false; {button}.click(); return {button}.disabled;"),
+    )
+    .await;
+    assert_eq!(kept, false, "a cancelled confirmation sends nothing");
     assert_eq!(
-        paths(&list(&p, &p.alice, MINE, "data/").await.body),
+        paths(&list(p, &p.alice, MINE, "data/").await.body),
         ["data/one.txt", "data/raw/x.bin"]
     );
-    js(&b, "window.confirm = () => true; document.querySelector('button.delete[data-path=\"data/one.txt\"]').click(); return null;").await;
+    js(
+        b,
+        &format!("window.confirm = () => true; {button}.click(); return null;"),
+    )
+    .await;
     wait_for(Duration::from_secs(20), "the file to go", || async {
-        paths(&list(&p, &p.alice, MINE, "data/").await.body) == ["data/raw/x.bin"]
+        paths(&list(p, &p.alice, MINE, "data/").await.body) == ["data/raw/x.bin"]
     })
     .await;
     wait_for(
         Duration::from_secs(20),
         "the page to show it gone",
-        || async { js(&b, "return document.querySelectorAll('tr.file').length;").await == 0 },
+        || async { js(b, "return document.querySelectorAll('tr.file').length;").await == 0 },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_files_page_uploads_with_progress_downloads_and_deletes_at_375_px() {
+    let store = tempfile::tempdir().unwrap();
+    let p = f::portal_in(Backend::Sqlite, store.path(), |c| c.user_quota_gb = 0.005).await;
+    let a = put(&p, &p.alice, MINE, "data/raw/x.bin", b"xx").await;
+    assert_eq!(a.status, 201, "{a}");
+    let work = tempfile::tempdir().unwrap();
+    let one = work.path().join("one.txt");
+    let big = work.path().join("big.bin");
+    std::fs::write(&one, "first").unwrap();
+    std::fs::write(&big, noise(6_000_000, 5)).unwrap();
+
+    let b = Browser::start().await;
+    b.client.set_window_size(375, 800).await.unwrap();
+    browser_login(&b, &p, "alice").await;
+    let folder_page = format!("{}/files?dir=data%2F", p.url);
+    b.client.goto(&folder_page).await.unwrap();
+    check_page(&b, "files at 375 px").await;
+    let folder = js(
+        &b,
+        "return document.querySelector('tr.folder a').textContent;",
+    )
+    .await;
+    assert_eq!(folder, "raw/");
+    upload_one_that_fits_and_one_that_does_not(&b, &one, &big).await;
+    // The page again: the file is listed, downloads, and goes after a confirmation.
+    b.client.goto(&folder_page).await.unwrap();
+    check_page(&b, "files after the upload").await;
+    download_then_delete(&b, &p).await;
     let http = crate::support::session::logged_in(&p, "alice").await;
     let (status, html) = crate::pages::page(&http, &p, "/files?dir=data%2F").await;
     assert_eq!(status, 200);
