@@ -165,6 +165,7 @@ fn pages_for(c: &Campus, user: &str) -> Vec<String> {
         "/jobs/new".into(),
         "/nodes".into(),
         "/usage".into(),
+        "/files".into(),
         "/tokens".into(),
     ];
     match user {
