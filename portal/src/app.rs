@@ -178,6 +178,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             .configure(crate::broker::agent::configure)
             .configure(crate::broker::checkpoints::configure)
             .configure(crate::broker::control::configure)
+            .configure(crate::broker::outputs::configure)
             .configure(crate::broker::relay::configure)
             .configure(crate::api::configure)
             .configure(crate::web::configure)

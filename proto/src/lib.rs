@@ -37,11 +37,13 @@ use std::collections::BTreeMap;
 
 pub mod checkpoint;
 pub mod control;
+pub mod outputs;
 pub mod relay;
 pub use checkpoint::*;
 pub use control::{
     NodeCapacity, NodeCommand, NodeControlAnswer, NodeDisk, NodeState, NODE_CONTROL_PATH,
 };
+pub use outputs::{output_file_path, outputs_path, OutputFile, OUTPUTS_PATH};
 pub use relay::RelayOpen;
 
 /// Protocol version spoken by this build; sent in `Hello`.
@@ -456,7 +458,13 @@ mod tests {
     /// that was sent.
     #[test]
     fn floats_survive_a_round_trip_bit_for_bit() {
-        for x in [-1.1739098046973182e-219_f64, 0.1, 1.0 / 3.0, 5e-324, f64::MAX] {
+        for x in [
+            -1.1739098046973182e-219_f64,
+            0.1,
+            1.0 / 3.0,
+            5e-324,
+            f64::MAX,
+        ] {
             let text = serde_json::to_string(&x).unwrap();
             let back: f64 = serde_json::from_str(&text).unwrap();
             assert_eq!(back.to_bits(), x.to_bits(), "{text}");

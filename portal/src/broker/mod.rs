@@ -8,6 +8,7 @@ pub mod agent;
 pub mod checkpoints;
 pub mod control;
 pub mod limits;
+pub mod outputs;
 pub mod relay;
 pub mod tick;
 
