@@ -19,7 +19,8 @@
 //!   restarted, the connection broke): [`ContainerRuntime::inspect`] tells the two apart.
 //! - Every container gets its attempt's [`CheckpointMount`]: the host directory
 //!   read-write at `/checkpoint`, `COMMONS_CHECKPOINT_DIR=/checkpoint`, and
-//!   `COMMONS_RESUME=1` exactly when the directory holds a restored checkpoint.
+//!   `COMMONS_RESUME=1` exactly when the directory holds a restored checkpoint; and the
+//!   outputs directory beside it read-write at `/outputs` (`COMMONS_OUTPUTS_DIR`).
 //!
 //! Everything else in the agent that touches containers goes through the trait too: the
 //! guards, the start-up sweep of an earlier identity's containers (`host`) and the SSH
