@@ -184,6 +184,7 @@ pub(super) async fn prepare<R: ContainerRuntime>(
     Some(Ok(CheckpointMount {
         host_dir: host,
         resumed: file.resumed,
+        outputs_dir: crate::outputs::host_dir(&dir),
     }))
 }
 

@@ -166,11 +166,7 @@ fn host_config(spec: &JobSpec, gpus: &[AssignedGpu], ckpt: &CheckpointMount) -> 
         device_requests,
         mounts: Some(vec![
             bind(checkpoint::CONTAINER_DIR, &ckpt.host_dir),
-            // Beside the checkpoint directory, in the same volume (see `outputs`).
-            bind(
-                crate::outputs::CONTAINER_DIR,
-                &ckpt.host_dir.with_file_name("outputs"),
-            ),
+            bind(crate::outputs::CONTAINER_DIR, &ckpt.outputs_dir),
         ]),
         tmpfs: Some(HashMap::from([(
             "/tmp".to_string(),
@@ -214,6 +210,7 @@ mod tests {
         CheckpointMount {
             host_dir: "/var/lib/commons-agent/attempts/42-2/checkpoint".into(),
             resumed,
+            outputs_dir: "/var/lib/commons-agent/attempts/42-2/outputs".into(),
         }
     }
 

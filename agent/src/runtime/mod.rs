@@ -93,6 +93,9 @@ pub struct CheckpointMount {
     pub host_dir: PathBuf,
     /// It holds a restored checkpoint: the job sees `COMMONS_RESUME=1`.
     pub resumed: bool,
+    /// The outputs directory on the host (beside `host_dir`, in the same volume),
+    /// bind-mounted read-write at `/outputs`; it must exist.
+    pub outputs_dir: PathBuf,
 }
 
 /// A container of ours found on the engine.

@@ -115,3 +115,109 @@ per_backend! {
         assert!(std::fs::read(out.path().join("res/model/w.bin")).unwrap() == weights);
     }
 }
+
+/// A job that leaves a file in `/outputs` at each attempt, and what it found there; it
+/// waits to be moved in its first attempt and ends by itself in its second.
+fn leaver() -> Value {
+    let script = "a=$COMMONS_ATTEMPT; echo \"attempt $a\" > $COMMONS_OUTPUTS_DIR/run-$a.txt; \
+                  mkdir -p /outputs/sub; ls /outputs > /outputs/sub/seen-$a.txt; \
+                  echo \"attempt $a wrote its outputs\"; \
+                  [ \"$a\" -ge 2 ] && exit 0; trap 'exit 143' TERM; while true; do sleep 1; done";
+    serde_json::json!({"image": "commons-demo:latest", "command": ["sh", "-c", script],
+                       "gpus": 1, "time_limit_minutes": 30})
+}
+
+/// With real agents and the Docker Engine: a guest moved off a drained server finds its
+/// first attempt's `/outputs` in its second, and everything it wrote is in its owner's
+/// files when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_travel_with_a_moved_job_and_are_kept_when_it_ends() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let p = f::portal_in(crate::support::harness::Backend::Sqlite, dir.path(), |_| {}).await;
+    let _vision = p.agent("vision", "fake:1xA100-80GB").await;
+    let job = p.submit(&p.bob, leaver()).await;
+    p.wait_state(&p.bob, job, &["running"], Duration::from_secs(60))
+        .await;
+    crate::support::harness::wait_for(Duration::from_secs(60), "attempt 1's outputs", || async {
+        p.logs(&p.bob, job)
+            .await
+            .contains("attempt 1 wrote its outputs")
+    })
+    .await;
+    let _physics = p.agent("physics", "fake:1xA100-80GB").await;
+    p.wait_online("physics", 1).await;
+    let nodes = p.get_json(&p.carol, "/api/v1/nodes").await;
+    let vision = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["lab"] == "vision")
+        .unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    let (s, v) = p
+        .post_json(
+            &p.carol,
+            &format!("/api/v1/nodes/{vision}/drain"),
+            &serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let done = p
+        .wait_state(
+            &p.bob,
+            job,
+            &["succeeded", "failed", "cancelled"],
+            Duration::from_secs(120),
+        )
+        .await;
+    let log = p.logs(&p.bob, job).await;
+    assert_eq!(done["state"], "succeeded", "{done}\n{log}");
+    assert_eq!(done["attempts"], 2, "{done}\n{log}");
+    assert!(
+        log.contains("restored /outputs as earlier attempts left it (2 files"),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "/outputs kept in your files under jobs/{job}/ (4 files"
+        )),
+        "{log}"
+    );
+    let kept = p
+        .get_json(&p.bob, &format!("/api/v1/jobs/{job}/outputs"))
+        .await;
+    let names: Vec<String> = paths(&kept)
+        .iter()
+        .map(|x| x.strip_prefix(&format!("jobs/{job}/")).unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["run-1.txt", "run-2.txt", "sub/seen-1.txt", "sub/seen-2.txt"],
+        "{log}"
+    );
+    let (_, _, seen) = get(
+        &p,
+        &p.bob,
+        "/api/v1/files",
+        &format!("jobs/{job}/sub/seen-2.txt"),
+        None,
+    )
+    .await;
+    let seen = String::from_utf8(seen).unwrap();
+    assert!(
+        seen.contains("run-1.txt"),
+        "attempt 2 saw attempt 1's outputs: {seen}"
+    );
+    let (_, _, first) = get(
+        &p,
+        &p.bob,
+        "/api/v1/files",
+        &format!("jobs/{job}/run-1.txt"),
+        None,
+    )
+    .await;
+    assert_eq!(first, b"attempt 1\n");
+    p.stop().await;
+}
