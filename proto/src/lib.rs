@@ -456,7 +456,13 @@ mod tests {
     /// that was sent.
     #[test]
     fn floats_survive_a_round_trip_bit_for_bit() {
-        for x in [-1.1739098046973182e-219_f64, 0.1, 1.0 / 3.0, 5e-324, f64::MAX] {
+        for x in [
+            -1.1739098046973182e-219_f64,
+            0.1,
+            1.0 / 3.0,
+            5e-324,
+            f64::MAX,
+        ] {
             let text = serde_json::to_string(&x).unwrap();
             let back: f64 = serde_json::from_str(&text).unwrap();
             assert_eq!(back.to_bits(), x.to_bits(), "{text}");
