@@ -219,18 +219,3 @@ impl std::ops::Deref for BrowserSession {
         &self.http
     }
 }
-
-/// The CSRF token of a page's forms (until every test posts through a session).
-pub fn hidden_csrf(html: &str) -> String {
-    csrf_in(html).expect("a CSRF field")
-}
-
-/// A browser signed in as `user` (until every test signs in through a session).
-pub async fn logged_in(p: &TestPortal, user: &str) -> reqwest::Client {
-    BrowserSession::login(p, user).await.http
-}
-
-/// The same, for the portal at `url`.
-pub async fn logged_in_at(url: &str, user: &str) -> reqwest::Client {
-    BrowserSession::login_at(url, user).await.http
-}
