@@ -314,12 +314,10 @@ per_backend! {
         let _ = (&mut clone.task).await;
         // The node's page says it, with both addresses, to its lab admin, who dismisses it.
         let id = flagged["id"].as_i64().unwrap();
-        let carol = crate::support::session::logged_in(&p, "carol").await;
+        let carol = crate::support::session::BrowserSession::login(&p, "carol").await;
         let page = carol
-            .get(format!("{}/nodes/{id}", p.url))
-            .send()
+            .fetch(&format!("/nodes/{id}"))
             .await
-            .unwrap()
             .text()
             .await
             .unwrap();
@@ -327,13 +325,9 @@ per_backend! {
             page.contains("id=\"shared-credential\"") && page.contains(refused),
             "[{backend:?}] {page}"
         );
-        let csrf = crate::support::session::hidden_csrf(&page);
         let r = carol
-            .post(format!("{}/nodes/{id}/dismiss-shared", p.url))
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+            .post_form(&format!("/nodes/{id}/dismiss-shared"), &[])
+            .await;
         assert_eq!(r.status(), 303, "[{backend:?}]");
         let after = node_of(&p, &first).await;
         assert!(
