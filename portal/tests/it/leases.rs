@@ -309,9 +309,16 @@ per_backend! {
         assert_eq!(first.containers(second).len(), 1, "[{backend:?}]");
         assert!(clone.containers(job).is_empty(), "[{backend:?}]");
         assert!(clone.containers(second).is_empty(), "[{backend:?}]");
-        // The clone goes (before the dismissal, so it is not flagged again).
+        // The clone goes (before the dismissal, so it is not flagged again). It may have
+        // been refused again meanwhile, from another port: the page shows the latest.
         clone.task.abort();
         let _ = (&mut clone.task).await;
+        let latest = node_of(&p, &first).await;
+        let refused = latest["shared_credential"]["refused_from"]
+            .as_str()
+            .unwrap_or_else(|| panic!("[{backend:?}] the flag went: {latest}"))
+            .to_string();
+        let refused = refused.as_str();
         // The node's page says it, with both addresses, to its lab admin, who dismisses it.
         let id = flagged["id"].as_i64().unwrap();
         let carol = crate::support::session::BrowserSession::login(&p, "carol").await;
