@@ -286,6 +286,9 @@ pub fn read_with_waiting(
                             .map(secs),
                         cpus,
                         memory_mb: memory_mb.max(0) as u64,
+                        // Not recorded yet: agents do not report how long a checkpoint
+                        // took, so victims and grace periods ignore write times here.
+                        checkpoint_write_s: None,
                     }
                 })
                 .collect(),

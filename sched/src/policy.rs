@@ -84,6 +84,17 @@ pub struct Policy {
     /// many seconds after the job's last take-back ([`crate::QueuedJob::taken_back_at`]),
     /// then the job may borrow anywhere again, so it never starves.
     pub taken_back_patience_s: i64,
+    /// Among an owner's possible victims, a guest expected to save all its work when
+    /// told to stop (its latest checkpoint, [`crate::RunningJob::checkpoint_write_s`],
+    /// took no longer than its grace period to write) costs only its restart, so such
+    /// guests are stopped before guests that would lose work. Without write times (the
+    /// default of a snapshot) nothing changes.
+    pub victims_save_aware: bool,
+    /// A guest whose latest checkpoint took longer than its node's grace period to
+    /// write gets a grace period a quarter longer than that write, up to this many
+    /// seconds, so that its save fits; 0 turns it off (every guest gets its node's
+    /// grace period).
+    pub grace_covers_checkpoint_s: u32,
 }
 
 impl Default for Policy {
@@ -109,6 +120,8 @@ impl Default for Policy {
             owner_patience_s: 0,
             taken_back_max_risk: 0.1,
             taken_back_patience_s: 12 * 3600,
+            victims_save_aware: true,
+            grace_covers_checkpoint_s: 600,
         }
     }
 }
@@ -125,7 +138,8 @@ impl Policy {
     }
 
     /// The policy as it was before issue 16: no return-risk placement, no fair-share
-    /// preference among victims, no re-lending hysteresis.
+    /// preference among victims, no re-lending hysteresis, and (issue 31) victims and
+    /// grace periods blind to checkpoint write times.
     pub fn without_churn_knobs(self) -> Policy {
         Policy {
             return_risk_placement: false,
@@ -134,6 +148,8 @@ impl Policy {
             owner_borrows_before_preempting: false,
             owner_patience_s: 0,
             taken_back_max_risk: 0.0,
+            victims_save_aware: false,
+            grace_covers_checkpoint_s: 0,
             ..self
         }
     }

@@ -113,6 +113,7 @@ impl<'a> World<'a> {
             started_at: r.started_at,
             time_limit_s: r.time_limit_s,
             last_checkpoint_at: r.last_checkpoint_at,
+            checkpoint_write_s: r.checkpoint_write_s,
             preempting: r.preempting,
             new: false,
             guest: owner_lab.is_some_and(|l| l != r.lab),

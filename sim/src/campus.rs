@@ -12,7 +12,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -41,7 +41,7 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> CampusError 
 }
 
 /// The campus file as written by a person.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CampusFile {
     /// Seconds a preempted guest job has to checkpoint and stop (SIGTERM to stop).
@@ -78,7 +78,7 @@ fn default_model() -> String {
 }
 
 /// One lab of the campus file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabFile {
     /// Short unique name, e.g. "vision"; nodes are called `<name>-<index>`.
@@ -112,7 +112,7 @@ pub struct LabFile {
 }
 
 /// A lab's lending rule for its nodes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Lend {
     #[default]
@@ -122,7 +122,7 @@ pub enum Lend {
 
 /// A node that leaves at `leave_at_s` (seconds after the first submission of the trace)
 /// and, if `return_at_s` is set, comes back then.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DepartureFile {
     /// Node name, `<lab>-<index>` with index from 0.

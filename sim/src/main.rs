@@ -1,6 +1,7 @@
 //! `commons-sim`: the command-line front of the simulator library.
 
 mod cli;
+mod suite_cmd;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -12,6 +13,7 @@ use std::time::Instant;
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Replay(args) => run_replay(*args),
+        Command::Suite(args) => suite_cmd::run(&args),
         Command::CheckCampus { file } => {
             let campus = CampusFile::read(&file)?.build()?;
             println!(
@@ -92,13 +94,8 @@ fn prepare(args: &ReplayArgs) -> Result<(Campus, Workload, ReplaySettings)> {
         tick_s: args.tick.max(0),
         limit_seed: (args.limits == "overestimate").then_some(args.limit_seed),
         threads: args.threads.max(1),
-        tuning: commons_sim::Tuning {
-            relend_delay_s: args.relend_delay_s,
-            relend_min_rate: args.relend_min_rate,
-            return_risk_step: args.return_risk_step,
-            taken_back_max_risk: args.taken_back_max_risk,
-            taken_back_patience_s: args.taken_back_patience_s,
-        },
+        tuning: args.tuning.tuning(),
+        checkpoints: args.checkpoints.model()?,
     };
     Ok((campus, work, settings))
 }

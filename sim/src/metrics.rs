@@ -10,8 +10,11 @@
 //! - `interactive_wait`, `batch_wait`: waits of the interactive jobs (see
 //!   `trace::is_interactive_by_rule` for traces without a job kind) and of the others.
 //! - `labs_worse_off`: labs whose mean JCT is more than 5% and more than the grace
-//!   period above their mean JCT under `isolated` (a lab that completes nothing under
-//!   `isolated`, e.g. one without nodes, cannot be worse off).
+//!   period above their mean JCT under `isolated`, both over the lab's jobs that fit
+//!   one of its own nodes (`jct_mean_fitting_s`: the jobs `isolated` can run; a job
+//!   wider than every node of its lab runs only when shared, which is no loss). A lab
+//!   that completes nothing under `isolated`, e.g. one without nodes, cannot be worse
+//!   off.
 //!
 //! - `estimate_*`: over the completed jobs that got a start-time estimate from the
 //!   scheduler before their first start (`commons` policies): the absolute error of the
@@ -76,6 +79,8 @@ pub struct LabMetrics {
     pub wait_mean_s: Option<f64>,
     pub jct_mean_s: Option<f64>,
     pub owner_wait_mean_s: Option<f64>,
+    /// Mean JCT of the completed jobs that fit one of the lab's own nodes.
+    pub jct_mean_fitting_s: Option<f64>,
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -195,8 +200,13 @@ pub fn summarize(campus: &Campus, work: &Workload, out: &SimOutput) -> PolicyMet
 /// Each lab's figures under one simulation.
 fn per_lab(campus: &Campus, work: &Workload, out: &SimOutput) -> BTreeMap<String, LabMetrics> {
     let mut per_lab = BTreeMap::new();
+    let mut widest = vec![0; campus.labs.len()];
+    for n in &campus.nodes {
+        widest[n.lab] = widest[n.lab].max(n.gpus);
+    }
     for (i, lab) in campus.labs.iter().enumerate() {
         let (mut jobs, mut wait, mut jct, mut owner) = (0, Vec::new(), Vec::new(), Vec::new());
+        let mut fitting = Vec::new();
         for (j, o) in work.jobs.iter().zip(&out.jobs).filter(|(j, _)| j.lab == i) {
             jobs += 1;
             if let (Some(start), Some(finish)) = (o.first_start, o.finish) {
@@ -204,6 +214,9 @@ fn per_lab(campus: &Campus, work: &Workload, out: &SimOutput) -> BTreeMap<String
                 jct.push((finish - j.submit) as f64);
                 if o.owner_start {
                     owner.push((start - j.submit) as f64);
+                }
+                if j.gpus <= widest[i] {
+                    fitting.push((finish - j.submit) as f64);
                 }
             }
         }
@@ -215,6 +228,7 @@ fn per_lab(campus: &Campus, work: &Workload, out: &SimOutput) -> BTreeMap<String
                 wait_mean_s: mean(&wait),
                 jct_mean_s: mean(&jct),
                 owner_wait_mean_s: mean(&owner),
+                jct_mean_fitting_s: mean(&fitting),
             },
         );
     }
@@ -240,12 +254,15 @@ fn estimate_errors(out: &SimOutput) -> (Vec<f64>, u64) {
 }
 
 /// Labs whose mean JCT under `m` is more than 5% and more than `grace_s` above theirs
-/// under `isolated`.
+/// under `isolated`, over the jobs that fit their own nodes.
 pub fn labs_worse_off(m: &PolicyMetrics, isolated: &PolicyMetrics, grace_s: i64) -> u32 {
     let mut n = 0;
     for (name, lab) in &m.per_lab {
-        let base = isolated.per_lab.get(name).and_then(|l| l.jct_mean_s);
-        if worse_off(lab.jct_mean_s, base, grace_s) {
+        let base = isolated
+            .per_lab
+            .get(name)
+            .and_then(|l| l.jct_mean_fitting_s);
+        if worse_off(lab.jct_mean_fitting_s, base, grace_s) {
             n += 1;
         }
     }

@@ -35,6 +35,7 @@ fn color(p: PolicyKind) -> RGBColor {
         PolicyKind::OldStopCkpt => RGBColor(230, 120, 180),
         PolicyKind::OldElsewhere => RGBColor(120, 200, 80),
         PolicyKind::OldPatience => RGBColor(250, 180, 60),
+        PolicyKind::OldSaves => RGBColor(90, 140, 90),
     }
 }
 
