@@ -145,6 +145,9 @@ enum Kind {
     Start { left: u32, gpus: Vec<usize> },
     /// Preempt these guests (running indices), losing `cost` GPU-seconds.
     Preempt { cost: i64, victims: Vec<usize> },
+    /// Preempting would lose `cost` GPU-seconds, more than
+    /// [`crate::Policy::spare_costly_guests_gpu_hours`]: wait until `at` instead.
+    Spare { cost: i64 },
     /// Wait for running jobs to end.
     Wait,
 }
@@ -254,12 +257,20 @@ fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Of
     } else if usable.len() + guest_held >= want {
         let need = (want - usable.len()) as u32;
         match victims(world, job, n, need) {
-            Some((victims, cost)) => Kind::Preempt { cost, victims },
+            Some((victims, cost)) => match spare_until(world, job, cost) {
+                Some(until) => {
+                    at = own_at.min(until);
+                    Kind::Spare { cost }
+                }
+                None => Kind::Preempt { cost, victims },
+            },
             None => Kind::Wait,
         }
     } else {
         Kind::Wait
     };
+    // Sparing reads the job's submission: such an offer is never shared.
+    let reads_limit = reads_limit || matches!(kind, Kind::Spare { .. });
     let offer = Offer {
         node: n,
         usable,
@@ -267,6 +278,18 @@ fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Of
         kind,
     };
     (offer, reads_limit)
+}
+
+/// Until when an owner job spares guests whose stop would lose `cost` GPU-seconds
+/// ([`crate::Policy::spare_costly_guests_gpu_hours`]); `None`: it stops them now.
+fn spare_until(world: &World, job: &QueuedJob, cost: i64) -> Option<Time> {
+    let p = world.policy;
+    let limit = p.spare_costly_guests_gpu_hours;
+    if limit.is_nan() || limit <= 0.0 || (cost as f64) <= limit * 3600.0 {
+        return None;
+    }
+    let until = job.submitted_at.saturating_add(p.spare_costly_guests_s);
+    (world.now < until).then_some(until)
 }
 
 /// An owner job that found nothing on its own nodes: every offer was to wait, with no
@@ -448,7 +471,7 @@ impl Phase {
 /// chosen node when it preempts there, else until its expected start on each node.
 fn claim_usable(world: &mut World, offers: &[&Offer], chosen: usize) {
     for (i, o) in offers.iter().enumerate() {
-        let until = if i == chosen && !matches!(o.kind, Kind::Wait) {
+        let until = if i == chosen && matches!(o.kind, Kind::Start { .. } | Kind::Preempt { .. }) {
             world.now
         } else {
             o.at
@@ -470,6 +493,7 @@ fn best_offer(world: &World, offers: &[&Offer]) -> Option<usize> {
         let key = match &o.kind {
             Kind::Start { left, .. } => (0, i64::from(*left)),
             Kind::Preempt { cost, .. } => (1, *cost),
+            Kind::Spare { .. } => (2, o.at),
             Kind::Wait if o.at <= patient && world.policy.owner_patience_s > 0 => {
                 (1, o.at.saturating_sub(patient).saturating_sub(1))
             }
@@ -511,6 +535,16 @@ fn wait_on(
         Reason::WaitingForGuestsToLeave {
             node: name,
             grace_s,
+        }
+    } else if let Kind::Spare { cost } = o.kind {
+        elsewhere.push(j);
+        let until = job
+            .submitted_at
+            .saturating_add(world.policy.spare_costly_guests_s);
+        Reason::SparingGuests {
+            node: name,
+            lost_gpu_hours: (cost as f64 / 3600.0).round() as u64,
+            wait_s: until.saturating_sub(world.now),
         }
     } else {
         elsewhere.push(j);

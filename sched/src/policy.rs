@@ -95,6 +95,29 @@ pub struct Policy {
     /// seconds, so that its save fits; 0 turns it off (every guest gets its node's
     /// grace period).
     pub grace_covers_checkpoint_s: u32,
+    /// An owner job whose cheapest way to start would stop guests that lose more than
+    /// this many GPU-hours of work (work since their latest checkpoint, or since their
+    /// start without one) waits instead, for at most
+    /// [`Policy::spare_costly_guests_s`] after its submission, for those guests or its
+    /// lab's own jobs to end; then it stops them. 0 turns it off.
+    pub spare_costly_guests_gpu_hours: f64,
+    /// The bound on that wait, in seconds after the owner job's submission.
+    pub spare_costly_guests_s: i64,
+    /// Adaptive hysteresis: [`Policy::relend_delay_s`] is scaled by the node's owner
+    /// take-back rate this hour over [`Policy::relend_full_rate`] (at most 1) and by the
+    /// queue pressure ([`Policy::relend_pressure_weight`]), so a node whose owner rarely
+    /// comes back, on a quiet campus, lends again sooner.
+    pub relend_adaptive: bool,
+    /// Take-backs per hour from which the adaptive hysteresis holds a GPU back for the
+    /// whole [`Policy::relend_delay_s`].
+    pub relend_full_rate: f64,
+    /// How much the queue pressure (the GPUs queued jobs ask for over the free GPUs, at
+    /// most 1) scales the adaptive hysteresis: 0 not at all, 1 in proportion.
+    pub relend_pressure_weight: f64,
+    /// The same for [`Policy::taken_back_max_risk`]: the expected take-backs are
+    /// weighed by `1 - w + w * pressure`, so on a quiet campus a guest taken back
+    /// before may borrow riskier nodes. 0 (the default) leaves the limit as it is.
+    pub taken_back_pressure_weight: f64,
 }
 
 impl Default for Policy {
@@ -122,6 +145,13 @@ impl Default for Policy {
             taken_back_patience_s: 12 * 3600,
             victims_save_aware: true,
             grace_covers_checkpoint_s: 600,
+            // Chosen on the simulator's suite, tuning set only (docs/src/reports/robustness.md).
+            spare_costly_guests_gpu_hours: 2.0,
+            spare_costly_guests_s: 2 * 3600,
+            relend_adaptive: false,
+            relend_full_rate: 0.1,
+            relend_pressure_weight: 0.0,
+            taken_back_pressure_weight: 0.0,
         }
     }
 }
@@ -150,6 +180,7 @@ impl Policy {
             taken_back_max_risk: 0.0,
             victims_save_aware: false,
             grace_covers_checkpoint_s: 0,
+            spare_costly_guests_gpu_hours: 0.0,
             ..self
         }
     }

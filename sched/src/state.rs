@@ -256,6 +256,8 @@ pub(crate) struct World<'a> {
     pub member_use: Vec<Use>,
     /// Free GPUs on schedulable nodes that nobody claimed: zero means nothing can start.
     pub free_total: u32,
+    /// Queue pressure at the snapshot, 0 to 1 ([`crate::risk::pressure`]).
+    pub pressure: f64,
 }
 
 impl<'a> World<'a> {

@@ -118,6 +118,29 @@ pub struct TuningArgs {
     /// longer grace off).
     #[arg(long)]
     pub grace_covers_checkpoint_s: Option<u32>,
+    /// GPU-hours of guests' work from which an owner job waits before stopping them,
+    /// for the policies with checkpoint-aware victims (default: `sched`'s; 0: off).
+    #[arg(long)]
+    pub spare_costly_guests_gpu_hours: Option<f64>,
+    /// Seconds after its submission an owner job waits at most before stopping such
+    /// guests (default: `sched`'s).
+    #[arg(long)]
+    pub spare_costly_guests_s: Option<i64>,
+    /// Adaptive hysteresis on or off ("true"/"false"; default: `sched`'s): the delay
+    /// scales with the node's take-back rate and the queue pressure.
+    #[arg(long)]
+    pub relend_adaptive: Option<bool>,
+    /// Take-backs per hour from which the adaptive hysteresis holds back for the whole
+    /// delay (default: `sched`'s).
+    #[arg(long)]
+    pub relend_full_rate: Option<f64>,
+    /// Weight of the queue pressure in the adaptive hysteresis, 0-1 (default: `sched`'s).
+    #[arg(long)]
+    pub relend_pressure_weight: Option<f64>,
+    /// Weight of the queue pressure in the take-back rule's limit, 0-1 (default:
+    /// `sched`'s).
+    #[arg(long)]
+    pub taken_back_pressure_weight: Option<f64>,
 }
 
 impl TuningArgs {
@@ -129,6 +152,12 @@ impl TuningArgs {
             taken_back_max_risk: self.taken_back_max_risk,
             taken_back_patience_s: self.taken_back_patience_s,
             grace_covers_checkpoint_s: self.grace_covers_checkpoint_s,
+            spare_costly_guests_gpu_hours: self.spare_costly_guests_gpu_hours,
+            spare_costly_guests_s: self.spare_costly_guests_s,
+            relend_adaptive: self.relend_adaptive,
+            relend_full_rate: self.relend_full_rate,
+            relend_pressure_weight: self.relend_pressure_weight,
+            taken_back_pressure_weight: self.taken_back_pressure_weight,
         }
     }
 }
@@ -179,6 +208,10 @@ pub struct SuiteArgs {
     /// (24 cases, up to 640 GPUs and 8,000 jobs).
     #[arg(long)]
     pub small: bool,
+    /// The tests' tiny suite (4 cases of at most 150 jobs submitted within two days,
+    /// 5-8 labs, up to 64 GPUs): checks that everything runs, says nothing.
+    #[arg(long, conflicts_with = "small")]
+    pub tiny: bool,
     /// Only the first N cases (seeds 0..N) of the suite.
     #[arg(long)]
     pub cases: Option<u64>,

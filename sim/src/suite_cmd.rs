@@ -10,7 +10,9 @@ use commons_sim::{read_trace, PolicyKind};
 use std::time::Instant;
 
 pub fn run(args: &SuiteArgs) -> Result<()> {
-    let mut spec = if args.small {
+    let mut spec = if args.tiny {
+        SuiteSpec::tiny()
+    } else if args.small {
         SuiteSpec::small()
     } else {
         SuiteSpec::full()

@@ -121,6 +121,10 @@ impl Engine<'_> {
                 }
             }
             for w in &plan.pending {
+                if let sched::Reason::SparingGuests { wait_s, .. } = w.reason {
+                    // Plan again when the owner job stops sparing the guests.
+                    self.wake_at(self.now + wait_s.max(1));
+                }
                 let Some(at) = w.estimated_start else {
                     continue;
                 };
@@ -242,6 +246,20 @@ pub(super) fn sched_policy(
         grace_covers_checkpoint_s: tuning
             .grace_covers_checkpoint_s
             .unwrap_or(default.grace_covers_checkpoint_s),
+        spare_costly_guests_gpu_hours: tuning
+            .spare_costly_guests_gpu_hours
+            .unwrap_or(default.spare_costly_guests_gpu_hours),
+        spare_costly_guests_s: tuning
+            .spare_costly_guests_s
+            .unwrap_or(default.spare_costly_guests_s),
+        relend_adaptive: tuning.relend_adaptive.unwrap_or(default.relend_adaptive),
+        relend_full_rate: tuning.relend_full_rate.unwrap_or(default.relend_full_rate),
+        relend_pressure_weight: tuning
+            .relend_pressure_weight
+            .unwrap_or(default.relend_pressure_weight),
+        taken_back_pressure_weight: tuning
+            .taken_back_pressure_weight
+            .unwrap_or(default.taken_back_pressure_weight),
         ..default
     };
     sched::Policy {
@@ -268,6 +286,11 @@ pub(super) fn sched_policy(
             on.grace_covers_checkpoint_s
         } else {
             0
+        },
+        spare_costly_guests_gpu_hours: if knobs.saves {
+            on.spare_costly_guests_gpu_hours
+        } else {
+            0.0
         },
         ..on
     }

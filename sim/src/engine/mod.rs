@@ -92,6 +92,18 @@ pub struct Tuning {
     pub taken_back_patience_s: Option<i64>,
     /// `Policy::grace_covers_checkpoint_s` where checkpoint-aware victims are on.
     pub grace_covers_checkpoint_s: Option<u32>,
+    /// `Policy::spare_costly_guests_gpu_hours` where checkpoint-aware victims are on.
+    pub spare_costly_guests_gpu_hours: Option<f64>,
+    /// `Policy::spare_costly_guests_s`.
+    pub spare_costly_guests_s: Option<i64>,
+    /// `Policy::relend_adaptive` (it matters only where the hysteresis is on).
+    pub relend_adaptive: Option<bool>,
+    /// `Policy::relend_full_rate`.
+    pub relend_full_rate: Option<f64>,
+    /// `Policy::relend_pressure_weight`.
+    pub relend_pressure_weight: Option<f64>,
+    /// `Policy::taken_back_pressure_weight` (where the take-back rule is on).
+    pub taken_back_pressure_weight: Option<f64>,
 }
 
 /// What happened to one job (indexed like [`Workload::jobs`]).
@@ -173,6 +185,28 @@ struct Rt {
     out: JobOutcome,
 }
 
+impl Rt {
+    /// A job not yet submitted.
+    fn pending() -> Rt {
+        Rt {
+            st: St::Pending,
+            saved: 0,
+            start: 0,
+            node: 0,
+            gpus: Vec::new(),
+            preempting: false,
+            displaced: false,
+            limit_end: 0,
+            take_backs: 0,
+            taken_back_at: 0,
+            signal_at: 0,
+            save_ok: false,
+            write_s: None,
+            out: JobOutcome::default(),
+        }
+    }
+}
+
 /// GPU `k` of node `n` has id `n * GPU_STRIDE + k` (nodes have at most 64 GPUs).
 const GPU_STRIDE: i64 = 100;
 
@@ -229,6 +263,8 @@ struct Engine<'a> {
     /// The checkpoint model's draws per job (empty without the model): whether it
     /// never checkpoints, and its fill (see [`crate::checkpoint`]).
     saves: Vec<(bool, f64)>,
+    /// Times of the wake-ups asked for by [`Engine::wake_at`] and not yet due.
+    wakes: BTreeSet<i64>,
 }
 
 /// The function that plans for the `commons` policies: [`sched::plan`] in production,
@@ -351,25 +387,7 @@ impl<'a> Engine<'a> {
             free,
             on_node: vec![Vec::new(); n],
             lab_nodes,
-            jobs: vec![
-                Rt {
-                    st: St::Pending,
-                    saved: 0,
-                    start: 0,
-                    node: 0,
-                    gpus: Vec::new(),
-                    preempting: false,
-                    displaced: false,
-                    limit_end: 0,
-                    take_backs: 0,
-                    taken_back_at: 0,
-                    signal_at: 0,
-                    save_ok: false,
-                    write_s: None,
-                    out: JobOutcome::default(),
-                };
-                work.jobs.len()
-            ],
+            jobs: vec![Rt::pending(); work.jobs.len()],
             queue: BTreeSet::new(),
             lab_queue: vec![BTreeSet::new(); campus.labs.len()],
             dirty: vec![false; campus.labs.len()],
@@ -394,6 +412,7 @@ impl<'a> Engine<'a> {
             rates_hour: None,
             fs_usage: vec![(0.0, work.span.0); campus.labs.len()],
             saves: save::draws(work, opts.checkpoints.as_ref()),
+            wakes: BTreeSet::new(),
             opts,
         }
     }
@@ -441,6 +460,7 @@ impl<'a> Engine<'a> {
             }
             Ev::Tick => self.tick_pending = false,
             Ev::Wake => {
+                self.wakes.remove(&self.now);
                 self.other_change = true;
                 self.changed = true;
             }

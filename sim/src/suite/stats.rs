@@ -21,7 +21,7 @@ pub struct Ratio {
 }
 
 /// The ratios, in the order the tables show them.
-pub const RATIOS: [Ratio; 6] = [
+pub const RATIOS: [Ratio; 8] = [
     Ratio {
         name: "jct_vs_share_fairshare",
         what: "mean JCT / share-fairshare's",
@@ -43,6 +43,16 @@ pub const RATIOS: [Ratio; 6] = [
         limit: 0.5,
     },
     Ratio {
+        name: "owner_wait_vs_share_fairshare_contested",
+        what: "the same where share-fairshare's owners wait 10 min or more",
+        limit: 0.5,
+    },
+    Ratio {
+        name: "owner_wait_min",
+        what: "owner mean wait (minutes)",
+        limit: f64::INFINITY,
+    },
+    Ratio {
         name: "labs_worse_off",
         what: "labs worse off than alone (count)",
         limit: 0.0,
@@ -53,6 +63,11 @@ pub const RATIOS: [Ratio; 6] = [
         limit: 0.5,
     },
 ];
+
+/// Share-fairshare's owner mean wait from which a case counts as contested for owners:
+/// below it owners wait about a tick and a grace period in every policy, and the ratio
+/// says little.
+pub const CONTESTED_OWNER_WAIT_S: f64 = 600.0;
 
 fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
@@ -96,6 +111,13 @@ pub fn value(case: &CaseResult, policy: &str, name: &str) -> Option<f64> {
             Some(count_div(p.preemptions as f64, old?.preemptions as f64))
         }
         "owner_wait_vs_share_fairshare" => div(p.owner_wait_mean_s, sf?.owner_wait_mean_s),
+        "owner_wait_vs_share_fairshare_contested" => {
+            let sf = sf?
+                .owner_wait_mean_s
+                .filter(|&w| w >= CONTESTED_OWNER_WAIT_S);
+            div(p.owner_wait_mean_s, sf)
+        }
+        "owner_wait_min" => p.owner_wait_mean_s.map(|w| w / 60.0),
         "labs_worse_off" => {
             let iso = get(PolicyKind::Isolated)?;
             Some(f64::from(labs_worse_off(p, iso, case.info.grace_s)))
@@ -192,7 +214,7 @@ pub fn targets(
     let mut out = Vec::new();
     for (set, per_policy) in dists {
         for (policy, per_ratio) in per_policy {
-            for r in &RATIOS {
+            for r in RATIOS.iter().filter(|r| r.limit.is_finite()) {
                 let Some(d) = per_ratio.get(r.name) else {
                     continue;
                 };
@@ -232,6 +254,7 @@ pub fn markdown(report: &super::SuiteReport) -> String {
                     continue;
                 };
                 let met = |v: Option<f64>| match v {
+                    _ if r.limit.is_infinite() => "-",
                     Some(v) if v <= r.limit => "yes",
                     Some(_) => "no",
                     None => "-",
@@ -246,7 +269,11 @@ pub fn markdown(report: &super::SuiteReport) -> String {
                     cell(d.median),
                     cell(d.p10),
                     cell(d.p90),
-                    r.limit,
+                    if r.limit.is_finite() {
+                        r.limit.to_string()
+                    } else {
+                        "-".into()
+                    },
                     met(d.median),
                     met(d.worst),
                 );
