@@ -378,6 +378,9 @@ fn running_jobs(rows: &Rows) -> Vec<commons_sched::RunningJob> {
                     .map(secs),
                 cpus,
                 memory_mb: memory_mb.max(0) as u64,
+                // Not recorded yet: agents do not report how long a checkpoint took, so
+                // victims and grace periods ignore write times here.
+                checkpoint_write_s: None,
             }
         })
         .collect()

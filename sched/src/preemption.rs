@@ -136,8 +136,16 @@ fn over_share(world: &World, lab: usize) -> bool {
 /// one) told to stop must weigh the same as before, or an owner job would hop to its
 /// node in the next round and the plan would not be a fixed point. A restart costs at
 /// least the minimum runtime, so a guest that just started is never a free victim.
+/// A guest expected to save everything on stop ([`crate::state::RunW::saves_on_stop`])
+/// costs only that.
 fn cost_of(world: &World, r: usize) -> i64 {
     let run = &world.running[r];
     let floor = i64::from(run.gpu_count).saturating_mul(world.policy.min_runtime_s.max(1));
+    let grace = run
+        .node
+        .map_or(world.policy.default_grace_s, |n| world.nodes[n].grace_s);
+    if run.saves_on_stop(grace, world.policy) {
+        return floor;
+    }
     run.lost_work(world.now).max(floor)
 }

@@ -118,6 +118,8 @@ pub(crate) struct RunW {
     pub started_at: Time,
     pub time_limit_s: i64,
     pub last_checkpoint_at: Option<Time>,
+    /// See [`RunningJob::checkpoint_write_s`].
+    pub checkpoint_write_s: Option<i64>,
     pub preempting: bool,
     /// Started by this plan: never a victim in it (no start-then-preempt loops).
     pub new: bool,
@@ -136,6 +138,31 @@ impl RunW {
         } else {
             None
         }
+    }
+
+    /// The grace period it gets when it is preempted on a node of `node_grace`
+    /// seconds: longer when its latest checkpoint took longer than that to write and
+    /// [`Policy::grace_covers_checkpoint_s`] allows a grace that covers it (a quarter
+    /// more than the write, at most that limit).
+    pub fn grace_s(&self, node_grace: u32, policy: &Policy) -> u32 {
+        let cap = policy.grace_covers_checkpoint_s;
+        match self.checkpoint_write_s {
+            Some(w) if w > i64::from(node_grace) && w <= i64::from(cap) => {
+                let wanted = w.saturating_add((w + 3) / 4).min(i64::from(cap));
+                u32::try_from(wanted).unwrap_or(cap).max(node_grace)
+            }
+            _ => node_grace,
+        }
+    }
+
+    /// Whether it is expected to save all its work when told to stop on a node of
+    /// `node_grace` seconds: its latest checkpoint took no longer than its grace period
+    /// to write ([`Policy::victims_save_aware`] only).
+    pub fn saves_on_stop(&self, node_grace: u32, policy: &Policy) -> bool {
+        policy.victims_save_aware
+            && self
+                .checkpoint_write_s
+                .is_some_and(|w| w <= i64::from(self.grace_s(node_grace, policy)))
     }
 
     /// GPU-seconds a preemption now would throw away.
@@ -229,6 +256,8 @@ pub(crate) struct World<'a> {
     pub member_use: Vec<Use>,
     /// Free GPUs on schedulable nodes that nobody claimed: zero means nothing can start.
     pub free_total: u32,
+    /// Queue pressure at the snapshot, 0 to 1 ([`crate::risk::pressure`]).
+    pub pressure: f64,
 }
 
 impl<'a> World<'a> {
@@ -298,6 +327,7 @@ impl<'a> World<'a> {
             started_at: self.now,
             time_limit_s: job.time_limit_s,
             last_checkpoint_at: None,
+            checkpoint_write_s: None,
             preempting: false,
             new: true,
             guest,
@@ -319,9 +349,10 @@ impl<'a> World<'a> {
             self.nodes[n].changes = self.nodes[n].changes.wrapping_add(1);
         }
         let r = &self.running[run];
-        let grace_s = r
+        let node_grace = r
             .node
             .map_or(self.policy.default_grace_s, |n| self.nodes[n].grace_s);
+        let grace_s = r.grace_s(node_grace, self.policy);
         Preempt {
             job: r.job,
             grace_s,
