@@ -61,6 +61,9 @@ pub struct LabAccount {
     pub gpu_hours_in_period: f64,
     /// GPU-hours the lab borrowed in the quota period (what `lab_quota` counts).
     pub lab_borrowed_gpu_hours_in_period: f64,
+    /// The lab's shared file space against its quota (absent from older portals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lab_files: Option<crate::files::SpaceUse>,
 }
 
 /// `GET /api/v1/me`.
@@ -76,6 +79,9 @@ pub struct Account {
     /// The window GPU-hour quotas count over.
     pub quota_period_days: i64,
     pub labs: Vec<LabAccount>,
+    /// The user's own file space against its quota (absent from older portals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<crate::files::SpaceUse>,
 }
 
 impl Account {

@@ -41,6 +41,13 @@ pub enum Command {
     SshConfig(SshConfigArgs),
     /// Forward a running job's Jupyter port to this computer and print the URL.
     Notebook(NotebookArgs),
+    /// Copy files between this computer and the file store: `commons cp LOCAL...
+    /// files:PATH` uploads, `commons cp files:PATH LOCAL` downloads (`lab:SLUG/PATH` for a
+    /// lab's shared files).
+    Cp(CpArgs),
+    /// Your files in the campus store (`lab:SLUG/` for a lab's): list, remove.
+    #[command(subcommand)]
+    Files(FilesCommand),
     /// Your SSH public keys, which the gateway accepts for your jobs.
     #[command(subcommand)]
     SshKey(SshKeyCommand),
@@ -219,6 +226,32 @@ pub enum SshKeyCommand {
     },
     /// Remove a key by its id.
     Rm { id: i64 },
+}
+
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// The sources, then the destination. A store path is files:PATH (yours) or
+    /// lab:SLUG/PATH; a destination ending in '/' (or several sources) is a folder.
+    #[arg(required = true, num_args = 2.., value_name = "SRC... DEST")]
+    pub paths: Vec<String>,
+    /// Copy folders with everything in them.
+    #[arg(short, long)]
+    pub recursive: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FilesCommand {
+    /// List files (all, or those under PREFIX: `data/`, `lab:vision/shared/`).
+    Ls {
+        prefix: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove files (PATH, files:PATH or lab:SLUG/PATH).
+    Rm {
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]

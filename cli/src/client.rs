@@ -8,6 +8,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::time::Duration;
 
+/// The longest one upload or download may take.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
 pub struct Client {
     http: reqwest::blocking::Client,
     pub url: String,
@@ -83,7 +86,7 @@ impl Client {
         }
     }
 
-    fn unreachable(&self, e: &reqwest::Error) -> CliError {
+    pub fn unreachable(&self, e: &reqwest::Error) -> CliError {
         let why = if e.is_timeout() {
             "no answer in time".to_string()
         } else {
@@ -126,6 +129,25 @@ impl Client {
     pub fn error_from(&self, status: u16, text: &str) -> CliError {
         let body: ErrorBody = serde_json::from_str(text).unwrap_or_default();
         self.refusal(status, body, None)
+    }
+
+    /// An upload: `body` as the request's, with no time limit but the connection's (a
+    /// transfer takes as long as it takes). The answer, refusals turned into errors.
+    pub fn put_body(&self, path: &str, body: reqwest::blocking::Body) -> Result<Response> {
+        let req = self
+            .request(reqwest::Method::PUT, path)
+            .timeout(TRANSFER_TIMEOUT)
+            .header("content-type", "application/octet-stream")
+            .body(body);
+        self.send(req)
+    }
+
+    /// A download: the answer, to be read as it streams in.
+    pub fn get_body(&self, path: &str) -> Result<Response> {
+        self.send(
+            self.request(reqwest::Method::GET, path)
+                .timeout(TRANSFER_TIMEOUT),
+        )
     }
 
     pub fn delete(&self, path: &str) -> Result<()> {

@@ -36,6 +36,24 @@ pub fn whoami(a: JsonFlag) -> Result<u8> {
         client.url,
         if me.operator { ", operator" } else { "" }
     );
+    let space = |u: &commons_api::files::SpaceUse| {
+        use commons_api::files::human_bytes;
+        format!(
+            "{} of {} ({} file{})",
+            human_bytes(u.used_bytes),
+            human_bytes(u.quota_bytes),
+            u.files,
+            if u.files == 1 { "" } else { "s" }
+        )
+    };
+    if let Some(u) = &me.files {
+        println!("your files: {}", space(u));
+    }
+    for l in &me.labs {
+        if let Some(u) = &l.lab_files {
+            println!("lab {} files: {}", l.slug, space(u));
+        }
+    }
     if me.labs.is_empty() {
         println!("not a member of any lab yet: ask a lab admin to add you");
         return Ok(0);

@@ -8,6 +8,7 @@ mod args;
 mod client;
 mod config;
 mod error;
+mod files;
 mod follow;
 mod info;
 mod jobs;
@@ -46,6 +47,8 @@ fn dispatch(command: Command) -> Result<u8> {
         Command::Ssh(a) => ssh::ssh(a),
         Command::SshConfig(a) => ssh::ssh_config(a),
         Command::Notebook(a) => ssh::notebook(a),
+        Command::Cp(a) => files::cp(a),
+        Command::Files(c) => files::files(c),
         Command::SshKey(c) => ssh::ssh_key(c),
         Command::Nodes(a) => info::nodes(a),
         Command::Usage(a) => info::usage(a),

@@ -21,6 +21,7 @@ pub mod checkpoints;
 pub mod cli_logins;
 pub mod copy;
 pub mod domain;
+pub mod files;
 pub mod gateway;
 pub mod images;
 pub mod job_search;

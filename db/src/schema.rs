@@ -12,6 +12,7 @@ diesel::table! {
         checkpoint_cap_gb -> Nullable<Double>,
         interactive_boost -> Bool,
         require_signed_images -> Bool,
+        files_quota_gb -> Nullable<Double>,
     }
 }
 
@@ -36,6 +37,7 @@ diesel::table! {
         role -> Text,
         quota -> Text,
         source -> Text,
+        files_quota_gb -> Nullable<Double>,
     }
 }
 
@@ -327,6 +329,36 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    files (id) {
+        id -> BigInt,
+        space -> Text,
+        path -> Text,
+        object -> Text,
+        bytes -> BigInt,
+        sha256 -> Text,
+        modified_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    file_uploads (id) {
+        id -> BigInt,
+        space -> Text,
+        path -> Text,
+        object -> Text,
+        reserved -> BigInt,
+        started_at -> Timestamp,
+        touched_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    file_spaces (space) {
+        space -> Text,
+    }
+}
+
 diesel::joinable!(memberships -> users (user_id));
 diesel::joinable!(job_templates -> users (user_id));
 diesel::joinable!(memberships -> labs (lab_id));
@@ -367,4 +399,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     image_allows,
     job_templates,
     attempt_samples,
+    files,
+    file_uploads,
+    file_spaces,
 );

@@ -102,12 +102,14 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let pool_size = config.database_pool_size;
     let db = tokio::task::spawn_blocking(move || Db::open_with(&url, pool_size)).await??;
     let key = session_key(&config)?;
+    let checkpoints = crate::service::checkpoints::Store::from_config(&config)?;
     let state = AppState {
         ctx: crate::service::Ctx {
             db,
             agents: Default::default(),
             wake: Default::default(),
-            checkpoints: crate::service::checkpoints::Store::from_config(&config)?,
+            files: crate::service::files::Files::new(checkpoints.clone(), &config.files),
+            checkpoints,
             relays: Default::default(),
             metrics: Default::default(),
             image_authorities: std::sync::Arc::new(config.images.keys()?),

@@ -30,6 +30,10 @@ pub enum AppError {
     /// A request body over its limit (413); the message says the limit.
     #[error("{0}")]
     TooLarge(String),
+    /// An upload that would pass a quota (413); `code` names which (`file_quota`), the
+    /// message says its figures.
+    #[error("{message}")]
+    OverQuota { code: &'static str, message: String },
     /// A body of a type the endpoint does not take (415).
     #[error("{0}")]
     UnsupportedMediaType(String),
@@ -76,7 +80,7 @@ impl AppError {
             AppError::Forbidden(_) => StatusCode::FORBIDDEN,
             AppError::NotFound(_) => StatusCode::NOT_FOUND,
             AppError::Conflict { .. } => StatusCode::CONFLICT,
-            AppError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            AppError::TooLarge(_) | AppError::OverQuota { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AppError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
@@ -93,6 +97,7 @@ impl AppError {
             AppError::NotFound(_) => "not_found",
             AppError::Conflict { code, .. } => code,
             AppError::TooLarge(_) => "too_large",
+            AppError::OverQuota { code, .. } => code,
             AppError::UnsupportedMediaType(_) => "unsupported_media_type",
             AppError::Unavailable(_) => "unavailable",
             AppError::InsufficientStorage(_) => "insufficient_storage",

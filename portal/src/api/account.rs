@@ -28,12 +28,7 @@ pub(crate) async fn me(
     state: web::Data<AppState>,
     user: CurrentUser,
 ) -> Result<HttpResponse, ApiError> {
-    let policy = state.config.policy.clone();
-    let actor = user.0;
-    let view = state
-        .db
-        .run(move |c| account::account(c, &actor, &policy))
-        .await?;
+    let view = account::me(&state, &user, state.config.policy.clone()).await?;
     Ok(HttpResponse::Ok().json(view))
 }
 

@@ -2,6 +2,7 @@
 
 mod account;
 mod cli_login;
+mod files;
 mod images;
 mod jobs;
 pub mod metrics;
@@ -38,6 +39,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .configure(openapi::configure)
             .configure(account::configure)
             .configure(cli_login::configure)
+            .configure(files::configure)
             .configure(images::configure)
             .configure(jobs::configure)
             .configure(nodes::configure)

@@ -6,7 +6,9 @@
 //! JSON and a newline); a test fails when they differ. Regenerate it with
 //! `cargo run -p commons-portal -- openapi > docs/openapi.json`.
 
-use super::{account, cli_login, images, jobs, nodes, policy, ssh_gateway, ssh_keys, utilization};
+use super::{
+    account, cli_login, files, images, jobs, nodes, policy, ssh_gateway, ssh_keys, utilization,
+};
 use actix_web::{web, HttpResponse};
 use commons_api as api;
 use std::sync::LazyLock;
@@ -35,6 +37,9 @@ use utoipa::{Modify, OpenApi};
         images::list, images::add, images::remove, images::put_signed,
         ssh_keys::list, ssh_keys::add, ssh_keys::remove, ssh_gateway::get,
         cli_login::start, cli_login::token,
+        files::list, files::get, files::put, files::delete,
+        files::lab_list, files::lab_get, files::lab_put, files::lab_delete,
+        files::put_lab_quota, files::put_member_quota,
         openapi_json,
     ),
     components(schemas(api::LabJobView, api::JobState, api::ErrorBody)),
@@ -46,6 +51,7 @@ use utoipa::{Modify, OpenApi};
         (name = "nodes", description = "The campus's servers and the overview"),
         (name = "policy", description = "Lending rules and quotas (lab admins, operators)"),
         (name = "images", description = "The image allow-list"),
+        (name = "files", description = "Files: your own space, your labs' shared ones, and their quotas"),
         (name = "ssh", description = "SSH keys and the SSH gateway into jobs"),
         (name = "cli-login", description = "The CLI's sign-in through the browser (RFC 8628)"),
         (name = "meta", description = "This document"),
@@ -143,6 +149,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ids.len(), 34, "{ids:?}");
+        assert_eq!(ids.len(), 44, "{ids:?}");
     }
 }

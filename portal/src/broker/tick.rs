@@ -102,6 +102,9 @@ pub async fn run(state: AppState) {
                 if let Err(e) = crate::service::checkpoints::prune_abandoned(&state).await {
                     tracing::error!("removing abandoned checkpoint uploads failed: {e:#}");
                 }
+                if let Err(e) = crate::service::files::sweep(&state).await {
+                    tracing::error!("sweeping the file store failed: {e:#}");
+                }
             }
             if more {
                 continue;

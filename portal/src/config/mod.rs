@@ -6,8 +6,10 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 mod access;
+mod files;
 mod sections;
 pub use access::*;
+pub use files::FilesConfig;
 pub use sections::*;
 
 /// Connections to PostgreSQL by default (`database_pool_size`): with `fsync` on,
@@ -51,6 +53,8 @@ pub struct Config {
     pub session_absolute_hours: u64,
     /// Where jobs' `/checkpoint` archives are kept, and how many.
     pub checkpoints: CheckpointsConfig,
+    /// Users' and labs' file spaces (in the checkpoints' store) and their quotas.
+    pub files: FilesConfig,
     /// The SSH gateway into running jobs.
     pub ssh: SshConfig,
     /// `/metrics` for Prometheus.
@@ -101,6 +105,7 @@ impl Default for Config {
             session_idle_minutes: 8 * 60,
             session_absolute_hours: 7 * 24,
             checkpoints: CheckpointsConfig::default(),
+            files: FilesConfig::default(),
             ssh: SshConfig::default(),
             metrics: MetricsConfig::default(),
             images: ImagesConfig::default(),
@@ -254,6 +259,7 @@ impl Config {
         );
         self.validate_sso()?;
         self.checkpoints.validate(&self.database_url)?;
+        self.files.validate()?;
         self.validate_ssh()
     }
 

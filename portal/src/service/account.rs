@@ -57,6 +57,7 @@ pub fn account(c: &mut DbConn, actor: &Actor, policy: &Policy) -> Result<Account
                 lab_borrowed_gpu_hours_in_period: lab_info
                     .map(|l| l.period_gpu_hours)
                     .unwrap_or(0.0),
+                lab_files: None,
             }
         })
         .collect();
@@ -67,7 +68,25 @@ pub fn account(c: &mut DbConn, actor: &Actor, policy: &Policy) -> Result<Account
         operator: actor.user.is_operator,
         quota_period_days: db::snapshot::QUOTA_PERIOD_S / 86_400,
         labs,
+        files: None,
     })
+}
+
+/// The actor's account with the use of their file spaces (their own, their labs'):
+/// what `GET /api/v1/me` answers and *My usage* shows.
+pub async fn me(ctx: &Ctx, actor: &Actor, policy: Policy) -> Result<Account, AppError> {
+    let (actor, quotas) = (actor.clone(), ctx.files.quotas);
+    ctx.db
+        .run(move |c| {
+            let mut acc = account(c, &actor, &policy)?;
+            let (mine, labs) = super::files::uses(c, &quotas, &actor)?;
+            acc.files = Some(mine);
+            for (l, (lab, _)) in acc.labs.iter_mut().zip(&actor.labs) {
+                l.lab_files = labs.iter().find(|(id, _)| *id == lab.id).map(|(_, u)| *u);
+            }
+            Ok(acc)
+        })
+        .await
 }
 
 /// Weeks of usage shown.

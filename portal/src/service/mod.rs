@@ -16,6 +16,7 @@ pub mod attempts;
 pub mod checkpoints;
 pub mod cli_login;
 pub mod extend;
+pub mod files;
 pub mod identity;
 pub mod images;
 pub mod inventory;
@@ -61,6 +62,8 @@ pub struct Ctx {
     pub agents: agents::Registry,
     /// Where checkpoint archives are kept.
     pub checkpoints: checkpoints::Store,
+    /// Users' and labs' file spaces (in the same store) and their default quotas.
+    pub files: files::Files,
     /// SSH relays this replica asked agents for.
     pub relays: relays::Hub,
     /// This process's Prometheus metrics.

@@ -3,12 +3,14 @@
 
 use actix_web::{web, HttpResponse};
 
+const FILES_JS: &str = include_str!("../../../templates/assets/files.js");
 const JOB_JS: &str = include_str!("../../../templates/assets/job.js");
 const PAGES_JS: &str = include_str!("../../../templates/assets/pages.js");
 const PORTAL_CSS: &str = include_str!("../../../templates/assets/portal.css");
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/assets/job.js", web::get().to(|| asset(JS, JOB_JS)))
+    cfg.route("/assets/files.js", web::get().to(|| asset(JS, FILES_JS)))
+        .route("/assets/job.js", web::get().to(|| asset(JS, JOB_JS)))
         .route("/assets/pages.js", web::get().to(|| asset(JS, PAGES_JS)))
         .route(
             "/assets/portal.css",

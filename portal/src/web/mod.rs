@@ -3,6 +3,7 @@
 pub mod assets;
 mod charts;
 mod cli_login;
+mod files;
 pub mod human;
 mod images;
 mod job_chart;
@@ -31,6 +32,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(assets::configure)
         .configure(login::configure)
         .configure(cli_login::configure)
+        .configure(files::configure)
         .configure(images::configure)
         .configure(job_chart::configure)
         .configure(job_list::configure)

@@ -16,6 +16,7 @@ use actix_session::Session;
 use actix_web::web;
 use askama::Template;
 use askama_web::WebTemplate;
+use commons_api::files::{human_bytes, SpaceUse};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/usage", web::get().to(page));
@@ -54,7 +55,19 @@ struct UsagePage {
     banner: Banner,
     /// The window GPU-hour quotas count over.
     period_days: i64,
+    /// The user's own file space against its quota.
+    files: Option<UseBar>,
     labs: Vec<LabBlock>,
+}
+
+/// A file space's use against its quota ("1.2 GB used of 50 GB").
+fn files_bar(u: &SpaceUse) -> UseBar {
+    UseBar::new(
+        format!("{} used", human_bytes(u.used_bytes)),
+        u.used_bytes as f64,
+        Some(u.quota_bytes as f64),
+        |q| format!("of {}", human_bytes(q as u64)),
+    )
 }
 
 fn block(
@@ -65,7 +78,7 @@ fn block(
 ) -> LabBlock {
     let mine = a.gpu_hours_in_period;
     let borrowed = a.lab_borrowed_gpu_hours_in_period;
-    let rows = vec![
+    let mut rows = vec![
         Row {
             label: "Your GPU-hours",
             id: format!("mine-hours-{}", a.slug),
@@ -94,6 +107,13 @@ fn block(
             ),
         },
     ];
+    if let Some(u) = &a.lab_files {
+        rows.push(Row {
+            label: "The lab's shared files",
+            id: format!("lab-files-{}", a.slug),
+            bar: files_bar(u),
+        });
+    }
     let hours: Vec<(chrono::NaiveDate, f64)> = usage
         .map(|u| {
             let mine = u.members.first().map(|m| m.gpu_hours.as_slice());
@@ -130,12 +150,7 @@ async fn page(
     user: CurrentUser,
 ) -> Result<UsagePage, WebError> {
     let banner = Banner::new(&state, &session, Some(&user));
-    let policy = state.config.policy.clone();
-    let actor = user.0.clone();
-    let acc = state
-        .db
-        .run(move |c| account::account(c, &actor, &policy))
-        .await?;
+    let acc = account::me(&state, &user, state.config.policy.clone()).await?;
     let weeks = account::usage(&state, &user, None).await?;
     let labs = acc
         .labs
@@ -149,6 +164,7 @@ async fn page(
     Ok(UsagePage {
         banner,
         period_days: acc.quota_period_days,
+        files: acc.files.as_ref().map(files_bar),
         labs,
     })
 }

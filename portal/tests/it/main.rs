@@ -20,6 +20,8 @@ mod disk;
 mod estimates;
 mod exposure;
 mod failures;
+mod files;
+mod files_clients;
 mod foundations;
 mod fuzz_http;
 mod ha;

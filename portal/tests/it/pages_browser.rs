@@ -117,7 +117,7 @@ pub async fn js(b: &Browser, script: &str) -> Value {
 
 /// Checks the page now shown: a title, one h1, labels on inputs, no horizontal
 /// overflow, no console errors.
-async fn check_page(b: &Browser, what: &str) {
+pub async fn check_page(b: &Browser, what: &str) {
     let facts = js(
         b,
         "const e = document.documentElement;
@@ -166,6 +166,7 @@ fn pages_for(c: &Campus, user: &str) -> Vec<String> {
         "/jobs/new".into(),
         "/nodes".into(),
         "/usage".into(),
+        "/files".into(),
         "/tokens".into(),
     ];
     match user {

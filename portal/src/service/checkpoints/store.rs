@@ -248,7 +248,7 @@ impl Store {
         &self.inner.describe
     }
 
-    async fn objects(&self) -> Result<Arc<dyn ObjectStore>, AppError> {
+    pub(crate) async fn objects(&self) -> Result<Arc<dyn ObjectStore>, AppError> {
         match &self.inner.backend {
             Backend::Ready(s) => Ok(s.clone()),
             Backend::Dir { dir, opened } => opened

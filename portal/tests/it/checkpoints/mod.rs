@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 mod caps;
-mod moto;
+pub(crate) mod moto;
 
 use moto::Moto;
 

@@ -4,7 +4,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A moto S3 server on a free loopback port, stopped on drop.
-pub(super) struct Moto {
+pub(crate) struct Moto {
     child: Child,
     pub endpoint: String,
 }

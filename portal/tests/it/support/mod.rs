@@ -3,6 +3,7 @@
 
 pub mod browser;
 pub mod cluster;
+pub mod files;
 pub mod fuzzkit;
 pub mod harness;
 pub mod load;
