@@ -36,6 +36,7 @@ pub mod guard;
 pub mod host;
 pub mod metrics;
 pub mod outbox;
+pub mod outputs;
 pub mod owner;
 pub mod reconcile;
 pub mod relay;

@@ -158,6 +158,27 @@ pub fn encode_path(path: &str) -> String {
     out
 }
 
+/// `%XX` as the byte XX, anything else as it is: a path from a URL, decoded once (the
+/// caller checks the bytes are UTF-8).
+pub fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
 /// Bytes in words with two significant figures at least: "512 B", "1.5 kB", "2.25 GB"
 /// (decimal units, as the quotas are given).
 pub fn human_bytes(n: u64) -> String {
@@ -243,6 +264,17 @@ mod tests {
         let e = parse_ref("dest", "lab:Bad Lab/x").unwrap_err();
         assert_eq!(e.field, "dest");
         assert!(e.message.contains("lab:SLUG/PATH"), "{}", e.message);
+    }
+
+    #[test]
+    fn percent_decoding_is_once_and_bytewise() {
+        assert_eq!(percent_decode("a%2Fb%25c"), b"a/b%c");
+        assert_eq!(percent_decode("%C3%A9"), "é".as_bytes());
+        assert_eq!(percent_decode("%FF"), vec![0xFF]);
+        assert_eq!(percent_decode("100%"), b"100%");
+        assert_eq!(percent_decode("%4"), b"%4");
+        assert_eq!(percent_decode("%zz"), b"%zz");
+        assert_eq!(percent_decode(&encode_path("a b/é%")), "a b/é%".as_bytes());
     }
 
     #[test]

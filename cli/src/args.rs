@@ -45,6 +45,8 @@ pub enum Command {
     /// files:PATH` uploads, `commons cp files:PATH LOCAL` downloads (`lab:SLUG/PATH` for a
     /// lab's shared files).
     Cp(CpArgs),
+    /// Download a job's outputs (what it wrote to /outputs) into a folder.
+    Get(GetArgs),
     /// Your files in the campus store (`lab:SLUG/` for a lab's): list, remove.
     #[command(subcommand)]
     Files(FilesCommand),
@@ -237,6 +239,15 @@ pub struct CpArgs {
     /// Copy folders with everything in them.
     #[arg(short, long)]
     pub recursive: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The job's id.
+    pub id: i64,
+    /// The folder to write them into (default: job-ID).
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

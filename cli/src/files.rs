@@ -1,5 +1,5 @@
-//! Files in the campus store: `commons cp` (upload, download), `commons files ls` and
-//! `commons files rm`. `files:PATH` names your own space, `lab:SLUG/PATH` a lab's; in
+//! Files in the campus store: `commons cp` (upload, download), `commons files ls`,
+//! `commons files rm`, and `commons get` (a job's outputs). `files:PATH` names your own space, `lab:SLUG/PATH` a lab's; in
 //! `ls` and `rm` a bare PATH is your own.
 //!
 //! Invariants:
@@ -11,7 +11,7 @@
 //! - Paths are checked by the portal's own rules before anything is sent, and the paths
 //!   of a listing before a download joins them to a local folder.
 
-use crate::args::{CpArgs, FilesCommand};
+use crate::args::{CpArgs, FilesCommand, GetArgs};
 use crate::client::Client;
 use crate::error::{CliError, Result};
 use crate::output::{self, Cell};
@@ -328,6 +328,32 @@ fn download(client: &Client, from: &Remote, path: &str, target: &Path) -> Result
     std::fs::rename(&part, target).map_err(local)?;
     eprintln!("{} -> {shown} ({})", from.show(path), human_bytes(bytes));
     Ok(())
+}
+
+/// `commons get ID [-o DIR]`: the job's outputs (its `jobs/ID/` files) into `DIR`
+/// (`job-ID` by default), each at its path under the job's folder.
+pub fn get(a: GetArgs) -> Result<u8> {
+    let client = Client::signed_in()?;
+    let listed: Vec<FileEntry> = client.get(&format!("/api/v1/jobs/{}/outputs", a.id))?;
+    if listed.is_empty() {
+        eprintln!("job {} has kept no outputs (yet)", a.id);
+        return Ok(0);
+    }
+    let dir = a
+        .output
+        .unwrap_or_else(|| PathBuf::from(format!("job-{}", a.id)));
+    let prefix = format!("jobs/{}/", a.id);
+    let mine = Remote {
+        lab: None,
+        path: prefix.clone(),
+    };
+    for f in listed {
+        check_path("source", &f.path)?;
+        let rel = f.path.strip_prefix(&prefix).unwrap_or(&f.path);
+        let target = rel.split('/').fold(dir.clone(), |p, seg| p.join(seg));
+        download(&client, &mine, &f.path, &target)?;
+    }
+    Ok(0)
 }
 
 /// `commons files ls|rm`.

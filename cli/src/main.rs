@@ -49,6 +49,7 @@ fn dispatch(command: Command) -> Result<u8> {
         Command::Notebook(a) => ssh::notebook(a),
         Command::Cp(a) => files::cp(a),
         Command::Files(c) => files::files(c),
+        Command::Get(a) => files::get(a),
         Command::SshKey(c) => ssh::ssh_key(c),
         Command::Nodes(a) => info::nodes(a),
         Command::Usage(a) => info::usage(a),

@@ -37,11 +37,13 @@ use std::collections::BTreeMap;
 
 pub mod checkpoint;
 pub mod control;
+pub mod outputs;
 pub mod relay;
 pub use checkpoint::*;
 pub use control::{
     NodeCapacity, NodeCommand, NodeControlAnswer, NodeDisk, NodeState, NODE_CONTROL_PATH,
 };
+pub use outputs::{output_file_path, outputs_path, OutputFile, OUTPUTS_PATH};
 pub use relay::RelayOpen;
 
 /// Protocol version spoken by this build; sent in `Hello`.

@@ -111,7 +111,7 @@ impl ApiError {
     }
 }
 
-fn transport(e: reqwest::Error) -> ApiError {
+pub(crate) fn transport(e: reqwest::Error) -> ApiError {
     // The URL may be printed, never a header: the credential stays out of errors.
     ApiError::Transport(e.without_url().to_string())
 }
@@ -165,7 +165,8 @@ impl CheckpointClient {
         &self.policy
     }
 
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    /// A request to the portal with the node's credential (`outputs` calls through it too).
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         self.http
             .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.credential)
@@ -290,7 +291,7 @@ impl CheckpointClient {
 }
 
 /// The response if it is a success, else the portal's error (`{error, message}`).
-async fn ok(resp: reqwest::Response) -> Result<reqwest::Response, ApiError> {
+pub(crate) async fn ok(resp: reqwest::Response) -> Result<reqwest::Response, ApiError> {
     let status = resp.status();
     if status.is_success() {
         return Ok(resp);

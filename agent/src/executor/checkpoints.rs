@@ -16,7 +16,7 @@ use crate::checkpoint::{
 };
 use crate::clock;
 use crate::outbox::Outbox;
-use crate::reconcile::{Key, Launch, UploadStage};
+use crate::reconcile::{uploads_checkpoint, Key, Launch, UploadStage};
 use crate::runtime::{CheckpointMount, ContainerRuntime};
 use crate::store::Store;
 use commons_proto::AgentMsg;
@@ -39,7 +39,7 @@ pub(super) fn job_log(events: &Outbox, (job, attempt): Key, text: &str) {
 }
 
 /// Bytes in words: "812 B", "3.4 MB", "12.0 GB".
-fn size(bytes: u64) -> String {
+pub(super) fn size(bytes: u64) -> String {
     match bytes {
         0..1_000 => format!("{bytes} B"),
         1_000..1_000_000 => format!("{:.1} kB", bytes as f64 / 1e3),
@@ -171,6 +171,9 @@ pub(super) async fn prepare<R: ContainerRuntime>(
             host.display()
         )));
     }
+    if let Err(e) = super::outputs::prepare(client.as_ref(), &events, key, &dir).await {
+        return Some(Err(e));
+    }
     if let Err(e) = file.write(&dir) {
         tracing::error!(
             job,
@@ -181,6 +184,7 @@ pub(super) async fn prepare<R: ContainerRuntime>(
     Some(Ok(CheckpointMount {
         host_dir: host,
         resumed: file.resumed,
+        outputs_dir: crate::outputs::host_dir(&dir),
     }))
 }
 
@@ -253,7 +257,42 @@ async fn upload_task<R: ContainerRuntime>(weak: Weak<Inner<R>>, key: Key) {
     let Some((client, events, dir, cap)) = parts(&weak, key) else {
         return;
     };
-    let fin = match &client {
+    let Some(result) = upgrade(&weak).and_then(|e| e.table().have.get(&key)?.result.clone()) else {
+        return;
+    };
+    if let Some(c) = &client {
+        super::outputs::send(c, &events, key, &dir).await;
+    }
+    let fin = if uploads_checkpoint(&result) {
+        match checkpoint_upload(&weak, client.as_ref(), &events, key, &dir, cap).await {
+            Some(fin) => fin,
+            // The agent went away: the next one resumes this upload.
+            None => return,
+        }
+    } else {
+        FinalUpload::Nothing
+    };
+    if let Err(e) = CheckpointFile::update(&dir, |f| f.final_upload = Some(fin)) {
+        tracing::error!(job, attempt, "{e}; a restarted agent would upload again");
+    }
+    let Some(exec) = upgrade(&weak) else { return };
+    if let Some(h) = exec.table().have.get_mut(&key) {
+        h.upload = UploadStage::Done;
+    }
+    exec.step(clock::now());
+}
+
+/// The checkpoint upload after the attempt stopped; `None` when the agent went away.
+async fn checkpoint_upload<R: ContainerRuntime>(
+    weak: &Weak<Inner<R>>,
+    client: Option<&CheckpointClient>,
+    events: &Outbox,
+    key: Key,
+    dir: &std::path::Path,
+    cap: u64,
+) -> Option<FinalUpload> {
+    let (job, attempt) = key;
+    let fin = match client {
         None => {
             tracing::info!(
                 job,
@@ -267,16 +306,16 @@ async fn upload_task<R: ContainerRuntime>(weak: Weak<Inner<R>>, key: Key) {
             let give_up = c.policy().give_up_after;
             let budget = Budget::NoProgressFor(give_up);
             let never = Arc::new(AtomicBool::new(false));
-            let log = |text: &str| job_log(&events, key, text);
-            match upload::upload(c, key, &dir, cap, budget, never, &alive).await {
+            let log = |text: &str| job_log(events, key, text);
+            match upload::upload(c, key, dir, cap, budget, never, &alive).await {
                 // The agent went away: the next one resumes this upload.
-                Outcome::Abandoned => return,
+                Outcome::Abandoned => return None,
                 Outcome::Stored { bytes, skipped } => {
                     log(&format!(
                         "checkpoint stored ({}): the next attempt resumes from it",
                         size(bytes)
                     ));
-                    left_out(&events, key, &skipped);
+                    left_out(events, key, &skipped);
                     FinalUpload::Stored
                 }
                 Outcome::Nothing(why) => {
@@ -303,14 +342,7 @@ async fn upload_task<R: ContainerRuntime>(weak: Weak<Inner<R>>, key: Key) {
             }
         }
     };
-    if let Err(e) = CheckpointFile::update(&dir, |f| f.final_upload = Some(fin)) {
-        tracing::error!(job, attempt, "{e}; a restarted agent would upload again");
-    }
-    let Some(exec) = upgrade(&weak) else { return };
-    if let Some(h) = exec.table().have.get_mut(&key) {
-        h.upload = UploadStage::Done;
-    }
-    exec.step(clock::now());
+    Some(fin)
 }
 
 #[cfg(test)]

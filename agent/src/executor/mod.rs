@@ -46,6 +46,7 @@
 mod active;
 mod apply;
 mod checkpoints;
+mod outputs;
 mod restore;
 mod volumes;
 mod watch;

@@ -24,11 +24,12 @@
 //!    `result.json`. From then on it is in every heartbeat, so a report sent into a dying
 //!    connection is not lost; a result not yet on disk is recorded again.
 //! 5. Recorded and on disk: `Remove` its container; only a saved result lets it go.
-//! 6. Removed, once no snapshot is in flight: when it was stopped (see
-//!    [`uploads_checkpoint`]), `Upload` its checkpoint, once. Until that upload is over
-//!    (stored, nothing to store, or given up) its heartbeats say `running`, not how it
-//!    ended: the portal ends an attempt when it hears its final state, and from then on
-//!    neither takes its checkpoint nor could the next attempt resume from it.
+//! 6. Removed, once no snapshot is in flight: `Upload` its `/outputs` (whenever its
+//!    container ran) and, when it was stopped (see [`uploads_checkpoint`]), its
+//!    checkpoint, once ([`uploads_before_report`]). Until that upload is over (stored,
+//!    nothing to store, or given up) its heartbeats say `running`, not how it ended: the
+//!    portal ends an attempt when it hears its final state, and from then on takes
+//!    neither its outputs nor its checkpoint, nor could the next attempt resume from them.
 //! 7. Removed (and uploaded): `Report` the result as an event.
 //! 8. Reported and acknowledged by the portal (a `Renew` left it out): `Forget` it.
 //!
@@ -64,6 +65,14 @@ pub const TEXT_LEASE: &str = "lease expired: the server lost contact with the po
 /// uploads nothing: a job that ended has nothing to resume.
 pub fn uploads_checkpoint(r: &AttemptResult) -> bool {
     r.state == AttemptState::Stopped && r.stop != Some(StopReason::NotExpected)
+}
+
+/// Whether an attempt that ended so, in `phase`, uploads before it is reported: its
+/// checkpoint when it was stopped ([`uploads_checkpoint`]), and its `/outputs` whenever
+/// its container was made, unless the portal did not expect it to run at all.
+pub fn uploads_before_report(r: &AttemptResult, phase: &Phase) -> bool {
+    let ran = !matches!(phase, Phase::NotCreated { .. } | Phase::Creating);
+    uploads_checkpoint(r) || (ran && r.stop != Some(StopReason::NotExpected))
 }
 
 /// The next step for every attempt that needs one, in (job, attempt) order.
@@ -264,7 +273,7 @@ fn recorded(
                 return None;
             }
             match h.upload {
-                _ if !uploads_checkpoint(result) => {}
+                _ if !uploads_before_report(result, &h.phase) => {}
                 UploadStage::Pending => return Some(Action::Upload { job, attempt }),
                 UploadStage::Busy => return None,
                 UploadStage::Done => {}

@@ -2,7 +2,7 @@
 //! wishes ([`Assignment`]), what this server has ([`ContainerObs`]), and the steps
 //! ([`Action`]). Plain data, with the few words and sums that belong to it.
 
-use super::{uploads_checkpoint, Key, TEXT_LEASE};
+use super::{uploads_before_report, Key, TEXT_LEASE};
 use crate::runtime::AssignedGpu;
 use commons_proto::{Attempt, AttemptReport, AttemptState, JobId, JobSpec, StopReason};
 use std::sync::Arc;
@@ -208,12 +208,12 @@ impl ContainerObs {
         true
     }
 
-    /// Its result is recorded but must not reach the portal yet: its checkpoint upload is
-    /// not over.
+    /// Its result is recorded but must not reach the portal yet: its upload (outputs,
+    /// checkpoint) is not over.
     pub fn holds_result(&self) -> bool {
-        self.result
-            .as_ref()
-            .is_some_and(|r| uploads_checkpoint(r) && self.upload != UploadStage::Done)
+        self.result.as_ref().is_some_and(|r| {
+            uploads_before_report(r, &self.phase) && self.upload != UploadStage::Done
+        })
     }
 
     pub(super) fn snapshot_busy(&self) -> bool {

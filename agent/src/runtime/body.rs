@@ -110,11 +110,31 @@ fn job_env(
     if ckpt.resumed {
         env.push(format!("{}=1", checkpoint::ENV_RESUME));
     }
+    env.push(format!(
+        "{}={}",
+        crate::outputs::ENV_DIR,
+        crate::outputs::CONTAINER_DIR
+    ));
     env
 }
 
-/// The container's limits and lockdown, its GPUs' device request and its one host path
-/// (the checkpoint directory).
+/// A read-write bind of the host directory `source` at `target`, private to the container.
+fn bind(target: &str, source: &std::path::Path) -> Mount {
+    Mount {
+        target: Some(target.into()),
+        source: Some(source.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(false),
+        bind_options: Some(MountBindOptions {
+            propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The container's limits and lockdown, its GPUs' device request and its host paths (the
+/// checkpoint and outputs directories, both in the attempt's volume).
 fn host_config(spec: &JobSpec, gpus: &[AssignedGpu], ckpt: &CheckpointMount) -> HostConfig {
     let real: Vec<String> = gpus
         .iter()
@@ -144,17 +164,10 @@ fn host_config(spec: &JobSpec, gpus: &[AssignedGpu], ckpt: &CheckpointMount) -> 
         privileged: Some(false),
         init: Some(true),
         device_requests,
-        mounts: Some(vec![Mount {
-            target: Some(checkpoint::CONTAINER_DIR.into()),
-            source: Some(ckpt.host_dir.to_string_lossy().into_owned()),
-            typ: Some(MountType::BIND),
-            read_only: Some(false),
-            bind_options: Some(MountBindOptions {
-                propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }]),
+        mounts: Some(vec![
+            bind(checkpoint::CONTAINER_DIR, &ckpt.host_dir),
+            bind(crate::outputs::CONTAINER_DIR, &ckpt.outputs_dir),
+        ]),
         tmpfs: Some(HashMap::from([(
             "/tmp".to_string(),
             "rw,nosuid,nodev,size=1g".to_string(),
@@ -197,6 +210,7 @@ mod tests {
         CheckpointMount {
             host_dir: "/var/lib/commons-agent/attempts/42-2/checkpoint".into(),
             resumed,
+            outputs_dir: "/var/lib/commons-agent/attempts/42-2/outputs".into(),
         }
     }
 
@@ -224,9 +238,18 @@ mod tests {
         assert_eq!(hc.memory, Some(1024 * 1024 * 1024));
         assert_eq!(hc.nano_cpus, Some(1_000_000_000));
         assert_eq!(hc.pids_limit, Some(PIDS_LIMIT));
-        assert!(hc.binds.is_none(), "no host paths but the checkpoint mount");
+        assert!(
+            hc.binds.is_none(),
+            "no host paths but the volume's two mounts"
+        );
         let mounts = hc.mounts.as_ref().unwrap();
-        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[1].target.as_deref(), Some("/outputs"));
+        assert_eq!(
+            mounts[1].source.as_deref(),
+            Some("/var/lib/commons-agent/attempts/42-2/outputs")
+        );
+        assert_eq!(mounts[1].read_only, Some(false));
         assert_eq!(mounts[0].typ, Some(MountType::BIND));
         assert_eq!(mounts[0].target.as_deref(), Some("/checkpoint"));
         assert_eq!(
@@ -246,6 +269,7 @@ mod tests {
         assert!(!env.contains(&"COMMONS_JOB_ID=spoof".to_string()));
         assert!(env.contains(&"A=1".to_string()));
         assert!(env.contains(&"COMMONS_CHECKPOINT_DIR=/checkpoint".to_string()));
+        assert!(env.contains(&"COMMONS_OUTPUTS_DIR=/outputs".to_string()));
         assert!(!env.iter().any(|e| e.starts_with("COMMONS_RESUME")));
     }
 

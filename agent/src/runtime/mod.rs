@@ -19,7 +19,8 @@
 //!   restarted, the connection broke): [`ContainerRuntime::inspect`] tells the two apart.
 //! - Every container gets its attempt's [`CheckpointMount`]: the host directory
 //!   read-write at `/checkpoint`, `COMMONS_CHECKPOINT_DIR=/checkpoint`, and
-//!   `COMMONS_RESUME=1` exactly when the directory holds a restored checkpoint.
+//!   `COMMONS_RESUME=1` exactly when the directory holds a restored checkpoint; and the
+//!   outputs directory beside it read-write at `/outputs` (`COMMONS_OUTPUTS_DIR`).
 //!
 //! Everything else in the agent that touches containers goes through the trait too: the
 //! guards, the start-up sweep of an earlier identity's containers (`host`) and the SSH
@@ -92,6 +93,9 @@ pub struct CheckpointMount {
     pub host_dir: PathBuf,
     /// It holds a restored checkpoint: the job sees `COMMONS_RESUME=1`.
     pub resumed: bool,
+    /// The outputs directory on the host (beside `host_dir`, in the same volume),
+    /// bind-mounted read-write at `/outputs`; it must exist.
+    pub outputs_dir: PathBuf,
 }
 
 /// A container of ours found on the engine.

@@ -23,8 +23,10 @@ async fn sleeper(rt: &DockerRuntime, job: i64, dir: &Path) -> String {
     let mount = CheckpointMount {
         host_dir: dir.join(format!("checkpoint-{job}")),
         resumed: false,
+        outputs_dir: dir.join(format!("outputs-{job}")),
     };
     std::fs::create_dir_all(&mount.host_dir).unwrap();
+    std::fs::create_dir_all(&mount.outputs_dir).unwrap();
     rt.create_and_start(job, 1, &spec("sleep 300", 600), &[], &mount)
         .await
         .unwrap()

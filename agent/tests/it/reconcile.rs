@@ -4,7 +4,7 @@
 
 use commons_agent::reconcile::{
     reconcile, Action, Assignment, AttemptResult, ContainerObs, Launch, Phase, StopOrder, Stopping,
-    Why, ENFORCE_GRACE,
+    UploadStage, Why, ENFORCE_GRACE,
 };
 use commons_proto::{AttemptState, JobSpec, StopReason};
 use std::sync::Arc;
@@ -154,6 +154,12 @@ pub(crate) fn recorded(mut h: ContainerObs, r: AttemptResult) -> ContainerObs {
 
 fn unsaved(mut h: ContainerObs) -> ContainerObs {
     h.saved = false;
+    h
+}
+
+/// Its upload after the end (outputs, checkpoint) is over.
+fn sent(mut h: ContainerObs) -> ContainerObs {
+    h.upload = UploadStage::Done;
     h
 }
 
@@ -517,9 +523,15 @@ fn rows() -> Vec<Row> {
             vec![],
         ),
         row(
-            "once removed, the result is reported",
+            "once removed, its /outputs are sent",
             vec![want(1)],
             vec![recorded(have(1, Phase::Removed), exited(0))],
+            vec![Action::Upload { job: 1, attempt: 1 }],
+        ),
+        row(
+            "once removed and its /outputs sent, the result is reported",
+            vec![want(1)],
+            vec![sent(recorded(have(1, Phase::Removed), exited(0)))],
             vec![Action::Report {
                 job: 1,
                 attempt: 1,
@@ -560,7 +572,7 @@ fn rows() -> Vec<Row> {
         row(
             "an acknowledged attempt is not forgotten before it is reported",
             vec![acked(want(1))],
-            vec![recorded(have(1, Phase::Removed), exited(0))],
+            vec![sent(recorded(have(1, Phase::Removed), exited(0)))],
             vec![Action::Report {
                 job: 1,
                 attempt: 1,
@@ -654,7 +666,7 @@ fn the_same_inputs_in_any_order_give_the_same_actions() {
 /// Applying each step as the executor would must bring a finished attempt from its end to
 /// being forgotten, and never remove a container before its result is recorded.
 #[test]
-fn a_finished_attempt_walks_record_remove_report_forget() {
+fn a_finished_attempt_walks_record_remove_upload_report_forget() {
     let mut w = want(1);
     let mut h = ended(1, 0);
     let mut steps = Vec::new();
@@ -684,10 +696,18 @@ fn a_finished_attempt_walks_record_remove_report_forget() {
                 assert!(h.result.is_some() && h.saved, "removed before saved");
                 h.phase = Phase::Removed;
             }
-            Action::Report { .. } => h.reported = true,
+            Action::Upload { .. } => h.upload = UploadStage::Done,
+            Action::Report { .. } => {
+                assert_eq!(
+                    h.upload,
+                    UploadStage::Done,
+                    "reported before /outputs were sent"
+                );
+                h.reported = true
+            }
             Action::Forget { .. } => break,
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!(steps, ["Record", "Remove", "Report", "Forget"]);
+    assert_eq!(steps, ["Record", "Remove", "Upload", "Report", "Forget"]);
 }

@@ -4,8 +4,8 @@
 
 use super::reconcile::*;
 use commons_agent::reconcile::{
-    reconcile, uploads_checkpoint, Action, AttemptResult, ContainerObs, Phase, Snapshots,
-    UploadStage, Why,
+    reconcile, uploads_before_report, uploads_checkpoint, Action, AttemptResult, ContainerObs,
+    Phase, Snapshots, UploadStage, Why,
 };
 use commons_proto::{AttemptState, StopReason};
 
@@ -156,16 +156,34 @@ fn rows() -> Vec<Row> {
             vec![],
         ),
         row(
-            "an attempt that exited by itself uploads nothing: exit 0",
+            "an attempt that exited by itself uploads its /outputs (no checkpoint): exit 0",
             vec![want(1)],
             vec![recorded(have(1, Phase::Removed), exited(0))],
+            vec![upload_of(1)],
+        ),
+        row(
+            "an attempt that exited by itself uploads its /outputs: a failure code",
+            vec![want(1)],
+            vec![recorded(have(1, Phase::Removed), exited(3))],
+            vec![upload_of(1)],
+        ),
+        row(
+            "once its /outputs are sent, an exit is reported",
+            vec![want(1)],
+            vec![upload(
+                recorded(have(1, Phase::Removed), exited(0)),
+                UploadStage::Done,
+            )],
             vec![report(1, exited(0))],
         ),
         row(
-            "an attempt that exited by itself uploads nothing: a failure code",
+            "an attempt whose container was never made uploads nothing",
             vec![want(1)],
-            vec![recorded(have(1, Phase::Removed), exited(3))],
-            vec![report(1, exited(3))],
+            vec![recorded(
+                have(1, Phase::NotCreated { error: "x".into() }),
+                failed("x"),
+            )],
+            vec![report(1, failed("x"))],
         ),
         row(
             "an attempt the portal did not expect uploads nothing",
@@ -272,9 +290,23 @@ fn which_ends_upload_a_checkpoint() {
         Why::of(StopReason::NotExpected)
     )));
     let h = recorded(have(1, Phase::Removed), exited(0));
+    assert!(uploads_before_report(&exited(0), &Phase::Removed));
+    assert!(!uploads_before_report(
+        &failed("image missing"),
+        &Phase::NotCreated { error: "x".into() }
+    ));
+    assert!(!uploads_before_report(
+        &stopped(None, Why::of(StopReason::NotExpected)),
+        &Phase::Removed
+    ));
     assert_eq!(
         h.report().state,
+        AttemptState::Running,
+        "an exit is held until its /outputs are sent"
+    );
+    assert_eq!(
+        upload(h, UploadStage::Done).report().state,
         AttemptState::Exited,
-        "an exit is in heartbeats at once"
+        "then it is in heartbeats"
     );
 }

@@ -6,8 +6,9 @@
 //! - `{path}` is read from the request's URI as sent, percent-decoded once: a path that
 //!   is not UTF-8 is refused naming that rule (the router would have replaced its bytes).
 //! - An upload's body goes to `service::files::upload` as a stream, never read whole;
-//!   after a refusal, up to [`DRAIN_BYTES`] more of it are read and dropped so that the
-//!   client, still sending, reads the refusal rather than a reset connection.
+//!   after a refusal, some more of it is read and dropped so that the client, still
+//!   sending, reads the refusal rather than a reset connection
+//!   (`broker::outputs::drain_refused`).
 
 use super::ApiJson;
 use crate::auth::CurrentUser;
@@ -18,12 +19,8 @@ use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use commons_api::files::SHA256_HEADER;
 use commons_api::ErrorBody;
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::TryStreamExt;
 use serde::Deserialize;
-use std::time::Duration;
-
-/// Most bytes of a refused upload read (and dropped) before the answer.
-const DRAIN_BYTES: usize = 64 << 20;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/files", web::get().to(list))
@@ -40,6 +37,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route(web::put().to(lab_put))
                 .route(web::delete().to(lab_delete)),
         )
+        .route("/jobs/{id}/outputs", web::get().to(job_outputs))
         .route("/labs/{slug}/files-quota", web::put().to(put_lab_quota))
         .route(
             "/labs/{slug}/members/{username}/files-quota",
@@ -69,33 +67,13 @@ fn file_path(req: &HttpRequest) -> Result<String, AppError> {
         .splitn(skip + 1, '/')
         .nth(skip)
         .unwrap_or("");
-    let bytes = percent_decode(raw);
+    let bytes = commons_api::files::percent_decode(raw);
     String::from_utf8(bytes).map_err(|_| {
         AppError::invalid(
             "path",
             "the path is not UTF-8: file paths are UTF-8 text, percent-encoded in the URL",
         )
     })
-}
-
-/// `%XX` as the byte XX; anything else as it is.
-fn percent_decode(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    out
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -251,24 +229,10 @@ pub(crate) async fn put(
         Ok(up) if up.created => Ok(HttpResponse::Created().json(up.entry)),
         Ok(up) => Ok(HttpResponse::Ok().json(up.entry)),
         Err(e) => {
-            drain(&mut payload).await;
+            crate::broker::outputs::drain_refused(&mut payload).await;
             Err(e.into())
         }
     }
-}
-
-/// Reads and drops what is left of a refused body, up to [`DRAIN_BYTES`] or 10 s.
-async fn drain(payload: &mut web::Payload) {
-    let read = async {
-        let mut n = 0;
-        while let Some(Ok(chunk)) = payload.next().await {
-            n += chunk.len();
-            if n > DRAIN_BYTES {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(10), read).await;
 }
 
 /// Deletes a file.
@@ -285,6 +249,23 @@ pub(crate) async fn delete(
 ) -> Result<HttpResponse, ApiError> {
     files::delete(&state, &user, which(&req), file_path(&req)?).await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// The job's outputs (its owner's): what it wrote to `/outputs`, kept in the owner's files
+/// under `jobs/{id}/`; download them as files (`GET /api/v1/files/{path}`).
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/outputs", tag = "jobs", operation_id = "job_outputs",
+    params(("id" = i64, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "The outputs, by path (in the owner's files)", body = Vec<FileEntry>),
+        (status = "4XX", description = "Refused (403: not the job's owner; 404: no such job)", body = ErrorBody),
+    ))]
+pub(crate) async fn job_outputs(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let found = files::outputs::list(&state, &user, id.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(found))
 }
 
 /// Sets (or with `null` clears) a lab's quota for its shared space (operators).
@@ -404,16 +385,6 @@ pub(crate) async fn lab_delete(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percent_decoding_is_once_and_bytewise() {
-        assert_eq!(percent_decode("a%2Fb%25c"), b"a/b%c");
-        assert_eq!(percent_decode("%C3%A9"), "é".as_bytes());
-        assert_eq!(percent_decode("%FF"), vec![0xFF]);
-        assert_eq!(percent_decode("100%"), b"100%");
-        assert_eq!(percent_decode("%4"), b"%4");
-        assert_eq!(percent_decode("%zz"), b"%zz");
-    }
 
     #[test]
     fn downloads_are_named_by_their_last_segment() {

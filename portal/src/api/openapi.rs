@@ -39,7 +39,7 @@ use utoipa::{Modify, OpenApi};
         cli_login::start, cli_login::token,
         files::list, files::get, files::put, files::delete,
         files::lab_list, files::lab_get, files::lab_put, files::lab_delete,
-        files::put_lab_quota, files::put_member_quota,
+        files::put_lab_quota, files::put_member_quota, files::job_outputs,
         openapi_json,
     ),
     components(schemas(api::LabJobView, api::JobState, api::ErrorBody)),
@@ -149,6 +149,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ids.len(), 44, "{ids:?}");
+        assert_eq!(ids.len(), 45, "{ids:?}");
     }
 }

@@ -9,6 +9,7 @@ mod agent_conn;
 pub mod checkpoints;
 pub mod control;
 pub mod limits;
+pub mod outputs;
 pub mod relay;
 pub mod tick;
 

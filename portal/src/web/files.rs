@@ -50,13 +50,13 @@ struct Folder {
 }
 
 /// A file of the folder shown.
-struct File {
-    name: String,
-    path: String,
-    size: String,
+pub(super) struct File {
+    pub name: String,
+    pub path: String,
+    pub size: String,
     /// RFC 3339 (UTC), for `<time datetime>`.
-    modified: String,
-    href: String,
+    pub modified: String,
+    pub href: String,
 }
 
 /// One step of the path to the folder shown.
@@ -98,6 +98,21 @@ fn page_href(lab: Option<&str>, dir: &str) -> String {
     }
 }
 
+/// A file's row, named `name`, downloaded from the API's space `api`.
+fn file_row(e: &FileEntry, name: &str, api: &str) -> File {
+    File {
+        name: name.to_string(),
+        path: e.path.clone(),
+        size: human_bytes(e.size),
+        modified: e
+            .modified
+            .and_utc()
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string(),
+        href: format!("{api}/{}", encode_path(&e.path)),
+    }
+}
+
 /// The folder `dir`'s sub-folders (with their files and bytes, all depths) and files.
 fn split(
     entries: &[FileEntry],
@@ -115,17 +130,7 @@ fn split(
                 f.0 += 1;
                 f.1 += e.size;
             }
-            None => files.push(File {
-                name: rest.to_string(),
-                path: e.path.clone(),
-                size: human_bytes(e.size),
-                modified: e
-                    .modified
-                    .and_utc()
-                    .format("%Y-%m-%dT%H:%M:%SZ")
-                    .to_string(),
-                href: format!("{api}/{}", encode_path(&e.path)),
-            }),
+            None => files.push(file_row(e, rest, api)),
         }
     }
     let folders = folders
@@ -212,6 +217,40 @@ async fn page(
         writable: listing.writable,
         api,
     })
+}
+
+/// The job page's outputs (for the job's owner): what the job kept under `jobs/{id}/`.
+pub(super) struct OutputsBlock {
+    pub files: Vec<File>,
+    /// The Files page of the folder.
+    pub folder: String,
+    pub prefix: String,
+}
+
+/// The outputs block of job `job`, whose owner is `owner`: none for anyone else.
+pub(super) async fn outputs_block(
+    state: &AppState,
+    user: &CurrentUser,
+    job: i64,
+    owner: i64,
+) -> Result<Option<OutputsBlock>, WebError> {
+    if owner != user.user.id {
+        return Ok(None);
+    }
+    let kept = files::outputs::list(state, user, job).await?;
+    let prefix = files::outputs::prefix(job);
+    let files = kept
+        .iter()
+        .map(|e| {
+            let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
+            file_row(e, name, "/api/v1/files")
+        })
+        .collect();
+    Ok(Some(OutputsBlock {
+        files,
+        folder: page_href(None, &prefix),
+        prefix,
+    }))
 }
 
 #[cfg(test)]

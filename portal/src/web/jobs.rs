@@ -374,6 +374,8 @@ struct JobPage {
     extend: Option<ExtendBox>,
     /// The GPU utilisation chart (refreshed by the page's script on its own).
     utilization: super::job_chart::UtilizationBlock,
+    /// What the job kept of `/outputs` (its owner only).
+    outputs: Option<super::files::OutputsBlock>,
 }
 
 /// The extend form as shown: the minutes typed, and why they were refused.
@@ -474,12 +476,14 @@ async fn detail(
     let extend = ExtendBox::offered(&user, &status.job, status.owner);
     let ssh = ssh_block(&state, status.job.id).await?;
     let utilization = super::job_chart::block(&state, &user, status.job.id).await?;
+    let outputs = super::files::outputs_block(&state, &user, status.job.id, status.owner).await?;
     Ok(JobPage {
         banner,
         status,
         extend,
         ssh,
         utilization,
+        outputs,
     })
 }
 
@@ -562,6 +566,7 @@ async fn extend(
         }),
         ssh: ssh_block(&state, id).await?,
         utilization: super::job_chart::block(&state, &user, id).await?,
+        outputs: None,
     };
     let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
     Ok(HttpResponse::build(status)

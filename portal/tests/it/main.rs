@@ -22,6 +22,7 @@ mod exposure;
 mod failures;
 mod files;
 mod files_clients;
+mod files_outputs;
 mod foundations;
 mod fuzz_http;
 mod ha;

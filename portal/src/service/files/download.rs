@@ -2,7 +2,7 @@
 //! the one range asked for, [`super::range`]) stream from the store as they come.
 
 use super::range::{wanted, Wanted};
-use super::{check_path, entry, open, Access, FileEntry, Which};
+use super::{check_path, entry, open, Access, FileEntry, Space, Which};
 use crate::db::files as rows;
 use crate::error::AppError;
 use crate::service::{Actor, Ctx};
@@ -32,12 +32,23 @@ pub async fn download(
 ) -> Result<Download, AppError> {
     check_path(&path)?;
     let actor = actor.clone();
+    let space = ctx
+        .db
+        .run(move |c| open(c, &actor, &which, Access::Read))
+        .await?;
+    download_from(ctx, space, path, range_header).await
+}
+
+/// The file at `path` (checked) of `space`, which the caller may read.
+pub(super) async fn download_from(
+    ctx: &Ctx,
+    space: Space,
+    path: String,
+    range_header: Option<&str>,
+) -> Result<Download, AppError> {
     let row = ctx
         .db
-        .run(move |c| {
-            let space = open(c, &actor, &which, Access::Read)?;
-            Ok::<_, AppError>(rows::get(c, &space.key, &path)?)
-        })
+        .run(move |c| rows::get(c, &space.key, &path))
         .await?
         .ok_or(AppError::NotFound("file"))?;
     let object = row.object.clone();

@@ -124,16 +124,34 @@ where
     E: std::fmt::Display,
 {
     check_path(&path)?;
-    let want_sha = expected_sha(sha256)?;
-    let (actor, quotas, p) = (actor.clone(), ctx.files.quotas, path.clone());
-    let (space, object, started) = ctx
+    let actor = actor.clone();
+    let space = ctx
         .db
-        .run(move |c| {
-            let space = open(c, &actor, &which, Access::Write)?;
-            let object = fresh_key(&space.prefix);
-            let started = quota::start(c, &quotas, &space, &p, &object, declared)?;
-            Ok::<_, AppError>((space, object, started))
-        })
+        .run(move |c| open(c, &actor, &which, Access::Write))
+        .await?;
+    upload_into(ctx, space, path, declared, sha256, body).await
+}
+
+/// Steps 2 to 5 of an upload into `space`, which the caller may write; `path` is checked.
+pub(super) async fn upload_into<S, E>(
+    ctx: &Ctx,
+    space: Space,
+    path: String,
+    declared: Option<u64>,
+    sha256: Option<&str>,
+    body: &mut S,
+) -> Result<Uploaded, AppError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let want_sha = expected_sha(sha256)?;
+    let (quotas, p, s) = (ctx.files.quotas, path.clone(), space.clone());
+    let object = fresh_key(&space.prefix);
+    let o = object.clone();
+    let started = ctx
+        .db
+        .run(move |c| quota::start(c, &quotas, &s, &p, &o, declared))
         .await?;
     let mut cleanup = Cleanup {
         ctx: ctx.clone(),

@@ -71,7 +71,7 @@ async fn portal_with(
 }
 
 /// A node of `lab`, enrolled through the API: (node id, credential).
-async fn enrol(p: &TestPortal, lab: &str, host: &str) -> (i64, String) {
+pub(crate) async fn enrol(p: &TestPortal, lab: &str, host: &str) -> (i64, String) {
     let (status, v) = p
         .post_json(
             "",
@@ -86,7 +86,7 @@ async fn enrol(p: &TestPortal, lab: &str, host: &str) -> (i64, String) {
     )
 }
 
-async fn run<T: Send + 'static, E: From<DbError> + std::fmt::Debug + Send + 'static>(
+pub(crate) async fn run<T: Send + 'static, E: From<DbError> + std::fmt::Debug + Send + 'static>(
     p: &TestPortal,
     f: impl FnOnce(&mut DbConn) -> Result<T, E> + Send + 'static,
 ) -> T {
@@ -94,7 +94,7 @@ async fn run<T: Send + 'static, E: From<DbError> + std::fmt::Debug + Send + 'sta
 }
 
 /// A job of alice (lab vision) running attempt 1 on `node`.
-async fn running_job(p: &TestPortal, node: i64) -> i64 {
+pub(crate) async fn running_job(p: &TestPortal, node: i64) -> i64 {
     run(p, move |c| {
         let alice = db::users::user_by_name(c, "alice")?.unwrap();
         let labs = db::users::all_lab_slugs(c)?
@@ -113,7 +113,7 @@ async fn running_job(p: &TestPortal, node: i64) -> i64 {
 }
 
 /// Attempt `attempt` of `job` starts running on `node` (the last one ends).
-fn place(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(), DbError> {
+pub(crate) fn place(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(), DbError> {
     let t = db::now();
     if let Some(prev) = db::attempts::find(c, job, attempt - 1)? {
         db::attempts::end(c, prev.id, AttemptStatus::Stopped, None, None, t)?;
