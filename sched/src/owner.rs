@@ -288,8 +288,26 @@ fn spare_until(world: &World, job: &QueuedJob, cost: i64) -> Option<Time> {
     if limit.is_nan() || limit <= 0.0 || (cost as f64) <= limit * 3600.0 {
         return None;
     }
-    let until = job.submitted_at.saturating_add(p.spare_costly_guests_s);
+    let until = job.submitted_at.saturating_add(spare_wait_s(job, p));
     (world.now < until).then_some(until)
+}
+
+/// The most seconds an owner job's delay for guests' sake may add
+/// ([`crate::Policy::owner_delay_share`] of its time limit; `None` without one).
+pub(crate) fn owner_delay_cap(job: &QueuedJob, p: &crate::Policy) -> Option<u32> {
+    let share = p.owner_delay_share;
+    (job.time_limit_s > 0 && share.is_finite() && share >= 0.0).then(|| {
+        let s = (job.time_limit_s as f64 * share).min(f64::from(u32::MAX));
+        s as u32
+    })
+}
+
+/// How long after its submission an owner job spares costly guests at most.
+fn spare_wait_s(job: &QueuedJob, p: &crate::Policy) -> i64 {
+    match owner_delay_cap(job, p) {
+        Some(cap) => p.spare_costly_guests_s.min(i64::from(cap)),
+        None => p.spare_costly_guests_s,
+    }
 }
 
 /// An owner job that found nothing on its own nodes: every offer was to wait, with no
@@ -528,7 +546,8 @@ fn wait_on(
             }
             if !world.running[r].preempting {
                 let why = format!("the owner lab of node {name} needs its GPUs back");
-                round.preempts.push(world.preempt(r, why));
+                let cap = owner_delay_cap(job, world.policy);
+                round.preempts.push(world.preempt(r, why, cap));
             }
         }
         let grace_s = world.nodes[n].grace_s;
@@ -537,10 +556,11 @@ fn wait_on(
             grace_s,
         }
     } else if let Kind::Spare { cost } = o.kind {
-        elsewhere.push(j);
+        // Not elsewhere: as a guest there it could be taken back in turn (which, in
+        // the simulator's suite, left labs worse off than alone).
         let until = job
             .submitted_at
-            .saturating_add(world.policy.spare_costly_guests_s);
+            .saturating_add(spare_wait_s(job, world.policy));
         Reason::SparingGuests {
             node: name,
             lost_gpu_hours: (cost as f64 / 3600.0).round() as u64,

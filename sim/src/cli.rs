@@ -126,6 +126,10 @@ pub struct TuningArgs {
     /// guests (default: `sched`'s).
     #[arg(long)]
     pub spare_costly_guests_s: Option<i64>,
+    /// The most an owner job waits for such guests as a share of its time limit
+    /// (default: `sched`'s).
+    #[arg(long)]
+    pub owner_delay_share: Option<f64>,
     /// Adaptive hysteresis on or off ("true"/"false"; default: `sched`'s): the delay
     /// scales with the node's take-back rate and the queue pressure.
     #[arg(long)]
@@ -154,6 +158,7 @@ impl TuningArgs {
             grace_covers_checkpoint_s: self.grace_covers_checkpoint_s,
             spare_costly_guests_gpu_hours: self.spare_costly_guests_gpu_hours,
             spare_costly_guests_s: self.spare_costly_guests_s,
+            owner_delay_share: self.owner_delay_share,
             relend_adaptive: self.relend_adaptive,
             relend_full_rate: self.relend_full_rate,
             relend_pressure_weight: self.relend_pressure_weight,

@@ -5,13 +5,12 @@
 use crate::support::*;
 use commons_sched::*;
 
-/// Lab 1 owns node 1 (4 GPUs) where lab 2's guests run; lab 1 submits a 4-GPU job.
+/// Lab 1 owns node 1 (4 GPUs) where lab 2's guests run; lab 1 submits a 4-GPU job of
+/// 100 hours (2 % of it, the most it is delayed for guests' sake, is 2 hours).
 fn owner_needs_the_node(guests: Vec<RunningJob>) -> Snapshot {
-    let mut s = snap(
-        vec![node(1, 1, 1, 4, "A100", 80)],
-        guests,
-        vec![job(1, 1, 10, 4)],
-    );
+    let mut owner = job(1, 1, 10, 4);
+    owner.time_limit_s = 100 * H;
+    let mut s = snap(vec![node(1, 1, 1, 4, "A100", 80)], guests, vec![owner]);
     s.nodes[0].grace_s = 60;
     s
 }
@@ -36,6 +35,17 @@ fn a_guest_whose_checkpoint_takes_longer_than_the_grace_gets_a_longer_one() {
     assert_eq!(grace(Some(500)), 600);
     // 700 s cannot be covered: the node's grace.
     assert_eq!(grace(Some(700)), 60);
+    // A one-hour owner job is delayed by at most 2 % of it, 72 s: a 100 s write gets
+    // 125 s, a 200 s one cannot be covered.
+    let short = |write: i64| {
+        let mut guest = run(100, 2, 1, &[1, 2, 3, 4], NOW - 600);
+        guest.checkpoint_write_s = Some(write);
+        let mut s = owner_needs_the_node(vec![guest]);
+        s.queue[0].time_limit_s = H;
+        plan(&s, &policy, NOW).preempt[0].grace_s
+    };
+    assert_eq!(short(100), 125);
+    assert_eq!(short(200), 60);
     let off = Policy {
         grace_covers_checkpoint_s: 0,
         ..Policy::default()
@@ -94,6 +104,10 @@ fn an_owner_job_spares_guests_that_would_lose_much_work_for_a_while() {
     let later = s.queue[0].submitted_at + 2 * H;
     let p = plan(&s, &Policy::default(), later);
     assert_eq!(preempted(&p), vec![100]);
+    // A one-hour owner job spares it for 2 % of its hour, 72 s: long gone by now.
+    let mut short = s.clone();
+    short.queue[0].time_limit_s = H;
+    assert_eq!(preempted(&plan(&short, &Policy::default(), NOW)), vec![100]);
     // A recent checkpoint makes the guest cheap: stopped at once.
     let mut cheap = run(100, 2, 1, &[1, 2, 3, 4], NOW - 3 * H);
     cheap.last_checkpoint_at = Some(NOW - 600);

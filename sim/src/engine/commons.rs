@@ -252,6 +252,9 @@ pub(super) fn sched_policy(
         spare_costly_guests_s: tuning
             .spare_costly_guests_s
             .unwrap_or(default.spare_costly_guests_s),
+        owner_delay_share: tuning
+            .owner_delay_share
+            .unwrap_or(default.owner_delay_share),
         relend_adaptive: tuning.relend_adaptive.unwrap_or(default.relend_adaptive),
         relend_full_rate: tuning.relend_full_rate.unwrap_or(default.relend_full_rate),
         relend_pressure_weight: tuning

@@ -96,6 +96,8 @@ pub struct Tuning {
     pub spare_costly_guests_gpu_hours: Option<f64>,
     /// `Policy::spare_costly_guests_s`.
     pub spare_costly_guests_s: Option<i64>,
+    /// `Policy::owner_delay_share`.
+    pub owner_delay_share: Option<f64>,
     /// `Policy::relend_adaptive` (it matters only where the hysteresis is on).
     pub relend_adaptive: Option<bool>,
     /// `Policy::relend_full_rate`.
