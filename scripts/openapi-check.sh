@@ -3,7 +3,8 @@
 #
 # 1. the document is valid OpenAPI (openapi-spec-validator);
 # 2. a live portal (SQLite in a temporary folder, an operator who administers a lab, a
-#    personal access token) answers every operation, for generated valid and invalid
+#    personal access token, a server enrolled by a real agent with fake GPUs, so the
+#    node, overview and utilisation answers are not empty) answers every operation, for generated valid and invalid
 #    requests, with no 5xx and with responses that match the document (schemathesis,
 #    checks not_a_server_error and response_schema_conformance).
 #
@@ -32,12 +33,14 @@ fi
 
 "$venv/bin/openapi-spec-validator" docs/openapi.json
 
-cargo build -q -p commons-portal --bin commons-portal
+cargo build -q -p commons-portal --bin commons-portal -p commons-agent --bin commons-agent
 portal=target/debug/commons-portal
+agent=target/debug/commons-agent
 work="$(mktemp -d)"
 pid=""
+agent_pid=""
 cleanup() {
-  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  for p in $agent_pid $pid; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -58,6 +61,7 @@ admin create-user bob --email bob@campus.example --lab nlp >/dev/null
 admin images allow commons-demo:latest \
   --digest "sha256:$(printf '0%.0s' $(seq 64))" >/dev/null
 token="$(admin api-token olga)"
+enrol="$(admin enrol-token vision)"
 
 base="http://127.0.0.1:$port"
 "$portal" serve --config "$work/portal.toml" >"$work/portal.log" 2>&1 &
@@ -68,7 +72,24 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 
-# Something to read back: a queued job (no server runs it), an SSH key.
+# A server of vision's, enrolled by a real agent with two fake GPUs (no job runs there:
+# the allowed image's pinned digest is no image here).
+"$agent" run --portal "$base" --enrol-token "$enrol" --state-dir "$work/agent" \
+  --host-id-file "$work/host-id" --name vision-gpu1 --gpus fake:2xA100-80GB \
+  --job-disk watch >"$work/agent.log" 2>&1 &
+agent_pid=$!
+for _ in $(seq 1 300); do
+  curl -fsS -H "Authorization: Bearer $token" "$base/api/v1/nodes" | grep -q '"online":true' && break
+  kill -0 "$agent_pid" 2>/dev/null || { cat "$work/agent.log" >&2; say "the agent did not start"; exit 1; }
+  sleep 0.2
+done
+curl -fsS -H "Authorization: Bearer $token" "$base/api/v1/nodes" | grep -q '"online":true' || {
+  tail -n 20 "$work/agent.log" >&2
+  say "the agent did not come online within 60 s (its log above)"
+  exit 1
+}
+
+# Something to read back: a queued job, an SSH key.
 api() { curl -fsS -H "Authorization: Bearer $token" -H 'Content-Type: application/json' "$@" >/dev/null; }
 api -X POST "$base/api/v1/jobs" \
   -d '{"image": "commons-demo:latest", "gpus": 1, "time_limit_minutes": 5, "lab": "vision"}'

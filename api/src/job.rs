@@ -127,7 +127,19 @@ impl JobRequest {
 /// (The portal then checks that the user belongs to the lab.)
 pub fn check(req: &JobRequest) -> Result<(), Invalid> {
     image_reference(req.image.trim())?;
-    let command_bytes: usize = req.command.iter().map(|a| a.len() + 1).sum();
+    command(&req.command)?;
+    env(&req.env)?;
+    gpus(req)?;
+    resources(req)?;
+    if let Some(lab) = &req.lab {
+        slug("lab", lab)?;
+    }
+    Ok(())
+}
+
+/// At most 64 KiB of arguments, none with a NUL byte.
+fn command(command: &[String]) -> Result<(), Invalid> {
+    let command_bytes: usize = command.iter().map(|a| a.len() + 1).sum();
     if command_bytes > MAX_COMMAND_BYTES {
         return Err(Invalid::new(
             "command",
@@ -136,10 +148,14 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
             ),
         ));
     }
-    if req.command.iter().any(|a| a.contains('\0')) {
+    if command.iter().any(|a| a.contains('\0')) {
         return Err(Invalid::new("command", "the command contains a NUL byte"));
     }
-    env(&req.env)?;
+    Ok(())
+}
+
+/// How many GPUs, of which models, with how much memory each.
+fn gpus(req: &JobRequest) -> Result<(), Invalid> {
     if !(1..=MAX_GPUS).contains(&req.gpus) {
         return Err(Invalid::new(
             "gpus",
@@ -167,6 +183,11 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
             format!("must be between 0 and {MAX_GPU_MEMORY_GB}"),
         ));
     }
+    Ok(())
+}
+
+/// CPUs, memory, time limit, checkpoint interval, /dev/shm and disk.
+fn resources(req: &JobRequest) -> Result<(), Invalid> {
     let cpus = req.cpus.unwrap_or(DEFAULT_CPUS);
     if !(MIN_CPUS..=MAX_CPUS).contains(&cpus) {
         return Err(Invalid::new(
@@ -217,9 +238,6 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
                 format!("the job's disk must be 1 to {MAX_DISK_GB} GiB, not {gb}"),
             ));
         }
-    }
-    if let Some(lab) = &req.lab {
-        slug("lab", lab)?;
     }
     Ok(())
 }

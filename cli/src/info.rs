@@ -123,68 +123,7 @@ pub fn nodes(a: JsonFlag) -> Result<u8> {
         eprintln!("no servers enrolled yet");
         return Ok(0);
     }
-    let rows = nodes
-        .iter()
-        .map(|n| {
-            let state = match (n.online, n.draining) {
-                (false, _) => "offline",
-                (true, true) => "draining",
-                (true, false) => "online",
-            };
-            let mut models: Vec<(String, usize)> = Vec::new();
-            for g in n.gpus.iter().filter(|g| g.present) {
-                let label = g.model.clone();
-                match models.iter_mut().find(|(m, _)| *m == label) {
-                    Some((_, c)) => *c += 1,
-                    None => models.push((label, 1)),
-                }
-            }
-            let gpus = models
-                .iter()
-                .map(|(m, c)| format!("{c}x {m}"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let owner_use = n.gpus.iter().filter(|g| g.local_use).count();
-            let mut lends = match n.lending.mode {
-                LendMode::Always => "always",
-                LendMode::Never => "never",
-                LendMode::Windows => "windows",
-            }
-            .to_string();
-            if let Some(max) = n.lending.max_lent_gpus {
-                lends.push_str(&format!(", at most {max} GPUs"));
-            }
-            if let Some(s) = n.lending.max_guest_time_limit_s {
-                lends.push_str(&format!(", guest jobs <= {}", output::duration(s)));
-            }
-            if n.reclaim {
-                lends.push_str(", reclaiming");
-            }
-            // Coloured as a running job when online, as a cancelled one when not.
-            let state_cell = Cell {
-                text: state.to_string(),
-                state: Some(if n.online {
-                    JobState::Running
-                } else {
-                    JobState::Cancelled
-                }),
-            };
-            vec![
-                n.id.to_string().into(),
-                n.name.as_str().into(),
-                n.lab.as_str().into(),
-                state_cell,
-                gpus.into(),
-                if owner_use > 0 {
-                    format!("{owner_use} in local use")
-                } else {
-                    String::new()
-                }
-                .into(),
-                lends.into(),
-            ]
-        })
-        .collect();
+    let rows = nodes.iter().map(node_row).collect();
     print!(
         "{}",
         output::table(
@@ -194,6 +133,75 @@ pub fn nodes(a: JsonFlag) -> Result<u8> {
         )
     );
     Ok(0)
+}
+
+/// One server's line: id, name, lab, state, GPUs by model, owner use, lending rules.
+fn node_row(n: &NodeView) -> Vec<Cell> {
+    let state = match (n.online, n.draining) {
+        (false, _) => "offline",
+        (true, true) => "draining",
+        (true, false) => "online",
+    };
+    let owner_use = n.gpus.iter().filter(|g| g.local_use).count();
+    // Coloured as a running job when online, as a cancelled one when not.
+    let state_cell = Cell {
+        text: state.to_string(),
+        state: Some(if n.online {
+            JobState::Running
+        } else {
+            JobState::Cancelled
+        }),
+    };
+    vec![
+        n.id.to_string().into(),
+        n.name.as_str().into(),
+        n.lab.as_str().into(),
+        state_cell,
+        gpu_models(n).into(),
+        if owner_use > 0 {
+            format!("{owner_use} in local use")
+        } else {
+            String::new()
+        }
+        .into(),
+        lending(n).into(),
+    ]
+}
+
+/// "2x A100-80GB, 1x RTX4090-24GB": the present GPUs by model, in order of first sight.
+fn gpu_models(n: &NodeView) -> String {
+    let mut models: Vec<(String, usize)> = Vec::new();
+    for g in n.gpus.iter().filter(|g| g.present) {
+        match models.iter_mut().find(|(m, _)| *m == g.model) {
+            Some((_, c)) => *c += 1,
+            None => models.push((g.model.clone(), 1)),
+        }
+    }
+    models
+        .iter()
+        .map(|(m, c)| format!("{c}x {m}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The lending rules in a few words.
+fn lending(n: &NodeView) -> String {
+    let mut lends = match n.lending.mode {
+        LendMode::Always => "always",
+        LendMode::Never => "never",
+        LendMode::Windows => "windows",
+    }
+    .to_string();
+    if let Some(max) = n.lending.max_lent_gpus {
+        lends.push_str(&format!(", at most {max} GPUs"));
+    }
+    if let Some(s) = n.lending.max_guest_time_limit_s {
+        lends.push_str(&format!(", guest jobs <= {}", output::duration(s)));
+    }
+    if n.reclaim {
+        lends.push_str(", reclaiming");
+    }
+    lends
 }
 
 pub fn usage(a: UsageArgs) -> Result<u8> {

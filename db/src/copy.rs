@@ -103,23 +103,55 @@ pub fn sqlite_to_postgres(from: &str, to: &str) -> Result<Copied, CopyError> {
 
     let tables = sqlite_tables(&mut src)?;
     // 2. The target must be empty.
+    ensure_empty(&mut dst, &tables)?;
+    let order = parents_first(&mut src, &tables)?;
+    let columns = matching_columns(&mut src, &mut dst, &order)?;
+    // 3, 4. Copy in one transaction.
+    dst.transaction::<_, CopyError, _>(|dst| {
+        for t in &order {
+            copy_table(&mut src, dst, t, &columns[t].0)?;
+        }
+        Ok(())
+    })?;
+    // 5. Verify.
+    let mut out = Vec::new();
+    for t in &order {
+        let (rows, sum) = verify_table(&mut src, &mut dst, t, &columns[t])?;
+        out.push((t.clone(), rows, sum));
+    }
+    Ok(Copied { tables: out })
+}
+
+/// A table's columns: SQLite's names in order, and PostgreSQL's names with their types.
+type Columns = (Vec<String>, BTreeMap<String, String>);
+
+fn ensure_empty(dst: &mut diesel::PgConnection, tables: &[String]) -> Result<(), CopyError> {
     let mut full = Vec::new();
-    for t in &tables {
+    for t in tables {
         let n = diesel::sql_query(format!("SELECT COUNT(*) AS n FROM {}", quote(t)))
-            .get_result::<Count>(&mut dst)?
+            .get_result::<Count>(dst)?
             .n;
         if n > 0 {
             full.push(format!("{t}: {n} rows"));
         }
     }
-    if !full.is_empty() {
-        return Err(CopyError::NotEmpty(full.join(", ")));
+    if full.is_empty() {
+        Ok(())
+    } else {
+        Err(CopyError::NotEmpty(full.join(", ")))
     }
-    let order = parents_first(&mut src, &tables)?;
+}
+
+/// Each table's columns on both sides, which must be the same names.
+fn matching_columns(
+    src: &mut diesel::SqliteConnection,
+    dst: &mut diesel::PgConnection,
+    order: &[String],
+) -> Result<BTreeMap<String, Columns>, CopyError> {
     let mut columns = BTreeMap::new();
-    for t in &order {
-        let cols = sqlite_columns(&mut src, t)?;
-        let pg = pg_columns(&mut dst, t)?;
+    for t in order {
+        let cols = sqlite_columns(src, t)?;
+        let pg = pg_columns(dst, t)?;
         let a: BTreeSet<&String> = cols.iter().collect();
         let b: BTreeSet<&String> = pg.keys().collect();
         if a != b {
@@ -130,57 +162,64 @@ pub fn sqlite_to_postgres(from: &str, to: &str) -> Result<Copied, CopyError> {
         }
         columns.insert(t.clone(), (cols, pg));
     }
-    // 3, 4. Copy in one transaction.
-    dst.transaction::<_, CopyError, _>(|dst| {
-        for t in &order {
-            let (cols, _) = &columns[t];
-            let rows = sqlite_rows(&mut src, t, cols)?;
-            for chunk in rows.chunks(BATCH) {
-                let json = format!("[{}]", chunk.join(","));
-                diesel::sql_query(format!(
-                    "INSERT INTO {q} SELECT * FROM json_populate_recordset(NULL::{q}, $1::json)",
-                    q = quote(t)
-                ))
-                .bind::<Text, _>(json)
-                .execute(dst)?;
-            }
-            if cols.iter().any(|c| c == "id") {
-                diesel::sql_query(format!(
-                    "SELECT setval(pg_get_serial_sequence('{t}', 'id'), \
-                     COALESCE((SELECT MAX(id) FROM {q}), 0) + 1, false)::text AS name",
-                    q = quote(t)
-                ))
-                .load::<Name>(dst)?;
-            }
-        }
-        Ok(())
-    })?;
-    // 5. Verify.
-    let mut out = Vec::new();
-    for t in &order {
-        let (cols, kinds) = &columns[t];
-        let a = checksum(sqlite_rows(&mut src, t, cols)?, kinds)?;
-        let pg_rows: Vec<String> = diesel::sql_query(format!(
-            "SELECT row_to_json(x)::text AS row FROM {} x",
-            quote(t)
+    Ok(columns)
+}
+
+/// Copies one table's rows in batches, then moves its id sequence past them.
+fn copy_table(
+    src: &mut diesel::SqliteConnection,
+    dst: &mut diesel::PgConnection,
+    t: &str,
+    cols: &[String],
+) -> Result<(), CopyError> {
+    let rows = sqlite_rows(src, t, cols)?;
+    for chunk in rows.chunks(BATCH) {
+        let json = format!("[{}]", chunk.join(","));
+        diesel::sql_query(format!(
+            "INSERT INTO {q} SELECT * FROM json_populate_recordset(NULL::{q}, $1::json)",
+            q = quote(t)
         ))
-        .load::<Row>(&mut dst)?
-        .into_iter()
-        .map(|r| r.row)
-        .collect();
-        let b = checksum(pg_rows, kinds)?;
-        if a != b {
-            return Err(CopyError::Verify {
-                table: t.clone(),
-                detail: format!(
-                    "sqlite {} rows (sha256 {}, first {}), postgres {} rows (sha256 {}, first {})",
-                    a.0, a.1, a.2, b.0, b.1, b.2
-                ),
-            });
-        }
-        out.push((t.clone(), a.0, a.1));
+        .bind::<Text, _>(json)
+        .execute(dst)?;
     }
-    Ok(Copied { tables: out })
+    if cols.iter().any(|c| c == "id") {
+        diesel::sql_query(format!(
+            "SELECT setval(pg_get_serial_sequence('{t}', 'id'), \
+             COALESCE((SELECT MAX(id) FROM {q}), 0) + 1, false)::text AS name",
+            q = quote(t)
+        ))
+        .load::<Name>(dst)?;
+    }
+    Ok(())
+}
+
+/// Both sides' rows of one table have the same count and checksum: (rows, sha256).
+fn verify_table(
+    src: &mut diesel::SqliteConnection,
+    dst: &mut diesel::PgConnection,
+    t: &str,
+    (cols, kinds): &Columns,
+) -> Result<(usize, String), CopyError> {
+    let a = checksum(sqlite_rows(src, t, cols)?, kinds)?;
+    let pg_rows: Vec<String> = diesel::sql_query(format!(
+        "SELECT row_to_json(x)::text AS row FROM {} x",
+        quote(t)
+    ))
+    .load::<Row>(dst)?
+    .into_iter()
+    .map(|r| r.row)
+    .collect();
+    let b = checksum(pg_rows, kinds)?;
+    if a != b {
+        return Err(CopyError::Verify {
+            table: t.to_string(),
+            detail: format!(
+                "sqlite {} rows (sha256 {}, first {}), postgres {} rows (sha256 {}, first {})",
+                a.0, a.1, a.2, b.0, b.1, b.2
+            ),
+        });
+    }
+    Ok((a.0, a.1))
 }
 
 fn sqlite_tables(c: &mut diesel::SqliteConnection) -> Result<Vec<String>, CopyError> {

@@ -18,44 +18,8 @@ pub fn enrol(
     agent_version: &str,
 ) -> Result<(Node, Lab, String), DbError> {
     c.transaction(|c| {
-        let row: Option<(
-            i64,
-            i64,
-            Option<chrono::NaiveDateTime>,
-            chrono::NaiveDateTime,
-        )> = enrol_tokens::table
-            .filter(enrol_tokens::token_hash.eq(hash_secret(token)))
-            .select((
-                enrol_tokens::id,
-                enrol_tokens::lab_id,
-                enrol_tokens::used_at,
-                enrol_tokens::expires_at,
-            ))
-            .first(c)
-            .optional()?;
-        let Some((token_id, lab_id, used_at, expires_at)) = row else {
-            return Err(DbError::BadCredential("unknown enrolment token".into()));
-        };
-        if used_at.is_some() {
-            return Err(DbError::BadCredential(
-                "this enrolment token was used already; ask the lab admin for a new one".into(),
-            ));
-        }
-        if expires_at < now() {
-            return Err(DbError::BadCredential(
-                "this enrolment token has expired".into(),
-            ));
-        }
-        let name: String = hostname
-            .chars()
-            .filter(|ch| ch.is_ascii_alphanumeric() || "-._".contains(*ch))
-            .take(63)
-            .collect();
-        let name = if name.is_empty() {
-            "server".to_string()
-        } else {
-            name
-        };
+        let (token_id, lab_id) = unspent_token(c, token)?;
+        let name = node_name(hostname);
         let credential = new_secret("gcn");
         let node_id = insert_returning_id!(
             c,
@@ -93,6 +57,54 @@ pub fn enrol(
         let lab = labs::table.find(lab_id).select(Lab::as_select()).first(c)?;
         Ok((node, lab, credential))
     })
+}
+
+/// The id and lab of an enrolment token that is known, unused and not expired.
+fn unspent_token(c: &mut DbConn, token: &str) -> Result<(i64, i64), DbError> {
+    type TokenRow = (
+        i64,
+        i64,
+        Option<chrono::NaiveDateTime>,
+        chrono::NaiveDateTime,
+    );
+    let row: Option<TokenRow> = enrol_tokens::table
+        .filter(enrol_tokens::token_hash.eq(hash_secret(token)))
+        .select((
+            enrol_tokens::id,
+            enrol_tokens::lab_id,
+            enrol_tokens::used_at,
+            enrol_tokens::expires_at,
+        ))
+        .first(c)
+        .optional()?;
+    let Some((token_id, lab_id, used_at, expires_at)) = row else {
+        return Err(DbError::BadCredential("unknown enrolment token".into()));
+    };
+    if used_at.is_some() {
+        return Err(DbError::BadCredential(
+            "this enrolment token was used already; ask the lab admin for a new one".into(),
+        ));
+    }
+    if expires_at < now() {
+        return Err(DbError::BadCredential(
+            "this enrolment token has expired".into(),
+        ));
+    }
+    Ok((token_id, lab_id))
+}
+
+/// A node's name from the agent's hostname: letters, digits and `-._`, at most 63.
+fn node_name(hostname: &str) -> String {
+    let name: String = hostname
+        .chars()
+        .filter(|ch| ch.is_ascii_alphanumeric() || "-._".contains(*ch))
+        .take(63)
+        .collect();
+    if name.is_empty() {
+        "server".to_string()
+    } else {
+        name
+    }
 }
 
 pub fn node_by_credential(c: &mut DbConn, credential: &str) -> Result<Option<Node>, DbError> {

@@ -60,11 +60,80 @@ pub fn read_with_waiting(
     policy: &Policy,
 ) -> Result<(commons_sched::Snapshot, BTreeMap<i64, Waiting>), DbError> {
     c.transaction(|c| {
-        let began = std::time::Instant::now();
-        let mut took = Vec::new();
-        let mut lap = |what: &'static str| took.push((what, began.elapsed().as_millis()));
+        let mut laps = Laps::start();
         let t = now();
         let now_s = secs(t);
+        let rows = Rows::load(c, t, &mut laps)?;
+        let (labs, members) = ledgers(&rows, policy, now_s);
+        laps.lap("labs and ledgers");
+        let node_lab: BTreeMap<i64, i64> = rows.nodes.iter().map(|n| (n.id, n.lab_id)).collect();
+        let return_rates = owner_return_rates(&rows.used, &node_lab, policy.utc_offset_s);
+        let snapshot = commons_sched::Snapshot {
+            nodes: sched_nodes(&rows, &return_rates),
+            running: running_jobs(&rows),
+            queue: queued_jobs(&rows, policy),
+            labs: labs.into_values().collect(),
+            members: members.into_values().collect(),
+        };
+        let waiting = rows
+            .queued
+            .iter()
+            .map(|j| {
+                let w = Waiting {
+                    reason: j.reason.clone(),
+                    position: j.queue_position,
+                    estimated_start: j.estimated_start_at,
+                };
+                (j.id, w)
+            })
+            .collect();
+        laps.lap("snapshot built");
+        tracing::debug!(took = ?laps.took, "snapshot read (cumulative ms)");
+        Ok((snapshot, waiting))
+    })
+}
+
+/// Cumulative milliseconds at each step of a read, for the debug log.
+struct Laps {
+    began: std::time::Instant,
+    took: Vec<(&'static str, u128)>,
+}
+
+impl Laps {
+    fn start() -> Laps {
+        Laps {
+            began: std::time::Instant::now(),
+            took: Vec::new(),
+        }
+    }
+
+    fn lap(&mut self, what: &'static str) {
+        self.took.push((what, self.began.elapsed().as_millis()));
+    }
+}
+
+/// Lab, user, time limit, CPUs and memory of a job whose attempt holds GPUs.
+type JobOf = (i64, i64, i64, f64, i64);
+
+/// Every row the snapshot is built from, read in the caller's transaction.
+struct Rows {
+    nodes: Vec<Node>,
+    gpus: Vec<Gpu>,
+    active: Vec<Attempt>,
+    queued: Vec<QueuedRow>,
+    /// Per queued job: how often its guest attempts were taken back, and the last time.
+    take_backs: BTreeMap<i64, (u32, i64)>,
+    /// Attempts that used GPUs within the ledgers' reach, with their jobs' lab and user.
+    used: Vec<(Attempt, i64, i64)>,
+    labs: Vec<Lab>,
+    members: Vec<(i64, i64, super::types::Json<Quota>)>,
+    job_of: BTreeMap<i64, JobOf>,
+    /// When each running attempt last stored a checkpoint.
+    checkpointed: BTreeMap<(i64, i32), chrono::NaiveDateTime>,
+}
+
+impl Rows {
+    fn load(c: &mut DbConn, t: chrono::NaiveDateTime, laps: &mut Laps) -> Result<Rows, DbError> {
         let nodes: Vec<Node> = nodes::table
             .filter(nodes::revoked_at.is_null())
             .order(nodes::id)
@@ -74,9 +143,7 @@ pub fn read_with_waiting(
             .order(gpus::id)
             .select(Gpu::as_select())
             .load(c)?;
-        lap("nodes and GPUs");
-        let gpu_by_id: BTreeMap<i64, &Gpu> = gpus.iter().map(|g| (g.id, g)).collect();
-        let node_lab: BTreeMap<i64, i64> = nodes.iter().map(|n| (n.id, n.lab_id)).collect();
+        laps.lap("nodes and GPUs");
         let active = super::attempts::active_attempts(c)?;
         // Sorted here rather than by the database: tens of thousands of rows overflow
         // PostgreSQL's default work_mem and its sort goes to disk (measured 200 ms of
@@ -86,14 +153,13 @@ pub fn read_with_waiting(
             .select(QueuedRow::as_select())
             .load(c)?;
         queued.sort_unstable_by_key(|j| j.id);
-        lap("active and queued");
-        let take_backs: BTreeMap<i64, (u32, i64)> = super::attempts::take_backs_of_queued(c)?
+        laps.lap("active and queued");
+        let take_backs = super::attempts::take_backs_of_queued(c)?
             .into_iter()
             .map(|(job, n, last)| (job, (n, secs(last))))
             .collect();
-        // Attempts that used GPUs within the ledgers' reach, with their jobs' lab and user.
         let since = t - chrono::Duration::seconds(LEDGER_LOOKBACK_S);
-        let used: Vec<(Attempt, i64, i64)> = job_attempts::table
+        let used = job_attempts::table
             .inner_join(jobs::table)
             .filter(job_attempts::started_at.is_not_null())
             .filter(
@@ -103,12 +169,12 @@ pub fn read_with_waiting(
             )
             .select((Attempt::as_select(), jobs::lab_id, jobs::user_id))
             .load(c)?;
-        lap("take-backs and used");
-        let labs: Vec<Lab> = labs::table
+        laps.lap("take-backs and used");
+        let labs = labs::table
             .order(labs::id)
             .select(Lab::as_select())
             .load(c)?;
-        let members: Vec<(i64, i64, super::types::Json<Quota>)> = memberships::table
+        let members = memberships::table
             .order((memberships::lab_id, memberships::user_id))
             .select((
                 memberships::lab_id,
@@ -116,210 +182,236 @@ pub fn read_with_waiting(
                 memberships::quota,
             ))
             .load(c)?;
-
-        let mut lab_info: BTreeMap<i64, LabInfo> = labs
-            .iter()
-            .map(|l| {
-                (
-                    l.id,
-                    LabInfo {
-                        id: l.id,
-                        quota: l.quota.0.clone(),
-                        ledger_at: now_s,
-                        interactive_boost: l.interactive_boost,
-                        ..Default::default()
-                    },
-                )
-            })
-            .collect();
-        let member_default: BTreeMap<i64, Quota> = labs
-            .iter()
-            .map(|l| (l.id, l.member_quota.0.clone()))
-            .collect();
-        let mut member_info: BTreeMap<(i64, i64), MemberInfo> = members
-            .iter()
-            .map(|(lab, user, quota)| {
-                // A member without a quota of their own has the lab's default.
-                let own = quota.0.clone();
-                let quota = if own == Quota::default() {
-                    member_default.get(lab).cloned().unwrap_or_default()
-                } else {
-                    own
-                };
-                (
-                    (*lab, *user),
-                    MemberInfo {
-                        lab: *lab,
-                        user: *user,
-                        quota,
-                        ledger_at: now_s,
-                        ..Default::default()
-                    },
-                )
-            })
-            .collect();
-        let period_start = now_s - QUOTA_PERIOD_S;
-        for (a, job_lab, user) in &used {
-            let Some(start) = a.started_at.map(secs) else {
-                continue;
-            };
-            let end = a.ended_at.map(secs).unwrap_or(now_s).max(start);
-            let ids = a.gpu_id_list();
-            let weight: f64 = ids
-                .iter()
-                .filter_map(|g| gpu_by_id.get(g))
-                .map(|g| policy.gpu_weight(&g.model))
-                .sum();
-            let hours = (end - start) as f64 / 3600.0;
-            let decayed = commons_sched::decay(weight * hours, end, now_s, policy.half_life_s);
-            let in_period =
-                ids.len() as f64 * (end - start.max(period_start)).max(0) as f64 / 3600.0;
-            let borrowed = node_lab.get(&a.node_id).is_some_and(|l| l != job_lab);
-            if borrowed {
-                if let Some(l) = lab_info.get_mut(job_lab) {
-                    l.used_gpu_hours += decayed;
-                    l.period_gpu_hours += in_period;
-                }
-                if let Some(owner) = node_lab.get(&a.node_id).and_then(|l| lab_info.get_mut(l)) {
-                    owner.lent_gpu_hours += decayed;
-                }
-            }
-            if let Some(m) = member_info.get_mut(&(*job_lab, *user)) {
-                m.used_gpu_hours += decayed;
-                m.period_gpu_hours += in_period;
-            }
-        }
-        lap("labs and ledgers");
-        let return_rates = owner_return_rates(&used, &node_lab, policy.utc_offset_s);
-        // Lab, user and time limit of the jobs whose attempts hold GPUs, in one query.
-        let active_jobs: Vec<i64> = active.iter().map(|a| a.job_id).collect();
-        type JobOf = (i64, i64, i64, f64, i64);
-        let job_of: BTreeMap<i64, JobOf> = jobs::table
-            .filter(jobs::id.eq_any(&active_jobs))
-            .select((
-                jobs::id,
-                jobs::lab_id,
-                jobs::user_id,
-                jobs::time_limit_s,
-                jobs::cpus,
-                jobs::memory_mb,
-            ))
-            .load::<(i64, i64, i64, i64, f64, i64)>(c)?
-            .into_iter()
-            .map(|(id, lab, user, limit, cpus, mem)| (id, (lab, user, limit, cpus, mem)))
-            .collect();
-        // When each running attempt last stored a checkpoint, in one query.
+        let job_of = jobs_of_attempts(c, &active)?;
         let pairs: Vec<(i64, i32)> = active.iter().map(|a| (a.job_id, a.attempt)).collect();
         let checkpointed = super::checkpoints::latest_at_for_attempts(c, &pairs)?;
-        lap("running jobs and checkpoints");
+        laps.lap("running jobs and checkpoints");
+        Ok(Rows {
+            nodes,
+            gpus,
+            active,
+            queued,
+            take_backs,
+            used,
+            labs,
+            members,
+            job_of,
+            checkpointed,
+        })
+    }
+}
 
-        let mut on_node: BTreeMap<i64, Vec<&Gpu>> = BTreeMap::new();
-        for g in gpus.iter().filter(|g| g.present) {
-            on_node.entry(g.node_id).or_default().push(g);
-        }
-        let waiting = queued
-            .iter()
-            .map(|j| {
-                (
-                    j.id,
-                    Waiting {
-                        reason: j.reason.clone(),
-                        position: j.queue_position,
-                        estimated_start: j.estimated_start_at,
-                    },
-                )
-            })
-            .collect();
-        let snapshot = commons_sched::Snapshot {
-            nodes: nodes
-                .iter()
-                .map(|n| commons_sched::Node {
-                    id: n.id,
-                    name: n.name.clone(),
-                    lab: n.lab_id,
-                    // A drained node takes nothing new and gives its guests back.
-                    schedulable: n.online && !n.draining,
-                    lending: n.lending_rules(),
-                    grace_s: n.grace_s.max(0) as u32,
-                    reclaim: n.reclaim || n.draining,
-                    owner_return_rate: return_rates.get(&n.id).cloned().unwrap_or_default(),
-                    cpus: n.cpus.max(0.0),
-                    memory_mb: n.memory_mb.max(0) as u64,
-                    max_job_disk_gb: n.max_job_disk_gb.unwrap_or(0).max(0) as u64,
-                    low_disk: n.disk_low.is_some(),
-                    // New GPUs await the lab admin: no guests until approved.
-                    inventory_unapproved: n.inventory_unapproved,
-                    gpus: on_node
-                        .get(&n.id)
-                        .into_iter()
-                        .flatten()
-                        .map(|g| commons_sched::Gpu {
-                            id: g.id,
-                            model: g.model.clone(),
-                            memory_mb: g.memory_mb.max(0) as u64,
-                            // A faulty GPU is withdrawn: nothing is placed on it.
-                            local_use: g.local_use || g.fault.is_some(),
-                            idle_since: g.idle_since.map(secs).unwrap_or(0),
-                            ..Default::default()
-                        })
-                        .collect(),
-                })
-                .collect(),
-            running: active
-                .iter()
-                .map(|a| {
-                    let (lab, user, limit, cpus, memory_mb) =
-                        job_of.get(&a.job_id).copied().unwrap_or_default();
-                    // An attempt still starting has no started_at yet: count from creation.
-                    commons_sched::RunningJob {
-                        id: a.job_id,
-                        user,
-                        lab,
-                        node: a.node_id,
-                        gpus: a.gpu_id_list(),
-                        started_at: secs(a.started_at.unwrap_or(a.created_at)),
-                        time_limit_s: limit,
-                        preempting: a.status() == super::models::AttemptStatus::Stopping,
-                        last_checkpoint_at: checkpointed
-                            .get(&(a.job_id, a.attempt))
-                            .copied()
-                            .map(secs),
-                        cpus,
-                        memory_mb: memory_mb.max(0) as u64,
-                    }
-                })
-                .collect(),
-            queue: queued
-                .iter()
-                .map(|j| {
-                    let (take_backs, taken_back_at) =
-                        take_backs.get(&j.id).copied().unwrap_or_default();
-                    commons_sched::QueuedJob {
-                        id: j.id,
-                        user: j.user_id,
-                        lab: j.lab_id,
-                        gpus: j.gpus.max(0) as u32,
-                        models: j.gpu_models.0.clone(),
-                        min_memory_mb: j.min_gpu_memory_mb.max(0) as u64,
-                        time_limit_s: j.time_limit_s,
-                        submitted_at: secs(j.created_at),
-                        interactive: j.kind == crate::domain::JobKind::Interactive,
-                        cpus: j.cpus,
-                        memory_mb: j.memory_mb.max(0) as u64,
-                        disk_gb: effective_disk_gb(j.disk_gb, policy),
-                        take_backs,
-                        taken_back_at,
-                        ..Default::default()
-                    }
-                })
-                .collect(),
-            labs: lab_info.into_values().collect(),
-            members: member_info.into_values().collect(),
+/// Lab, user and time limit of the jobs whose attempts hold GPUs, in one query.
+fn jobs_of_attempts(c: &mut DbConn, active: &[Attempt]) -> Result<BTreeMap<i64, JobOf>, DbError> {
+    let ids: Vec<i64> = active.iter().map(|a| a.job_id).collect();
+    Ok(jobs::table
+        .filter(jobs::id.eq_any(&ids))
+        .select((
+            jobs::id,
+            jobs::lab_id,
+            jobs::user_id,
+            jobs::time_limit_s,
+            jobs::cpus,
+            jobs::memory_mb,
+        ))
+        .load::<(i64, i64, i64, i64, f64, i64)>(c)?
+        .into_iter()
+        .map(|(id, lab, user, limit, cpus, mem)| (id, (lab, user, limit, cpus, mem)))
+        .collect())
+}
+
+type LabLedgers = BTreeMap<i64, LabInfo>;
+type MemberLedgers = BTreeMap<(i64, i64), MemberInfo>;
+
+/// Each lab's and member's quota with its usage: decayed GPU-hours for fair share and
+/// the GPU-hours of the quota period. Borrowing counts against the borrower's lab and is
+/// credited to the lender's.
+fn ledgers(rows: &Rows, policy: &Policy, now_s: i64) -> (LabLedgers, MemberLedgers) {
+    let (mut lab_info, mut member_info) = quotas(rows, now_s);
+    let gpu_by_id: BTreeMap<i64, &Gpu> = rows.gpus.iter().map(|g| (g.id, g)).collect();
+    let node_lab: BTreeMap<i64, i64> = rows.nodes.iter().map(|n| (n.id, n.lab_id)).collect();
+    let period_start = now_s - QUOTA_PERIOD_S;
+    for (a, job_lab, user) in &rows.used {
+        let Some(start) = a.started_at.map(secs) else {
+            continue;
         };
-        lap("snapshot built");
-        tracing::debug!(?took, "snapshot read (cumulative ms)");
-        Ok((snapshot, waiting))
-    })
+        let end = a.ended_at.map(secs).unwrap_or(now_s).max(start);
+        let ids = a.gpu_id_list();
+        let weight: f64 = ids
+            .iter()
+            .filter_map(|g| gpu_by_id.get(g))
+            .map(|g| policy.gpu_weight(&g.model))
+            .sum();
+        let hours = (end - start) as f64 / 3600.0;
+        let decayed = commons_sched::decay(weight * hours, end, now_s, policy.half_life_s);
+        let in_period = ids.len() as f64 * (end - start.max(period_start)).max(0) as f64 / 3600.0;
+        let borrowed = node_lab.get(&a.node_id).is_some_and(|l| l != job_lab);
+        if borrowed {
+            if let Some(l) = lab_info.get_mut(job_lab) {
+                l.used_gpu_hours += decayed;
+                l.period_gpu_hours += in_period;
+            }
+            if let Some(owner) = node_lab.get(&a.node_id).and_then(|l| lab_info.get_mut(l)) {
+                owner.lent_gpu_hours += decayed;
+            }
+        }
+        if let Some(m) = member_info.get_mut(&(*job_lab, *user)) {
+            m.used_gpu_hours += decayed;
+            m.period_gpu_hours += in_period;
+        }
+    }
+    (lab_info, member_info)
+}
+
+/// Every lab and member with its quota and empty ledgers.
+fn quotas(rows: &Rows, now_s: i64) -> (LabLedgers, MemberLedgers) {
+    let labs = rows
+        .labs
+        .iter()
+        .map(|l| {
+            let info = LabInfo {
+                id: l.id,
+                quota: l.quota.0.clone(),
+                ledger_at: now_s,
+                interactive_boost: l.interactive_boost,
+                ..Default::default()
+            };
+            (l.id, info)
+        })
+        .collect();
+    let member_default: BTreeMap<i64, Quota> = rows
+        .labs
+        .iter()
+        .map(|l| (l.id, l.member_quota.0.clone()))
+        .collect();
+    let members = rows
+        .members
+        .iter()
+        .map(|(lab, user, quota)| {
+            // A member without a quota of their own has the lab's default.
+            let own = quota.0.clone();
+            let quota = if own == Quota::default() {
+                member_default.get(lab).cloned().unwrap_or_default()
+            } else {
+                own
+            };
+            let info = MemberInfo {
+                lab: *lab,
+                user: *user,
+                quota,
+                ledger_at: now_s,
+                ..Default::default()
+            };
+            ((*lab, *user), info)
+        })
+        .collect();
+    (labs, members)
+}
+
+/// The nodes that are not revoked, with their present GPUs and lending rules.
+fn sched_nodes(rows: &Rows, return_rates: &BTreeMap<i64, Vec<f64>>) -> Vec<commons_sched::Node> {
+    let mut on_node: BTreeMap<i64, Vec<&Gpu>> = BTreeMap::new();
+    for g in rows.gpus.iter().filter(|g| g.present) {
+        on_node.entry(g.node_id).or_default().push(g);
+    }
+    rows.nodes
+        .iter()
+        .map(|n| commons_sched::Node {
+            id: n.id,
+            name: n.name.clone(),
+            lab: n.lab_id,
+            // A drained node takes nothing new and gives its guests back.
+            schedulable: n.online && !n.draining,
+            lending: n.lending_rules(),
+            grace_s: n.grace_s.max(0) as u32,
+            reclaim: n.reclaim || n.draining,
+            owner_return_rate: return_rates.get(&n.id).cloned().unwrap_or_default(),
+            cpus: n.cpus.max(0.0),
+            memory_mb: n.memory_mb.max(0) as u64,
+            max_job_disk_gb: n.max_job_disk_gb.unwrap_or(0).max(0) as u64,
+            low_disk: n.disk_low.is_some(),
+            // New GPUs await the lab admin: no guests until approved.
+            inventory_unapproved: n.inventory_unapproved,
+            gpus: on_node
+                .get(&n.id)
+                .into_iter()
+                .flatten()
+                .map(|g| sched_gpu(g))
+                .collect(),
+        })
+        .collect()
+}
+
+fn sched_gpu(g: &Gpu) -> commons_sched::Gpu {
+    commons_sched::Gpu {
+        id: g.id,
+        model: g.model.clone(),
+        memory_mb: g.memory_mb.max(0) as u64,
+        // A faulty GPU is withdrawn: nothing is placed on it.
+        local_use: g.local_use || g.fault.is_some(),
+        idle_since: g.idle_since.map(secs).unwrap_or(0),
+        ..Default::default()
+    }
+}
+
+/// The attempts that hold GPUs (starting, running or stopping).
+fn running_jobs(rows: &Rows) -> Vec<commons_sched::RunningJob> {
+    rows.active
+        .iter()
+        .map(|a| {
+            let (lab, user, limit, cpus, memory_mb) =
+                rows.job_of.get(&a.job_id).copied().unwrap_or_default();
+            // An attempt still starting has no started_at yet: count from creation.
+            commons_sched::RunningJob {
+                id: a.job_id,
+                user,
+                lab,
+                node: a.node_id,
+                gpus: a.gpu_id_list(),
+                started_at: secs(a.started_at.unwrap_or(a.created_at)),
+                time_limit_s: limit,
+                preempting: a.status() == super::models::AttemptStatus::Stopping,
+                last_checkpoint_at: rows
+                    .checkpointed
+                    .get(&(a.job_id, a.attempt))
+                    .copied()
+                    .map(secs),
+                cpus,
+                memory_mb: memory_mb.max(0) as u64,
+                // Not recorded yet: agents do not report how long a checkpoint took, so
+                // victims and grace periods ignore write times here.
+                checkpoint_write_s: None,
+            }
+        })
+        .collect()
+}
+
+/// The queue, in submission order.
+fn queued_jobs(rows: &Rows, policy: &Policy) -> Vec<commons_sched::QueuedJob> {
+    rows.queued
+        .iter()
+        .map(|j| {
+            let (take_backs, taken_back_at) =
+                rows.take_backs.get(&j.id).copied().unwrap_or_default();
+            commons_sched::QueuedJob {
+                id: j.id,
+                user: j.user_id,
+                lab: j.lab_id,
+                gpus: j.gpus.max(0) as u32,
+                models: j.gpu_models.0.clone(),
+                min_memory_mb: j.min_gpu_memory_mb.max(0) as u64,
+                time_limit_s: j.time_limit_s,
+                submitted_at: secs(j.created_at),
+                interactive: j.kind == crate::domain::JobKind::Interactive,
+                cpus: j.cpus,
+                memory_mb: j.memory_mb.max(0) as u64,
+                disk_gb: effective_disk_gb(j.disk_gb, policy),
+                take_backs,
+                taken_back_at,
+                ..Default::default()
+            }
+        })
+        .collect()
 }
 
 /// A job's disk in GiB: its own `disk_gb`, or the campus default.

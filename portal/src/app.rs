@@ -102,16 +102,6 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let pool_size = config.database_pool_size;
     let db = tokio::task::spawn_blocking(move || Db::open_with(&url, pool_size)).await??;
     let key = session_key(&config)?;
-    // Secure cookies need HTTPS: off for the dev login and for a portal served over http.
-    let secure_cookies = !config.insecure_dev_login
-        && !config
-            .public_url
-            .as_deref()
-            .is_some_and(|u| u.starts_with("http://"));
-    if !secure_cookies && !config.insecure_dev_login {
-        tracing::warn!("public_url is plain http: session cookies are not marked Secure");
-    }
-    let idle = actix_web::cookie::time::Duration::minutes(config.session_idle_minutes as i64);
     let checkpoints = crate::service::checkpoints::Store::from_config(&config)?;
     let state = AppState {
         ctx: crate::service::Ctx {
@@ -128,23 +118,71 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
     };
     state.db.observe_waits(state.metrics.db_pool_wait.clone());
+    let listener = std::net::TcpListener::bind(&state.config.listen)
+        .with_context(|| format!("cannot listen on {}", state.config.listen))?;
+    let addr = listener.local_addr()?;
+    let server = http_server(&state, key, listener)?;
+    let handle = server.handle();
+    // The server only serves while its future is polled.
+    let server = tokio::spawn(server);
+    let scheduler = tokio::spawn(crate::broker::tick::run(state.clone()));
+    let mail = (state.db.backend == crate::db::Backend::Postgres)
+        .then(|| tokio::spawn(crate::service::agents::forward_mail(state.ctx.clone())));
+    let samples = tokio::spawn(crate::service::samples::expire_loop(
+        state.ctx.clone(),
+        state.config.utilization.clone(),
+    ));
+    let ssh = match crate::ssh::start(state.clone()).await {
+        Ok(g) => g,
+        Err(e) => {
+            handle.stop(false).await;
+            scheduler.abort();
+            samples.abort();
+            return Err(e);
+        }
+    };
+    Ok(RunningPortal {
+        addr,
+        state,
+        handle,
+        server,
+        scheduler,
+        ssh,
+        mail,
+        samples,
+    })
+}
+
+/// The web server: the pages, the API and the agents' endpoints, behind the session,
+/// security-header, logging and metrics middleware.
+fn http_server(
+    state: &AppState,
+    key: Key,
+    listener: std::net::TcpListener,
+) -> anyhow::Result<actix_web::dev::Server> {
+    let config = &state.config;
+    // Secure cookies need HTTPS: off for the dev login and for a portal served over http.
+    let secure_cookies = !config.insecure_dev_login
+        && !config
+            .public_url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("http://"));
+    if !secure_cookies && !config.insecure_dev_login {
+        tracing::warn!("public_url is plain http: session cookies are not marked Secure");
+    }
+    let idle = actix_web::cookie::time::Duration::minutes(config.session_idle_minutes as i64);
     let sessions = crate::auth::store::DbSessionStore::new(state.db.clone());
-    let data = web::Data::new(state.clone());
-    let hsts = state
-        .config
+    let hsts = config
         .public_url
         .as_deref()
         .is_some_and(|u| u.starts_with("https://"));
-    let sso_origin = state
-        .config
+    let sso_origin = config
         .oidc
         .issuer
         .as_deref()
         .and_then(crate::web::assets::origin);
-    let listener = std::net::TcpListener::bind(&state.config.listen)
-        .with_context(|| format!("cannot listen on {}", state.config.listen))?;
-    let addr = listener.local_addr()?;
-    let server = HttpServer::new(move || {
+    let data = web::Data::new(state.clone());
+    Ok(HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
             // Forms as long as the API's bodies (a 64 KiB command, URL-encoded).
@@ -186,34 +224,5 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     .workers(2)
     .disable_signals()
     .listen(listener)?
-    .run();
-    let handle = server.handle();
-    // The server only serves while its future is polled.
-    let server = tokio::spawn(server);
-    let scheduler = tokio::spawn(crate::broker::tick::run(state.clone()));
-    let mail = (state.db.backend == crate::db::Backend::Postgres)
-        .then(|| tokio::spawn(crate::service::agents::forward_mail(state.ctx.clone())));
-    let samples = tokio::spawn(crate::service::samples::expire_loop(
-        state.ctx.clone(),
-        state.config.utilization.clone(),
-    ));
-    let ssh = match crate::ssh::start(state.clone()).await {
-        Ok(g) => g,
-        Err(e) => {
-            handle.stop(false).await;
-            scheduler.abort();
-            samples.abort();
-            return Err(e);
-        }
-    };
-    Ok(RunningPortal {
-        addr,
-        state,
-        handle,
-        server,
-        scheduler,
-        ssh,
-        mail,
-        samples,
-    })
+    .run())
 }

@@ -154,107 +154,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Demo(_) => "warn",
         _ => "info,actix_server=warn",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| default_filter.into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
-            .init(),
-    }
+    init_logging(cli.log_format, default_filter);
     match cli.cmd {
-        Cmd::Admin {
-            cmd: AdminCmd::MigrateDb { from, to },
-            ..
-        } => {
-            let copied = commons_portal::db::copy::sqlite_to_postgres(&from, &to)?;
-            for (table, rows, sum) in &copied.tables {
-                println!("{table:<28} {rows:>9} rows  sha256 {sum}");
-            }
-            println!(
-                "copied and verified {} tables, {} rows",
-                copied.tables.len(),
-                copied.tables.iter().map(|t| t.1).sum::<usize>()
-            );
-            Ok(())
-        }
-        Cmd::Admin {
-            db,
-            cmd: AdminCmd::Backup { to },
-        } => {
-            let config = db.config()?;
-            let bytes = commons_portal::db::copy::sqlite_backup(&config.database_url, &to)?;
-            println!(
-                "backed up {} to {} ({bytes} bytes)",
-                config.database_url,
-                to.display()
-            );
-            Ok(())
-        }
-        Cmd::Admin { db, cmd } => {
-            let config = db.config()?;
-            config.validate()?;
-            let db = Db::open_with(&config.database_url, config.database_pool_size)?;
-            let out = match cmd {
-                AdminCmd::CreateLab { slug, name } => admin::create_lab(&db, &slug, &name)?,
-                AdminCmd::CreateUser {
-                    username,
-                    email,
-                    lab,
-                    role,
-                    operator,
-                } => admin::create_user(
-                    &db,
-                    &username,
-                    &email,
-                    lab.as_deref(),
-                    role.parse::<Role>()
-                        .map_err(|e| anyhow::anyhow!("--role: {e} (member or admin)"))?,
-                    operator,
-                )?,
-                AdminCmd::ApiToken { username } => admin::api_token(&db, &username)?,
-                AdminCmd::EnrolToken { slug } => admin::enrol_token(&db, &slug)?,
-                AdminCmd::SignOut { username } => admin::sign_out(&db, &username)?,
-                AdminCmd::MigrateDb { .. } | AdminCmd::Backup { .. } => {
-                    anyhow::bail!("handled above")
-                }
-                AdminCmd::Images {
-                    cmd:
-                        ImagesCmd::Allow {
-                            name_tag,
-                            lab,
-                            description,
-                            digest,
-                            signature_file,
-                        },
-                } => {
-                    let signature = match signature_file {
-                        Some(f) => Some(std::fs::read_to_string(&f).map_err(|e| {
-                            anyhow::anyhow!("--signature-file {}: {e}", f.display())
-                        })?),
-                        None => None,
-                    };
-                    admin::allow_image(
-                        &db,
-                        &config.images.keys()?,
-                        commons_portal::service::images::NewImage {
-                            name_tag,
-                            digest,
-                            lab,
-                            description,
-                            signature,
-                        },
-                    )?
-                }
-            };
-            println!("{out}");
-            Ok(())
-        }
+        Cmd::Admin { db, cmd } => admin_command(db, cmd),
         Cmd::Serve {
             db,
             listen,
@@ -269,38 +171,7 @@ fn main() -> anyhow::Result<()> {
                 config.ssh.listen = Some(l);
             }
             config.insecure_dev_login |= insecure_dev_login;
-            // A key made at start would log everyone out at each restart, and replicas
-            // would not accept each other's cookies.
-            anyhow::ensure!(
-                config.insecure_dev_login || config.session_key_file.is_some(),
-                "session_key_file is not set: make one with `head -c 64 /dev/urandom > \
-                 /etc/gpu-commons/session.key` (mode 0600, the same file on every replica) and \
-                 set session_key_file; only --insecure-dev-login runs without one"
-            );
-            runtime()?.block_on(async {
-                if config.insecure_dev_login {
-                    tracing::warn!("INSECURE development login is on: anyone can log in as anyone");
-                }
-                let mut portal = commons_portal::start(config).await?;
-                println!("GPU Commons portal listening on {}", portal.url());
-                if let Some(g) = &portal.ssh {
-                    println!("SSH gateway listening on {}", g.addr);
-                }
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-                // A clean stop (Ctrl-C, SIGTERM from systemd) extends the running jobs'
-                // leases first, so a restart or an upgrade stops none of them.
-                let ended = tokio::select! {
-                    r = &mut portal.server => Some(r),
-                    _ = tokio::signal::ctrl_c() => None,
-                    _ = term.recv() => None,
-                };
-                match ended {
-                    Some(r) => r??,
-                    None => portal.shutdown().await,
-                }
-                Ok(())
-            })
+            serve(config)
         }
         Cmd::Demo(args) => runtime()?.block_on(demo::run(args)),
         Cmd::Openapi => {
@@ -308,6 +179,144 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn init_logging(format: LogFormat, default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_filter.into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
+}
+
+/// Runs the portal until it ends or is told to stop.
+fn serve(config: Config) -> anyhow::Result<()> {
+    // A key made at start would log everyone out at each restart, and replicas
+    // would not accept each other's cookies.
+    anyhow::ensure!(
+        config.insecure_dev_login || config.session_key_file.is_some(),
+        "session_key_file is not set: make one with `head -c 64 /dev/urandom > \
+         /etc/gpu-commons/session.key` (mode 0600, the same file on every replica) and \
+         set session_key_file; only --insecure-dev-login runs without one"
+    );
+    runtime()?.block_on(async {
+        if config.insecure_dev_login {
+            tracing::warn!("INSECURE development login is on: anyone can log in as anyone");
+        }
+        let mut portal = commons_portal::start(config).await?;
+        println!("GPU Commons portal listening on {}", portal.url());
+        if let Some(g) = &portal.ssh {
+            println!("SSH gateway listening on {}", g.addr);
+        }
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        // A clean stop (Ctrl-C, SIGTERM from systemd) extends the running jobs'
+        // leases first, so a restart or an upgrade stops none of them.
+        let ended = tokio::select! {
+            r = &mut portal.server => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+            _ = term.recv() => None,
+        };
+        match ended {
+            Some(r) => r??,
+            None => portal.shutdown().await,
+        }
+        Ok(())
+    })
+}
+
+/// The operator commands: the two that copy a database work on files, the rest on an
+/// open pool.
+fn admin_command(db: DbArgs, cmd: AdminCmd) -> anyhow::Result<()> {
+    match cmd {
+        AdminCmd::MigrateDb { from, to } => {
+            let copied = commons_portal::db::copy::sqlite_to_postgres(&from, &to)?;
+            for (table, rows, sum) in &copied.tables {
+                println!("{table:<28} {rows:>9} rows  sha256 {sum}");
+            }
+            println!(
+                "copied and verified {} tables, {} rows",
+                copied.tables.len(),
+                copied.tables.iter().map(|t| t.1).sum::<usize>()
+            );
+        }
+        AdminCmd::Backup { to } => {
+            let config = db.config()?;
+            let bytes = commons_portal::db::copy::sqlite_backup(&config.database_url, &to)?;
+            println!(
+                "backed up {} to {} ({bytes} bytes)",
+                config.database_url,
+                to.display()
+            );
+        }
+        cmd => {
+            let config = db.config()?;
+            config.validate()?;
+            let db = Db::open_with(&config.database_url, config.database_pool_size)?;
+            println!("{}", admin_on_db(&db, &config, cmd)?);
+        }
+    }
+    Ok(())
+}
+
+fn admin_on_db(db: &Db, config: &Config, cmd: AdminCmd) -> anyhow::Result<String> {
+    Ok(match cmd {
+        AdminCmd::CreateLab { slug, name } => admin::create_lab(db, &slug, &name)?,
+        AdminCmd::CreateUser {
+            username,
+            email,
+            lab,
+            role,
+            operator,
+        } => admin::create_user(
+            db,
+            &username,
+            &email,
+            lab.as_deref(),
+            role.parse::<Role>()
+                .map_err(|e| anyhow::anyhow!("--role: {e} (member or admin)"))?,
+            operator,
+        )?,
+        AdminCmd::ApiToken { username } => admin::api_token(db, &username)?,
+        AdminCmd::EnrolToken { slug } => admin::enrol_token(db, &slug)?,
+        AdminCmd::SignOut { username } => admin::sign_out(db, &username)?,
+        AdminCmd::MigrateDb { .. } | AdminCmd::Backup { .. } => {
+            anyhow::bail!("handled in admin_command")
+        }
+        AdminCmd::Images {
+            cmd:
+                ImagesCmd::Allow {
+                    name_tag,
+                    lab,
+                    description,
+                    digest,
+                    signature_file,
+                },
+        } => {
+            let signature = match signature_file {
+                Some(f) => Some(
+                    std::fs::read_to_string(&f)
+                        .map_err(|e| anyhow::anyhow!("--signature-file {}: {e}", f.display()))?,
+                ),
+                None => None,
+            };
+            let image = commons_portal::service::images::NewImage {
+                name_tag,
+                digest,
+                lab,
+                description,
+                signature,
+            };
+            admin::allow_image(db, &config.images.keys()?, image)?
+        }
+    })
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -166,120 +166,146 @@ impl Metrics {
             db_statements: Default::default(),
             labs: RwLock::default(),
         };
+        m.register_scheduler(&mut r);
+        m.register_queue(&mut r);
+        m.register_cluster(&mut r);
+        m.register_agents(&mut r);
+        m.register_db(&mut r);
+        Metrics { registry: r, ..m }
+    }
+
+    /// HTTP and the scheduler's rounds.
+    fn register_scheduler(&self, r: &mut Registry) {
         r.register_with_unit(
             "http_request_duration",
             "HTTP requests by method, route pattern and status",
             Unit::Seconds,
-            m.http_requests.clone(),
+            self.http_requests.clone(),
         );
         r.register_with_unit(
             "scheduler_tick_duration",
             "One scheduler round end to end: snapshot read, plan, commit, starts sent",
             Unit::Seconds,
-            m.tick_duration.clone(),
+            self.tick_duration.clone(),
         );
         r.register_with_unit(
             "scheduler_tick_phase_duration",
             "The scheduler round's phases (read, plan, commit, send)",
             Unit::Seconds,
-            m.tick_phase.clone(),
+            self.tick_phase.clone(),
         );
         r.register(
             "scheduler_plan_size",
             "The last plan: jobs to start, to preempt, and left pending",
-            m.plan_size.clone(),
+            self.plan_size.clone(),
         );
         r.register(
             "scheduler_leader",
             "1 when this replica runs the scheduler",
-            m.scheduler_leader.clone(),
+            self.scheduler_leader.clone(),
         );
         r.register_with_unit(
             "scheduler_last_tick_timestamp",
             "Unix time of this replica's last finished scheduler round",
             Unit::Seconds,
-            m.last_tick.clone(),
+            self.last_tick.clone(),
         );
+    }
+
+    /// Preemptions, starts and the queue.
+    fn register_queue(&self, r: &mut Registry) {
         r.register(
             "preemptions",
             "Guest jobs preempted, by cause (owner_job, reclaim, local_use, other)",
-            m.preemptions.clone(),
+            self.preemptions.clone(),
         );
         r.register(
             "job_starts",
             "Attempts started by the scheduler, by the job's lab",
-            m.starts.clone(),
+            self.starts.clone(),
         );
         r.register_with_unit(
             "queue_wait",
             "Time from submission to each attempt's start, by the job's lab",
             Unit::Seconds,
-            m.queue_wait.clone(),
+            self.queue_wait.clone(),
         );
         r.register(
             "queue_jobs",
             "Jobs waiting to start, by lab (scheduler replica only)",
-            m.queue_jobs.clone(),
+            self.queue_jobs.clone(),
         );
         r.register_with_unit(
             "queue_oldest_wait",
             "How long the oldest waiting job of each lab has waited",
             Unit::Seconds,
-            m.queue_oldest.clone(),
+            self.queue_oldest.clone(),
         );
+    }
+
+    /// GPUs, jobs and nodes.
+    fn register_cluster(&self, r: &mut Registry) {
         r.register(
             "gpus",
             "GPUs by node, owning lab and state: owner, guest, lent (free, open to guests), \
              idle (free, lending closed), withheld (local use, reclaimed, drained or offline)",
-            m.gpus.clone(),
+            self.gpus.clone(),
         );
-        r.register("jobs", "Jobs by lab and state", m.jobs.clone());
+        r.register("jobs", "Jobs by lab and state", self.jobs.clone());
         r.register(
             "node_up",
             "1 when the node's agent is connected (to any replica), by node and lab",
-            m.node_up.clone(),
+            self.node_up.clone(),
         );
+    }
+
+    /// The agents' connections and messages.
+    fn register_agents(&self, r: &mut Registry) {
         r.register(
             "agents_connected",
             "Agents connected to this replica",
-            m.agents_connected.clone(),
+            self.agents_connected.clone(),
         );
         r.register(
             "agent_messages",
             "Agent protocol messages by direction and type",
-            m.agent_messages.clone(),
+            self.agent_messages.clone(),
         );
         r.register_with_unit(
             "agent_message_handling",
             "Time to handle one agent message (database work included), by type",
             Unit::Seconds,
-            m.agent_message_duration.clone(),
+            self.agent_message_duration.clone(),
         );
         r.register(
             "agent_messages_refused",
             "Agent messages refused (limits, rate, another node's attempt)",
-            m.agent_messages_refused.clone(),
+            self.agent_messages_refused.clone(),
         );
         r.register(
             "agent_log_chunks_dropped",
             "Jobs' output chunks dropped over a connection's output rate (not refusals: \
              the job's log says how much)",
-            m.agent_log_chunks_dropped.clone(),
+            self.agent_log_chunks_dropped.clone(),
         );
+    }
+
+    /// The database pool.
+    fn register_db(&self, r: &mut Registry) {
         r.register(
             "db_pool_connections",
             "Database pool connections by state (idle, in_use)",
-            m.db_pool.clone(),
+            self.db_pool.clone(),
         );
         r.register(
             "db_pool_max_connections",
             "Size limit of the database pool",
-            m.db_pool_max.clone(),
+            self.db_pool_max.clone(),
         );
         r.register(
             "db_statements",
             "Statements this process sent to the database",
-            m.db_statements
+            self.db_statements
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
@@ -288,9 +314,8 @@ impl Metrics {
             "db_pool_wait",
             "Time from asking the database pool for a connection to having one",
             Unit::Seconds,
-            m.db_pool_wait.clone(),
+            self.db_pool_wait.clone(),
         );
-        Metrics { registry: r, ..m }
     }
 
     /// Brings `commons_db_statements_total` up to `total` (the pool's own count).

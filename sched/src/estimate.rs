@@ -34,6 +34,7 @@ fn waits_for_gpus(reason: &Reason) -> bool {
             | Reason::OwnerReserved { .. }
             | Reason::WaitingForGuestsToLeave { .. }
             | Reason::WaitingForOwnJobs { .. }
+            | Reason::SparingGuests { .. }
     )
 }
 

@@ -175,6 +175,11 @@ pub struct RunningJob {
     /// When its latest checkpoint was stored; `None` if it has none in this attempt.
     /// Work since then is what a preemption loses.
     pub last_checkpoint_at: Option<Time>,
+    /// Seconds its latest checkpoint took to write, in this attempt or an earlier one;
+    /// `None` if it never stored one (or the caller does not know). A job that wrote
+    /// one in less than the grace period is expected to save on stop and lose nothing
+    /// (see [`crate::Policy::grace_covers_checkpoint_s`]).
+    pub checkpoint_write_s: Option<i64>,
     /// CPUs it was given (counted against its node's capacity).
     pub cpus: f64,
     /// Memory it was given in MiB (counted against its node's capacity).

@@ -145,6 +145,9 @@ enum Kind {
     Start { left: u32, gpus: Vec<usize> },
     /// Preempt these guests (running indices), losing `cost` GPU-seconds.
     Preempt { cost: i64, victims: Vec<usize> },
+    /// Preempting would lose `cost` GPU-seconds, more than
+    /// [`crate::Policy::spare_costly_guests_gpu_hours`]: wait until `at` instead.
+    Spare { cost: i64 },
     /// Wait for running jobs to end.
     Wait,
 }
@@ -156,15 +159,26 @@ struct Scratch {
     own_times: Vec<Time>,
 }
 
-/// Node `n`'s offer to `job`, and whether it read the job's time limit.
-fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Offer, bool) {
+/// What node `n`'s GPUs hold for `job`, from [`scan`]: the free matching GPUs it may
+/// use, how many matching GPUs guests hold, and whether a claim made it read the job's
+/// time limit. `scratch.times` gets when each matching GPU could be the job's without
+/// stopping anyone but guests, `scratch.own_times` without stopping anyone at all
+/// (both sorted).
+struct Scan {
+    usable: Vec<usize>,
+    guest_held: usize,
+    reads_limit: bool,
+}
+
+fn scan(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> Scan {
     let now = world.now;
-    let want = job.gpus as usize;
     let ends = end_of(now, job);
     let nw = &world.nodes[n];
-    let mut usable = Vec::new();
-    let mut guest_held = 0usize;
-    let mut reads_limit = false;
+    let mut out = Scan {
+        usable: Vec::new(),
+        guest_held: 0,
+        reads_limit: false,
+    };
     let times = &mut scratch.times;
     times.clear();
     // When the GPUs come free without stopping a guest (free ones and the lab's own).
@@ -177,9 +191,9 @@ fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Of
         }
         match gw.holder {
             None => {
-                reads_limit |= gw.claim.is_some();
+                out.reads_limit |= gw.claim.is_some();
                 if gw.claim.is_none_or(|c| ends.is_some_and(|e| e <= c.until)) {
-                    usable.push(g);
+                    out.usable.push(g);
                     times.push(now);
                     own_times.push(now);
                 }
@@ -187,7 +201,7 @@ fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Of
             Some(r) if gw.claim.is_none() => {
                 let run = &world.running[r];
                 if run.guest && !run.new {
-                    guest_held += 1;
+                    out.guest_held += 1;
                     times.push(now.saturating_add(i64::from(nw.grace_s)));
                 } else if let Some(end) = run.expected_end(now, nw.grace_s) {
                     times.push(end);
@@ -199,8 +213,25 @@ fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Of
     }
     times.sort_unstable();
     own_times.sort_unstable();
-    let mut at = times.get(want - 1).copied().unwrap_or(Time::MAX);
-    let own_at = own_times.get(want - 1).copied().unwrap_or(Time::MAX);
+    out
+}
+
+/// Node `n`'s offer to `job`, and whether it read the job's time limit.
+fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Offer, bool) {
+    let now = world.now;
+    let want = job.gpus as usize;
+    let nw = &world.nodes[n];
+    let Scan {
+        usable,
+        guest_held,
+        reads_limit,
+    } = scan(world, job, n, scratch);
+    let mut at = scratch.times.get(want - 1).copied().unwrap_or(Time::MAX);
+    let own_at = scratch
+        .own_times
+        .get(want - 1)
+        .copied()
+        .unwrap_or(Time::MAX);
     let patience = world.policy.owner_patience_s;
     let kind = if usable.len() >= want && !nw.capacity_free_for(job) {
         // The GPUs are there but the server's CPUs or memory are taken: wait for them.
@@ -226,12 +257,20 @@ fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Of
     } else if usable.len() + guest_held >= want {
         let need = (want - usable.len()) as u32;
         match victims(world, job, n, need) {
-            Some((victims, cost)) => Kind::Preempt { cost, victims },
+            Some((victims, cost)) => match spare_until(world, job, cost) {
+                Some(until) => {
+                    at = own_at.min(until);
+                    Kind::Spare { cost }
+                }
+                None => Kind::Preempt { cost, victims },
+            },
             None => Kind::Wait,
         }
     } else {
         Kind::Wait
     };
+    // Sparing reads the job's submission: such an offer is never shared.
+    let reads_limit = reads_limit || matches!(kind, Kind::Spare { .. });
     let offer = Offer {
         node: n,
         usable,
@@ -239,6 +278,36 @@ fn offer(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> (Of
         kind,
     };
     (offer, reads_limit)
+}
+
+/// Until when an owner job spares guests whose stop would lose `cost` GPU-seconds
+/// ([`crate::Policy::spare_costly_guests_gpu_hours`]); `None`: it stops them now.
+fn spare_until(world: &World, job: &QueuedJob, cost: i64) -> Option<Time> {
+    let p = world.policy;
+    let limit = p.spare_costly_guests_gpu_hours;
+    if limit.is_nan() || limit <= 0.0 || (cost as f64) <= limit * 3600.0 {
+        return None;
+    }
+    let until = job.submitted_at.saturating_add(spare_wait_s(job, p));
+    (world.now < until).then_some(until)
+}
+
+/// The most seconds an owner job's delay for guests' sake may add
+/// ([`crate::Policy::owner_delay_share`] of its time limit; `None` without one).
+pub(crate) fn owner_delay_cap(job: &QueuedJob, p: &crate::Policy) -> Option<u32> {
+    let share = p.owner_delay_share;
+    (job.time_limit_s > 0 && share.is_finite() && share >= 0.0).then(|| {
+        let s = (job.time_limit_s as f64 * share).min(f64::from(u32::MAX));
+        s as u32
+    })
+}
+
+/// How long after its submission an owner job spares costly guests at most.
+fn spare_wait_s(job: &QueuedJob, p: &crate::Policy) -> i64 {
+    match owner_delay_cap(job, p) {
+        Some(cap) => p.spare_costly_guests_s.min(i64::from(cap)),
+        None => p.spare_costly_guests_s,
+    }
 }
 
 /// An owner job that found nothing on its own nodes: every offer was to wait, with no
@@ -312,21 +381,42 @@ pub(crate) fn place_owner_jobs(
     own: &OwnShapes,
     round: &mut Round,
 ) -> Vec<usize> {
-    let mut elsewhere = Vec::new();
-    let mut offers_made = Offers::default();
-    let mut hopeless: Vec<Option<usize>> = vec![None; world.shapes];
-    let mut found_nothing: HashMap<(usize, usize), Nothing> = HashMap::new();
+    let mut phase = Phase {
+        elsewhere: Vec::new(),
+        offers: Offers::default(),
+        hopeless: vec![None; world.shapes],
+        found_nothing: HashMap::new(),
+    };
     for &j in jobs {
+        phase.place(world, j, own, round);
+    }
+    phase.elsewhere
+}
+
+/// What the owner phase carries from one job to the next (steps 4 and 5 of
+/// [`place_owner_jobs`]).
+struct Phase {
+    /// Owner jobs that wait for their own nodes and may run elsewhere meanwhile.
+    elsewhere: Vec<usize>,
+    offers: Offers,
+    /// Per shape: the reason its jobs wait, once one found nothing at all.
+    hopeless: Vec<Option<usize>>,
+    found_nothing: HashMap<(usize, usize), Nothing>,
+}
+
+impl Phase {
+    /// Steps 2-5 of [`place_owner_jobs`] for queued job `j`.
+    fn place(&mut self, world: &mut World, j: usize, own: &OwnShapes, round: &mut Round) {
         let job = world.queue[j];
         if let Some(reason) = member_block(world, j) {
             round.wait(j, reason);
-            continue;
+            return;
         }
         let shape = world.meta[j].shape;
-        if let Some(r) = hopeless[shape] {
+        if let Some(r) = self.hopeless[shape] {
             round.pending.push((j, r));
-            elsewhere.push(j);
-            continue;
+            self.elsewhere.push(j);
+            return;
         }
         let class = (world.meta[j].lab, own.class[shape]);
         let changes: u64 = own.nodes[shape]
@@ -334,7 +424,8 @@ pub(crate) fn place_owner_jobs(
             .map(|&n| u64::from(world.nodes[n].changes))
             .sum();
         let limit = end_of(world.now, job).unwrap_or(Time::MAX);
-        if let Some(seen) = found_nothing
+        if let Some(seen) = self
+            .found_nothing
             .get(&class)
             .filter(|s| s.changes == changes && limit >= s.limit)
         {
@@ -344,85 +435,43 @@ pub(crate) fn place_owner_jobs(
             if seen.at < Time::MAX {
                 round.estimate(j, seen.at);
             }
-            hopeless[shape] = Some(seen.reason);
-            elsewhere.push(j);
-            continue;
+            self.hopeless[shape] = Some(seen.reason);
+            self.elsewhere.push(j);
+            return;
         }
-        let offers: Vec<&Offer> = offers_made
+        let offers: Vec<&Offer> = self
+            .offers
             .refresh(world, job, class, &own.nodes[shape])
             .iter()
             .flatten()
             .map(|k| &k.offer)
             .collect();
-        // Start now (best fit), else preempt (cheapest), else wait (earliest); ties go
-        // to the lowest node id (offers are in node order and comparisons are strict).
-        // With patience, waiting for the lab's own jobs that free the GPUs soon beats
-        // preempting (its key is negative, costs are not).
-        let patient = world.now.saturating_add(world.policy.owner_patience_s);
-        let mut best: Option<(u8, i64, usize)> = None;
-        for (i, o) in offers.iter().enumerate() {
-            let key = match &o.kind {
-                Kind::Start { left, .. } => (0, i64::from(*left)),
-                Kind::Preempt { cost, .. } => (1, *cost),
-                Kind::Wait if o.at <= patient && world.policy.owner_patience_s > 0 => {
-                    (1, o.at.saturating_sub(patient).saturating_sub(1))
-                }
-                Kind::Wait => (2, o.at),
-            };
-            if best.is_none_or(|b| key < (b.0, b.1)) {
-                best = Some((key.0, key.1, i));
-            }
-        }
-        let Some((_, _, chosen)) = best else { continue };
+        let Some(chosen) = best_offer(world, &offers) else {
+            return;
+        };
         if let Kind::Start { gpus, .. } = &offers[chosen].kind {
             let (n, gpus) = (offers[chosen].node, gpus.clone());
             round.starts.push(world.start(j, n, gpus));
             round.started.push(j);
-            continue;
+            return;
         }
         if matches!(offers[chosen].kind, Kind::Preempt { .. }) {
             if let Some((n, gpus)) = safe_elsewhere(world, j) {
                 round.starts.push(world.start(j, n, gpus));
                 round.started.push(j);
-                continue;
+                return;
             }
         }
         // The job waits. It claims the free GPUs it could use on every own node, so that
         // no guest lands where it waits, whichever node frees first.
-        let n = offers[chosen].node;
-        let name = world.node_name(n);
-        let reason = if let Kind::Preempt { victims, .. } = &offers[chosen].kind {
-            for &r in victims {
-                for g in world.running[r].gpus.clone() {
-                    if gpu_matches(job, world.gpus[g].gpu) {
-                        world.claim(g, world.now);
-                    }
-                }
-                if !world.running[r].preempting {
-                    let why = format!("the owner lab of node {name} needs its GPUs back");
-                    round.preempts.push(world.preempt(r, why));
-                }
-            }
-            let grace_s = world.nodes[n].grace_s;
-            Reason::WaitingForGuestsToLeave {
-                node: name,
-                grace_s,
-            }
-        } else {
-            elsewhere.push(j);
-            Reason::WaitingForOwnJobs { node: name }
-        };
-        let r = round.wait(j, reason);
-        if offers[chosen].at < Time::MAX {
-            round.estimate(j, offers[chosen].at);
-        }
+        let r = wait_on(world, j, offers[chosen], round, &mut self.elsewhere);
         if offers
             .iter()
             .all(|o| matches!(o.kind, Kind::Wait) && o.usable.is_empty())
         {
-            hopeless[shape] = Some(r);
+            self.hopeless[shape] = Some(r);
             let at = offers[chosen].at;
-            found_nothing.insert(
+            self.found_nothing.insert(
                 class,
                 Nothing {
                     changes,
@@ -432,16 +481,98 @@ pub(crate) fn place_owner_jobs(
                 },
             );
         }
-        for (i, o) in offers.iter().enumerate() {
-            let until = if i == chosen && !matches!(o.kind, Kind::Wait) {
-                world.now
-            } else {
-                o.at
-            };
-            for &g in &o.usable {
-                world.claim(g, until);
-            }
+        claim_usable(world, &offers, chosen);
+    }
+}
+
+/// A waiting owner job claims the usable free GPUs of every offer: until now on the
+/// chosen node when it preempts there, else until its expected start on each node.
+fn claim_usable(world: &mut World, offers: &[&Offer], chosen: usize) {
+    for (i, o) in offers.iter().enumerate() {
+        let until = if i == chosen && matches!(o.kind, Kind::Start { .. } | Kind::Preempt { .. }) {
+            world.now
+        } else {
+            o.at
+        };
+        for &g in &o.usable {
+            world.claim(g, until);
         }
     }
-    elsewhere
+}
+
+/// Start now (best fit), else preempt (cheapest), else wait (earliest); ties go to the
+/// lowest node id (offers are in node order and comparisons are strict). With
+/// patience, waiting for the lab's own jobs that free the GPUs soon beats preempting
+/// (its key is negative, costs are not). Returns the index of the chosen offer.
+fn best_offer(world: &World, offers: &[&Offer]) -> Option<usize> {
+    let patient = world.now.saturating_add(world.policy.owner_patience_s);
+    let mut best: Option<(u8, i64, usize)> = None;
+    for (i, o) in offers.iter().enumerate() {
+        let key = match &o.kind {
+            Kind::Start { left, .. } => (0, i64::from(*left)),
+            Kind::Preempt { cost, .. } => (1, *cost),
+            Kind::Spare { .. } => (2, o.at),
+            Kind::Wait if o.at <= patient && world.policy.owner_patience_s > 0 => {
+                (1, o.at.saturating_sub(patient).saturating_sub(1))
+            }
+            Kind::Wait => (2, o.at),
+        };
+        if best.is_none_or(|b| key < (b.0, b.1)) {
+            best = Some((key.0, key.1, i));
+        }
+    }
+    best.map(|(_, _, i)| i)
+}
+
+/// Owner job `j` waits on offer `o`: for the guests it preempts there (told to stop
+/// now, their GPUs claimed), or for its lab's own jobs (then it may run elsewhere
+/// meanwhile: pushed to `elsewhere`). Returns the index of its reason.
+fn wait_on(
+    world: &mut World,
+    j: usize,
+    o: &Offer,
+    round: &mut Round,
+    elsewhere: &mut Vec<usize>,
+) -> usize {
+    let job = world.queue[j];
+    let n = o.node;
+    let name = world.node_name(n);
+    let reason = if let Kind::Preempt { victims, .. } = &o.kind {
+        for &r in victims {
+            for g in world.running[r].gpus.clone() {
+                if gpu_matches(job, world.gpus[g].gpu) {
+                    world.claim(g, world.now);
+                }
+            }
+            if !world.running[r].preempting {
+                let why = format!("the owner lab of node {name} needs its GPUs back");
+                let cap = owner_delay_cap(job, world.policy);
+                round.preempts.push(world.preempt(r, why, cap));
+            }
+        }
+        let grace_s = world.nodes[n].grace_s;
+        Reason::WaitingForGuestsToLeave {
+            node: name,
+            grace_s,
+        }
+    } else if let Kind::Spare { cost } = o.kind {
+        // Not elsewhere: as a guest there it could be taken back in turn (which, in
+        // the simulator's suite, left labs worse off than alone).
+        let until = job
+            .submitted_at
+            .saturating_add(spare_wait_s(job, world.policy));
+        Reason::SparingGuests {
+            node: name,
+            lost_gpu_hours: (cost as f64 / 3600.0).round() as u64,
+            wait_s: until.saturating_sub(world.now),
+        }
+    } else {
+        elsewhere.push(j);
+        Reason::WaitingForOwnJobs { node: name }
+    };
+    let r = round.wait(j, reason);
+    if o.at < Time::MAX {
+        round.estimate(j, o.at);
+    }
+    r
 }

@@ -70,7 +70,13 @@ pub(crate) fn guest_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
     if let Some(block) = guest_block(node, nw.lend_until, job, world.now) {
         return Err(Verdict::NotLent(block));
     }
-    if too_risky_after_take_back(nw.returns.as_ref(), job, world.now, world.policy) {
+    if too_risky_after_take_back(
+        nw.returns.as_ref(),
+        job,
+        world.now,
+        world.policy,
+        world.pressure,
+    ) {
         return Err(Verdict::ReturnRisk);
     }
     if let Some(max) = node.lending.max_lent_gpus {

@@ -149,7 +149,7 @@ fn round(
         ..Round::default()
     };
     for (r, why) in reclaims(world) {
-        out.preempts.push(world.preempt(r, why));
+        out.preempts.push(world.preempt(r, why, None));
     }
 
     let owners: Vec<usize> = owners.iter().copied().filter(|&j| !started[j]).collect();

@@ -64,6 +64,7 @@ pub(crate) fn victims(
     need: u32,
 ) -> Option<(Vec<usize>, i64)> {
     let now = world.now;
+    let extra = crate::owner::owner_delay_cap(job, world.policy);
     // A node has a handful of GPUs: a small Vec beats a map here.
     let mut held: Vec<(usize, u32)> = Vec::new();
     for g in world.nodes[n].gpus.clone() {
@@ -87,7 +88,7 @@ pub(crate) fn victims(
                 !run.preempting,
                 young,
                 under,
-                cost_of(world, r),
+                cost_of(world, r, extra),
                 run.job,
                 r,
                 count,
@@ -117,7 +118,7 @@ pub(crate) fn victims(
     }
     let cost = chosen
         .iter()
-        .map(|&(r, _)| cost_of(world, r))
+        .map(|&(r, _)| cost_of(world, r, extra))
         .fold(0, i64::saturating_add);
     Some((chosen.into_iter().map(|(r, _)| r).collect(), cost))
 }
@@ -136,8 +137,16 @@ fn over_share(world: &World, lab: usize) -> bool {
 /// one) told to stop must weigh the same as before, or an owner job would hop to its
 /// node in the next round and the plan would not be a fixed point. A restart costs at
 /// least the minimum runtime, so a guest that just started is never a free victim.
-fn cost_of(world: &World, r: usize) -> i64 {
+/// A guest expected to save everything on stop ([`crate::state::RunW::saves_on_stop`])
+/// costs only that.
+fn cost_of(world: &World, r: usize, extra: Option<u32>) -> i64 {
     let run = &world.running[r];
     let floor = i64::from(run.gpu_count).saturating_mul(world.policy.min_runtime_s.max(1));
+    let grace = run
+        .node
+        .map_or(world.policy.default_grace_s, |n| world.nodes[n].grace_s);
+    if run.saves_on_stop(grace, world.policy, extra) {
+        return floor;
+    }
     run.lost_work(world.now).max(floor)
 }

@@ -85,6 +85,18 @@ pub enum Reason {
         /// Node name.
         node: String,
     },
+    /// Owner job: stopping the guests on its lab's node now would throw away much of
+    /// their work (they have no recent checkpoint), so it waits a while for them or for
+    /// the lab's own jobs before it stops them
+    /// ([`crate::Policy::spare_costly_guests_gpu_hours`]).
+    SparingGuests {
+        /// Node name.
+        node: String,
+        /// GPU-hours of work the guests would lose, rounded.
+        lost_gpu_hours: u64,
+        /// Seconds it waits at most before it stops them.
+        wait_s: i64,
+    },
     /// Nodes that fit do not lend to this job now (lending rules).
     NotLent {
         /// Which rule, on which node.
@@ -177,6 +189,17 @@ impl fmt::Display for Reason {
             Reason::WaitingForOwnJobs { node } => {
                 write!(f, "waiting for your lab's jobs on node {node} to finish")
             }
+            Reason::SparingGuests {
+                node,
+                lost_gpu_hours,
+                wait_s,
+            } => write!(
+                f,
+                "stopping the guest jobs on your lab's node {node} now would throw away \
+                 {lost_gpu_hours} GPU-hours of their work; waiting up to {} for them or \
+                 your lab's jobs before stopping them",
+                hours(*wait_s)
+            ),
             Reason::NotLent { detail } => write!(f, "not lent: {detail}"),
             Reason::QuotaGpus { scope, used, limit } => {
                 write!(f, "{scope}: {used} of {limit} GPUs in use")

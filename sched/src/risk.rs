@@ -12,8 +12,9 @@
 //! - A node without rates has zero risk and no hysteresis: it behaves exactly as before.
 
 use crate::lending::second_of_week;
-use crate::model::{Node, QueuedJob, Time};
+use crate::model::{GpuId, Node, QueuedJob, Snapshot, Time};
 use crate::policy::Policy;
+use std::collections::HashSet;
 
 /// Hours in a week: the length of [`Node::owner_return_rate`].
 pub const WEEK_HOURS: usize = 168;
@@ -127,12 +128,15 @@ pub(crate) fn taken_back_rule_applies(job: &QueuedJob, now: Time, policy: &Polic
 /// Whether a guest that an owner already took back must not borrow this node now: the
 /// rule applies to it ([`taken_back_rule_applies`]) and the node expects at least
 /// [`Policy::taken_back_max_risk`] take-backs within the job's time limit (0: unknown,
-/// counted as one week). Nodes without return rates are safe.
+/// counted as one week), a limit loosened on a quiet campus by
+/// [`Policy::taken_back_pressure_weight`] ([`pressure_scale`]). Nodes without return
+/// rates are safe.
 pub(crate) fn too_risky_after_take_back(
     returns: Option<&Returns>,
     job: &QueuedJob,
     now: Time,
     policy: &Policy,
+    pressure: f64,
 ) -> bool {
     let Some(r) = returns.filter(|_| taken_back_rule_applies(job, now, policy)) else {
         return false;
@@ -142,15 +146,68 @@ pub(crate) fn too_risky_after_take_back(
     } else {
         7 * 86_400
     };
-    r.expected(now, d, policy.utc_offset_s) >= policy.taken_back_max_risk
+    let scale = pressure_scale(policy.taken_back_pressure_weight, pressure);
+    r.expected(now, d, policy.utc_offset_s) * scale >= policy.taken_back_max_risk
+}
+
+/// Queue pressure: the GPUs the queue asks for over the free GPUs of schedulable nodes
+/// (not held, not in local use), at most 1; 0 with an empty queue. A quiet campus has
+/// free GPUs to spare, a contested one has more asked than free.
+pub(crate) fn pressure(snapshot: &Snapshot) -> f64 {
+    let asked: u64 = snapshot.queue.iter().map(|j| u64::from(j.gpus)).sum();
+    if asked == 0 {
+        return 0.0;
+    }
+    let held: HashSet<GpuId> = snapshot
+        .running
+        .iter()
+        .flat_map(|r| r.gpus.iter().copied())
+        .collect();
+    let free = snapshot
+        .nodes
+        .iter()
+        .filter(|n| n.schedulable)
+        .flat_map(|n| &n.gpus)
+        .filter(|g| !g.local_use && !held.contains(&g.id))
+        .count();
+    (asked as f64 / free.max(1) as f64).min(1.0)
+}
+
+/// How much a churn rule weighs at queue pressure `pressure` with weight `w` (0 to 1):
+/// `1 - w + w * pressure`, at least 0.1. Weight 0: always fully; weight 1: in
+/// proportion to the pressure, so a quiet campus lends freely.
+pub(crate) fn pressure_scale(w: f64, pressure: f64) -> f64 {
+    let w = if w.is_finite() {
+        w.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    (1.0 - w + w * pressure.clamp(0.0, 1.0)).max(0.1)
 }
 
 /// Seconds a free GPU of the node must have been free of owner work before a guest
 /// gets it: the lending rule, or the hysteresis while the owner tends to come back.
-pub(crate) fn min_idle_s(node: &Node, returns: Option<&Returns>, now: Time, p: &Policy) -> i64 {
+///
+/// With [`Policy::relend_adaptive`] the hysteresis scales with the node's take-back
+/// rate this hour (in full from [`Policy::relend_full_rate`]) and with the queue
+/// pressure ([`Policy::relend_pressure_weight`], [`pressure_scale`]).
+pub(crate) fn min_idle_s(
+    node: &Node,
+    returns: Option<&Returns>,
+    now: Time,
+    p: &Policy,
+    pressure: f64,
+) -> i64 {
     let hysteresis = match returns {
         Some(r) if p.relend_delay_s > 0 && r.now(now, p.utc_offset_s) >= p.relend_min_rate => {
-            p.relend_delay_s
+            if p.relend_adaptive {
+                let full = p.relend_full_rate.max(p.relend_min_rate).max(1e-9);
+                let by_rate = (r.now(now, p.utc_offset_s) / full).min(1.0);
+                let scale = by_rate * pressure_scale(p.relend_pressure_weight, pressure);
+                (p.relend_delay_s as f64 * scale).round() as i64
+            } else {
+                p.relend_delay_s
+            }
         }
         _ => 0,
     };
@@ -199,6 +256,65 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_hysteresis_scales_with_rate_and_pressure() {
+        let monday = 4 * 86_400;
+        let p = Policy {
+            relend_adaptive: true,
+            relend_full_rate: 0.2,
+            relend_pressure_weight: 1.0,
+            ..Policy::default()
+        };
+        let r = Returns::new(&node(vec![0.1; WEEK_HOURS])).unwrap();
+        // Half the full rate, full pressure: half the delay; no pressure: a tenth.
+        assert_eq!(
+            min_idle_s(&Node::default(), Some(&r), monday, &p, 1.0),
+            1800
+        );
+        assert_eq!(min_idle_s(&Node::default(), Some(&r), monday, &p, 0.0), 180);
+        let rate_only = Policy {
+            relend_pressure_weight: 0.0,
+            ..p.clone()
+        };
+        assert_eq!(
+            min_idle_s(&Node::default(), Some(&r), monday, &rate_only, 0.0),
+            1800
+        );
+        // Under the minimum rate: no hysteresis at all.
+        let low = Returns::new(&node(vec![0.01; WEEK_HOURS])).unwrap();
+        assert_eq!(min_idle_s(&Node::default(), Some(&low), monday, &p, 1.0), 0);
+        assert_eq!(pressure_scale(0.0, 0.0), 1.0);
+        assert_eq!(pressure_scale(1.0, 0.5), 0.5);
+        assert_eq!(pressure_scale(f64::NAN, 0.0), 1.0);
+    }
+
+    #[test]
+    fn pressure_is_asked_over_free_gpus() {
+        let gpu = |id| crate::Gpu {
+            id,
+            ..Default::default()
+        };
+        let mut s = Snapshot {
+            nodes: vec![Node {
+                schedulable: true,
+                gpus: (1..=4).map(gpu).collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(pressure(&s), 0.0);
+        s.queue.push(QueuedJob {
+            gpus: 1,
+            ..Default::default()
+        });
+        assert_eq!(pressure(&s), 0.25);
+        s.running.push(crate::RunningJob {
+            gpus: vec![1, 2, 3],
+            ..Default::default()
+        });
+        assert_eq!(pressure(&s), 1.0);
+    }
+
+    #[test]
     fn risk_classes_and_hysteresis() {
         let monday = 4 * 86_400;
         let r = Returns::new(&node(vec![1.0; WEEK_HOURS])).unwrap();
@@ -209,8 +325,11 @@ mod tests {
         assert_eq!(risk_class(None, monday, 3600, &p), 0);
         let off = p.clone().without_churn_knobs();
         assert_eq!(risk_class(Some(&r), monday, 3600, &off), 0);
-        assert_eq!(min_idle_s(&Node::default(), Some(&r), monday, &p), 3600);
-        assert_eq!(min_idle_s(&Node::default(), None, monday, &p), 0);
-        assert_eq!(min_idle_s(&Node::default(), Some(&r), monday, &off), 0);
+        assert_eq!(
+            min_idle_s(&Node::default(), Some(&r), monday, &p, 1.0),
+            3600
+        );
+        assert_eq!(min_idle_s(&Node::default(), None, monday, &p, 1.0), 0);
+        assert_eq!(min_idle_s(&Node::default(), Some(&r), monday, &off, 1.0), 0);
     }
 }

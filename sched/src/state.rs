@@ -118,6 +118,8 @@ pub(crate) struct RunW {
     pub started_at: Time,
     pub time_limit_s: i64,
     pub last_checkpoint_at: Option<Time>,
+    /// See [`RunningJob::checkpoint_write_s`].
+    pub checkpoint_write_s: Option<i64>,
     pub preempting: bool,
     /// Started by this plan: never a victim in it (no start-then-preempt loops).
     pub new: bool,
@@ -136,6 +138,34 @@ impl RunW {
         } else {
             None
         }
+    }
+
+    /// The grace period it gets when it is preempted on a node of `node_grace`
+    /// seconds: longer when its latest checkpoint took longer than that to write and
+    /// [`Policy::grace_covers_checkpoint_s`] allows a grace that covers it (a quarter
+    /// more than the write, at most that limit), and at most `extra` seconds longer
+    /// (the owner job's [`Policy::owner_delay_share`]).
+    pub fn grace_s(&self, node_grace: u32, policy: &Policy, extra: Option<u32>) -> u32 {
+        let cap = policy.grace_covers_checkpoint_s;
+        let cap = extra.map_or(cap, |e| cap.min(node_grace.saturating_add(e)));
+        match self.checkpoint_write_s {
+            Some(w) if w > i64::from(node_grace) && w <= i64::from(cap) => {
+                let wanted = w.saturating_add((w + 3) / 4).min(i64::from(cap));
+                u32::try_from(wanted).unwrap_or(cap).max(node_grace)
+            }
+            _ => node_grace,
+        }
+    }
+
+    /// Whether it is expected to save all its work when told to stop on a node of
+    /// `node_grace` seconds, its grace at most `extra` seconds longer: its latest
+    /// checkpoint took no longer than its grace period to write
+    /// ([`Policy::victims_save_aware`] only).
+    pub fn saves_on_stop(&self, node_grace: u32, policy: &Policy, extra: Option<u32>) -> bool {
+        policy.victims_save_aware
+            && self
+                .checkpoint_write_s
+                .is_some_and(|w| w <= i64::from(self.grace_s(node_grace, policy, extra)))
     }
 
     /// GPU-seconds a preemption now would throw away.
@@ -229,6 +259,8 @@ pub(crate) struct World<'a> {
     pub member_use: Vec<Use>,
     /// Free GPUs on schedulable nodes that nobody claimed: zero means nothing can start.
     pub free_total: u32,
+    /// Queue pressure at the snapshot, 0 to 1 ([`crate::risk::pressure`]).
+    pub pressure: f64,
 }
 
 impl<'a> World<'a> {
@@ -298,6 +330,7 @@ impl<'a> World<'a> {
             started_at: self.now,
             time_limit_s: job.time_limit_s,
             last_checkpoint_at: None,
+            checkpoint_write_s: None,
             preempting: false,
             new: true,
             guest,
@@ -311,17 +344,19 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Tell a guest to stop; its GPUs stay held (and counted) until it is gone.
-    pub fn preempt(&mut self, run: usize, reason: String) -> Preempt {
+    /// Tell a guest to stop; its GPUs stay held (and counted) until it is gone. `extra`:
+    /// the most its grace may exceed the node's (see [`RunW::grace_s`]).
+    pub fn preempt(&mut self, run: usize, reason: String, extra: Option<u32>) -> Preempt {
         let r = &mut self.running[run];
         r.preempting = true;
         if let Some(n) = r.node {
             self.nodes[n].changes = self.nodes[n].changes.wrapping_add(1);
         }
         let r = &self.running[run];
-        let grace_s = r
+        let node_grace = r
             .node
             .map_or(self.policy.default_grace_s, |n| self.nodes[n].grace_s);
+        let grace_s = r.grace_s(node_grace, self.policy, extra);
         Preempt {
             job: r.job,
             grace_s,

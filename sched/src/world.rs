@@ -41,7 +41,8 @@ struct Hardware<'a> {
 impl<'a> World<'a> {
     /// Reads the snapshot (see the module's steps).
     pub fn new(snapshot: &'a Snapshot, policy: &'a Policy, now: Time) -> Self {
-        let hw = hardware(snapshot, policy, now);
+        let pressure = crate::risk::pressure(snapshot);
+        let hw = hardware(snapshot, policy, now, pressure);
         let running_ids: BTreeSet<JobId> = snapshot.running.iter().map(|r| r.id).collect();
         let mut queue: Vec<&QueuedJob> = snapshot
             .queue
@@ -69,6 +70,7 @@ impl<'a> World<'a> {
             labs,
             members,
             free_total: 0,
+            pressure,
         };
         for r in running {
             world.place_running(r, &hw.gpu_index, &hw.node_index, &slots);
@@ -113,6 +115,7 @@ impl<'a> World<'a> {
             started_at: r.started_at,
             time_limit_s: r.time_limit_s,
             last_checkpoint_at: r.last_checkpoint_at,
+            checkpoint_write_s: r.checkpoint_write_s,
             preempting: r.preempting,
             new: false,
             guest: owner_lab.is_some_and(|l| l != r.lab),
@@ -123,7 +126,7 @@ impl<'a> World<'a> {
 }
 
 /// Step 1: nodes in id order (duplicates dropped), each with its GPUs in id order.
-fn hardware<'a>(snapshot: &'a Snapshot, policy: &Policy, now: Time) -> Hardware<'a> {
+fn hardware<'a>(snapshot: &'a Snapshot, policy: &Policy, now: Time, pressure: f64) -> Hardware<'a> {
     let mut order: Vec<&Node> = snapshot.nodes.iter().collect();
     order.sort_by_key(|n| n.id);
     order.dedup_by_key(|n| n.id);
@@ -144,7 +147,7 @@ fn hardware<'a>(snapshot: &'a Snapshot, policy: &Policy, now: Time) -> Hardware<
             policy.default_grace_s
         };
         let returns = crate::risk::Returns::new(node);
-        let min_idle_s = crate::risk::min_idle_s(node, returns.as_ref(), now, policy);
+        let min_idle_s = crate::risk::min_idle_s(node, returns.as_ref(), now, policy, pressure);
         hw.nodes.push(NodeW {
             returns,
             min_idle_s,

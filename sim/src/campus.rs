@@ -12,7 +12,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -41,7 +41,7 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> CampusError 
 }
 
 /// The campus file as written by a person.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CampusFile {
     /// Seconds a preempted guest job has to checkpoint and stop (SIGTERM to stop).
@@ -78,7 +78,7 @@ fn default_model() -> String {
 }
 
 /// One lab of the campus file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabFile {
     /// Short unique name, e.g. "vision"; nodes are called `<name>-<index>`.
@@ -112,7 +112,7 @@ pub struct LabFile {
 }
 
 /// A lab's lending rule for its nodes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Lend {
     #[default]
@@ -122,7 +122,7 @@ pub enum Lend {
 
 /// A node that leaves at `leave_at_s` (seconds after the first submission of the trace)
 /// and, if `return_at_s` is set, comes back then.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DepartureFile {
     /// Node name, `<lab>-<index>` with index from 0.
@@ -218,45 +218,13 @@ impl CampusFile {
         let mut names: BTreeMap<&str, usize> = BTreeMap::new();
         let mut tenants: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, l) in self.lab.iter().enumerate() {
-            let f = |name: &str| format!("lab[{i}].{name}");
-            let name = l.name.trim();
-            if name.is_empty() || name.contains(char::is_whitespace) {
-                return Err(invalid(f("name"), "must be a non-empty word"));
-            }
-            if let Some(j) = names.insert(name, i) {
-                return Err(invalid(
-                    f("name"),
-                    format!("\"{name}\" is already the name of lab[{j}]"),
-                ));
-            }
-            for t in &l.tenants {
-                if t.trim().is_empty() {
-                    return Err(invalid(f("tenants"), "has an empty tenant name"));
-                }
-                if let Some(j) = tenants.insert(t.as_str(), i) {
-                    return Err(invalid(
-                        f("tenants"),
-                        format!("tenant \"{t}\" is already a tenant of lab[{j}]"),
-                    ));
-                }
-            }
-            if l.nodes > 0 && l.gpus_per_node == 0 {
-                return Err(invalid(f("gpus_per_node"), "must be at least 1"));
-            }
-            if l.gpus_per_node > 64 {
-                return Err(invalid(f("gpus_per_node"), "must be at most 64"));
-            }
-            if l.nodes > 10_000 {
-                return Err(invalid(f("nodes"), "must be at most 10000"));
-            }
-            if l.gpu_model.trim().is_empty() {
-                return Err(invalid(f("gpu_model"), "must not be empty"));
-            }
+            l.check(i, &mut names, &mut tenants)?;
             let memory_gb = if l.gpu_memory_gb > 0 {
                 l.gpu_memory_gb
             } else {
                 memory_from_model(&l.gpu_model)
             };
+            let name = l.name.trim();
             for n in 0..l.nodes {
                 nodes.push(NodeSpec {
                     name: format!("{name}-{n}"),
@@ -278,6 +246,20 @@ impl CampusFile {
         if nodes.is_empty() {
             return Err(invalid("lab", "no lab owns a node: the campus has no GPUs"));
         }
+        let departures = self.departures(&nodes)?;
+        Ok(Campus {
+            grace_s: i64::from(self.grace_seconds),
+            checkpoint_interval_s: (self.checkpoint_interval_minutes > 0)
+                .then(|| i64::from(self.checkpoint_interval_minutes) * 60),
+            checkpoint_on_stop: self.checkpoint_on_stop,
+            labs,
+            nodes,
+            departures,
+        })
+    }
+
+    /// The departures, checked against the built `nodes`.
+    fn departures(&self, nodes: &[NodeSpec]) -> Result<Vec<Departure>, CampusError> {
         let mut departures = Vec::new();
         for (i, d) in self.departure.iter().enumerate() {
             let f = |name: &str| format!("departure[{i}].{name}");
@@ -300,15 +282,53 @@ impl CampusFile {
                 abrupt: d.abrupt,
             });
         }
-        Ok(Campus {
-            grace_s: i64::from(self.grace_seconds),
-            checkpoint_interval_s: (self.checkpoint_interval_minutes > 0)
-                .then(|| i64::from(self.checkpoint_interval_minutes) * 60),
-            checkpoint_on_stop: self.checkpoint_on_stop,
-            labs,
-            nodes,
-            departures,
-        })
+        Ok(departures)
+    }
+}
+
+impl LabFile {
+    /// Check lab `i` of the file; `names` and `tenants` collect what earlier labs took.
+    fn check<'a>(
+        &'a self,
+        i: usize,
+        names: &mut BTreeMap<&'a str, usize>,
+        tenants: &mut BTreeMap<&'a str, usize>,
+    ) -> Result<(), CampusError> {
+        let f = |name: &str| format!("lab[{i}].{name}");
+        let name = self.name.trim();
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            return Err(invalid(f("name"), "must be a non-empty word"));
+        }
+        if let Some(j) = names.insert(name, i) {
+            return Err(invalid(
+                f("name"),
+                format!("\"{name}\" is already the name of lab[{j}]"),
+            ));
+        }
+        for t in &self.tenants {
+            if t.trim().is_empty() {
+                return Err(invalid(f("tenants"), "has an empty tenant name"));
+            }
+            if let Some(j) = tenants.insert(t.as_str(), i) {
+                return Err(invalid(
+                    f("tenants"),
+                    format!("tenant \"{t}\" is already a tenant of lab[{j}]"),
+                ));
+            }
+        }
+        if self.nodes > 0 && self.gpus_per_node == 0 {
+            return Err(invalid(f("gpus_per_node"), "must be at least 1"));
+        }
+        if self.gpus_per_node > 64 {
+            return Err(invalid(f("gpus_per_node"), "must be at most 64"));
+        }
+        if self.nodes > 10_000 {
+            return Err(invalid(f("nodes"), "must be at most 10000"));
+        }
+        if self.gpu_model.trim().is_empty() {
+            return Err(invalid(f("gpu_model"), "must not be empty"));
+        }
+        Ok(())
     }
 }
 

@@ -15,6 +15,9 @@ pub struct Cli {
 pub enum Command {
     /// Replay a trace under several policies and compare them.
     Replay(Box<ReplayArgs>),
+    /// Run policies over the robustness suite (generated campuses, windows of the
+    /// trace) and report the distribution of each ratio against the baselines.
+    Suite(Box<SuiteArgs>),
     /// Validate a campus file and print its labs.
     CheckCampus {
         /// The campus TOML file.
@@ -74,6 +77,21 @@ pub struct ReplayArgs {
     /// Seed of the overestimated time limits.
     #[arg(long, default_value_t = 1)]
     pub limit_seed: u64,
+    #[command(flatten)]
+    pub tuning: TuningArgs,
+    #[command(flatten)]
+    pub checkpoints: CheckpointArgs,
+    /// Policies simulated at once, each on a thread (the figures do not depend on it).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// The churn knobs' settings (`None`: `sched`'s defaults).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TuningArgs {
     /// Re-lending hysteresis delay in seconds for the policies with the hysteresis on
     /// (default: `sched`'s, 3600).
     #[arg(long)]
@@ -95,9 +113,138 @@ pub struct ReplayArgs {
     /// (default: `sched`'s, 43200).
     #[arg(long)]
     pub taken_back_patience_s: Option<i64>,
-    /// Policies simulated at once, each on a thread (the figures do not depend on it).
+    /// Longest grace period, in seconds, that covers a guest's checkpoint write for
+    /// the policies with checkpoint-aware victims (default: `sched`'s, 600; 0 turns the
+    /// longer grace off).
+    #[arg(long)]
+    pub grace_covers_checkpoint_s: Option<u32>,
+    /// GPU-hours of guests' work from which an owner job waits before stopping them,
+    /// for the policies with checkpoint-aware victims (default: `sched`'s; 0: off).
+    #[arg(long)]
+    pub spare_costly_guests_gpu_hours: Option<f64>,
+    /// Seconds after its submission an owner job waits at most before stopping such
+    /// guests (default: `sched`'s).
+    #[arg(long)]
+    pub spare_costly_guests_s: Option<i64>,
+    /// The most an owner job waits for such guests as a share of its time limit
+    /// (default: `sched`'s).
+    #[arg(long)]
+    pub owner_delay_share: Option<f64>,
+    /// Adaptive hysteresis on or off ("true"/"false"; default: `sched`'s): the delay
+    /// scales with the node's take-back rate and the queue pressure.
+    #[arg(long)]
+    pub relend_adaptive: Option<bool>,
+    /// Take-backs per hour from which the adaptive hysteresis holds back for the whole
+    /// delay (default: `sched`'s).
+    #[arg(long)]
+    pub relend_full_rate: Option<f64>,
+    /// Weight of the queue pressure in the adaptive hysteresis, 0-1 (default: `sched`'s).
+    #[arg(long)]
+    pub relend_pressure_weight: Option<f64>,
+    /// Weight of the queue pressure in the take-back rule's limit, 0-1 (default:
+    /// `sched`'s).
+    #[arg(long)]
+    pub taken_back_pressure_weight: Option<f64>,
+}
+
+impl TuningArgs {
+    pub fn tuning(&self) -> commons_sim::Tuning {
+        commons_sim::Tuning {
+            relend_delay_s: self.relend_delay_s,
+            relend_min_rate: self.relend_min_rate,
+            return_risk_step: self.return_risk_step,
+            taken_back_max_risk: self.taken_back_max_risk,
+            taken_back_patience_s: self.taken_back_patience_s,
+            grace_covers_checkpoint_s: self.grace_covers_checkpoint_s,
+            spare_costly_guests_gpu_hours: self.spare_costly_guests_gpu_hours,
+            spare_costly_guests_s: self.spare_costly_guests_s,
+            owner_delay_share: self.owner_delay_share,
+            relend_adaptive: self.relend_adaptive,
+            relend_full_rate: self.relend_full_rate,
+            relend_pressure_weight: self.relend_pressure_weight,
+            taken_back_pressure_weight: self.taken_back_pressure_weight,
+        }
+    }
+}
+
+/// The checkpoint model with failures; on when either of its first two flags is given.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckpointArgs {
+    /// Share of the jobs (0 to 1) that never checkpoint: no periodic snapshot, no save
+    /// when told to stop (turns the checkpoint model with failures on).
+    #[arg(long)]
+    pub no_checkpoint_share: Option<f64>,
+    /// Checkpoint write bandwidth in GB/s: a job's write takes its GPUs' memory times
+    /// its fill (0.25-1, drawn per job) over this; a save that misses the grace period
+    /// keeps only the last periodic snapshot (turns the checkpoint model on).
+    #[arg(long)]
+    pub checkpoint_gbps: Option<f64>,
+    /// Seed of the checkpoint model's per-job draws.
+    #[arg(long, default_value_t = 1)]
+    pub checkpoint_seed: u64,
+}
+
+impl CheckpointArgs {
+    pub fn model(
+        &self,
+    ) -> Result<Option<commons_sim::checkpoint::CheckpointModel>, commons_sim::checkpoint::ModelError>
+    {
+        commons_sim::checkpoint::CheckpointModel::from_flags(
+            self.no_checkpoint_share,
+            self.checkpoint_gbps,
+            self.checkpoint_seed,
+        )
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SuiteArgs {
+    /// Job trace CSV the windows are cut from.
+    #[arg(long, default_value = "sim/traces/philly_sep_oct_2017.csv")]
+    pub trace: PathBuf,
+    /// Comma-separated policies to evaluate (the baselines isolated, share-fairshare and
+    /// commons-old always run too).
+    #[arg(long, alias = "policy", default_value = "commons")]
+    pub policies: String,
+    /// Which cases: the tuning set (even seeds), the test set (odd seeds) or all.
+    #[arg(long, default_value = "all", value_parser = ["tuning", "test", "all"])]
+    pub set: String,
+    /// The small suite (8 cases, up to 320 GPUs and 2,000 jobs) instead of the full one
+    /// (24 cases, up to 640 GPUs and 8,000 jobs).
+    #[arg(long)]
+    pub small: bool,
+    /// The tests' tiny suite (4 cases of at most 150 jobs submitted within two days,
+    /// 5-8 labs, up to 64 GPUs): checks that everything runs, says nothing.
+    #[arg(long, conflicts_with = "small")]
+    pub tiny: bool,
+    /// Only the first N cases (seeds 0..N) of the suite.
+    #[arg(long)]
+    pub cases: Option<u64>,
+    /// Cases replayed at once, each on a thread (the figures do not depend on it).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Write the report as JSON to this file ("-" for stdout).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Reuse the baselines' figures of this earlier JSON report for the cases and
+    /// settings it shares with this run.
+    #[arg(long)]
+    pub reuse: Option<PathBuf>,
+    /// Write each case's campus (case<seed>.toml) and jobs (case<seed>.csv) into this
+    /// directory, to replay one with `commons-sim replay` (the TOML's first line says
+    /// with which flags).
+    #[arg(long)]
+    pub dump: Option<PathBuf>,
+    /// Queued jobs per lab shown to the scheduler in one call.
+    #[arg(long, default_value_t = 8)]
+    pub window: usize,
+    /// Seconds between runs of the scheduler loop.
+    #[arg(long, default_value_t = 30)]
+    pub tick: i64,
+    #[command(flatten)]
+    pub tuning: TuningArgs,
+    #[command(flatten)]
+    pub checkpoints: CheckpointArgs,
     /// No progress on stderr.
     #[arg(long, short)]
     pub quiet: bool,

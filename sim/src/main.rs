@@ -1,17 +1,19 @@
 //! `commons-sim`: the command-line front of the simulator library.
 
 mod cli;
+mod suite_cmd;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use cli::{Cli, Command, ReplayArgs};
-use commons_sim::{read_trace, replay, CampusFile, PolicyKind, ReplaySettings, Workload};
+use commons_sim::{read_trace, replay, Campus, CampusFile, PolicyKind, ReplaySettings, Workload};
 use std::io::Write;
 use std::time::Instant;
 
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Replay(args) => run_replay(*args),
+        Command::Suite(args) => suite_cmd::run(&args),
         Command::CheckCampus { file } => {
             let campus = CampusFile::read(&file)?.build()?;
             println!(
@@ -38,6 +40,43 @@ fn main() -> Result<()> {
 }
 
 fn run_replay(args: ReplayArgs) -> Result<()> {
+    let (campus, work, settings) = prepare(&args)?;
+    let span = (work.span.1 - work.span.0).max(1) as f64;
+    let quiet = args.quiet;
+    if !quiet {
+        eprintln!(
+            "replaying {} jobs ({} capped to one node) over {:.1} days on {} GPUs",
+            work.jobs.len(),
+            work.capped,
+            span / 86_400.0,
+            campus.total_gpus()
+        );
+    }
+    let started = Instant::now();
+    // With policies on threads their progress interleaves: no per-policy times then.
+    let threaded = settings.threads > 1 && settings.policies.len() > 1;
+    let mut progress = Progress::new(quiet, threaded, work.span.0, span);
+    let result = replay(&campus, &work, &settings, &mut |p, t| progress.report(p, t))?;
+    progress.finish();
+    let wall = started.elapsed().as_secs_f64();
+    let simulated: i64 = result
+        .outputs
+        .iter()
+        .map(|o| o.end_time - work.span.0)
+        .sum();
+    if !quiet {
+        eprintln!(
+            "{} policies in {wall:.1} s wall; simulated/wall = {:.0}x",
+            result.outputs.len(),
+            simulated as f64 / wall.max(1e-9)
+        );
+        print_table(&result.summary);
+    }
+    write_outputs(&args, &work, &result, wall)
+}
+
+/// The campus, the workload and the settings a replay's arguments ask for.
+fn prepare(args: &ReplayArgs) -> Result<(Campus, Workload, ReplaySettings)> {
     let policies = PolicyKind::parse_list(&args.policies)?;
     let campus = CampusFile::read(&args.campus)?.build()?;
     let windowed = args.from_s.is_some() || args.until_s.is_some();
@@ -55,72 +94,76 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
         tick_s: args.tick.max(0),
         limit_seed: (args.limits == "overestimate").then_some(args.limit_seed),
         threads: args.threads.max(1),
-        tuning: commons_sim::Tuning {
-            relend_delay_s: args.relend_delay_s,
-            relend_min_rate: args.relend_min_rate,
-            return_risk_step: args.return_risk_step,
-            taken_back_max_risk: args.taken_back_max_risk,
-            taken_back_patience_s: args.taken_back_patience_s,
-        },
+        tuning: args.tuning.tuning(),
+        checkpoints: args.checkpoints.model()?,
     };
-    let span = (work.span.1 - work.span.0).max(1) as f64;
-    let quiet = args.quiet;
-    if !quiet {
-        eprintln!(
-            "replaying {} jobs ({} capped to one node) over {:.1} days on {} GPUs",
-            work.jobs.len(),
-            work.capped,
-            span / 86_400.0,
-            campus.total_gpus()
-        );
+    Ok((campus, work, settings))
+}
+
+/// Progress of a replay on stderr: each policy's virtual day every two seconds, and
+/// its time when it is done (not when policies run on threads: they interleave).
+struct Progress {
+    quiet: bool,
+    threaded: bool,
+    first: i64,
+    span: f64,
+    last_print: Instant,
+    current: Option<PolicyKind>,
+    policy_start: Instant,
+}
+
+impl Progress {
+    fn new(quiet: bool, threaded: bool, first: i64, span: f64) -> Progress {
+        Progress {
+            quiet,
+            threaded,
+            first,
+            span,
+            last_print: Instant::now(),
+            current: None,
+            policy_start: Instant::now(),
+        }
     }
-    let started = Instant::now();
-    let mut last_print = Instant::now();
-    let mut current: Option<PolicyKind> = None;
-    let mut policy_start = Instant::now();
-    // With policies on threads their progress interleaves: no per-policy times then.
-    let threaded = settings.threads > 1 && settings.policies.len() > 1;
-    let result = replay(&campus, &work, &settings, &mut |p, t| {
-        if current != Some(p) && !threaded {
-            if let (Some(prev), false) = (current, quiet) {
+
+    fn report(&mut self, p: PolicyKind, t: i64) {
+        if self.current != Some(p) && !self.threaded {
+            if let (Some(prev), false) = (self.current, self.quiet) {
                 eprintln!(
                     "  {prev}: done in {:.1} s",
-                    policy_start.elapsed().as_secs_f64()
+                    self.policy_start.elapsed().as_secs_f64()
                 );
             }
-            current = Some(p);
-            policy_start = Instant::now();
+            self.current = Some(p);
+            self.policy_start = Instant::now();
         }
-        if !quiet && last_print.elapsed().as_secs_f64() >= 2.0 {
-            last_print = Instant::now();
-            let day = (t - work.span.0) as f64 / 86_400.0;
+        if !self.quiet && self.last_print.elapsed().as_secs_f64() >= 2.0 {
+            self.last_print = Instant::now();
+            let day = (t - self.first) as f64 / 86_400.0;
             eprintln!(
                 "  {p}: day {day:.1} ({:.0}% of the span), {:.1} s",
-                100.0 * (t - work.span.0) as f64 / span,
-                policy_start.elapsed().as_secs_f64()
+                100.0 * (t - self.first) as f64 / self.span,
+                self.policy_start.elapsed().as_secs_f64()
             );
         }
-    })?;
-    if let (Some(last), false) = (current.filter(|_| !threaded), quiet) {
-        eprintln!(
-            "  {last}: done in {:.1} s",
-            policy_start.elapsed().as_secs_f64()
-        );
     }
-    let wall = started.elapsed().as_secs_f64();
-    let simulated: i64 = result
-        .outputs
-        .iter()
-        .map(|o| o.end_time - work.span.0)
-        .sum();
-    if !quiet {
-        eprintln!(
-            "{} policies in {wall:.1} s wall; simulated/wall = {:.0}x",
-            result.outputs.len(),
-            simulated as f64 / wall.max(1e-9)
-        );
-        print_table(&result.summary);
+
+    fn finish(&self) {
+        if let (Some(last), false) = (self.current.filter(|_| !self.threaded), self.quiet) {
+            eprintln!(
+                "  {last}: done in {:.1} s",
+                self.policy_start.elapsed().as_secs_f64()
+            );
+        }
     }
+}
+
+/// The JSON (`--json`) and the HTML report (`--report`) a replay asked for.
+fn write_outputs(
+    args: &ReplayArgs,
+    work: &Workload,
+    result: &commons_sim::Replay,
+    wall: f64,
+) -> Result<()> {
     let json = serde_json::to_string_pretty(&result.summary)?;
     match args.json.as_deref() {
         Some(p) if p.as_os_str() == "-" => println!("{json}"),
@@ -129,9 +172,9 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
         None => {}
     }
     if let Some(dir) = &args.report {
-        let path = commons_sim::report::write(dir, &work, &result, wall)
+        let path = commons_sim::report::write(dir, work, result, wall)
             .with_context(|| format!("cannot write the report into {}", dir.display()))?;
-        if !quiet {
+        if !args.quiet {
             eprintln!("report: {}", path.display());
         }
     }

@@ -10,8 +10,11 @@
 //! - `interactive_wait`, `batch_wait`: waits of the interactive jobs (see
 //!   `trace::is_interactive_by_rule` for traces without a job kind) and of the others.
 //! - `labs_worse_off`: labs whose mean JCT is more than 5% and more than the grace
-//!   period above their mean JCT under `isolated` (a lab that completes nothing under
-//!   `isolated`, e.g. one without nodes, cannot be worse off).
+//!   period above their mean JCT under `isolated`, both over the lab's jobs that fit
+//!   one of its own nodes (`jct_mean_fitting_s`: the jobs `isolated` can run; a job
+//!   wider than every node of its lab runs only when shared, which is no loss). A lab
+//!   that completes nothing under `isolated`, e.g. one without nodes, cannot be worse
+//!   off.
 //!
 //! - `estimate_*`: over the completed jobs that got a start-time estimate from the
 //!   scheduler before their first start (`commons` policies): the absolute error of the
@@ -76,6 +79,8 @@ pub struct LabMetrics {
     pub wait_mean_s: Option<f64>,
     pub jct_mean_s: Option<f64>,
     pub owner_wait_mean_s: Option<f64>,
+    /// Mean JCT of the completed jobs that fit one of the lab's own nodes.
+    pub jct_mean_fitting_s: Option<f64>,
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -156,42 +161,8 @@ pub fn summarize(campus: &Campus, work: &Workload, out: &SimOutput) -> PolicyMet
             0.0
         }
     };
-    let mut per_lab = BTreeMap::new();
-    for (i, lab) in campus.labs.iter().enumerate() {
-        let (mut jobs, mut wait, mut jct, mut owner) = (0, Vec::new(), Vec::new(), Vec::new());
-        for (j, o) in work.jobs.iter().zip(&out.jobs).filter(|(j, _)| j.lab == i) {
-            jobs += 1;
-            if let (Some(start), Some(finish)) = (o.first_start, o.finish) {
-                wait.push((start - j.submit) as f64);
-                jct.push((finish - j.submit) as f64);
-                if o.owner_start {
-                    owner.push((start - j.submit) as f64);
-                }
-            }
-        }
-        per_lab.insert(
-            lab.name.clone(),
-            LabMetrics {
-                jobs,
-                completed: jct.len() as u64,
-                wait_mean_s: mean(&wait),
-                jct_mean_s: mean(&jct),
-                owner_wait_mean_s: mean(&owner),
-            },
-        );
-    }
-    let (mut errors, mut within) = (Vec::new(), 0u64);
-    for o in &out.jobs {
-        if let (Some((at, est)), Some(start), Some(_)) = (o.first_estimate, o.first_start, o.finish)
-        {
-            errors.push((start - est).abs() as f64);
-            let (actual, predicted) = ((start - at).max(60), (est - at).max(60));
-            if actual <= 2 * predicted && predicted <= 2 * actual {
-                within += 1;
-            }
-        }
-    }
-    errors.sort_by(f64::total_cmp);
+    let per_lab = per_lab(campus, work, out);
+    let (errors, within) = estimate_errors(out);
     PolicyMetrics {
         estimated_jobs: errors.len() as u64,
         estimate_abs_error_median_s: percentile(&errors, 50.0),
@@ -226,23 +197,87 @@ pub fn summarize(campus: &Campus, work: &Workload, out: &SimOutput) -> PolicyMet
     }
 }
 
+/// Each lab's figures under one simulation.
+fn per_lab(campus: &Campus, work: &Workload, out: &SimOutput) -> BTreeMap<String, LabMetrics> {
+    let mut per_lab = BTreeMap::new();
+    let mut widest = vec![0; campus.labs.len()];
+    for n in &campus.nodes {
+        widest[n.lab] = widest[n.lab].max(n.gpus);
+    }
+    for (i, lab) in campus.labs.iter().enumerate() {
+        let (mut jobs, mut wait, mut jct, mut owner) = (0, Vec::new(), Vec::new(), Vec::new());
+        let mut fitting = Vec::new();
+        for (j, o) in work.jobs.iter().zip(&out.jobs).filter(|(j, _)| j.lab == i) {
+            jobs += 1;
+            if let (Some(start), Some(finish)) = (o.first_start, o.finish) {
+                wait.push((start - j.submit) as f64);
+                jct.push((finish - j.submit) as f64);
+                if o.owner_start {
+                    owner.push((start - j.submit) as f64);
+                }
+                if j.gpus <= widest[i] {
+                    fitting.push((finish - j.submit) as f64);
+                }
+            }
+        }
+        per_lab.insert(
+            lab.name.clone(),
+            LabMetrics {
+                jobs,
+                completed: jct.len() as u64,
+                wait_mean_s: mean(&wait),
+                jct_mean_s: mean(&jct),
+                owner_wait_mean_s: mean(&owner),
+                jct_mean_fitting_s: mean(&fitting),
+            },
+        );
+    }
+    per_lab
+}
+
+/// The absolute errors of the first start-time estimates (sorted), and how many jobs
+/// started within 2x of theirs (see the module docs).
+fn estimate_errors(out: &SimOutput) -> (Vec<f64>, u64) {
+    let (mut errors, mut within) = (Vec::new(), 0u64);
+    for o in &out.jobs {
+        if let (Some((at, est)), Some(start), Some(_)) = (o.first_estimate, o.first_start, o.finish)
+        {
+            errors.push((start - est).abs() as f64);
+            let (actual, predicted) = ((start - at).max(60), (est - at).max(60));
+            if actual <= 2 * predicted && predicted <= 2 * actual {
+                within += 1;
+            }
+        }
+    }
+    errors.sort_by(f64::total_cmp);
+    (errors, within)
+}
+
 /// Labs whose mean JCT under `m` is more than 5% and more than `grace_s` above theirs
-/// under `isolated`.
+/// under `isolated`, over the jobs that fit their own nodes.
 pub fn labs_worse_off(m: &PolicyMetrics, isolated: &PolicyMetrics, grace_s: i64) -> u32 {
     let mut n = 0;
     for (name, lab) in &m.per_lab {
-        let base = isolated.per_lab.get(name).and_then(|l| l.jct_mean_s);
-        if let (Some(base), Some(jct)) = (base, lab.jct_mean_s) {
-            if jct > base * 1.05 && jct > base + grace_s as f64 {
-                n += 1;
-            }
-        }
-        // A lab that completes jobs under `isolated` but none here is worse off.
-        if base.is_some() && lab.jct_mean_s.is_none() {
+        let base = isolated
+            .per_lab
+            .get(name)
+            .and_then(|l| l.jct_mean_fitting_s);
+        if worse_off(lab.jct_mean_fitting_s, base, grace_s) {
             n += 1;
         }
     }
     n
+}
+
+/// Whether a lab with mean JCT `jct` is worse off than with `base` alone: more than 5%
+/// and more than `grace_s` above it, or it completes nothing where it completed jobs
+/// alone (a lab that completes nothing alone, e.g. one without nodes, cannot be).
+pub fn worse_off(jct: Option<f64>, base: Option<f64>, grace_s: i64) -> bool {
+    match (base, jct) {
+        (Some(base), Some(jct)) => jct > base * 1.05 && jct > base + grace_s as f64,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
 }
 
 /// Set `labs_worse_off` on every policy when `isolated` is among them.
@@ -268,89 +303,102 @@ pub struct Target {
 /// The targets for `commons`, each against the baseline it names; a target
 /// whose policies were not simulated is left out.
 pub fn targets(all: &BTreeMap<String, PolicyMetrics>, grace_s: i64) -> Vec<Target> {
-    let mut out = Vec::new();
+    let mut t = Targets(Vec::new());
     let Some(c) = all.get(PolicyKind::Commons.name()) else {
-        return out;
+        return t.0;
     };
-    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+    if let Some(i) = all.get(PolicyKind::Isolated.name()) {
+        let util = ratio(Some(c.utilization), Some(i.utilization));
+        t.push("utilization_vs_isolated_at_least", util, 1.3, true);
+        let worse = c.labs_worse_off.map(f64::from);
+        t.push("labs_worse_off_at_most", worse, 0.0, false);
+        let owner = difference(c.owner_wait_mean_s, i.owner_wait_mean_s);
+        let name = "owner_wait_mean_minus_isolated_s_at_most";
+        t.push(name, owner, grace_s as f64, false);
+    }
+    if let Some(f) = all.get(PolicyKind::ShareFifo.name()) {
+        let goodput = ratio(Some(c.goodput), Some(f.goodput));
+        t.push("goodput_vs_share_fifo_at_least", goodput, 0.99, true);
+        let jct = ratio(c.jct_mean_s, f.jct_mean_s);
+        t.push("jct_mean_vs_share_fifo_at_most", jct, 0.8, false);
+    }
+    if let Some(f) = all.get(PolicyKind::ShareFairshare.name()) {
+        let jct = ratio(c.jct_mean_s, f.jct_mean_s);
+        t.push("jct_mean_vs_share_fairshare_at_most", jct, 1.0, false);
+    }
+    if let Some(o) = all.get(PolicyKind::CommonsOld.name()) {
+        t.against_commons_old(c, o);
+    }
+    if let Some(n) = all.get(PolicyKind::CommonsNoCkpt.name()) {
+        let lost = Some(count_ratio(c.lost_gpu_hours, n.lost_gpu_hours));
+        t.push("lost_gpu_hours_vs_nockpt_at_most", lost, 0.1, false);
+    }
+    t.0
+}
+
+/// `a / b` rounded to 4 digits; `None` when either is missing or `b` is not positive.
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(round(a / b, 4)),
         _ => None,
-    };
-    let mut push = |name: &str, value: Option<f64>, limit: f64, at_least: bool| {
+    }
+}
+
+/// `a - b` rounded to 0.1, when both are there.
+fn difference(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(round(a - b, 1)),
+        _ => None,
+    }
+}
+
+/// `a / b` for counts: 0 when both are 0, infinite when only `b` is.
+fn count_ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        round(a / b, 4)
+    } else if a > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    }
+}
+
+/// The targets of one run as they are measured.
+struct Targets(Vec<Target>);
+
+impl Targets {
+    fn push(&mut self, name: &str, value: Option<f64>, limit: f64, at_least: bool) {
         let met = value.is_some_and(|v| if at_least { v >= limit } else { v <= limit });
-        out.push(Target {
+        self.0.push(Target {
             name: name.into(),
             value,
             limit,
             met,
         });
-    };
-    if let Some(i) = all.get(PolicyKind::Isolated.name()) {
-        let util = ratio(Some(c.utilization), Some(i.utilization));
-        push("utilization_vs_isolated_at_least", util, 1.3, true);
-        let worse = c.labs_worse_off.map(f64::from);
-        push("labs_worse_off_at_most", worse, 0.0, false);
-        let owner = match (c.owner_wait_mean_s, i.owner_wait_mean_s) {
-            (Some(c), Some(i)) => Some(round(c - i, 1)),
-            _ => None,
-        };
-        push(
-            "owner_wait_mean_minus_isolated_s_at_most",
-            owner,
-            grace_s as f64,
+    }
+
+    /// `commons` (`c`) against `commons-old` (`o`).
+    fn against_commons_old(&mut self, c: &PolicyMetrics, o: &PolicyMetrics) {
+        let preempt = count_ratio(c.preemptions as f64, o.preemptions as f64);
+        self.push(
+            "preemptions_vs_commons_old_at_most",
+            Some(preempt),
+            0.5,
             false,
         );
-    }
-    if let Some(f) = all.get(PolicyKind::ShareFifo.name()) {
-        let goodput = ratio(Some(c.goodput), Some(f.goodput));
-        push("goodput_vs_share_fifo_at_least", goodput, 0.99, true);
-        let jct = ratio(c.jct_mean_s, f.jct_mean_s);
-        push("jct_mean_vs_share_fifo_at_most", jct, 0.8, false);
-    }
-    if let Some(f) = all.get(PolicyKind::ShareFairshare.name()) {
-        let jct = ratio(c.jct_mean_s, f.jct_mean_s);
-        push("jct_mean_vs_share_fairshare_at_most", jct, 1.0, false);
-    }
-    if let Some(o) = all.get(PolicyKind::CommonsOld.name()) {
-        let count = |a: f64, b: f64| {
-            Some(if b > 0.0 {
-                round(a / b, 4)
-            } else if a > 0.0 {
-                f64::INFINITY
-            } else {
-                0.0
-            })
-        };
-        let preempt = count(c.preemptions as f64, o.preemptions as f64);
-        push("preemptions_vs_commons_old_at_most", preempt, 0.5, false);
-        let lost = count(c.lost_gpu_hours, o.lost_gpu_hours);
-        push("lost_gpu_hours_vs_commons_old_at_most", lost, 0.5, false);
+        let lost = count_ratio(c.lost_gpu_hours, o.lost_gpu_hours);
+        self.push(
+            "lost_gpu_hours_vs_commons_old_at_most",
+            Some(lost),
+            0.5,
+            false,
+        );
         let jct = ratio(c.jct_mean_s, o.jct_mean_s);
-        push("jct_mean_vs_commons_old_at_most", jct, 1.05, false);
-        let owner = match (c.owner_wait_mean_s, o.owner_wait_mean_s) {
-            (Some(c), Some(o)) => Some(round(c - o, 1)),
-            _ => None,
-        };
-        push(
-            "owner_wait_mean_minus_commons_old_s_at_most",
-            owner,
-            0.0,
-            false,
-        );
+        self.push("jct_mean_vs_commons_old_at_most", jct, 1.05, false);
+        let owner = difference(c.owner_wait_mean_s, o.owner_wait_mean_s);
+        let name = "owner_wait_mean_minus_commons_old_s_at_most";
+        self.push(name, owner, 0.0, false);
     }
-    if let Some(n) = all.get(PolicyKind::CommonsNoCkpt.name()) {
-        let lost = if n.lost_gpu_hours > 0.0 {
-            Some(round(c.lost_gpu_hours / n.lost_gpu_hours, 4))
-        } else {
-            Some(if c.lost_gpu_hours > 0.0 {
-                f64::INFINITY
-            } else {
-                0.0
-            })
-        };
-        push("lost_gpu_hours_vs_nockpt_at_most", lost, 0.1, false);
-    }
-    out
 }
 
 #[cfg(test)]

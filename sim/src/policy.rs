@@ -17,8 +17,10 @@
 //!   waits for its lab's own jobs that end within 10 minutes instead of preempting;
 //!   `old+elsewhere`: an owner job that would preempt
 //!   starts on safe free GPUs of another lab instead; `old+stopckpt`: every stopped
-//!   guest checkpoints within its grace period, `checkpoint_on_stop`), to measure each
-//!   knob alone. Not in the default list.
+//!   guest checkpoints within its grace period, `checkpoint_on_stop`; `old+saves`:
+//!   victims and grace periods use checkpoint write times, which matters only with the
+//!   checkpoint model of [`crate::checkpoint`]), to measure each knob alone. Not in the
+//!   default list.
 //! - `commons-nockpt`: `commons` with checkpoints switched off (a stopped job restarts
 //!   from scratch).
 //! - `commons-boost`: `commons` with every lab's interactive boost on
@@ -48,6 +50,7 @@ pub enum PolicyKind {
     OldPatience,
     CommonsNoCkpt,
     CommonsBoost,
+    OldSaves,
 }
 
 /// The churn knobs of `sched` (issue 16) a policy turns on.
@@ -65,12 +68,15 @@ pub struct Knobs {
     pub elsewhere: bool,
     /// `Policy::owner_patience_s` (on at its default, off at 0).
     pub patience: bool,
+    /// `Policy::victims_save_aware` and `Policy::grace_covers_checkpoint_s` (on at its
+    /// default, off at 0): victims and grace periods that use checkpoint write times.
+    pub saves: bool,
 }
 
 /// A policy name that does not exist.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown policy \"{0}\" (known: isolated, share-fifo, share-backfill, share-fairshare, commons, commons-old, old+place, old+victims, old+hysteresis, old+patience, old+elsewhere, old+stopckpt, commons-nockpt, commons-boost)"
+    "unknown policy \"{0}\" (known: isolated, share-fifo, share-backfill, share-fairshare, commons, commons-old, old+place, old+victims, old+hysteresis, old+patience, old+elsewhere, old+stopckpt, old+saves, commons-nockpt, commons-boost)"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -86,7 +92,7 @@ impl PolicyKind {
         PolicyKind::CommonsNoCkpt,
     ];
     /// Every policy there is, the default ones first.
-    pub const KNOWN: [PolicyKind; 14] = [
+    pub const KNOWN: [PolicyKind; 15] = [
         PolicyKind::Isolated,
         PolicyKind::ShareFifo,
         PolicyKind::ShareBackfill,
@@ -100,6 +106,7 @@ impl PolicyKind {
         PolicyKind::OldPatience,
         PolicyKind::OldElsewhere,
         PolicyKind::OldStopCkpt,
+        PolicyKind::OldSaves,
         PolicyKind::CommonsBoost,
     ];
 
@@ -119,6 +126,7 @@ impl PolicyKind {
             PolicyKind::OldPatience => "old+patience",
             PolicyKind::CommonsNoCkpt => "commons-nockpt",
             PolicyKind::CommonsBoost => "commons-boost",
+            PolicyKind::OldSaves => "old+saves",
         }
     }
 
@@ -167,6 +175,7 @@ impl PolicyKind {
             stop_ckpt: true,
             elsewhere: false,
             patience: false,
+            saves: true,
         };
         match self {
             PolicyKind::Commons | PolicyKind::CommonsNoCkpt | PolicyKind::CommonsBoost => all,
@@ -192,6 +201,10 @@ impl PolicyKind {
             },
             PolicyKind::OldStopCkpt => Knobs {
                 stop_ckpt: true,
+                ..Knobs::default()
+            },
+            PolicyKind::OldSaves => Knobs {
+                saves: true,
                 ..Knobs::default()
             },
             _ => Knobs::default(),

@@ -5,6 +5,7 @@
 //! report plots.
 
 use crate::campus::Campus;
+use crate::checkpoint::CheckpointModel;
 use crate::engine::{simulate, SimError, SimOptions, SimOutput, Tuning};
 use crate::metrics::{self, PolicyMetrics, Target};
 use crate::policy::PolicyKind;
@@ -33,6 +34,8 @@ pub struct ReplaySettings {
     pub threads: usize,
     /// See [`SimOptions::tuning`].
     pub tuning: Tuning,
+    /// See [`SimOptions::checkpoints`].
+    pub checkpoints: Option<CheckpointModel>,
 }
 
 impl Default for ReplaySettings {
@@ -46,6 +49,7 @@ impl Default for ReplaySettings {
             limit_seed: None,
             threads: 1,
             tuning: Tuning::default(),
+            checkpoints: None,
         }
     }
 }
@@ -77,6 +81,9 @@ pub struct RunSummary {
     /// `null`: time limits are the true run times; else the seed of the overestimates.
     pub limit_seed: Option<u64>,
     pub campus: CampusSummary,
+    /// The checkpoint model with failures, when it is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_model: Option<CheckpointModel>,
     pub policies: BTreeMap<String, PolicyMetrics>,
     pub targets: Vec<Target>,
 }
@@ -110,6 +117,7 @@ pub fn replay(
             tick_s: settings.tick_s,
             limit_seed: settings.limit_seed,
             tuning: settings.tuning,
+            checkpoints: settings.checkpoints,
         };
         simulate(&campus, work, &opts, &mut |t| {
             if let Ok(mut f) = progress.lock() {
@@ -148,6 +156,7 @@ pub fn replay(
             checkpoint_on_stop: campus.checkpoint_on_stop,
             departures: campus.departures.len(),
         },
+        checkpoint_model: settings.checkpoints,
         policies,
         targets,
     };

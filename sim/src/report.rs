@@ -35,6 +35,7 @@ fn color(p: PolicyKind) -> RGBColor {
         PolicyKind::OldStopCkpt => RGBColor(230, 120, 180),
         PolicyKind::OldElsewhere => RGBColor(120, 200, 80),
         PolicyKind::OldPatience => RGBColor(250, 180, 60),
+        PolicyKind::OldSaves => RGBColor(90, 140, 90),
     }
 }
 
@@ -62,6 +63,31 @@ pub fn write(dir: &Path, work: &Workload, replay: &Replay, wall_s: f64) -> io::R
 
 /// The whole page.
 pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<String> {
+    let mut h = header(work, replay, wall_s);
+    h += &figures_table(&replay.summary);
+    h += &targets_table(&replay.summary);
+    h += &per_lab_table(replay);
+    h += "<h2>Utilisation over time</h2>\n";
+    h += &utilization_plot(work, replay)?;
+    let samples: Vec<(PolicyKind, Samples)> = plotted(replay)
+        .map(|o| (o.policy, Samples::new(work, o)))
+        .collect();
+    h += "<h2>Job completion time</h2>\n";
+    h += &cdf_plot("CDF of job completion time", &samples, |s| &s.jct)?;
+    h += "<h2>Waiting time</h2>\n";
+    h += &cdf_plot(
+        "CDF of waiting time (first start - submission)",
+        &samples,
+        |s| &s.wait,
+    )?;
+    h += "<h2>Owner waits against isolated</h2>\n<p>Each point is a lab: its mean wait for jobs that ran on its own GPUs, under a policy (y) and under <code>isolated</code> (x). Below the diagonal the lab's owners wait less than alone.</p>\n";
+    h += &owner_plot(replay)?;
+    h += "</body></html>\n";
+    Ok(h)
+}
+
+/// The page's head and its first paragraph: the workload, the campus, the speed.
+fn header(work: &Workload, replay: &Replay, wall_s: f64) -> String {
     let s = &replay.summary;
     let mut h = String::new();
     let simulated: i64 = replay
@@ -92,6 +118,12 @@ pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<Strin
         wall_s,
         simulated as f64 / wall_s.max(1e-9),
     );
+    h
+}
+
+/// Every policy's figures, one row each.
+fn figures_table(s: &crate::replay::RunSummary) -> String {
+    let mut h = String::new();
     h += "<h2>Figures</h2>\n<table><tr><th>policy</th><th>utilization</th><th>goodput</th>\
           <th>JCT mean (h)</th><th>JCT p95 (h)</th><th>wait mean (h)</th><th>owner wait mean (h)</th>\
           <th>interactive wait mean (h)</th><th>interactive wait p95 (h)</th>\
@@ -119,7 +151,14 @@ pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<Strin
             m.completed_jobs
         );
     }
-    h += "</table>\n<h2>Targets (commons against each baseline)</h2>\n<table><tr><th>target</th><th>value</th><th>limit</th><th>met</th></tr>\n";
+    h += "</table>\n";
+    h
+}
+
+/// The issue's targets for `commons`.
+fn targets_table(s: &crate::replay::RunSummary) -> String {
+    let mut h = String::new();
+    h += "<h2>Targets (commons against each baseline)</h2>\n<table><tr><th>target</th><th>value</th><th>limit</th><th>met</th></tr>\n";
     for t in &s.targets {
         let _ = writeln!(
             h,
@@ -131,24 +170,7 @@ pub fn render(work: &Workload, replay: &Replay, wall_s: f64) -> io::Result<Strin
         );
     }
     h += "</table>\n";
-    h += &per_lab_table(replay);
-    h += "<h2>Utilisation over time</h2>\n";
-    h += &utilization_plot(work, replay)?;
-    let samples: Vec<(PolicyKind, Samples)> = plotted(replay)
-        .map(|o| (o.policy, Samples::new(work, o)))
-        .collect();
-    h += "<h2>Job completion time</h2>\n";
-    h += &cdf_plot("CDF of job completion time", &samples, |s| &s.jct)?;
-    h += "<h2>Waiting time</h2>\n";
-    h += &cdf_plot(
-        "CDF of waiting time (first start - submission)",
-        &samples,
-        |s| &s.wait,
-    )?;
-    h += "<h2>Owner waits against isolated</h2>\n<p>Each point is a lab: its mean wait for jobs that ran on its own GPUs, under a policy (y) and under <code>isolated</code> (x). Below the diagonal the lab's owners wait less than alone.</p>\n";
-    h += &owner_plot(replay)?;
-    h += "</body></html>\n";
-    Ok(h)
+    h
 }
 
 /// Mean JCT and owner wait of every lab under every policy, in hours.

@@ -119,7 +119,7 @@ pub(crate) async fn list(
     state: web::Data<AppState>,
     _user: CurrentUser,
 ) -> Result<HttpResponse, ApiError> {
-    let views = state.db.run(nodes::views).await?;
+    let views = nodes::all_views(&state).await?;
     Ok(HttpResponse::Ok().json(views))
 }
 

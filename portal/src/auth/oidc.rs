@@ -55,6 +55,26 @@ type Metadata = ProviderMetadata<
     CoreSubjectIdentifierType,
 >;
 
+/// The client, with the endpoints discovery gives.
+type Client = CoreClient<
+    openidconnect::EndpointSet,
+    openidconnect::EndpointNotSet,
+    openidconnect::EndpointNotSet,
+    openidconnect::EndpointNotSet,
+    openidconnect::EndpointMaybeSet,
+    openidconnect::EndpointMaybeSet,
+>;
+
+/// What a login says about the person, from the ID token and, where it lacks the email or
+/// the groups, the userinfo endpoint.
+struct Found {
+    email: Option<String>,
+    email_verified: Option<bool>,
+    name: Option<String>,
+    username: Option<String>,
+    groups: Option<Vec<String>>,
+}
+
 /// Any extra claims, to find the groups claim (its name is configurable).
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 struct ExtraClaims(serde_json::Map<String, serde_json::Value>);
@@ -136,17 +156,7 @@ impl Oidc {
         Ok(m)
     }
 
-    fn client(
-        &self,
-        m: Metadata,
-    ) -> CoreClient<
-        openidconnect::EndpointSet,
-        openidconnect::EndpointNotSet,
-        openidconnect::EndpointNotSet,
-        openidconnect::EndpointNotSet,
-        openidconnect::EndpointMaybeSet,
-        openidconnect::EndpointMaybeSet,
-    > {
+    fn client(&self, m: Metadata) -> Client {
         CoreClient::from_provider_metadata(m, self.client_id.clone(), Some(self.secret.clone()))
             .set_redirect_uri(self.redirect.clone())
     }
@@ -206,45 +216,29 @@ impl Oidc {
             .ok_or_else(|| refused("the campus login service sent no ID token"))?;
         let verifier = client.id_token_verifier();
         let claims = verify_id_token(id_token, &verifier, &pending.nonce)?;
-        let mut email = claims.email().map(|e| e.as_str().to_string());
-        let mut email_verified = claims.email_verified();
-        let mut name = claims
-            .name()
-            .and_then(|n| n.get(None))
-            .map(|n| n.as_str().to_string());
-        let mut username = claims.preferred_username().map(|u| u.as_str().to_string());
-        // The signature covers the payload: its extra claims (groups) can be trusted.
-        let mut groups = groups_in(&raw_payload(&id_token.to_string()), &self.groups_claim);
-        if email.is_none() || groups.is_none() {
-            if let Ok(req) =
-                client.user_info(token.access_token().clone(), Some(claims.subject().clone()))
-            {
-                match req
-                    .request_async::<ExtraClaims, _, CoreGenderClaim>(&self.http)
-                    .await
-                {
-                    Ok(info) => {
-                        if email.is_none() {
-                            email = info.email().map(|e| e.as_str().to_string());
-                            email_verified = info.email_verified();
-                        }
-                        name = name.or(info
-                            .name()
-                            .and_then(|n| n.get(None))
-                            .map(|n| n.as_str().to_string()));
-                        username =
-                            username.or(info.preferred_username().map(|u| u.as_str().to_string()));
-                        if groups.is_none() {
-                            groups = groups_in(
-                                &serde_json::Value::Object(info.additional_claims().0.clone()),
-                                &self.groups_claim,
-                            );
-                        }
-                    }
-                    Err(e) => tracing::warn!("OIDC userinfo failed: {e}"),
-                }
-            }
+        let mut found = Found {
+            email: claims.email().map(|e| e.as_str().to_string()),
+            email_verified: claims.email_verified(),
+            name: claims
+                .name()
+                .and_then(|n| n.get(None))
+                .map(|n| n.as_str().to_string()),
+            username: claims.preferred_username().map(|u| u.as_str().to_string()),
+            // The signature covers the payload: its extra claims (groups) can be trusted.
+            groups: groups_in(&raw_payload(&id_token.to_string()), &self.groups_claim),
+        };
+        if found.email.is_none() || found.groups.is_none() {
+            let access = token.access_token().clone();
+            self.add_userinfo(&client, access, claims.subject().clone(), &mut found)
+                .await;
         }
+        let Found {
+            email,
+            email_verified,
+            name,
+            username,
+            groups,
+        } = found;
         let email = email.unwrap_or_default();
         let username = username
             .or_else(|| email.split('@').next().map(String::from))
@@ -259,6 +253,49 @@ impl Oidc {
             groups: groups.unwrap_or_default(),
             id_token: id_token.to_string(),
         })
+    }
+
+    /// Fills what the ID token lacked from the userinfo endpoint (a failure is logged: the
+    /// login goes on with what the token said).
+    async fn add_userinfo(
+        &self,
+        client: &Client,
+        access: openidconnect::AccessToken,
+        subject: openidconnect::SubjectIdentifier,
+        found: &mut Found,
+    ) {
+        let Ok(req) = client.user_info(access, Some(subject)) else {
+            return;
+        };
+        let info = match req
+            .request_async::<ExtraClaims, _, CoreGenderClaim>(&self.http)
+            .await
+        {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::warn!("OIDC userinfo failed: {e}");
+                return;
+            }
+        };
+        if found.email.is_none() {
+            found.email = info.email().map(|e| e.as_str().to_string());
+            found.email_verified = info.email_verified();
+        }
+        if found.name.is_none() {
+            found.name = info
+                .name()
+                .and_then(|n| n.get(None))
+                .map(|n| n.as_str().to_string());
+        }
+        if found.username.is_none() {
+            found.username = info.preferred_username().map(|u| u.as_str().to_string());
+        }
+        if found.groups.is_none() {
+            found.groups = groups_in(
+                &serde_json::Value::Object(info.additional_claims().0.clone()),
+                &self.groups_claim,
+            );
+        }
     }
 
     /// The provider's logout URL (RP-initiated logout), if it offers one.

@@ -11,17 +11,12 @@
 //! is accepted, and a heartbeat counts only from the session that holds the node. The
 //! times leases count from are the database's (`db::clock`).
 
-use crate::db::models::Node;
 use crate::error::{ApiError, AppError};
-use crate::service::agent_link::{self, Link, LinkSettings};
+use crate::service::agent_link::{self, LinkSettings};
 use crate::service::attempts::Timing;
-use crate::service::samples::Sampler;
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
-use commons_proto::{
-    AgentMsg, EnrolRequest, EnrolResponse, PortalMsg, CONNECT_PATH, ENROL_PATH, PROTOCOL_VERSION,
-};
-use futures_util::StreamExt;
+use commons_proto::{EnrolRequest, EnrolResponse, PortalMsg, CONNECT_PATH, ENROL_PATH};
 use std::time::Duration;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -65,7 +60,7 @@ async fn connect(
     let stream = stream.max_frame_size(4 << 20);
     let span = tracing::info_span!("agent", node = node.id);
     actix_web::rt::spawn(tracing::Instrument::instrument(
-        serve(state.into_inner(), node, addr, session, stream),
+        super::agent_conn::serve(state.into_inner(), node, addr, session, stream),
         span,
     ));
     Ok(response)
@@ -89,12 +84,12 @@ fn remote_addr(req: &HttpRequest) -> String {
 }
 
 /// How long an agent may be silent before it counts as gone.
-fn silence_s(state: &AppState) -> u64 {
+pub(super) fn silence_s(state: &AppState) -> u64 {
     state.config.scheduler.heartbeat_s * 3 + 5
 }
 
 /// Ends the connection with `why` in its close frame (the agent logs it).
-async fn refuse(session: actix_ws::Session, why: String) {
+pub(super) async fn refuse(session: actix_ws::Session, why: String) {
     let close = actix_ws::CloseReason {
         code: actix_ws::CloseCode::Policy,
         description: Some(why),
@@ -102,171 +97,9 @@ async fn refuse(session: actix_ws::Session, why: String) {
     let _ = session.close(Some(close)).await;
 }
 
-async fn serve(
-    state: std::sync::Arc<AppState>,
-    node: Node,
-    addr: String,
-    mut session: actix_ws::Session,
-    mut stream: actix_ws::MessageStream,
-) {
-    // In this replica's registry (for `Start`s and `Stop`s) only once its Hello is
-    // accepted: a refused second agent must not displace the one that holds the node.
-    let mut registered: Option<(u64, tokio::sync::mpsc::Receiver<PortalMsg>)> = None;
-    tracing::info!(node = node.id, name = %node.name, %addr, "agent connected");
-    let silence = Duration::from_secs(silence_s(&state));
-    let opened = std::time::Instant::now();
-    let mut rate = super::limits::Rate::new(opened);
-    let mut log_rate = super::limits::Rate::logs(opened);
-    let mut refusals = super::limits::Refusals::new(opened);
-    let mut log_drops = super::limits::LogDrops::default();
-    // The agent process's session (from its `Hello`: leases name it), and this
-    // connection's view of the node's running attempts, for their utilisation.
-    let mut link = Link {
-        node: node.id,
-        addr: addr.clone(),
-        session: None,
-        sampler: std::sync::Arc::new(std::sync::Mutex::new(Sampler::new(
-            state.config.utilization.sample_interval_s,
-        ))),
-    };
-    let set = settings(&state);
-    loop {
-        tokio::select! {
-            msg = tokio::time::timeout(silence, stream.next()) => {
-                let text = match msg {
-                    Err(_) => { tracing::warn!(node = node.id, "agent went silent"); break }
-                    Ok(None) | Ok(Some(Err(_))) => break,
-                    Ok(Some(Ok(actix_ws::Message::Text(t)))) => t,
-                    Ok(Some(Ok(actix_ws::Message::Ping(b)))) => {
-                        if session.pong(&b).await.is_err() { break }
-                        continue;
-                    }
-                    Ok(Some(Ok(actix_ws::Message::Close(_)))) => break,
-                    Ok(Some(Ok(_))) => continue,
-                };
-                match serde_json::from_str::<AgentMsg>(&text) {
-                    Ok(AgentMsg::Hello { protocol, .. }) if protocol != PROTOCOL_VERSION => {
-                        let why = format!(
-                            "this portal speaks agent protocol {PROTOCOL_VERSION}, the agent {protocol}: \
-                             install the agent that matches the portal"
-                        );
-                        tracing::warn!(node = node.id, "agent refused: {why}");
-                        refuse(session, why).await;
-                        leave(&state, node.id, registered.as_ref().map(|r| r.0), link.session).await;
-                        return;
-                    }
-                    Ok(mut m) => {
-                        let kind = m.kind();
-                        state.metrics.message("in", kind);
-                        let at = std::time::Instant::now();
-                        // Output has a rate of its own; over it, a chunk is dropped (and
-                        // said in the job's log later), never refused.
-                        let verdict = match &m {
-                            AgentMsg::Logs { job, attempt, chunk } if !log_rate.take(at) => {
-                                state.metrics.agent_log_chunks_dropped.inc();
-                                log_drops.add(*job, *attempt, chunk.len());
-                                continue;
-                            }
-                            AgentMsg::Logs { .. } => super::limits::check(&m),
-                            _ if rate.take(at) => super::limits::check(&m),
-                            _ => Err("over the message rate".to_string()),
-                        };
-                        if let (Ok(()), AgentMsg::Logs { job, attempt, chunk }) = (&verdict, &mut m) {
-                            if let Some(line) = log_drops.marker(*job, *attempt) {
-                                chunk.insert_str(0, &line);
-                            }
-                        }
-                        if let Err(why) = verdict {
-                            if count_refusal(&state, node.id, &mut refusals, &why) {
-                                break;
-                            }
-                            continue;
-                        }
-                        let hello = match &m {
-                            AgentMsg::Hello { session, attempts, .. } => {
-                                Some((*session, attempts.clone()))
-                            }
-                            _ => None,
-                        };
-                        let began = std::time::Instant::now();
-                        let handled = agent_link::apply(&state, set, &link, m).await;
-                        let mut catch_up = None;
-                        if let (Some((s, reports)), Ok(_)) = (&hello, &handled) {
-                            // Accepted: this session holds the node now.
-                            link.session = Some(*s);
-                            if registered.is_none() {
-                                registered = Some(state.agents.register(node.id));
-                                catch_up = Some((*s, reports.clone()));
-                            }
-                        }
-                        state
-                            .metrics
-                            .agent_message_duration
-                            .get_or_create(&crate::metrics::KindLabel { kind })
-                            .observe(began.elapsed().as_secs_f64());
-                        match handled {
-                            Ok(mut replies) => {
-                                if let Some((s, reports)) = catch_up {
-                                    // Placed while it was not yet registered here: the
-                                    // scheduler could not deliver those.
-                                    match agent_link::starts_after_registering(&state, set, node.id, s, reports).await {
-                                        Ok(more) => replies.extend(more),
-                                        Err(e) => tracing::warn!(node = node.id, "starts after registering: {e:#}"),
-                                    }
-                                }
-                                for r in replies {
-                                    if send(&state, &mut session, &r).await.is_err() { break }
-                                }
-                            }
-                            Err(AppError::Unauthenticated(why)) => {
-                                tracing::warn!(node = node.id, "agent disconnected: {why}");
-                                refuse(session, why).await;
-                                leave(&state, node.id, registered.as_ref().map(|r| r.0), link.session).await;
-                                return;
-                            }
-                            Err(AppError::Conflict { message, .. }) if hello.is_some() => {
-                                tracing::warn!(node = node.id, %addr, "agent refused: {message}");
-                                state.metrics.agent_messages_refused.inc();
-                                refuse(session, message).await;
-                                leave(&state, node.id, registered.as_ref().map(|r| r.0), link.session).await;
-                                return;
-                            }
-                            Err(AppError::Forbidden(why)) => {
-                                if count_refusal(&state, node.id, &mut refusals, &why) {
-                                    break;
-                                }
-                            }
-                            Err(e) => tracing::error!(node = node.id, "agent message failed: {e:#}"),
-                        }
-                    }
-                    Err(e) => tracing::warn!(node = node.id, "unreadable agent message: {e}"),
-                }
-            }
-            out = async {
-                match registered.as_mut() {
-                    Some((_, outbox)) => outbox.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                let Some(out) = out else { break };
-                if send(&state, &mut session, &out).await.is_err() { break }
-            }
-        }
-    }
-    leave(
-        &state,
-        node.id,
-        registered.as_ref().map(|r| r.0),
-        link.session,
-    )
-    .await;
-    tracing::info!(node = node.id, "agent disconnected");
-    let _ = session.close(None).await;
-}
-
 /// Counts a refused message; whether the connection is to be closed (refusals piled up
 /// faster than they leak away).
-fn count_refusal(
+pub(super) fn count_refusal(
     state: &AppState,
     node: i64,
     refusals: &mut super::limits::Refusals,
@@ -287,7 +120,7 @@ fn count_refusal(
 /// The connection `conn` (registered once its Hello was accepted) of agent session
 /// `session` ends: it leaves the registry, and the node goes offline unless a newer
 /// connection (on this replica, or of another session anywhere) holds it.
-async fn leave(state: &AppState, node: i64, conn: Option<u64>, session: Option<u64>) {
+pub(super) async fn leave(state: &AppState, node: i64, conn: Option<u64>, session: Option<u64>) {
     let (Some(conn), Some(session)) = (conn, session) else {
         return;
     };
@@ -299,7 +132,7 @@ async fn leave(state: &AppState, node: i64, conn: Option<u64>, session: Option<u
     }
 }
 
-async fn send(
+pub(super) async fn send(
     state: &AppState,
     session: &mut actix_ws::Session,
     msg: &PortalMsg,
@@ -344,7 +177,7 @@ pub fn timing(state: &AppState) -> Timing {
 }
 
 /// The settings agents' messages are judged by on this portal.
-fn settings(state: &AppState) -> LinkSettings {
+pub(super) fn settings(state: &AppState) -> LinkSettings {
     LinkSettings {
         timing: timing(state),
         heartbeat_s: state.config.scheduler.heartbeat_s,

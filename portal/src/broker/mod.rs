@@ -5,6 +5,7 @@
 //! a newer one replaces the older, whose loop then ends.
 
 pub mod agent;
+mod agent_conn;
 pub mod checkpoints;
 pub mod control;
 pub mod limits;

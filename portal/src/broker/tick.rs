@@ -144,19 +144,7 @@ pub async fn tick(
     let offset = state.config.policy.utc_offset_s;
     metrics.observe_snapshot(&snapshot, now_s, offset);
     phase(&metrics, "read", began);
-    // Nothing queued and nothing to take back (reclaim, local use, a node that stopped
-    // lending while guests run on it): nothing to plan.
-    if snapshot.queue.is_empty()
-        && !snapshot.nodes.iter().any(|n| {
-            n.reclaim
-                || n.gpus.iter().any(|g| g.local_use)
-                || (n.lending.lend_until(now_s, offset).is_none()
-                    && snapshot
-                        .running
-                        .iter()
-                        .any(|r| r.node == n.id && r.lab != n.lab))
-        })
-    {
+    if nothing_to_plan(&snapshot, now_s, offset) {
         metrics.plan_size.clear();
         metrics.tick_duration.observe(began.elapsed().as_secs_f64());
         return Ok(false);
@@ -168,6 +156,48 @@ pub async fn tick(
     let cap = state.config.scheduler.max_starts_per_tick.max(1);
     let more = plan.start.len() > cap;
     plan.start.truncate(cap);
+    plan_sizes(&metrics, &plan);
+    let committing = Instant::now();
+    let timing = crate::broker::agent::timing(state);
+    let pending = std::mem::take(&mut plan.pending);
+    let orders = state
+        .db
+        .run(move |c| plan_commit::apply_plan(c, &plan, timing))
+        .await?;
+    phase(&metrics, "commit", committing);
+    let sending = Instant::now();
+    send_orders(state, &snapshot, orders, now_s).await;
+    phase(&metrics, "send", sending);
+    let waiting = Instant::now();
+    let moves = moves_written.is_none_or(|t| t.elapsed() >= WAITING_MOVES_EVERY);
+    state
+        .db
+        .run(move |c| plan_commit::record_waiting(c, &pending, &shown, moves))
+        .await?;
+    if moves {
+        *moves_written = Some(waiting);
+    }
+    phase(&metrics, "waiting", waiting);
+    metrics.tick_duration.observe(began.elapsed().as_secs_f64());
+    Ok(more)
+}
+
+/// Nothing queued and nothing to take back (reclaim, local use, a node that stopped
+/// lending while guests run on it): nothing to plan.
+fn nothing_to_plan(snapshot: &commons_sched::Snapshot, now_s: i64, offset: i32) -> bool {
+    snapshot.queue.is_empty()
+        && !snapshot.nodes.iter().any(|n| {
+            n.reclaim
+                || n.gpus.iter().any(|g| g.local_use)
+                || (n.lending.lend_until(now_s, offset).is_none()
+                    && snapshot
+                        .running
+                        .iter()
+                        .any(|r| r.node == n.id && r.lab != n.lab))
+        })
+}
+
+fn plan_sizes(metrics: &Metrics, plan: &commons_sched::Plan) {
     for (kind, n) in [
         ("start", plan.start.len()),
         ("preempt", plan.preempt.len()),
@@ -178,15 +208,18 @@ pub async fn tick(
             .get_or_create(&KindLabel { kind })
             .set(n as i64);
     }
-    let committing = Instant::now();
-    let timing = crate::broker::agent::timing(state);
-    let pending = std::mem::take(&mut plan.pending);
-    let orders = state
-        .db
-        .run(move |c| plan_commit::apply_plan(c, &plan, timing))
-        .await?;
-    phase(&metrics, "commit", committing);
-    let sending = Instant::now();
+}
+
+/// Sends the committed orders (straight down the socket when this replica holds the
+/// agent, else through the mailbox to the replica that does), counting starts and
+/// preemptions.
+async fn send_orders(
+    state: &AppState,
+    snapshot: &commons_sched::Snapshot,
+    orders: Vec<crate::service::attempts::Order>,
+    now_s: i64,
+) {
+    let metrics = &state.metrics;
     let queued: HashMap<i64, (i64, i64)> = snapshot
         .queue
         .iter()
@@ -223,8 +256,6 @@ pub async fn tick(
             }
             _ => {}
         }
-        // Straight down the socket when this replica holds the agent, else through the
-        // mailbox to the replica that does.
         if let Err(e) = crate::service::agents::deliver(state, o.node, o.msg).await {
             tracing::warn!(
                 node = o.node,
@@ -232,19 +263,6 @@ pub async fn tick(
             );
         }
     }
-    phase(&metrics, "send", sending);
-    let waiting = Instant::now();
-    let moves = moves_written.is_none_or(|t| t.elapsed() >= WAITING_MOVES_EVERY);
-    state
-        .db
-        .run(move |c| plan_commit::record_waiting(c, &pending, &shown, moves))
-        .await?;
-    if moves {
-        *moves_written = Some(waiting);
-    }
-    phase(&metrics, "waiting", waiting);
-    metrics.tick_duration.observe(began.elapsed().as_secs_f64());
-    Ok(more)
 }
 
 fn phase(metrics: &Metrics, phase: &'static str, since: Instant) {

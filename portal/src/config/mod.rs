@@ -257,6 +257,14 @@ impl Config {
             self.session_absolute_hours >= 1,
             "session_absolute_hours must be at least 1"
         );
+        self.validate_sso()?;
+        self.checkpoints.validate(&self.database_url)?;
+        self.files.validate()?;
+        self.validate_ssh()
+    }
+
+    /// With SSO on: a client, its secret, and the public URL the provider redirects to.
+    fn validate_sso(&self) -> anyhow::Result<()> {
         if let Some(issuer) = &self.oidc.issuer {
             url::Url::parse(issuer)
                 .with_context(|| format!("oidc.issuer {issuer:?} is not a URL"))?;
@@ -275,8 +283,10 @@ impl Config {
             url::Url::parse(public)
                 .with_context(|| format!("public_url {public:?} is not a URL"))?;
         }
-        self.checkpoints.validate(&self.database_url)?;
-        self.files.validate()?;
+        Ok(())
+    }
+
+    fn validate_ssh(&self) -> anyhow::Result<()> {
         if let Some(l) = &self.ssh.listen {
             anyhow::ensure!(
                 l.parse::<std::net::SocketAddr>().is_ok(),

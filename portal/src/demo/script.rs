@@ -297,6 +297,24 @@ pub async fn run(ctx: Ctx, pace: Pace) -> anyhow::Result<()> {
     }
     wait_for_servers(&story).await?;
 
+    physics_quota(&story).await?;
+    carol_runs(&mut story).await?;
+    let borrowed = bob_borrows(&mut story).await?;
+    alice_takes_back(&mut story, &borrowed).await?;
+    story
+        .until("every job of the story to end", |v| {
+            v.values().all(|j| j.state.is_final())
+        })
+        .await?;
+    story.say(
+        "the story is told; the campus keeps running: log in, submit jobs, \
+         take a server's GPUs back with `commons-agent reclaim --now --state-dir ...`",
+    );
+    Ok(())
+}
+
+/// pat, physics' admin, sets the member quota.
+async fn physics_quota(story: &Story) -> anyhow::Result<()> {
     let pat = story.actor("pat").await?;
     policy::set_lab_quota(
         &story.ctx,
@@ -313,6 +331,12 @@ pub async fn run(ctx: Ctx, pace: Pace) -> anyhow::Result<()> {
     .context("setting physics' member quota")?;
     story.say("pat, physics' admin, lets each member use 4 GPUs at once");
 
+    Ok(())
+}
+
+/// carol (bio) runs a job on her lab's server.
+async fn carol_runs(story: &mut Story) -> anyhow::Result<()> {
+    let pace = story.pace;
     let carol = story
         .submit(
             "carol",
@@ -326,6 +350,13 @@ pub async fn run(ctx: Ctx, pace: Pace) -> anyhow::Result<()> {
         })
         .await?;
 
+    Ok(())
+}
+
+/// bob (physics) submits more than his lab has: vision's idle GPUs take the rest. Returns
+/// the jobs that run there.
+async fn bob_borrows(story: &mut Story) -> anyhow::Result<Vec<i64>> {
+    let pace = story.pace;
     let mut guests = Vec::new();
     for _ in 0..4 {
         guests.push(
@@ -364,6 +395,12 @@ pub async fn run(ctx: Ctx, pace: Pace) -> anyhow::Result<()> {
         "vision's idle GPUs run physics' jobs {borrowed:?}; log in as bob to watch them"
     ));
 
+    Ok(borrowed)
+}
+
+/// alice (vision) wants her lab's GPUs back: the guests are preempted and run again.
+async fn alice_takes_back(story: &mut Story, borrowed: &[i64]) -> anyhow::Result<()> {
+    let pace = story.pace;
     let t = Instant::now();
     while t.elapsed() < pace.owner_after {
         story.observe().await?;
@@ -401,20 +438,11 @@ pub async fn run(ctx: Ctx, pace: Pace) -> anyhow::Result<()> {
         .await?;
     story
         .until("the guests to run again", |v| {
-            on_node(v, &borrowed)
+            on_node(v, borrowed)
                 .iter()
                 .all(|j| j.state == JobState::Running || j.state.is_final())
         })
         .await?;
-    story
-        .until("every job of the story to end", |v| {
-            v.values().all(|j| j.state.is_final())
-        })
-        .await?;
-    story.say(
-        "the story is told; the campus keeps running: log in, submit jobs, \
-         take a server's GPUs back with `commons-agent reclaim --now --state-dir ...`",
-    );
     Ok(())
 }
 

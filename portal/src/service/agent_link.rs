@@ -81,104 +81,141 @@ pub async fn apply(
     // When output arrived, for an attempt's last lines (see `service::output`); leases
     // count on the database's clock (`node_link`).
     let received_at = crate::db::now();
-    let (node, session, addr) = (link.node, link.session, link.addr.clone());
-    let sampler = link.sampler.clone();
-    let metrics = ctx.metrics.clone();
-    let (replies, wake) = ctx
-        .db
-        .run(move |c| match msg {
-            AgentMsg::Hello {
-                agent_version,
+    let from = Sender {
+        node: link.node,
+        session: link.session,
+        addr: link.addr.clone(),
+        sampler: link.sampler.clone(),
+        metrics: ctx.metrics.clone(),
+        received_at,
+    };
+    let (replies, wake) = ctx.db.run(move |c| handle(c, set, &from, msg)).await?;
+    if wake {
+        ctx.wake.notify_one();
+    }
+    Ok(replies)
+}
+
+/// Where a message came from: the connection's node, agent session and address, its
+/// sampler, and when the message arrived.
+struct Sender {
+    node: i64,
+    session: Option<u64>,
+    addr: String,
+    sampler: Arc<Mutex<Sampler>>,
+    metrics: crate::metrics::SharedMetrics,
+    received_at: chrono::NaiveDateTime,
+}
+
+/// One message in one transaction: the replies, and whether to wake the scheduler.
+fn handle(
+    c: &mut DbConn,
+    set: LinkSettings,
+    from: &Sender,
+    msg: AgentMsg,
+) -> Result<(Vec<PortalMsg>, bool), AppError> {
+    let (node, session, addr) = (from.node, from.session, &from.addr);
+    match msg {
+        AgentMsg::Hello {
+            agent_version,
+            session,
+            seq,
+            gpus,
+            attempts,
+            capacity,
+            disk,
+            ..
+        } => {
+            let report = HelloReport {
+                agent_version: &agent_version,
                 session,
                 seq,
-                gpus,
-                attempts,
-                capacity,
-                disk,
-                ..
-            } => {
-                let report = HelloReport {
-                    agent_version: &agent_version,
-                    session,
-                    seq,
-                    gpus: &gpus,
-                    reports: &attempts,
-                };
-                let node = NodeReport {
-                    node,
-                    capacity: &capacity,
-                    disk: &disk,
-                };
-                hello(c, set, &addr, node, report).map(|r| (r, true))
-            }
-            AgentMsg::Heartbeat {
+                gpus: &gpus,
+                reports: &attempts,
+            };
+            let node = NodeReport {
+                node,
+                capacity: &capacity,
+                disk: &disk,
+            };
+            hello(c, set, addr, node, report).map(|r| (r, true))
+        }
+        AgentMsg::Heartbeat {
+            seq,
+            gpu_stats,
+            attempts,
+            capacity,
+            disk,
+        } => {
+            let session =
+                session.ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
+            let node = NodeReport {
+                node,
+                capacity: &capacity,
+                disk: &disk,
+            };
+            let beat = BeatReport {
+                session,
                 seq,
-                gpu_stats,
-                attempts,
-                capacity,
-                disk,
-            } => {
-                let session = session
-                    .ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
-                let node = NodeReport {
-                    node,
-                    capacity: &capacity,
-                    disk: &disk,
-                };
-                let beat = BeatReport {
-                    session,
-                    seq,
-                    gpu_stats: &gpu_stats,
-                    reports: &attempts,
-                };
-                let mut sampler = sampler.lock().unwrap_or_else(|e| e.into_inner());
-                heartbeat(c, set, node, beat, &mut sampler)
-            }
-            AgentMsg::AttemptEvent {
+                gpu_stats: &gpu_stats,
+                reports: &attempts,
+            };
+            let mut sampler = from.sampler.lock().unwrap_or_else(|e| e.into_inner());
+            heartbeat(c, set, node, beat, &mut sampler)
+        }
+        AgentMsg::AttemptEvent {
+            job,
+            attempt,
+            state,
+            exit_code,
+            stop,
+            reason,
+        } => {
+            let r = AttemptReport {
                 job,
                 attempt,
                 state,
                 exit_code,
                 stop,
                 reason,
-            } => {
-                let r = AttemptReport {
-                    job,
-                    attempt,
-                    state,
-                    exit_code,
-                    stop,
-                    reason,
-                };
-                let out = attempts::apply_report(c, node, &r, set.timing)?;
-                Ok((out.stop.into_iter().collect(), out.freed))
-            }
-            AgentMsg::Logs {
+            };
+            let out = attempts::apply_report(c, node, &r, set.timing)?;
+            Ok((out.stop.into_iter().collect(), out.freed))
+        }
+        AgentMsg::Logs {
+            job,
+            attempt,
+            chunk,
+        } => on_logs(c, from, job, attempt, &chunk),
+    }
+}
+
+/// A chunk of an attempt's output: written, dropped (the attempt is over), or refused
+/// (not this node's attempt).
+fn on_logs(
+    c: &mut DbConn,
+    from: &Sender,
+    job: i64,
+    attempt: i32,
+    chunk: &str,
+) -> Result<(Vec<PortalMsg>, bool), AppError> {
+    let node = from.node;
+    match output::append(c, node, job, attempt, chunk, from.received_at)? {
+        Verdict::Written => Ok((Vec::new(), false)),
+        Verdict::Over => {
+            from.metrics.agent_messages_refused.inc();
+            tracing::debug!(
+                node,
                 job,
                 attempt,
-                chunk,
-            } => match output::append(c, node, job, attempt, &chunk, received_at)? {
-                Verdict::Written => Ok((Vec::new(), false)),
-                Verdict::Over => {
-                    metrics.agent_messages_refused.inc();
-                    tracing::debug!(
-                        node,
-                        job,
-                        attempt,
-                        "output of an attempt that is over dropped"
-                    );
-                    Ok((Vec::new(), false))
-                }
-                Verdict::Foreign => Err(AppError::Forbidden(format!(
-                    "output for job {job} attempt {attempt}, which this node does not run"
-                ))),
-            },
-        })
-        .await?;
-    if wake {
-        ctx.wake.notify_one();
+                "output of an attempt that is over dropped"
+            );
+            Ok((Vec::new(), false))
+        }
+        Verdict::Foreign => Err(AppError::Forbidden(format!(
+            "output for job {job} attempt {attempt}, which this node does not run"
+        ))),
     }
-    Ok(replies)
 }
 
 /// The `Start`s a connection of session `session`, registered just now, still needs (see

@@ -16,6 +16,7 @@ use crate::db::{self, users as accounts, DbConn};
 use crate::domain::MembershipSource;
 use crate::error::AppError;
 use crate::identity::{grants, GroupRules, Identity};
+use crate::service::Ctx;
 
 /// A username for a new SSO user: the provider's, made safe, made unique.
 fn free_username(c: &mut DbConn, wanted: &str) -> Result<String, AppError> {
@@ -51,6 +52,11 @@ fn may_link(u: &User, id: &Identity) -> bool {
         && id.email_verified
         && !id.email.is_empty()
         && u.email.eq_ignore_ascii_case(&id.email)
+}
+
+/// [`sign_in`] in one transaction of its own.
+pub async fn signed_in(ctx: &Ctx, id: Identity, rules: GroupRules) -> Result<User, AppError> {
+    ctx.db.run(move |c| sign_in(c, &id, &rules)).await
 }
 
 /// Finds or creates the user for `id`, refreshes profile, operator flag and group

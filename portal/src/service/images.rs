@@ -187,23 +187,7 @@ pub fn store(
         .map(str::trim)
         .filter(|s| !s.is_empty());
     db::transaction(c, |c| {
-        let lab = match &req.lab {
-            Some(slug) => Some(match &who {
-                Adder::User(actor) => super::lab_admin(c, actor, slug)?.lab().clone(),
-                Adder::Cli => db::users::find_lab(c, slug)?
-                    .ok_or_else(|| AppError::invalid("lab", format!("no lab {slug:?}")))?,
-            }),
-            None => {
-                if let Adder::User(actor) = &who {
-                    actor.require_operator().map_err(|_| {
-                        AppError::Forbidden(
-                            "only operators may allow an image campus-wide; a lab admin names the lab (\"lab\": \"SLUG\")".into(),
-                        )
-                    })?;
-                }
-                None
-            }
-        };
+        let lab = entry_lab(c, &who, req)?;
         let signed_by = match signature {
             Some(s) => Some(rules::verify(&name_tag, digest, s, keys)?),
             None => None,
@@ -242,22 +226,49 @@ pub fn store(
             if signed_by.is_some() { " (signed)" } else { "" }
         );
         let lab_id = lab.as_ref().map(|l| l.id);
-        match &who {
-            Adder::User(a) => {
-                db::audit::record(c, &a.user, lab_id, "allow_image", &target, "none", &after)?
-            }
-            Adder::Cli => db::audit::record_as(
-                c,
-                &created_by,
-                lab_id,
-                "allow_image",
-                &target,
-                "none",
-                &after,
-            )?,
-        }
+        audit_allow(c, &who, lab_id, &target, &after)?;
         Ok(view(stored, lab.map(|l| l.slug)))
     })
+}
+
+/// The lab an entry is for (its admin adds it; the CLI may name any lab), or none for a
+/// campus-wide entry (operators only).
+fn entry_lab(c: &mut DbConn, who: &Adder, req: &NewImage) -> Result<Option<Lab>, AppError> {
+    let Some(slug) = &req.lab else {
+        if let Adder::User(actor) = who {
+            actor.require_operator().map_err(|_| {
+                AppError::Forbidden(
+                    "only operators may allow an image campus-wide; a lab admin names the lab \
+                     (\"lab\": \"SLUG\")"
+                        .into(),
+                )
+            })?;
+        }
+        return Ok(None);
+    };
+    Ok(Some(match who {
+        Adder::User(actor) => super::lab_admin(c, actor, slug)?.lab().clone(),
+        Adder::Cli => db::users::find_lab(c, slug)?
+            .ok_or_else(|| AppError::invalid("lab", format!("no lab {slug:?}")))?,
+    }))
+}
+
+fn audit_allow(
+    c: &mut DbConn,
+    who: &Adder,
+    lab_id: Option<i64>,
+    target: &str,
+    after: &str,
+) -> Result<(), AppError> {
+    match who {
+        Adder::User(a) => {
+            db::audit::record(c, &a.user, lab_id, "allow_image", target, "none", after)?
+        }
+        Adder::Cli => {
+            db::audit::record_as(c, "admin CLI", lab_id, "allow_image", target, "none", after)?
+        }
+    }
+    Ok(())
 }
 
 /// The pin a job of lab `l` naming `image` runs with, or 422 naming `image` that says

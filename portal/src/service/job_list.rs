@@ -11,7 +11,7 @@ use super::jobs::LabJobView;
 use super::views::job_views;
 use super::{lab_admin, Actor, Ctx};
 use crate::db::job_search::{JobFilter, Owner, Sort};
-use crate::db::{self};
+use crate::db::{self, DbConn};
 use crate::domain::{JobKind, JobState};
 use crate::error::AppError;
 
@@ -107,26 +107,56 @@ fn parse_sort(s: &str) -> Result<Sort, AppError> {
     }
 }
 
+fn parse_kind(kind: &str) -> Result<Option<JobKind>, AppError> {
+    match kind.trim() {
+        "" => Ok(None),
+        k => k
+            .parse::<JobKind>()
+            .map(Some)
+            .map_err(|_| AppError::invalid("kind", "kind: batch or interactive")),
+    }
+}
+
+fn parse_page(page: &str) -> Result<i64, AppError> {
+    match page.trim() {
+        "" => Ok(1),
+        p => p
+            .parse()
+            .ok()
+            .filter(|p| *p >= 1)
+            .ok_or_else(|| AppError::invalid("page", "page: a page number from 1")),
+    }
+}
+
+/// Whose jobs the scope shows, if the actor may see them.
+fn owner(c: &mut DbConn, actor: &Actor, scope: &Scope) -> Result<Owner, AppError> {
+    Ok(match scope {
+        Scope::Mine => Owner::User(actor.user.id),
+        Scope::Lab(slug) => Owner::Lab(lab_admin(c, actor, slug)?.lab().id),
+        Scope::All => {
+            actor.require_operator()?;
+            Owner::Everyone
+        }
+    })
+}
+
+/// The lab filter: none, or a lab that exists.
+fn lab_filter(c: &mut DbConn, slug: &str) -> Result<Option<i64>, AppError> {
+    if slug.is_empty() {
+        return Ok(None);
+    }
+    let lab = db::users::find_lab(c, slug)?
+        .ok_or_else(|| AppError::invalid("lab", format!("lab: no lab named {slug:?}")))?;
+    Ok(Some(lab.id))
+}
+
 /// One page of the jobs `actor` asked for.
 pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList, AppError> {
     let scope = Scope::parse(&query.scope)?;
     let states = parse_state(&query.state)?;
     let sort = parse_sort(&query.sort)?;
-    let kind = match query.kind.trim() {
-        "" => None,
-        k => Some(
-            k.parse::<JobKind>()
-                .map_err(|_| AppError::invalid("kind", "kind: batch or interactive"))?,
-        ),
-    };
-    let page: i64 = match query.page.trim() {
-        "" => 1,
-        p => p
-            .parse()
-            .ok()
-            .filter(|p| *p >= 1)
-            .ok_or_else(|| AppError::invalid("page", "page: a page number from 1"))?,
-    };
+    let kind = parse_kind(&query.kind)?;
+    let page = parse_page(&query.page)?;
     let text = Some(query.q.trim().to_string()).filter(|t| !t.is_empty());
     if text.as_ref().is_some_and(|t| t.len() > 200) {
         return Err(AppError::invalid("q", "search (q): at most 200 characters"));
@@ -135,25 +165,8 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
     let lab_slug = query.lab.trim().to_string();
     ctx.db
         .run(move |c| {
-            let owner = match &scope {
-                Scope::Mine => Owner::User(actor.user.id),
-                Scope::Lab(slug) => Owner::Lab(lab_admin(c, &actor, slug)?.lab().id),
-                Scope::All => {
-                    actor.require_operator()?;
-                    Owner::Everyone
-                }
-            };
-            let lab = if lab_slug.is_empty() {
-                None
-            } else {
-                Some(
-                    db::users::find_lab(c, &lab_slug)?
-                        .ok_or_else(|| {
-                            AppError::invalid("lab", format!("lab: no lab named {lab_slug:?}"))
-                        })?
-                        .id,
-                )
-            };
+            let owner = owner(c, &actor, &scope)?;
+            let lab = lab_filter(c, &lab_slug)?;
             let filter = JobFilter {
                 owner,
                 states,

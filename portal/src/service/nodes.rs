@@ -56,6 +56,16 @@ pub fn list(c: &mut DbConn) -> Result<Vec<(Node, Lab, Vec<Gpu>)>, AppError> {
     Ok(db::nodes::list_with_gpus(c)?)
 }
 
+/// Every enrolled node with its lab and GPUs, for a page.
+pub async fn all(ctx: &Ctx) -> Result<Vec<(Node, Lab, Vec<Gpu>)>, AppError> {
+    ctx.db.run(list).await
+}
+
+/// Every enrolled node as the API shows it.
+pub async fn all_views(ctx: &Ctx) -> Result<Vec<NodeView>, AppError> {
+    ctx.db.run(views).await
+}
+
 /// The same, as the API shows it.
 pub fn views(c: &mut DbConn) -> Result<Vec<NodeView>, AppError> {
     Ok(list(c)?

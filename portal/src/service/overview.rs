@@ -127,12 +127,7 @@ fn build(
     my_use: Vec<MyUse>,
 ) -> Overview {
     let now_s = now.and_utc().timestamp();
-    let slug = |id: i64| {
-        labs.iter()
-            .find(|(l, _)| *l == id)
-            .map(|(_, s)| s.clone())
-            .unwrap_or_default()
-    };
+    let slugs = Slugs(labs);
     let held: BTreeMap<i64, &Holder> = holders
         .iter()
         .flat_map(|h| h.attempt.gpu_ids.0.iter().map(move |g| (*g, h)))
@@ -152,84 +147,35 @@ fn build(
                 .is_some_and(|u| u > now_s),
             max_lent: rules.max_lent_gpus,
         };
-        let lent = gpus
-            .iter()
-            .filter(|g| held.get(&g.id).is_some_and(|h| h.job_lab != facts.lab))
-            .count() as u32;
         let line = lines.entry(lab.id).or_default();
-        let cells: Vec<Cell> = gpus
-            .into_iter()
-            .map(|g| {
-                let (state, why, job) = match held.get(&g.id) {
-                    Some(h) if h.job_lab == facts.lab => {
-                        (CellState::Owner, String::new(), Some(*h))
-                    }
-                    Some(h) => (CellState::Guest, String::new(), Some(*h)),
-                    None => {
-                        let (s, why) = idle_state(&facts, &g, lent);
-                        (s, why, None)
-                    }
-                };
-                total.add(state);
-                line.gpus.add(state);
-                Cell {
-                    index: g.idx,
-                    memory_gb: g.memory_mb / 1024,
-                    model: g.model,
-                    state,
-                    utilization_pct: g.utilization_pct,
-                    job: job.map(|h| h.attempt.job_id),
-                    job_lab: job.map(|h| slug(h.job_lab)),
-                    user: job.map(|h| h.username.clone()),
-                    why,
-                }
-            })
-            .collect();
-        map.push((
-            lab.id,
-            Server {
-                id: node.id,
-                name: node.name,
-                lab: lab.slug,
-                online: node.online,
-                cells,
-            },
-        ));
+        let cells = cells(&facts, gpus, &held, &slugs, |state| {
+            total.add(state);
+            line.gpus.add(state);
+        });
+        let server = Server {
+            id: node.id,
+            name: node.name,
+            lab: lab.slug,
+            online: node.online,
+            cells,
+        };
+        map.push((lab.id, server));
     }
-    let (mut n_waiting, mut n_gpus) = (0, 0);
-    for w in waiting {
-        let line = lines.entry(w.lab_id).or_default();
-        line.waiting += 1;
-        line.waiting_gpus += w.gpus.max(0) as u32;
-        let waited = (now - w.created_at).num_seconds().max(0);
-        line.oldest_wait_s = Some(line.oldest_wait_s.unwrap_or(0).max(waited));
-        n_waiting += 1;
-        n_gpus += w.gpus.max(0) as u32;
-    }
+    let (n_waiting, n_gpus) = count_waiting(&mut lines, waiting, now);
     // The viewer's labs first: administered, then member of, then the rest.
-    let rank = |lab: i64| {
-        if actor
-            .labs
-            .iter()
-            .any(|(l, r)| l.id == lab && *r == crate::db::models::Role::Admin)
-        {
-            0
-        } else if actor.labs.iter().any(|(l, _)| l.id == lab) {
-            1
-        } else {
-            2
-        }
-    };
     let mut labs_out: Vec<(u8, LabLine)> = lines
         .into_iter()
         .map(|(id, mut l)| {
-            l.lab = slug(id);
-            l.mine = rank(id) < 2;
-            (rank(id), l)
+            l.lab = slugs.of(id);
+            l.mine = rank(actor, id) < 2;
+            (rank(actor, id), l)
         })
         .collect();
     labs_out.sort_by(|a, b| (a.0, &a.1.lab).cmp(&(b.0, &b.1.lab)));
-    map.sort_by(|a, b| (rank(a.0), &a.1.lab, &a.1.name).cmp(&(rank(b.0), &b.1.lab, &b.1.name)));
+    map.sort_by(|a, b| {
+        let key = |(lab, s): &(i64, Server)| (rank(actor, *lab), s.lab.clone(), s.name.clone());
+        key(a).cmp(&key(b))
+    });
     let waits: Vec<i64> = starts
         .iter()
         .map(|(created, started)| (*started - *created).num_seconds().max(0))
@@ -244,6 +190,92 @@ fn build(
         servers: map.into_iter().map(|(_, s)| s).collect(),
         my_use,
     }
+}
+
+/// Lab ids to slugs.
+struct Slugs<'a>(&'a [(i64, String)]);
+
+impl Slugs<'_> {
+    fn of(&self, id: i64) -> String {
+        self.0
+            .iter()
+            .find(|(l, _)| *l == id)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Where a lab goes in the viewer's lists: 0 administered, 1 member of, 2 the rest.
+fn rank(actor: &Actor, lab: i64) -> u8 {
+    if actor
+        .labs
+        .iter()
+        .any(|(l, r)| l.id == lab && *r == crate::db::models::Role::Admin)
+    {
+        0
+    } else if actor.labs.iter().any(|(l, _)| l.id == lab) {
+        1
+    } else {
+        2
+    }
+}
+
+/// One server's GPUs as map cells; `count` sees each cell's state.
+fn cells(
+    facts: &ServerFacts,
+    gpus: Vec<Gpu>,
+    held: &BTreeMap<i64, &Holder>,
+    slugs: &Slugs,
+    mut count: impl FnMut(CellState),
+) -> Vec<Cell> {
+    let lent = gpus
+        .iter()
+        .filter(|g| held.get(&g.id).is_some_and(|h| h.job_lab != facts.lab))
+        .count() as u32;
+    gpus.into_iter()
+        .map(|g| {
+            let (state, why, job) = match held.get(&g.id) {
+                Some(h) if h.job_lab == facts.lab => (CellState::Owner, String::new(), Some(*h)),
+                Some(h) => (CellState::Guest, String::new(), Some(*h)),
+                None => {
+                    let (s, why) = idle_state(facts, &g, lent);
+                    (s, why, None)
+                }
+            };
+            count(state);
+            Cell {
+                index: g.idx,
+                memory_gb: g.memory_mb / 1024,
+                model: g.model,
+                state,
+                utilization_pct: g.utilization_pct,
+                job: job.map(|h| h.attempt.job_id),
+                job_lab: job.map(|h| slugs.of(h.job_lab)),
+                user: job.map(|h| h.username.clone()),
+                why,
+            }
+        })
+        .collect()
+}
+
+/// Adds the waiting jobs to their labs' lines; returns how many wait, and for how many
+/// GPUs.
+fn count_waiting(
+    lines: &mut BTreeMap<i64, LabLine>,
+    waiting: &[db::overview::Waiting],
+    now: chrono::NaiveDateTime,
+) -> (u32, u32) {
+    let (mut n_waiting, mut n_gpus) = (0, 0);
+    for w in waiting {
+        let line = lines.entry(w.lab_id).or_default();
+        line.waiting += 1;
+        line.waiting_gpus += w.gpus.max(0) as u32;
+        let waited = (now - w.created_at).num_seconds().max(0);
+        line.oldest_wait_s = Some(line.oldest_wait_s.unwrap_or(0).max(waited));
+        n_waiting += 1;
+        n_gpus += w.gpus.max(0) as u32;
+    }
+    (n_waiting, n_gpus)
 }
 
 #[cfg(test)]

@@ -29,9 +29,38 @@ fn dim(n: u32) -> u16 {
 
 /// A session channel: a shell, a command, or sftp.
 pub async fn session(state: AppState, login: Login, mut channel: Channel<Msg>) {
+    let target = match requested(&mut channel).await {
+        Ok(Some(t)) => t,
+        Ok(None) => return,
+        Err(message) => {
+            fail(channel, message).await;
+            return;
+        }
+    };
+    let what = match &target {
+        RelayTarget::Exec { command: None, .. } => "shell",
+        RelayTarget::Exec { .. } => "exec",
+        RelayTarget::Sftp => "sftp",
+        RelayTarget::Forward { .. } => "forward",
+    };
+    let pipe = match open(&state, &login, target).await {
+        Ok(p) => p,
+        Err(message) => {
+            tracing::info!(job = login.job, what, "SSH channel refused: {message}");
+            fail(channel, &message).await;
+            return;
+        }
+    };
+    tracing::info!(job = login.job, user = %login.user.username, what, "SSH channel open");
+    pump(channel, pipe, false).await;
+}
+
+/// What the client asks the channel for, after its terminal and environment requests:
+/// `None` when it closes first, `Err` for a request refused outright.
+async fn requested(channel: &mut Channel<Msg>) -> Result<Option<RelayTarget>, &'static str> {
     let mut tty: Option<Tty> = None;
     let mut env = BTreeMap::new();
-    let target = loop {
+    loop {
         match channel.wait().await {
             Some(ChannelMsg::RequestPty {
                 term,
@@ -69,47 +98,30 @@ pub async fn session(state: AppState, login: Login, mut channel: Channel<Msg>) {
                 }
             }
             Some(ChannelMsg::RequestShell { .. }) => {
-                break RelayTarget::Exec {
+                return Ok(Some(RelayTarget::Exec {
                     command: None,
                     tty: tty.clone(),
                     env: env.clone(),
-                }
+                }))
             }
             Some(ChannelMsg::Exec { command, .. }) => {
                 let command = String::from_utf8_lossy(&command).into_owned();
                 if command.contains('\0') {
-                    fail(channel, "the command holds a NUL byte").await;
-                    return;
+                    return Err("the command holds a NUL byte");
                 }
-                break RelayTarget::Exec {
+                return Ok(Some(RelayTarget::Exec {
                     command: Some(command),
                     tty: tty.clone(),
                     env: env.clone(),
-                };
+                }));
             }
             Some(ChannelMsg::RequestSubsystem { name, .. }) if name == "sftp" => {
-                break RelayTarget::Sftp
+                return Ok(Some(RelayTarget::Sftp))
             }
-            Some(ChannelMsg::Close) | None => return,
+            Some(ChannelMsg::Close) | None => return Ok(None),
             Some(_) => {}
         }
-    };
-    let what = match &target {
-        RelayTarget::Exec { command: None, .. } => "shell",
-        RelayTarget::Exec { .. } => "exec",
-        RelayTarget::Sftp => "sftp",
-        RelayTarget::Forward { .. } => "forward",
-    };
-    let pipe = match open(&state, &login, target).await {
-        Ok(p) => p,
-        Err(message) => {
-            tracing::info!(job = login.job, what, "SSH channel refused: {message}");
-            fail(channel, &message).await;
-            return;
-        }
-    };
-    tracing::info!(job = login.job, user = %login.user.username, what, "SSH channel open");
-    pump(channel, pipe, false).await;
+    }
 }
 
 /// A `-L` forward to `port` on the container's localhost.

@@ -124,7 +124,7 @@ pub fn attempt_colour(i: usize) -> &'static str {
 const MAX_POINTS: usize = 240;
 
 /// `points` thinned to at most `max`: (time, utilisation, memory in GB).
-fn thin(points: &[Point], max: usize) -> Vec<(NaiveDateTime, f64, f64)> {
+fn thin(points: &[Point], max: usize) -> Vec<Sample> {
     let per = points.len().div_ceil(max.max(1)).max(1);
     points
         .chunks(per)
@@ -136,11 +136,43 @@ fn thin(points: &[Point], max: usize) -> Vec<(NaiveDateTime, f64, f64)> {
         .collect()
 }
 
+/// A thinned sample: (time, utilisation, memory in GB).
+type Sample = (NaiveDateTime, f64, f64);
+
+/// Where the utilisation chart draws: its size, margins and time axis.
+struct Frame {
+    first: NaiveDateTime,
+    span: f64,
+    w: f64,
+    h: f64,
+    left: f64,
+    right: f64,
+}
+
+impl Frame {
+    fn plot_w(&self) -> f64 {
+        self.w - self.left - self.right
+    }
+
+    fn x_of(&self, t: NaiveDateTime) -> f64 {
+        self.left + self.plot_w() * (t - self.first).num_seconds() as f64 / self.span
+    }
+}
+
+/// One panel of the chart: its top, height, axis maximum and unit, and a point's value.
+struct Panel {
+    top: f64,
+    height: f64,
+    max: f64,
+    unit: &'static str,
+    value: fn(&Sample) -> f64,
+}
+
 /// A job's GPU utilisation (percent, top) and memory used (GB, bottom) over time, one
 /// line per attempt, each attempt's start marked; the time axis counts from the first
 /// sample. `None` without samples (the page says "no samples yet" instead).
 pub fn utilization_svg(u: &Utilization) -> Option<String> {
-    let series: Vec<Vec<(NaiveDateTime, f64, f64)>> = u
+    let series: Vec<Vec<Sample>> = u
         .attempts
         .iter()
         .map(|a| thin(&a.samples, MAX_POINTS))
@@ -152,89 +184,122 @@ pub fn utilization_svg(u: &Utilization) -> Option<String> {
         .max(u.sample_interval_s as i64)
         .max(1) as f64;
     let mem_max = nice_max(series.iter().flatten().map(|p| p.2).fold(0.0, f64::max));
-    let (w, left, right) = (640.0, 44.0, 12.0);
-    let plot_w = w - left - right;
-    // Two panels: (top, height, axis maximum, unit, value of a point).
-    type Value = fn(&(NaiveDateTime, f64, f64)) -> f64;
-    let panels: [(f64, f64, f64, &str, Value); 2] = [
-        (22.0, 110.0, 100.0, "%", |p| p.1),
-        (170.0, 90.0, mem_max, "GB", |p| p.2),
+    let frame = Frame {
+        first,
+        span,
+        w: 640.0,
+        h: 290.0,
+        left: 44.0,
+        right: 12.0,
+    };
+    let panels = [
+        Panel {
+            top: 22.0,
+            height: 110.0,
+            max: 100.0,
+            unit: "%",
+            value: |p| p.1,
+        },
+        Panel {
+            top: 170.0,
+            height: 90.0,
+            max: mem_max,
+            unit: "GB",
+            value: |p| p.2,
+        },
     ];
-    let h = 290.0;
-    let x_of = |t: NaiveDateTime| left + plot_w * (t - first).num_seconds() as f64 / span;
     let mut s = String::new();
     let _ = write!(
         s,
         r#"<svg class="chart" viewBox="0 0 {w} {h}" role="img" aria-labelledby="util-chart-title util-chart-desc" xmlns="http://www.w3.org/2000/svg"><title id="util-chart-title">GPU utilisation (percent) and GPU memory used (GB) of job-{job} over time, one line per attempt</title><desc id="util-chart-desc">{desc}</desc>"#,
+        w = frame.w,
+        h = frame.h,
         job = u.job,
         desc = escape(&u.summary.words()),
     );
-    for (top, ph, max, unit, value) in panels {
+    for panel in &panels {
+        draw_panel(&mut s, &frame, panel, &series);
+    }
+    if series.len() > 1 {
+        mark_attempts(&mut s, &frame, &series, u);
+    }
+    time_axis(&mut s, &frame);
+    s.push_str("</svg>");
+    Some(s)
+}
+
+/// A panel's title, grid and one line (or dot) per attempt.
+fn draw_panel(s: &mut String, f: &Frame, p: &Panel, series: &[Vec<Sample>]) {
+    let (left, top, ph, max) = (f.left, p.top, p.height, p.max);
+    let _ = write!(
+        s,
+        r##"<text x="{left}" y="{y:.1}" font-size="11" fill="#57606a">{what}</text>"##,
+        y = top - 8.0,
+        what = if p.unit == "%" {
+            "GPU utilisation, %"
+        } else {
+            "GPU memory used, GB"
+        },
+    );
+    for i in 0..=2 {
+        let v = max * i as f64 / 2.0;
+        let y = top + ph - ph * i as f64 / 2.0;
         let _ = write!(
             s,
-            r##"<text x="{left}" y="{y:.1}" font-size="11" fill="#57606a">{what}</text>"##,
-            y = top - 8.0,
-            what = if unit == "%" {
-                "GPU utilisation, %"
-            } else {
-                "GPU memory used, GB"
-            },
+            r##"<line x1="{left}" x2="{x2}" y1="{y:.1}" y2="{y:.1}" stroke="#d0d7de"/><text x="{tx:.1}" y="{ty:.1}" font-size="11" text-anchor="end" fill="#57606a">{v}</text>"##,
+            x2 = f.w - f.right,
+            tx = left - 4.0,
+            ty = y + 4.0,
+            v = axis_label(v),
         );
-        for i in 0..=2 {
-            let v = max * i as f64 / 2.0;
-            let y = top + ph - ph * i as f64 / 2.0;
-            let _ = write!(
-                s,
-                r##"<line x1="{left}" x2="{x2}" y1="{y:.1}" y2="{y:.1}" stroke="#d0d7de"/><text x="{tx:.1}" y="{ty:.1}" font-size="11" text-anchor="end" fill="#57606a">{v}</text>"##,
-                x2 = w - right,
-                tx = left - 4.0,
-                ty = y + 4.0,
-                v = axis_label(v),
-            );
-        }
-        for (i, pts) in series.iter().enumerate() {
-            let colour = attempt_colour(i);
-            let y_of = |p: &(NaiveDateTime, f64, f64)| top + ph - ph * (value(p) / max).min(1.0);
-            if let [one] = pts.as_slice() {
-                let _ = write!(
-                    s,
-                    r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{colour}"/>"#,
-                    x = x_of(one.0),
-                    y = y_of(one),
-                );
-            } else {
-                let line: Vec<String> = pts
-                    .iter()
-                    .map(|p| format!("{:.1},{:.1}", x_of(p.0), y_of(p)))
-                    .collect();
-                let _ = write!(
-                    s,
-                    r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/>"#,
-                    line.join(" ")
-                );
-            }
-        }
     }
-    // Where each later attempt began.
-    if series.len() > 1 {
-        for (i, pts) in series.iter().enumerate() {
-            let (Some(p), Some(a)) = (pts.first(), u.attempts.get(i)) else {
-                continue;
-            };
-            let x = x_of(p.0);
+    for (i, pts) in series.iter().enumerate() {
+        let colour = attempt_colour(i);
+        let y_of = |q: &Sample| top + ph - ph * ((p.value)(q) / max).min(1.0);
+        if let [one] = pts.as_slice() {
             let _ = write!(
                 s,
-                r##"<line x1="{x:.1}" x2="{x:.1}" y1="14" y2="260" stroke="{c}" stroke-dasharray="4 3"/><text x="{tx:.1}" y="{ty}" font-size="11" fill="{c}">attempt {n}</text>"##,
-                c = attempt_colour(i),
-                tx = x + 3.0,
-                ty = 146.0 + 10.0 * (i % 2) as f64,
-                n = a.attempt,
+                r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{colour}"/>"#,
+                x = f.x_of(one.0),
+                y = y_of(one),
+            );
+        } else {
+            let line: Vec<String> = pts
+                .iter()
+                .map(|q| format!("{:.1},{:.1}", f.x_of(q.0), y_of(q)))
+                .collect();
+            let _ = write!(
+                s,
+                r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/>"#,
+                line.join(" ")
             );
         }
     }
+}
+
+/// Where each later attempt began.
+fn mark_attempts(s: &mut String, f: &Frame, series: &[Vec<Sample>], u: &Utilization) {
+    for (i, pts) in series.iter().enumerate() {
+        let (Some(p), Some(a)) = (pts.first(), u.attempts.get(i)) else {
+            continue;
+        };
+        let x = f.x_of(p.0);
+        let _ = write!(
+            s,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="14" y2="260" stroke="{c}" stroke-dasharray="4 3"/><text x="{tx:.1}" y="{ty}" font-size="11" fill="{c}">attempt {n}</text>"##,
+            c = attempt_colour(i),
+            tx = x + 3.0,
+            ty = 146.0 + 10.0 * (i % 2) as f64,
+            n = a.attempt,
+        );
+    }
+}
+
+/// Five time labels from 0 to the span.
+fn time_axis(s: &mut String, f: &Frame) {
     for i in 0..=4 {
-        let x = left + plot_w * i as f64 / 4.0;
-        let secs = (span * i as f64 / 4.0).round() as i64;
+        let x = f.left + f.plot_w() * i as f64 / 4.0;
+        let secs = (f.span * i as f64 / 4.0).round() as i64;
         let label = if i == 0 {
             "0".to_string()
         } else {
@@ -243,7 +308,7 @@ pub fn utilization_svg(u: &Utilization) -> Option<String> {
         let _ = write!(
             s,
             r##"<text x="{x:.1}" y="{y}" font-size="11" text-anchor="{anchor}" fill="#57606a">{label}</text>"##,
-            y = h - 8.0,
+            y = f.h - 8.0,
             anchor = match i {
                 0 => "start",
                 4 => "end",
@@ -251,8 +316,6 @@ pub fn utilization_svg(u: &Utilization) -> Option<String> {
             },
         );
     }
-    s.push_str("</svg>");
-    Some(s)
 }
 
 /// Use against a quota, as text and a bar.

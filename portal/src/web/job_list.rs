@@ -125,6 +125,66 @@ struct JobsPage {
     heading: String,
 }
 
+fn rows(list: &JobList, now: chrono::NaiveDateTime, offset: i32) -> Vec<Row> {
+    list.jobs
+        .iter()
+        .map(|v| Row {
+            submitted: When::new(v.job.created_at, now, offset),
+            estimated: v.job.estimated_start_at.map(|e| match e {
+                Some(t) => format!("{} ({})", human::ago(t, now), human::at(t, offset)),
+                None => "unknown".to_string(),
+            }),
+            v: v.clone(),
+        })
+        .collect()
+}
+
+/// My jobs, then each administered lab's, then (operators) all.
+fn scope_links(banner: &Banner, current: &Scope) -> Vec<ScopeLink> {
+    let mut scopes = vec![ScopeLink {
+        href: "/jobs".into(),
+        label: "My jobs".into(),
+        current: *current == Scope::Mine,
+    }];
+    for l in &banner.admin_labs {
+        let scope = Scope::Lab(l.clone());
+        scopes.push(ScopeLink {
+            href: format!("/jobs?scope={}", scope.as_param()),
+            label: format!("Lab {l}"),
+            current: *current == scope,
+        });
+    }
+    if banner.operator {
+        scopes.push(ScopeLink {
+            href: "/jobs?scope=all".into(),
+            label: "All jobs".into(),
+            current: *current == Scope::All,
+        });
+    }
+    scopes
+}
+
+fn sort_links(form: &ListForm) -> Vec<SortLink> {
+    let current_sort = if form.sort.is_empty() {
+        "newest"
+    } else {
+        form.sort.as_str()
+    };
+    [
+        ("newest", "Newest"),
+        ("oldest", "Oldest"),
+        ("state", "State"),
+        ("gpus", "Most GPUs"),
+    ]
+    .into_iter()
+    .map(|(key, label)| SortLink {
+        href: form.link(key, 1),
+        label,
+        current: current_sort == key,
+    })
+    .collect()
+}
+
 async fn list(
     state: web::Data<AppState>,
     session: Session,
@@ -145,56 +205,9 @@ async fn list(
     let list = job_list::list(&state, &user, query).await?;
     let now = crate::db::now();
     let offset = state.config.policy.utc_offset_s;
-    let rows = list
-        .jobs
-        .iter()
-        .map(|v| Row {
-            submitted: When::new(v.job.created_at, now, offset),
-            estimated: v.job.estimated_start_at.map(|e| match e {
-                Some(t) => format!("{} ({})", human::ago(t, now), human::at(t, offset)),
-                None => "unknown".to_string(),
-            }),
-            v: v.clone(),
-        })
-        .collect();
-    let mut scopes = vec![ScopeLink {
-        href: "/jobs".into(),
-        label: "My jobs".into(),
-        current: list.scope == Scope::Mine,
-    }];
-    for l in &banner.admin_labs {
-        let scope = Scope::Lab(l.clone());
-        scopes.push(ScopeLink {
-            href: format!("/jobs?scope={}", scope.as_param()),
-            label: format!("Lab {l}"),
-            current: list.scope == scope,
-        });
-    }
-    if banner.operator {
-        scopes.push(ScopeLink {
-            href: "/jobs?scope=all".into(),
-            label: "All jobs".into(),
-            current: list.scope == Scope::All,
-        });
-    }
-    let current_sort = if form.sort.is_empty() {
-        "newest"
-    } else {
-        form.sort.as_str()
-    };
-    let sorts = [
-        ("newest", "Newest"),
-        ("oldest", "Oldest"),
-        ("state", "State"),
-        ("gpus", "Most GPUs"),
-    ]
-    .into_iter()
-    .map(|(key, label)| SortLink {
-        href: form.link(key, 1),
-        label,
-        current: current_sort == key,
-    })
-    .collect();
+    let rows = rows(&list, now, offset);
+    let scopes = scope_links(&banner, &list.scope);
+    let sorts = sort_links(&form);
     let sort = form.sort.clone();
     let page = JobsPage {
         prev: (list.page > 1).then(|| form.link(&sort, list.page - 1)),

@@ -9,7 +9,6 @@ use crate::auth::oidc::PendingLogin;
 use crate::auth::{log_in, log_out, CsrfForm, NoFields};
 use crate::db::models::User;
 use crate::error::{AppError, WebError};
-use crate::service::identity::sign_in;
 use crate::state::AppState;
 use actix_session::Session;
 use actix_web::{web, HttpResponse};
@@ -147,8 +146,7 @@ async fn sso_callback(
         Err(e) => return refused(&state, &session, e).await,
     };
     let rules = state.config.oidc.groups.clone();
-    let id = identity.clone();
-    let user = state.db.run(move |c| sign_in(c, &id, &rules)).await?;
+    let user = crate::service::identity::signed_in(&state, identity.clone(), rules).await?;
     let to = after_login(&session);
     log_in(&session, user.id)?;
     // Kept for RP-initiated logout, if it fits the cookie.

@@ -50,7 +50,7 @@ async fn page(
     session: Session,
     user: CurrentUser,
 ) -> Result<NodesPage, WebError> {
-    let nodes = state.db.run(nodes::list).await?;
+    let nodes = nodes::all(&state).await?;
     Ok(NodesPage {
         banner: Banner::new(&state, &session, Some(&user)),
         nodes,

@@ -9,7 +9,7 @@ mod guards;
 use crate::cli::{refused, Cli};
 use crate::support::browser::Browser;
 use crate::support::harness::{Backend, TestPortal};
-use crate::support::session::{browser, hidden_csrf};
+use crate::support::session::BrowserSession;
 use fantoccini::Locator;
 use guards::type_code;
 use serde_json::{json, Value};
@@ -74,7 +74,7 @@ async fn approve_over_http(
     user: &str,
     decision: &str,
 ) -> reqwest::Response {
-    let b = browser();
+    let b = BrowserSession::anonymous(p);
     let r = b.get(link).send().await.unwrap();
     assert_eq!(r.status(), 303);
     assert_eq!(
@@ -82,35 +82,18 @@ async fn approve_over_http(
         "/login",
         "a visitor is sent to the login first"
     );
-    let login = b
-        .get(format!("{}/login", p.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let r = b
-        .post(format!("{}/login", p.url))
-        .form(&[("username", user), ("csrf", &hidden_csrf(&login))])
-        .send()
-        .await
-        .unwrap();
+    let r = b.sign_in(user).await;
     assert_eq!(r.status(), 303);
     let back = r.headers()["location"].to_str().unwrap().to_string();
     assert_eq!(back, "/cli/device", "back to the approval page");
-    let (status, page) = type_code(&b, p, code).await;
+    let (status, page) = type_code(&b, code).await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains(code), "the page shows the code");
-    b.post(format!("{}/cli/device", p.url))
-        .form(&[
-            ("csrf", hidden_csrf(&page).as_str()),
-            ("user_code", code),
-            ("decision", decision),
-        ])
-        .send()
-        .await
-        .unwrap()
+    b.post_form(
+        "/cli/device",
+        &[("user_code", code), ("decision", decision)],
+    )
+    .await
 }
 
 per_backend! {
@@ -149,33 +132,16 @@ per_backend! {
         );
 
         // The code is spent: approving it again is refused, and so is a replayed poll.
-        let b = browser();
-        let login = b
-            .get(format!("{}/login", p.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        b.post(format!("{}/login", p.url))
-            .form(&[("username", "bob"), ("csrf", &hidden_csrf(&login))])
-            .send()
-            .await
-            .unwrap();
-        let (status, page) = type_code(&b, &p, &code).await;
+        let b = BrowserSession::login(&p, "bob").await;
+        let (status, page) = type_code(&b, &code).await;
         assert_eq!(status, 409);
         assert!(page.contains("already approved or denied"), "{page}");
         let r = b
-            .post(format!("{}/cli/device", p.url))
-            .form(&[
-                ("csrf", hidden_csrf(&page).as_str()),
+            .post_form("/cli/device", &[
                 ("user_code", code.as_str()),
                 ("decision", "approve"),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 409);
         let r = p
             .http

@@ -5,29 +5,8 @@
 //! or tokens only when the user ticked it, over the API and on the pages.
 
 use crate::support::harness::{Backend, TestPortal, BACKENDS};
-use crate::support::session::{browser, hidden_csrf};
+use crate::support::session::BrowserSession;
 use serde_json::{json, Value};
-
-/// A cookie-keeping client signed in as `user` through the development login.
-async fn signed_in(p: &TestPortal, user: &str) -> reqwest::Client {
-    let b = browser();
-    let login = b
-        .get(format!("{}/login", p.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let r = b
-        .post(format!("{}/login", p.url))
-        .form(&[("username", user), ("csrf", &hidden_csrf(&login))])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303, "dev login");
-    b
-}
 
 /// `POST /api/v1/cli/device` as the CLI sends it, with more headers (a proxy's).
 async fn start_raw(p: &TestPortal, body: Value, headers: &[(&str, &str)]) -> reqwest::Response {
@@ -60,21 +39,10 @@ async fn poll(p: &TestPortal, device_code: &str) -> (u16, Value) {
 }
 
 /// The user types `code` into the form of `/cli/device`: (status, the page that answers).
-pub async fn type_code(b: &reqwest::Client, p: &TestPortal, code: &str) -> (u16, String) {
-    let form = b
-        .get(format!("{}/cli/device", p.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+pub async fn type_code(b: &BrowserSession, code: &str) -> (u16, String) {
     let r = b
-        .post(format!("{}/cli/device/check", p.url))
-        .form(&[("csrf", hidden_csrf(&form).as_str()), ("user_code", code)])
-        .send()
-        .await
-        .unwrap();
+        .post_form("/cli/device/check", &[("user_code", code)])
+        .await;
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
@@ -121,7 +89,7 @@ per_backend! {
             "no link carries the code: {s}"
         );
         let code = s["user_code"].as_str().unwrap().to_string();
-        let b = signed_in(&p, "alice").await;
+        let b = BrowserSession::login(&p, "alice").await;
         // A link with the code fills nothing in and offers no approval.
         let page = b
             .get(format!("{}/cli/device?code={code}", p.url))
@@ -138,7 +106,7 @@ per_backend! {
         assert!(page.contains("id=\"code\""), "a field to type it: {page}");
         // Typed, the code shows the request: who asks (named by the portal), from where,
         // when.
-        let (status, page) = type_code(&b, &p, &code.to_lowercase()).await;
+        let (status, page) = type_code(&b, &code.to_lowercase()).await;
         assert_eq!(status, 200, "{page}");
         assert_eq!(
             text_of(&page, "cli-client"),
@@ -159,7 +127,7 @@ per_backend! {
         assert_eq!(text_of(&page, "cli-code"), code);
         assert!(page.contains("id=\"cli-approve\""), "{page}");
         // A mistyped code: a clear refusal, nothing to approve.
-        let (status, page) = type_code(&b, &p, "BCDF-GHJK").await;
+        let (status, page) = type_code(&b, "BCDF-GHJK").await;
         assert_eq!(status, 400, "{page}");
         assert!(
             page.contains("no sign-in waits with the code") && !page.contains("cli-approve"),
@@ -229,8 +197,8 @@ async fn behind_a_trusted_proxy_the_forwarded_address_counts_and_shows() {
     let r = start_raw(&p, json!({}), &xff("198.51.100.2, 198.51.100.1")).await;
     assert_eq!(r.status(), 429, "the address the proxy saw counts");
     let s = started(&p, &xff("198.51.100.2")).await;
-    let b = signed_in(&p, "alice").await;
-    let (_, page) = type_code(&b, &p, s["user_code"].as_str().unwrap()).await;
+    let b = BrowserSession::login(&p, "alice").await;
+    let (_, page) = type_code(&b, s["user_code"].as_str().unwrap()).await;
     assert_eq!(text_of(&page, "cli-from"), "198.51.100.2", "{page}");
     p.stop().await;
 }
@@ -239,30 +207,21 @@ async fn behind_a_trusted_proxy_the_forwarded_address_counts_and_shows() {
 /// polls until the token comes: (token, expires_at).
 async fn approved_token(
     p: &TestPortal,
-    b: &reqwest::Client,
+    b: &BrowserSession,
     credentials: bool,
 ) -> (String, chrono::NaiveDateTime) {
     let s = started(p, &[]).await;
     let code = s["user_code"].as_str().unwrap();
-    let (_, page) = type_code(b, p, code).await;
+    let (_, page) = type_code(b, code).await;
     assert!(
         page.contains("name=\"credentials\"") && !page.contains("checked"),
         "a box to tick, not ticked: {page}"
     );
-    let mut form = vec![
-        ("csrf", hidden_csrf(&page)),
-        ("user_code", code.to_string()),
-        ("decision", "approve".to_string()),
-    ];
+    let mut form = vec![("user_code", code), ("decision", "approve")];
     if credentials {
-        form.push(("credentials", "on".to_string()));
+        form.push(("credentials", "on"));
     }
-    let r = b
-        .post(format!("{}/cli/device", p.url))
-        .form(&form)
-        .send()
-        .await
-        .unwrap();
+    let r = b.post_form("/cli/device", &form).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let (status, v) = poll(p, s["device_code"].as_str().unwrap()).await;
     assert_eq!(status, 200, "{v}");
@@ -274,29 +233,12 @@ async fn approved_token(
     (v["access_token"].as_str().unwrap().to_string(), until)
 }
 
-/// A page form at `path` sent with a bearer token (and the CSRF token its page gave):
+/// A page form at `path` sent with a bearer token (and the CSRF token its pages give):
 /// refused with 403 and the reason on the page, or else the status.
 async fn form_with_token(p: &TestPortal, token: &str, path: &str, fields: &[(&str, &str)]) -> u16 {
-    let b = browser();
-    let page = b
-        .get(format!("{}{path}", p.url))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = hidden_csrf(&page);
-    let mut form: Vec<(&str, &str)> = vec![("csrf", &csrf)];
-    form.extend_from_slice(fields);
-    let r = b
-        .post(format!("{}{path}", p.url))
-        .bearer_auth(token)
-        .form(&form)
-        .send()
-        .await
-        .unwrap();
+    let r = BrowserSession::with_bearer(p, token)
+        .post_form(path, fields)
+        .await;
     let status = r.status().as_u16();
     let page = r.text().await.unwrap();
     if status == 403 {
@@ -313,7 +255,7 @@ async fn a_browser_sign_in_lasts_30_days_and_adds_keys_or_tokens_only_if_ticked(
     let dir = tempfile::tempdir().unwrap();
     for backend in BACKENDS {
         let p = TestPortal::start(backend).await;
-        let b = signed_in(&p, "alice").await;
+        let b = BrowserSession::login(&p, "alice").await;
         let (token, until) = approved_token(&p, &b, false).await;
         let days = (until - chrono::Utc::now().naive_utc()).num_hours() as f64 / 24.0;
         assert!(

@@ -2,7 +2,7 @@
 //! development login.
 
 use crate::support::harness::TestPortal;
-use crate::support::session::{logged_in, BrowserSession};
+use crate::support::session::BrowserSession;
 
 per_backend! {
     async fn lab_admin_page_sets_lending_rules_and_quotas(backend: Backend) {
@@ -14,8 +14,8 @@ per_backend! {
         let url = |path: &str| format!("{}{path}", p.url);
 
         for member in ["alice", "bob"] {
-            let b = logged_in(&p, member).await;
-            let r = b.get(url("/labs/vision/admin")).send().await.unwrap();
+            let b = BrowserSession::login(&p, member).await;
+            let r = b.fetch("/labs/vision/admin").await;
             assert_eq!(
                 r.status(),
                 403,
@@ -53,11 +53,8 @@ per_backend! {
             "the field is named"
         );
         let r = carol
-            .post(url(&lending))
-            .form(&[("mode", "never")])
-            .send()
-            .await
-            .unwrap();
+            .post_form_without_token(&lending, &[("mode", "never")])
+            .await;
         assert_eq!(r.status(), 403, "no CSRF token, no change");
         assert_eq!(
             p.get_json(&p.alice, "/api/v1/nodes").await[0]["lending"]["mode"],

@@ -6,7 +6,7 @@
 //! Ctrl-C (SIGINT) stops the demo, and no process or container it started is left.
 
 use crate::support::cluster::{agent_binary, demo_image, portal_binary};
-use crate::support::session::browser;
+use crate::support::session::BrowserSession;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -152,22 +152,8 @@ async fn the_demo_tells_its_story_and_leaves_nothing_behind() {
     assert_eq!(url, format!("http://127.0.0.1:{port}"));
 
     // 2. The development login, as the printed user.
-    let b = browser();
-    let login = b
-        .get(format!("{url}/login"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = crate::support::session::hidden_csrf(&login);
-    let r = b
-        .post(format!("{url}/login"))
-        .form(&[("username", user.as_str()), ("csrf", &csrf)])
-        .send()
-        .await
-        .unwrap();
+    let b = BrowserSession::anonymous_at(&url);
+    let r = b.sign_in(&user).await;
     assert_eq!(r.status(), 303, "logged in as {user}");
 
     // 3. One of the user's jobs ran as a guest on vision's server, was preempted when the

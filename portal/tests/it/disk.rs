@@ -4,7 +4,7 @@
 //! its agent's free-space floor takes no new guest, and its page says why.
 
 use crate::support::harness::{wait_for, TestPortal};
-use crate::support::session::logged_in;
+use crate::support::session::BrowserSession;
 use commons_agent::disk::Floor;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -145,15 +145,8 @@ per_backend! {
 
         // The node's page says why, for the node and for each GPU.
         let id = n["id"].as_i64().unwrap();
-        let b = logged_in(&p, "alice").await;
-        let html = b
-            .get(format!("{}/nodes/{id}", p.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let b = BrowserSession::login(&p, "alice").await;
+        let html = b.fetch(&format!("/nodes/{id}")).await.text().await.unwrap();
         assert!(
             html.contains("id=\"node-disk-low\"") && html.contains("No new guests"),
             "[{backend:?}] {html}"

@@ -2,7 +2,7 @@
 //! in the API (`estimated_start_at`) and on its page.
 
 use crate::support::harness::{wait_for, TestPortal};
-use crate::support::session::{browser, hidden_csrf};
+use crate::support::session::BrowserSession;
 use chrono::NaiveDateTime;
 use serde_json::json;
 use std::time::Duration;
@@ -49,29 +49,10 @@ per_backend! {
         );
 
         // The job page shows it.
-        let b = browser();
-        let url = |path: &str| format!("{}{path}", p.url);
-        let login = b
-            .get(url("/login"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let csrf = hidden_csrf(&login);
-        let r = b
-            .post(url("/login"))
-            .form(&[("username", "alice"), ("csrf", &csrf)])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 303, "[{backend:?}]");
+        let b = BrowserSession::login(&p, "alice").await;
         let page = b
-            .get(url(&format!("/jobs/{second}")))
-            .send()
+            .fetch(&format!("/jobs/{second}"))
             .await
-            .unwrap()
             .text()
             .await
             .unwrap();

@@ -287,7 +287,7 @@ async fn the_files_page_uploads_with_progress_downloads_and_deletes_at_375_px() 
     b.client.goto(&folder_page).await.unwrap();
     check_page(&b, "files after the upload").await;
     download_then_delete(&b, &p).await;
-    let http = crate::support::session::logged_in(&p, "alice").await;
+    let http = crate::support::session::BrowserSession::login(&p, "alice").await;
     let (status, html) = crate::pages::page(&http, &p, "/files?dir=data%2F").await;
     assert_eq!(status, 200);
     validate_html(&[("files".into(), html)]);

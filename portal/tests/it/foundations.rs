@@ -4,13 +4,9 @@
 //! expiry, and damaged rows read as errors instead of permissive defaults.
 
 use crate::support::harness::TestPortal;
-use crate::support::session::{hidden_csrf, logged_in};
+use crate::support::session::BrowserSession;
 use diesel::connection::SimpleConnection;
 use serde_json::json;
-
-async fn page(b: &reqwest::Client, url: &str) -> String {
-    b.get(url).send().await.unwrap().text().await.unwrap()
-}
 
 /// Runs raw SQL against the portal's own database (to damage a row on purpose).
 async fn raw_sql(p: &TestPortal, sql: String) {
@@ -45,9 +41,9 @@ per_backend! {
             "[{backend:?}] no grace given: the campus default"
         );
 
-        let carol = logged_in(&p, "carol").await;
-        let admin = format!("{}/labs/vision/admin", p.url);
-        let html = page(&carol, &admin).await;
+        let carol = BrowserSession::login(&p, "carol").await;
+        let admin = "/labs/vision/admin";
+        let html = carol.page(admin).await;
         assert!(
             html.contains(r#"value="custom" selected"#),
             "[{backend:?}] the form says the windows are custom, not a preset"
@@ -57,16 +53,12 @@ per_backend! {
                 && !html.contains(r#"value="nights" selected"#)
         );
         let r = carol
-            .post(format!("{}/labs/vision/nodes/{node}/lending", p.url))
-            .form(&[
-                ("csrf", hidden_csrf(&html).as_str()),
+            .post_form(&format!("/labs/vision/nodes/{node}/lending"), &[
                 ("mode", "custom"),
                 ("max_lent_gpus", "1"),
                 ("grace_seconds", ""),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 303, "[{backend:?}] {}", r.text().await.unwrap());
         let n = &p.get_json(&p.alice, "/api/v1/nodes").await[0];
         assert_eq!(
@@ -79,7 +71,7 @@ per_backend! {
             n["grace_s"], 0,
             "[{backend:?}] a blank grace field stores no grace of its own"
         );
-        let html = page(&carol, &admin).await;
+        let html = carol.page(admin).await;
         assert!(
             html.contains(r#"name="grace_seconds" value="" placeholder="300""#),
             "[{backend:?}] the form shows the campus default"
@@ -99,21 +91,12 @@ per_backend! {
             )
             .await;
         assert_eq!(status, 200);
-        let carol = logged_in(&p, "carol").await;
-        let admin = format!("{}/labs/vision/admin", p.url);
-        let html = page(&carol, &admin).await;
+        let carol = BrowserSession::login(&p, "carol").await;
         let r = carol
-            .post(format!("{}/labs/vision/members", p.url))
-            .form(&[
-                ("csrf", hidden_csrf(&html).as_str()),
-                ("member", "alice"),
-                ("role", "admin"),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/labs/vision/members", &[("member", "alice"), ("role", "admin")])
+            .await;
         assert_eq!(r.status(), 303);
-        let html = page(&carol, &admin).await;
+        let html = carol.page("/labs/vision/admin").await;
         let row = &html[html.find("data-member=\"alice\"").unwrap()..];
         let row = &row[..row.find("</tr>").unwrap()];
         assert!(
@@ -122,15 +105,8 @@ per_backend! {
             "[{backend:?}] alice's own quota survived her promotion: {row}"
         );
         let r = carol
-            .post(format!("{}/labs/vision/members", p.url))
-            .form(&[
-                ("csrf", hidden_csrf(&html).as_str()),
-                ("member", "alice"),
-                ("role", "owner"),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/labs/vision/members", &[("member", "alice"), ("role", "owner")])
+            .await;
         assert_eq!(
             r.status(),
             422,
@@ -143,9 +119,9 @@ per_backend! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_page_keeps_the_navigation() {
     let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
-    let carol = logged_in(&p, "carol").await;
+    let carol = BrowserSession::login(&p, "carol").await;
     for (path, status) in [("/jobs/987654", 404), ("/labs/physics/admin", 403)] {
-        let r = carol.get(format!("{}{path}", p.url)).send().await.unwrap();
+        let r = carol.fetch(path).await;
         assert_eq!(r.status(), status);
         let html = r.text().await.unwrap();
         assert!(
@@ -161,44 +137,21 @@ async fn an_error_page_keeps_the_navigation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_starts_a_fresh_session() {
     let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
-    let url = |path: &str| format!("{}{path}", p.url);
-    // A client without a cookie jar: cookies are carried by hand.
-    let plain = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let login = plain.get(url("/login")).send().await.unwrap();
-    let before = login.headers()["set-cookie"].to_str().unwrap();
-    let before = before.split(';').next().unwrap().to_string();
-    let csrf_before = hidden_csrf(&login.text().await.unwrap());
-    let r = plain
-        .post(url("/login"))
-        .header("cookie", &before)
-        .form(&[("username", "alice"), ("csrf", csrf_before.as_str())])
-        .send()
-        .await
-        .unwrap();
+    let b = BrowserSession::anonymous(&p);
+    let csrf_before = b.token_of_page("/login").await;
+    let before = b.cookie();
+    let r = b.sign_in("alice").await;
     assert_eq!(r.status(), 303);
-    let after = r.headers()["set-cookie"].to_str().unwrap();
-    let after = after.split(';').next().unwrap().to_string();
-    let jobs = plain
-        .get(url("/jobs"))
-        .header("cookie", &after)
-        .send()
-        .await
-        .unwrap();
+    let jobs = b.fetch("/jobs").await;
     assert_eq!(jobs.status(), 200, "the new cookie is signed in");
-    let csrf_after = hidden_csrf(&jobs.text().await.unwrap());
+    let csrf_after = b.token_of_page("/jobs").await;
     assert_ne!(
         csrf_before, csrf_after,
         "a CSRF token from before the login is worth nothing after it"
     );
-    let old = plain
-        .get(url("/jobs"))
-        .header("cookie", &before)
-        .send()
-        .await
-        .unwrap();
+    let old = BrowserSession::with_copied_cookie(&p, &before)
+        .fetch("/jobs")
+        .await;
     assert_eq!(old.status(), 303, "the pre-login cookie is not signed in");
     p.stop().await;
 }
@@ -231,12 +184,8 @@ per_backend! {
         assert_eq!(r.status(), 500, "[{backend:?}]");
         let body: serde_json::Value = r.json().await.unwrap();
         assert_eq!(body["error"], "internal", "causes stay in the log: {body}");
-        let carol = logged_in(&p, "carol").await;
-        let r = carol
-            .get(format!("{}/labs/vision/admin", p.url))
-            .send()
-            .await
-            .unwrap();
+        let carol = BrowserSession::login(&p, "carol").await;
+        let r = carol.fetch("/labs/vision/admin").await;
         assert_eq!(r.status(), 500, "[{backend:?}] the console shows an error");
         // A job state nobody knows is not read as "failed".
         raw_sql(
@@ -259,7 +208,7 @@ per_backend! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forms_without_their_csrf_token_change_nothing() {
     let p = TestPortal::start(crate::support::harness::Backend::Sqlite).await;
-    let carol = logged_in(&p, "carol").await;
+    let carol = BrowserSession::login(&p, "carol").await;
     for (path, form) in [
         (
             "/jobs",
@@ -286,21 +235,11 @@ async fn forms_without_their_csrf_token_change_nothing() {
         ),
         ("/labs/vision/member-default-quota", vec![("max_gpus", "1")]),
     ] {
-        let r = carol
-            .post(format!("{}{path}", p.url))
-            .form(&form)
-            .send()
-            .await
-            .unwrap();
+        let r = carol.post_form_without_token(path, &form).await;
         assert_eq!(r.status(), 403, "{path}");
-        let mut with_wrong = form.clone();
-        with_wrong.push(("csrf", "0123456789abcdef"));
         let r = carol
-            .post(format!("{}{path}", p.url))
-            .form(&with_wrong)
-            .send()
-            .await
-            .unwrap();
+            .post_form_with_token(path, "0123456789abcdef", &form)
+            .await;
         assert_eq!(r.status(), 403, "{path} with a wrong token");
     }
     assert_eq!(

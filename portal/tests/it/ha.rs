@@ -11,6 +11,7 @@
 use crate::policy::leader_locks;
 use crate::support::cluster::{free_port, AgentProcess, Api, Host, PortalOpts, PortalProcess};
 use crate::support::harness::{Backend, TestDb};
+use crate::support::session::BrowserSession;
 use crate::support::timeline::Timeline;
 use serde_json::{json, Value};
 use std::process::{Child, Command, Stdio};
@@ -109,33 +110,6 @@ async fn wait_until(within: Duration, what: &str, check: impl Fn() -> bool) -> D
     t0.elapsed()
 }
 
-/// Logs `user` in through the insecure development login at `url`; a client with the
-/// session cookie.
-async fn browser_login(url: &str, user: &str) -> reqwest::Client {
-    let b = reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let page = b
-        .get(format!("{url}/login"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = crate::support::session::hidden_csrf(&page);
-    let r = b
-        .post(format!("{url}/login"))
-        .form(&[("username", user), ("csrf", &csrf)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303, "login through the proxy");
-    b
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_behind_nginx_loses_and_doubles_nothing() {
     let db = TestDb::new(Backend::Postgres);
@@ -174,7 +148,8 @@ async fn killing_the_leader_behind_nginx_loses_and_doubles_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let alice = browser_login(&front, "alice").await;
+    // Signed in through the proxy's pages.
+    let alice = BrowserSession::login_at(&front, "alice").await;
 
     // Four jobs run (four GPUs), two wait.
     let timeline = Timeline::start();
@@ -233,7 +208,7 @@ async fn killing_the_leader_behind_nginx_loses_and_doubles_nothing() {
         timeline.assert_no_overlap(*j, 1).await;
     }
     // Still logged in, now served by the survivor.
-    let r = alice.get(format!("{front}/jobs")).send().await.unwrap();
+    let r = alice.fetch("/jobs").await;
     assert_eq!(r.status(), 200, "the session survives the replica");
     assert!(r.text().await.unwrap().contains("alice"));
     println!(

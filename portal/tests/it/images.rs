@@ -4,6 +4,7 @@
 //! form's choices.
 
 use crate::support::harness::{TestPortal, BACKENDS};
+use crate::support::session::BrowserSession;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
@@ -309,15 +310,8 @@ async fn the_job_form_offers_the_allowed_images_with_their_descriptions() {
         )
         .await;
     assert_eq!(status, 201);
-    let alice = crate::support::session::logged_in(&p, "alice").await;
-    let page = alice
-        .get(format!("{}/jobs/new", p.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let alice = BrowserSession::login(&p, "alice").await;
+    let page = alice.fetch("/jobs/new").await.text().await.unwrap();
     assert!(page.contains(r#"list="allowed-images""#), "{page}");
     assert!(
         page.contains(
@@ -326,15 +320,8 @@ async fn the_job_form_offers_the_allowed_images_with_their_descriptions() {
         "{page}"
     );
     assert!(page.contains(r#"<option value="commons-demo:latest">"#));
-    let bob = crate::support::session::logged_in(&p, "bob").await;
-    let page = bob
-        .get(format!("{}/jobs/new", p.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let bob = BrowserSession::login(&p, "bob").await;
+    let page = bob.fetch("/jobs/new").await.text().await.unwrap();
     assert!(
         !page.contains("pytorch:2.5"),
         "another lab's entry is not offered"
@@ -349,14 +336,8 @@ per_backend! {
     /// (403, nothing stored) when posting anyway.
     async fn the_console_page_manages_the_list_with_the_apis_rules(backend: Backend) {
         let p = TestPortal::start(backend).await;
-        let url = |path: &str| format!("{}{path}", p.url);
-        let carol = crate::support::session::logged_in(&p, "carol").await;
-        let page = carol
-            .get(url("/images"))
-            .send()
-            .await
-            .unwrap()
-            .text()
+        let carol = BrowserSession::login(&p, "carol").await;
+        let page = carol.fetch("/images").await.text()
             .await
             .unwrap();
         assert!(page.contains("<code>commons-demo:latest</code>"), "{page}");
@@ -368,22 +349,17 @@ per_backend! {
             !page.contains("the whole campus"),
             "a lab admin adds no campus entries"
         );
-        let csrf = crate::support::session::hidden_csrf(&page);
 
         // A bad digest: 422, the error beside the digest field, the form as typed.
         let r = carol
-            .post(url("/images"))
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form("/images", &[
                 ("name_tag", "pytorch:2.5"),
                 ("digest", "sha256:short"),
                 ("lab", "vision"),
                 ("description", "PyTorch 2.5"),
                 ("signature", ""),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 422);
         let body = r.text().await.unwrap();
         assert!(body.contains(r#"id="digest-error""#), "{body}");
@@ -401,18 +377,14 @@ per_backend! {
         );
 
         let r = carol
-            .post(url("/images"))
-            .form(&[
-                ("csrf", csrf.as_str()),
+            .post_form("/images", &[
                 ("name_tag", "pytorch:2.5"),
                 ("digest", &digest('e')),
                 ("lab", "vision"),
                 ("description", "PyTorch 2.5"),
                 ("signature", ""),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 303);
         let list = p.get_json(&p.alice, "/api/v1/images").await;
         let entry = list
@@ -426,13 +398,8 @@ per_backend! {
         assert_eq!(entry["description"], "PyTorch 2.5");
 
         // A member sees it, with no form and no remove button, and is refused anyway.
-        let alice = crate::support::session::logged_in(&p, "alice").await;
-        let page = alice
-            .get(url("/images"))
-            .send()
-            .await
-            .unwrap()
-            .text()
+        let alice = BrowserSession::login(&p, "alice").await;
+        let page = alice.fetch("/images").await.text()
             .await
             .unwrap();
         assert!(page.contains("<code>pytorch:2.5</code>"), "{page}");
@@ -440,25 +407,16 @@ per_backend! {
             !page.contains("Allow an image") && !page.contains(">Remove<"),
             "{page}"
         );
-        let acsrf = crate::support::session::hidden_csrf(&page);
         let r = alice
-            .post(url("/images"))
-            .form(&[
-                ("csrf", acsrf.as_str()),
+            .post_form("/images", &[
                 ("name_tag", "sneaky:1"),
                 ("digest", &digest('f')),
                 ("lab", "vision"),
             ])
-            .send()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 403);
-        let r = alice
-            .post(url(&format!("/images/{}/remove", entry["id"])))
-            .form(&[("csrf", acsrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+        let remove = format!("/images/{}/remove", entry["id"]);
+        let r = alice.post_form(&remove, &[]).await;
         assert_eq!(r.status(), 403);
         let names: Vec<String> = p
             .get_json(&p.olga, "/api/v1/images")
@@ -475,11 +433,8 @@ per_backend! {
 
         // "Signed only" for vision, then the entry removed by its admin.
         let r = carol
-            .post(url("/images/signed/vision"))
-            .form(&[("csrf", csrf.as_str()), ("require_signed", "on")])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/images/signed/vision", &[("require_signed", "on")])
+            .await;
         assert_eq!(r.status(), 303);
         let (status, b) = p
             .post_json(&p.alice, "/api/v1/jobs", &job("pytorch:2.5"))
@@ -489,19 +444,9 @@ per_backend! {
             (422, Some("image")),
             "unsigned now refused: {b}"
         );
-        let r = carol
-            .post(url(&format!("/images/{}/remove", entry["id"])))
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+        let r = carol.post_form(&remove, &[]).await;
         assert_eq!(r.status(), 303);
-        let page = carol
-            .get(url("/images"))
-            .send()
-            .await
-            .unwrap()
-            .text()
+        let page = carol.fetch("/images").await.text()
             .await
             .unwrap();
         assert!(
@@ -509,13 +454,8 @@ per_backend! {
             "{page}"
         );
         // The operator may add campus entries from the page.
-        let olga = crate::support::session::logged_in(&p, "olga").await;
-        let page = olga
-            .get(url("/images"))
-            .send()
-            .await
-            .unwrap()
-            .text()
+        let olga = BrowserSession::login(&p, "olga").await;
+        let page = olga.fetch("/images").await.text()
             .await
             .unwrap();
         assert!(

@@ -4,7 +4,7 @@
 //! the lab's interactive boost set in the console and honoured by the scheduler.
 
 use crate::support::harness::{wait_for, TestPortal};
-use crate::support::session::{hidden_csrf, logged_in};
+use crate::support::session::BrowserSession;
 use commons_portal::db::audit;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -124,37 +124,23 @@ per_backend! {
         );
 
         // The job page: time left, and the form with its refusal beside the field.
-        let alice = logged_in(&p, "alice").await;
-        let url = format!("{}/jobs/{id}", p.url);
-        let page = alice.get(&url).send().await.unwrap().text().await.unwrap();
+        let alice = BrowserSession::login(&p, "alice").await;
+        let page = alice.fetch(&format!("/jobs/{id}")).await.text().await.unwrap();
         assert!(page.contains("id=\"job-time-left\""), "[{backend:?}]");
         assert!(page.contains("id=\"extend-form\""), "[{backend:?}]");
-        let csrf = hidden_csrf(&page);
-        let r = alice
-            .post(format!("{url}/extend"))
-            .form(&[("csrf", csrf.as_str()), ("minutes", "60")])
-            .send()
-            .await
-            .unwrap();
+        let extend_form = format!("/jobs/{id}/extend");
+        let r = alice.post_form(&extend_form, &[("minutes", "60")]).await;
         assert_eq!(r.status(), 422);
         let body = r.text().await.unwrap();
         let error = &body[body.find("id=\"extend-error\"").expect("the reason")..];
         assert!(error.contains("at most 3 min"), "[{backend:?}] {error}");
         assert!(body.contains("value=\"60\""), "what was typed is kept");
-        let r = alice
-            .post(format!("{url}/extend"))
-            .form(&[("csrf", csrf.as_str()), ("minutes", "3")])
-            .send()
-            .await
-            .unwrap();
+        let r = alice.post_form(&extend_form, &[("minutes", "3")]).await;
         assert_eq!(r.status(), 303);
         assert_eq!(p.job(&p.alice, id).await["time_limit_minutes"], 10);
         let r = alice
-            .post(format!("{url}/extend"))
-            .form(&[("minutes", "3")])
-            .send()
-            .await
-            .unwrap();
+            .post_form_without_token(&extend_form, &[("minutes", "3")])
+            .await;
         assert_eq!(r.status(), 403, "no CSRF token, no extension");
 
         // Cancelled: it ends at once, and a finished job is not extended.
@@ -193,35 +179,15 @@ per_backend! {
         assert_eq!((s, v["field"].as_str()), (422, Some("boost")), "{v}");
 
         // The console's checkbox, audited.
-        let carol = logged_in(&p, "carol").await;
-        let admin = format!("{}/labs/vision/admin", p.url);
-        let page = carol
-            .get(&admin)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let carol = BrowserSession::login(&p, "carol").await;
+        let admin = "/labs/vision/admin";
+        let page = carol.fetch(admin).await.text().await.unwrap();
         assert!(page.contains("id=\"interactive-boost\""), "[{backend:?}]");
         let r = carol
-            .post(format!("{}/labs/vision/interactive", p.url))
-            .form(&[
-                ("csrf", hidden_csrf(&page).as_str()),
-                ("interactive_boost", "on"),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/labs/vision/interactive", &[("interactive_boost", "on")])
+            .await;
         assert_eq!(r.status(), 303);
-        let page = carol
-            .get(&admin)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let page = carol.fetch(admin).await.text().await.unwrap();
         assert!(
             page.contains("name=\"interactive_boost\" id=\"interactive-boost\" checked"),
             "[{backend:?}] saved"

@@ -309,17 +309,22 @@ per_backend! {
         assert_eq!(first.containers(second).len(), 1, "[{backend:?}]");
         assert!(clone.containers(job).is_empty(), "[{backend:?}]");
         assert!(clone.containers(second).is_empty(), "[{backend:?}]");
-        // The clone goes (before the dismissal, so it is not flagged again).
+        // The clone goes (before the dismissal, so it is not flagged again). It may have
+        // been refused again meanwhile, from another port: the page shows the latest.
         clone.task.abort();
         let _ = (&mut clone.task).await;
+        let latest = node_of(&p, &first).await;
+        let refused = latest["shared_credential"]["refused_from"]
+            .as_str()
+            .unwrap_or_else(|| panic!("[{backend:?}] the flag went: {latest}"))
+            .to_string();
+        let refused = refused.as_str();
         // The node's page says it, with both addresses, to its lab admin, who dismisses it.
         let id = flagged["id"].as_i64().unwrap();
-        let carol = crate::support::session::logged_in(&p, "carol").await;
+        let carol = crate::support::session::BrowserSession::login(&p, "carol").await;
         let page = carol
-            .get(format!("{}/nodes/{id}", p.url))
-            .send()
+            .fetch(&format!("/nodes/{id}"))
             .await
-            .unwrap()
             .text()
             .await
             .unwrap();
@@ -327,13 +332,9 @@ per_backend! {
             page.contains("id=\"shared-credential\"") && page.contains(refused),
             "[{backend:?}] {page}"
         );
-        let csrf = crate::support::session::hidden_csrf(&page);
         let r = carol
-            .post(format!("{}/nodes/{id}/dismiss-shared", p.url))
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+            .post_form(&format!("/nodes/{id}/dismiss-shared"), &[])
+            .await;
         assert_eq!(r.status(), 303, "[{backend:?}]");
         let after = node_of(&p, &first).await;
         assert!(

@@ -4,7 +4,7 @@
 //! node reporting GPUs it did not enrol with takes no guests until its lab admin approves.
 
 use crate::support::harness::TestPortal;
-use crate::support::session::{hidden_csrf, logged_in};
+use crate::support::session::BrowserSession;
 use commons_portal::db::models::Role;
 use commons_portal::db::{audit, users};
 use serde_json::Value;
@@ -59,8 +59,8 @@ per_backend! {
         })
         .await
         .unwrap();
-        let url = |path: &str| format!("{}{path}", p.url);
-        let page = url(&format!("/nodes/{id}"));
+        let page = format!("/nodes/{id}");
+        let action_path = |action: &str| format!("/nodes/{id}/{action}");
         let posts: [(&str, &[(&str, &str)]); 6] = [
             ("drain", &[]),
             ("undrain", &[]),
@@ -74,8 +74,8 @@ per_backend! {
         // Members and another lab's admin see the page, without controls, and every post
         // is refused with nothing changed.
         for who in ["alice", "bob", "dave"] {
-            let b = logged_in(&p, who).await;
-            let r = b.get(&page).send().await.unwrap();
+            let b = BrowserSession::login(&p, who).await;
+            let r = b.fetch(&page).await;
             assert_eq!(r.status(), 200, "[{backend:?}] {who} sees the node");
             let html = r.text().await.unwrap();
             assert!(html.contains("vision-server"), "[{backend:?}]");
@@ -83,16 +83,8 @@ per_backend! {
                 !html.contains("Owner controls"),
                 "[{backend:?}] {who} gets no controls"
             );
-            let csrf = hidden_csrf(&html);
             for (action, fields) in posts {
-                let mut form: Vec<(&str, &str)> = vec![("csrf", &csrf)];
-                form.extend_from_slice(fields);
-                let r = b
-                    .post(url(&format!("/nodes/{id}/{action}")))
-                    .form(&form)
-                    .send()
-                    .await
-                    .unwrap();
+                let r = b.post_form(&action_path(action), fields).await;
                 assert_eq!(r.status(), 403, "[{backend:?}] {who} may not {action}");
             }
         }
@@ -103,50 +95,40 @@ per_backend! {
         );
         assert!(node_audit(&p).await.is_empty(), "[{backend:?}]");
 
-        let carol = logged_in(&p, "carol").await;
-        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        let carol = BrowserSession::login(&p, "carol").await;
+        let html = carol.fetch(&page).await.text().await.unwrap();
         assert!(html.contains("Owner controls"), "[{backend:?}]");
-        let csrf = hidden_csrf(&html);
-        let post = |action: &str, fields: &[(&str, &str)]| {
-            let mut form: Vec<(String, String)> = fields
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            form.push(("csrf".into(), csrf.clone()));
-            carol
-                .post(url(&format!("/nodes/{id}/{action}")))
-                .form(&form)
-                .send()
+        let post = |action: &str, fields: &'static [(&'static str, &'static str)]| {
+            let path = action_path(action);
+            let carol = &carol;
+            async move { carol.post_form(&path, fields).await }
         };
 
         // Without its CSRF token a form does nothing, even from the lab's admin.
         let r = carol
-            .post(url(&format!("/nodes/{id}/drain")))
-            .send()
-            .await
-            .unwrap();
+            .post_form_without_token(&action_path("drain"), &[])
+            .await;
         assert_eq!(r.status(), 403, "[{backend:?}] no CSRF token");
         assert_eq!(node(&p, id).await.unwrap()["draining"], false);
 
-        let r = post("drain", &[]).await.unwrap();
+        let r = post("drain", &[]).await;
         assert_eq!(r.status(), 303, "[{backend:?}] drain");
         assert_eq!(node(&p, id).await.unwrap()["draining"], true);
-        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        let html = carol.fetch(&page).await.text().await.unwrap();
         assert!(
             html.contains("drained") && html.contains("id=\"undrain\""),
             "[{backend:?}]"
         );
-        let r = post("undrain", &[]).await.unwrap();
+        let r = post("undrain", &[]).await;
         assert_eq!(r.status(), 303, "[{backend:?}] undrain");
         assert_eq!(node(&p, id).await.unwrap()["draining"], false);
 
         // The lending rule, in the agent's window grammar; bad input names its field.
         let r = post("lend", &[("mode", "windows"), ("windows", "someday 9-5")])
-            .await
-            .unwrap();
+            .await;
         assert_eq!(r.status(), 422, "[{backend:?}]");
         assert!(r.text().await.unwrap().contains("windows"), "[{backend:?}]");
-        let r = post("lend", &[("mode", "sometimes")]).await.unwrap();
+        let r = post("lend", &[("mode", "sometimes")]).await;
         assert_eq!(r.status(), 422, "[{backend:?}]");
         assert!(r.text().await.unwrap().contains("mode"), "[{backend:?}]");
         assert_eq!(node(&p, id).await.unwrap()["lending"]["mode"], "always");
@@ -157,40 +139,39 @@ per_backend! {
                 ("windows", "mon-fri 19:00-07:00\r\nsat,sun 00:00-24:00\r\n"),
             ],
         )
-        .await
-        .unwrap();
+        .await;
         assert_eq!(r.status(), 303, "[{backend:?}] lend windows");
         let n = node(&p, id).await.unwrap();
         assert_eq!(n["lending"]["mode"], "windows");
         assert_eq!(n["lending"]["windows"].as_array().unwrap().len(), 7);
-        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        let html = carol.fetch(&page).await.text().await.unwrap();
         assert!(
             html.contains("mon 19:00-07:00") && html.contains("sun 00:00-24:00"),
             "[{backend:?}] the form shows the windows it set"
         );
-        let r = post("lend", &[("mode", "always")]).await.unwrap();
+        let r = post("lend", &[("mode", "always")]).await;
         assert_eq!(r.status(), 303, "[{backend:?}] lend always");
 
-        let r = post("reclaim", &[("on", "maybe")]).await.unwrap();
+        let r = post("reclaim", &[("on", "maybe")]).await;
         assert_eq!(r.status(), 422, "[{backend:?}]");
-        let r = post("reclaim", &[("on", "on")]).await.unwrap();
+        let r = post("reclaim", &[("on", "on")]).await;
         assert_eq!(r.status(), 303, "[{backend:?}] reclaim");
         assert_eq!(node(&p, id).await.unwrap()["reclaim"], true);
-        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        let html = carol.fetch(&page).await.text().await.unwrap();
         assert!(html.contains("reclaimed"), "[{backend:?}]");
-        let r = post("reclaim", &[("on", "off")]).await.unwrap();
+        let r = post("reclaim", &[("on", "off")]).await;
         assert_eq!(r.status(), 303, "[{backend:?}] reclaim off");
         assert_eq!(node(&p, id).await.unwrap()["reclaim"], false);
 
-        let r = post("revoke", &[]).await.unwrap();
+        let r = post("revoke", &[]).await;
         assert_eq!(r.status(), 303, "[{backend:?}] revoke");
         assert_eq!(r.headers()["location"], "/nodes");
         assert!(
             node(&p, id).await.is_none(),
             "[{backend:?}] the node is gone"
         );
-        assert_eq!(carol.get(&page).send().await.unwrap().status(), 404);
-        assert_eq!(post("drain", &[]).await.unwrap().status(), 404);
+        assert_eq!(carol.fetch(&page).await.status(), 404);
+        assert_eq!(post("drain", &[]).await.status(), 404);
 
         let mut entries = node_audit(&p).await;
         entries.reverse();
@@ -277,29 +258,19 @@ per_backend! {
             )
             .await;
         assert_eq!(status, 403, "[{backend:?}]");
-        let carol = logged_in(&p, "carol").await;
-        let page = format!("{}/nodes/{id}", p.url);
-        let html = carol.get(&page).send().await.unwrap().text().await.unwrap();
+        let carol = BrowserSession::login(&p, "carol").await;
+        let html = carol.fetch(&format!("/nodes/{id}")).await.text().await.unwrap();
         assert!(
             html.contains("id=\"inventory-unapproved\"")
                 && html.contains("2 × A100-80GB, 1 × H100-80GB")
                 && html.contains("id=\"approve-inventory\""),
             "[{backend:?}] {html}"
         );
-        let r = carol
-            .post(format!("{}/nodes/{id}/approve-inventory", p.url))
-            .send()
-            .await
-            .unwrap();
+        let approve = format!("/nodes/{id}/approve-inventory");
+        let r = carol.post_form_without_token(&approve, &[]).await;
         assert_eq!(r.status(), 403, "[{backend:?}] no CSRF token");
         assert_eq!(node(&p, id).await.unwrap()["inventory_unapproved"], true);
-        let csrf = hidden_csrf(&html);
-        let r = carol
-            .post(format!("{}/nodes/{id}/approve-inventory", p.url))
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+        let r = carol.post_form(&approve, &[]).await;
         assert_eq!(r.status(), 303, "[{backend:?}]");
         let n = node(&p, id).await.unwrap();
         assert_eq!(n["inventory_unapproved"], false, "[{backend:?}]");

@@ -3,7 +3,7 @@
 //! and pages. (`pages_browser` drives the same pages in Chromium.)
 
 use crate::support::harness::{wait_for, Backend, TestAgent, TestPortal};
-use crate::support::session::logged_in;
+use crate::support::session::BrowserSession;
 use commons_portal::db::models::Role;
 use commons_portal::db::users;
 use serde_json::{json, Value};
@@ -200,7 +200,7 @@ per_backend! {
         assert_eq!(owner["job"].as_i64(), Some(c.owner_job));
 
         // The home page after login shows the API's numbers.
-        let carol = logged_in(p, "carol").await;
+        let carol = BrowserSession::login(p, "carol").await;
         let r = carol.get(format!("{}/login", p.url)).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let (status, html) = page(&carol, p, "/").await;
@@ -229,7 +229,7 @@ per_backend! {
             html[at..].split('"').next().unwrap().to_string()
         };
         assert_eq!(first_lab(&html), "vision");
-        let bob = logged_in(p, "bob").await;
+        let bob = BrowserSession::login(p, "bob").await;
         let (_, html) = page(&bob, p, "/").await;
         assert_eq!(first_lab(&html), "physics");
         assert_eq!(
@@ -252,7 +252,7 @@ per_backend! {
             (mine[0]["gpus_now"].as_i64(), mine[0]["max_gpus"].as_i64()),
             (Some(1), Some(2))
         );
-        let alice = logged_in(p, "alice").await;
+        let alice = BrowserSession::login(p, "alice").await;
         let (_, html) = page(&alice, p, "/").await;
         assert!(
             html.contains("1 in use of 2"),
@@ -261,11 +261,7 @@ per_backend! {
         assert!(html.contains("style=\"width: 50%\""), "as a bar");
 
         // Logged out: the home page sends to the login page.
-        let r = crate::support::session::browser()
-            .get(format!("{}/", p.url))
-            .send()
-            .await
-            .unwrap();
+        let r = BrowserSession::anonymous(p).fetch("/").await;
         assert_eq!(r.status(), 303);
         assert_eq!(r.headers()["location"], "/login");
         let r = p
@@ -325,7 +321,7 @@ per_backend! {
         })
         .await;
 
-        let alice = logged_in(&p, "alice").await;
+        let alice = BrowserSession::login(&p, "alice").await;
         let (status, html) = page(&alice, &p, "/jobs").await;
         assert_eq!(status, 200);
         assert!(
@@ -405,7 +401,7 @@ per_backend! {
         assert_eq!(status, 403, "a member is no admin");
         let (status, _) = page(&alice, &p, "/jobs?scope=all").await;
         assert_eq!(status, 403, "nor an operator");
-        let carol = logged_in(&p, "carol").await;
+        let carol = BrowserSession::login(&p, "carol").await;
         let (_, html) = page(&carol, &p, "/jobs").await;
         assert!(
             html.contains("href=\"/jobs?scope=lab:vision\""),
@@ -417,7 +413,7 @@ per_backend! {
         assert!(html.contains("<td data-label=\"User\">alice</td>"));
         let (status, _) = page(&carol, &p, "/jobs?scope=lab:physics").await;
         assert_eq!(status, 403);
-        let olga = logged_in(&p, "olga").await;
+        let olga = BrowserSession::login(&p, "olga").await;
         let (_, html) = page(&olga, &p, "/jobs?scope=all").await;
         assert_eq!(job_count(&html), 28);
         assert!(html.contains("echo physics"));
@@ -427,7 +423,7 @@ per_backend! {
 per_backend! {
     async fn the_lab_console_saves_member_quotas_with_one_save_audited_and_exports_usage(backend: Backend) {
         let p = TestPortal::start(backend).await;
-        let carol = logged_in(&p, "carol").await;
+        let carol = BrowserSession::login(&p, "carol").await;
         let (status, html) = page(&carol, &p, "/labs/vision/admin").await;
         assert_eq!(status, 200);
         assert!(html.contains("This server") || html.contains("No server yet"));
@@ -439,15 +435,10 @@ per_backend! {
             html.contains("name=\"max_gpus:alice\""),
             "quotas are edited in the table"
         );
-        let csrf = crate::support::session::hidden_csrf(&html);
         let save = |fields: Vec<(&'static str, &'static str)>| {
-            let carol = carol.clone();
-            let url = format!("{}/labs/vision/member-quotas", p.url);
-            let csrf = csrf.clone();
+            let carol = &carol;
             async move {
-                let mut form = vec![("csrf", csrf.as_str())];
-                form.extend(fields.iter().copied());
-                let r = carol.post(url).form(&form).send().await.unwrap();
+                let r = carol.post_form("/labs/vision/member-quotas", &fields).await;
                 (r.status().as_u16(), r.text().await.unwrap())
             }
         };
@@ -494,17 +485,10 @@ per_backend! {
         assert_eq!(status, 422);
         assert!(body.contains("max_cpus:alice"));
         // Members cannot save quotas.
-        let alice = logged_in(&p, "alice").await;
-        let (_, h) = page(&alice, &p, "/jobs").await;
+        let alice = BrowserSession::login(&p, "alice").await;
         let r = alice
-            .post(format!("{}/labs/vision/member-quotas", p.url))
-            .form(&[
-                ("csrf", crate::support::session::hidden_csrf(&h).as_str()),
-                ("max_gpus:alice", "9"),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/labs/vision/member-quotas", &[("max_gpus:alice", "9")])
+            .await;
         assert_eq!(r.status(), 403);
 
         // The usage as CSV, for accounting; lab admins only.
@@ -535,29 +519,25 @@ per_backend! {
 per_backend! {
     async fn saved_job_templates_fill_the_form_and_are_each_users_own(backend: Backend) {
         let p = TestPortal::start(backend).await;
-        let alice = logged_in(&p, "alice").await;
-        let (_, html) = page(&alice, &p, "/jobs/new").await;
-        let csrf = crate::support::session::hidden_csrf(&html);
-        let fields = |name: &str, command: &str| {
-            vec![
-                ("csrf", csrf.clone()),
-                ("image", "commons-demo:latest".to_string()),
-                ("command", command.to_string()),
-                ("env", "SEED=7".to_string()),
-                ("gpus", "2".to_string()),
-                ("cpus", "0.5".to_string()),
-                ("memory_gb", "1".to_string()),
-                ("time_limit_minutes", "90".to_string()),
-                ("kind", "batch".to_string()),
-                ("lab", "vision".to_string()),
-                ("template_name", name.to_string()),
-                ("save_template", "1".to_string()),
+        let alice = BrowserSession::login(&p, "alice").await;
+        let fields = |name: &'static str, command: &'static str| {
+            [
+                ("image", "commons-demo:latest"),
+                ("command", command),
+                ("env", "SEED=7"),
+                ("gpus", "2"),
+                ("cpus", "0.5"),
+                ("memory_gb", "1"),
+                ("time_limit_minutes", "90"),
+                ("kind", "batch"),
+                ("lab", "vision"),
+                ("template_name", name),
+                ("save_template", "1"),
             ]
         };
-        let post = |form: Vec<(&'static str, String)>| {
-            let alice = alice.clone();
-            let url = format!("{}/jobs", p.url);
-            async move { alice.post(url).form(&form).send().await.unwrap() }
+        let post = |form: [(&'static str, &'static str); 11]| {
+            let alice = &alice;
+            async move { alice.post_form("/jobs", &form).await }
         };
         // A name is needed; the error is beside its field and nothing is lost.
         let r = post(fields(" ", "python train.py")).await;
@@ -597,24 +577,14 @@ per_backend! {
         assert!(html.contains("--epochs 3"));
         assert_eq!(html.matches(">resnet</a>").count(), 1);
         // Another user's template is not found; deleting removes it.
-        let bob = logged_in(&p, "bob").await;
+        let bob = BrowserSession::login(&p, "bob").await;
         let (status, _) = page(&bob, &p, &to).await;
         assert_eq!(status, 404, "[{backend:?}]");
         let id = to.trim_start_matches("/jobs/new?template=");
-        let (_, h) = page(&bob, &p, "/jobs/new").await;
-        let r = bob
-            .post(format!("{}/jobs/templates/{id}/delete", p.url))
-            .form(&[("csrf", crate::support::session::hidden_csrf(&h))])
-            .send()
-            .await
-            .unwrap();
+        let delete = format!("/jobs/templates/{id}/delete");
+        let r = bob.post_form(&delete, &[]).await;
         assert_eq!(r.status(), 404, "bob cannot delete alice's template");
-        let r = alice
-            .post(format!("{}/jobs/templates/{id}/delete", p.url))
-            .form(&[("csrf", csrf.clone())])
-            .send()
-            .await
-            .unwrap();
+        let r = alice.post_form(&delete, &[]).await;
         assert_eq!(r.status(), 303);
         let (status, _) = page(&alice, &p, &to).await;
         assert_eq!(status, 404, "deleted");

@@ -7,6 +7,7 @@
 use crate::pages::{campus, job, Campus};
 use crate::support::browser::Browser;
 use crate::support::harness::{wait_for, Backend, TestPortal};
+use crate::support::session::BrowserSession;
 use fantoccini::Locator;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -192,22 +193,20 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
             b.url().await.ends_with('/'),
             "the overview is the home page"
         );
-        let http = crate::support::session::logged_in(p, user).await;
+        let http = BrowserSession::login(p, user).await;
         // A saved template, so the submit form lists one.
-        let (_, form) = crate::pages::page(&http, p, "/jobs/new").await;
         let r = http
-            .post(format!("{}/jobs", p.url))
-            .form(&[
-                ("csrf", crate::support::session::hidden_csrf(&form).as_str()),
-                ("image", "commons-demo:latest"),
-                ("gpus", "1"),
-                ("time_limit_minutes", "10"),
-                ("template_name", "quick test"),
-                ("save_template", "1"),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .post_form(
+                "/jobs",
+                &[
+                    ("image", "commons-demo:latest"),
+                    ("gpus", "1"),
+                    ("time_limit_minutes", "10"),
+                    ("template_name", "quick test"),
+                    ("save_template", "1"),
+                ],
+            )
+            .await;
         assert_eq!(r.status(), 303, "{user}");
         for path in pages_for(&c, user) {
             for (w, h) in [(375, 800), (1920, 1080)] {
@@ -307,7 +306,7 @@ async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
     }
     html.push((
         "login".into(),
-        crate::pages::page(&crate::support::session::browser(), p, "/login")
+        crate::pages::page(&BrowserSession::anonymous(p), p, "/login")
             .await
             .1,
     ));
@@ -414,12 +413,8 @@ async fn the_job_page_follows_its_job_from_queued_to_succeeded_without_reload() 
     let history = js(&b, "return document.getElementById('history').textContent;").await;
     assert!(history.as_str().unwrap().contains("succeeded"), "{history}");
     // The log as a file; "submit again" fills the form from the job.
-    let http = crate::support::session::logged_in(&p, "alice").await;
-    let r = http
-        .get(format!("{}/jobs/{id}/log.txt", p.url))
-        .send()
-        .await
-        .unwrap();
+    let http = BrowserSession::login(&p, "alice").await;
+    let r = http.fetch(&format!("/jobs/{id}/log.txt")).await;
     assert!(r.headers()["content-disposition"]
         .to_str()
         .unwrap()

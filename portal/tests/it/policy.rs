@@ -115,12 +115,10 @@ per_backend! {
         );
         assert_eq!(physics.members[0].0, "bob");
         // ... and the console shows them.
-        let olga = crate::support::session::logged_in(&p, "olga").await;
+        let olga = crate::support::session::BrowserSession::login(&p, "olga").await;
         let page = olga
-            .get(format!("{}/labs/physics/admin", p.url))
-            .send()
+            .fetch("/labs/physics/admin")
             .await
-            .unwrap()
             .text()
             .await
             .unwrap();

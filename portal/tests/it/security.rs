@@ -4,7 +4,7 @@
 //! node now).
 
 use crate::support::harness::{wait_for, Backend, TestPortal};
-use crate::support::session::{hidden_csrf, logged_in};
+use crate::support::session::BrowserSession;
 use commons_proto::{AgentMsg, AttemptReport, AttemptState, PortalMsg, StopReason};
 use serde_json::json;
 use sha2::Digest;
@@ -18,7 +18,7 @@ fn job() -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_session_cannot_be_ridden_into_the_api() {
     let p = TestPortal::start(Backend::Sqlite).await;
-    let b = logged_in(&p, "alice").await;
+    let b = BrowserSession::login(&p, "alice").await;
     let url = format!("{}/api/v1/jobs", p.url);
     // The cookie alone, as another site's script or form would send it: refused.
     let r = b.post(&url).json(&job()).send().await.unwrap();
@@ -50,22 +50,7 @@ async fn a_browser_session_cannot_be_ridden_into_the_api() {
         "nothing was stored"
     );
     // The portal's own pages, which know the token, may call the API.
-    let page = b
-        .get(format!("{}/jobs/new", p.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = hidden_csrf(&page);
-    let r = b
-        .post(&url)
-        .header("x-csrf-token", csrf)
-        .json(&job())
-        .send()
-        .await
-        .unwrap();
+    let r = b.post_json_as_page("/api/v1/jobs", &job()).await;
     assert_eq!(r.status(), 201);
     // Reading needs no token.
     let r = b.get(&url).send().await.unwrap();
@@ -75,7 +60,7 @@ async fn a_browser_session_cannot_be_ridden_into_the_api() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_carry_a_strict_policy_and_no_inline_script() {
     let p = TestPortal::start(Backend::Sqlite).await;
-    let b = logged_in(&p, "alice").await;
+    let b = BrowserSession::login(&p, "alice").await;
     let id = p.submit(&p.alice, job()).await;
     for path in [
         "/login".to_string(),

@@ -2,64 +2,13 @@
 //! "sign out everywhere", and idle and absolute expiry are the server's to enforce.
 
 use crate::support::harness::{Backend, TestPortal};
-use crate::support::session::hidden_csrf;
+use crate::support::session::BrowserSession;
 use commons_portal::db::schema::web_sessions;
 use diesel::prelude::*;
 
-fn plain() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
-fn cookie_of(r: &reqwest::Response) -> String {
-    let c = r.headers()["set-cookie"].to_str().unwrap();
-    c.split(';').next().unwrap().to_string()
-}
-
-/// Logs `user` in with the development login; returns the session cookie as a browser
-/// would send it (`commons_session=...`), carried by hand so it can be copied.
-async fn login(p: &TestPortal, user: &str) -> String {
-    let b = plain();
-    let page = b.get(format!("{}/login", p.url)).send().await.unwrap();
-    let anon = cookie_of(&page);
-    let csrf = hidden_csrf(&page.text().await.unwrap());
-    let r = b
-        .post(format!("{}/login", p.url))
-        .header("cookie", &anon)
-        .form(&[("username", user), ("csrf", csrf.as_str())])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303);
-    cookie_of(&r)
-}
-
-/// The status of `GET /jobs` with `cookie`: 200 signed in, 303 (to the login) not.
-async fn jobs_status(p: &TestPortal, cookie: &str) -> u16 {
-    plain()
-        .get(format!("{}/jobs", p.url))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
-/// A page's CSRF token, read with `cookie`.
-async fn csrf_with(p: &TestPortal, cookie: &str) -> String {
-    let html = plain()
-        .get(format!("{}/tokens", p.url))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    hidden_csrf(&html)
+/// The status of `GET /jobs` in session `s`: 200 signed in, 303 (to the login) not.
+async fn jobs_status(s: &BrowserSession) -> u16 {
+    s.fetch("/jobs").await.status().as_u16()
 }
 
 async fn sql<T: Send + 'static>(
@@ -77,20 +26,14 @@ async fn sql<T: Send + 'static>(
 per_backend! {
     async fn a_copied_cookie_is_worth_nothing_after_logout(backend: Backend) {
         let p = TestPortal::start(backend).await;
-        let cookie = login(&p, "alice").await;
-        let copy = cookie.clone();
-        assert_eq!(jobs_status(&p, &cookie).await, 200, "{backend:?}");
-        let csrf = csrf_with(&p, &cookie).await;
-        let r = plain()
-            .post(format!("{}/logout", p.url))
-            .header("cookie", &cookie)
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+        let alice = BrowserSession::login(&p, "alice").await;
+        let copy = BrowserSession::with_copied_cookie(&p, &alice.cookie());
+        assert_eq!(jobs_status(&alice).await, 200, "{backend:?}");
+        assert_eq!(jobs_status(&copy).await, 200, "{backend:?}: the copy works, for now");
+        let r = alice.post_form("/logout", &[]).await;
         assert_eq!(r.status(), 303, "{backend:?}: logout");
         assert_eq!(
-            jobs_status(&p, &copy).await,
+            jobs_status(&copy).await,
             303,
             "{backend:?}: the cookie copied before logout no longer signs anyone in"
         );
@@ -110,19 +53,11 @@ per_backend! {
     async fn sign_out_everywhere_ends_every_session_of_the_user_and_no_other(backend: Backend) {
         let p = TestPortal::start(backend).await;
         let (a1, a2, b1) = (
-            login(&p, "alice").await,
-            login(&p, "alice").await,
-            login(&p, "bob").await,
+            BrowserSession::login(&p, "alice").await,
+            BrowserSession::login(&p, "alice").await,
+            BrowserSession::login(&p, "bob").await,
         );
-        let page = plain()
-            .get(format!("{}/tokens", p.url))
-            .header("cookie", &a1)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let page = a1.page("/tokens").await;
         assert!(
             page.contains("Signed in in 2 browser sessions"),
             "{backend:?}: the tokens page counts alice's sessions"
@@ -145,7 +80,7 @@ per_backend! {
             )
             .await;
         assert_eq!(s, 404, "{backend:?}: {body}");
-        assert_eq!(jobs_status(&p, &a1).await, 200, "{backend:?}: untouched");
+        assert_eq!(jobs_status(&a1).await, 200, "{backend:?}: untouched");
 
         // The operator signs alice out everywhere.
         let (s, body) = p
@@ -157,9 +92,9 @@ per_backend! {
             .await;
         assert_eq!(s, 200, "{backend:?}: {body}");
         assert_eq!(body["sessions_ended"], 2, "{backend:?}: {body}");
-        assert_eq!(jobs_status(&p, &a1).await, 303, "{backend:?}: first");
-        assert_eq!(jobs_status(&p, &a2).await, 303, "{backend:?}: second");
-        assert_eq!(jobs_status(&p, &b1).await, 200, "{backend:?}: bob stays");
+        assert_eq!(jobs_status(&a1).await, 303, "{backend:?}: first");
+        assert_eq!(jobs_status(&a2).await, 303, "{backend:?}: second");
+        assert_eq!(jobs_status(&b1).await, 200, "{backend:?}: bob stays");
         let audit = sql(&p, |c| {
             use commons_portal::db::schema::audit_log;
             audit_log::table
@@ -179,25 +114,18 @@ per_backend! {
         );
 
         // Bob signs himself out everywhere from the tokens page's button.
-        let b2 = login(&p, "bob").await;
-        let csrf = csrf_with(&p, &b2).await;
-        let r = plain()
-            .post(format!("{}/sessions/sign-out-everywhere", p.url))
-            .header("cookie", &b2)
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+        let b2 = BrowserSession::login(&p, "bob").await;
+        let r = b2.post_form("/sessions/sign-out-everywhere", &[]).await;
         assert_eq!(r.status(), 303, "{backend:?}");
         assert_eq!(r.headers()["location"], "/login");
-        assert_eq!(jobs_status(&p, &b1).await, 303, "{backend:?}: bob's first");
-        assert_eq!(jobs_status(&p, &b2).await, 303, "{backend:?}: bob's second");
+        assert_eq!(jobs_status(&b1).await, 303, "{backend:?}: bob's first");
+        assert_eq!(jobs_status(&b2).await, 303, "{backend:?}: bob's second");
 
         // The operator CLI does the same.
-        let c1 = login(&p, "carol").await;
+        let c1 = BrowserSession::login(&p, "carol").await;
         let out = commons_portal::admin::sign_out(&p.portal.state.db, "carol").unwrap();
         assert_eq!(out, "ended 1 browser session(s) of carol");
-        assert_eq!(jobs_status(&p, &c1).await, 303, "{backend:?}: carol");
+        assert_eq!(jobs_status(&c1).await, 303, "{backend:?}: carol");
         let err = commons_portal::admin::sign_out(&p.portal.state.db, "zed").unwrap_err();
         assert!(err.to_string().contains("no user \"zed\""), "{err}");
         p.stop().await;
@@ -211,8 +139,8 @@ async fn idle_and_absolute_expiry_are_the_servers() {
         .start()
         .await;
     // Idle: the row's expiry, whatever the cookie says.
-    let cookie = login(&p, "alice").await;
-    assert_eq!(jobs_status(&p, &cookie).await, 200);
+    let alice = BrowserSession::login(&p, "alice").await;
+    assert_eq!(jobs_status(&alice).await, 200);
     sql(&p, |c| {
         diesel::update(web_sessions::table)
             .set(
@@ -222,11 +150,11 @@ async fn idle_and_absolute_expiry_are_the_servers() {
             .execute(c)
     })
     .await;
-    assert_eq!(jobs_status(&p, &cookie).await, 303, "idle past its expiry");
+    assert_eq!(jobs_status(&alice).await, 303, "idle past its expiry");
 
     // Absolute: the login time in the stored state; a day-old login is out however
     // active its session was.
-    let cookie = login(&p, "alice").await;
+    let alice = BrowserSession::login(&p, "alice").await;
     let old = chrono::Utc::now().timestamp() - 25 * 3600;
     let states: Vec<(String, String)> = sql(&p, |c| {
         web_sessions::table
@@ -238,7 +166,7 @@ async fn idle_and_absolute_expiry_are_the_servers() {
     assert_eq!(states.len(), 1);
     let (hash, state) = states[0].clone();
     let mut map: std::collections::HashMap<String, String> = serde_json::from_str(&state).unwrap();
-    assert_eq!(jobs_status(&p, &cookie).await, 200, "fresh login");
+    assert_eq!(jobs_status(&alice).await, 200, "fresh login");
     map.insert("login_at".into(), old.to_string());
     let state = serde_json::to_string(&map).unwrap();
     sql(&p, move |c| {
@@ -247,14 +175,10 @@ async fn idle_and_absolute_expiry_are_the_servers() {
             .execute(c)
     })
     .await;
-    assert_eq!(jobs_status(&p, &cookie).await, 303, "logged in 25 h ago");
+    assert_eq!(jobs_status(&alice).await, 303, "logged in 25 h ago");
 
     // A visitor who never signs in holds a row for at most an hour.
-    let r = plain()
-        .get(format!("{}/login", p.url))
-        .send()
-        .await
-        .unwrap();
+    let r = BrowserSession::anonymous(&p).fetch("/login").await;
     assert!(r.headers().contains_key("set-cookie"));
     let anon: Vec<chrono::NaiveDateTime> = sql(&p, |c| {
         web_sessions::table

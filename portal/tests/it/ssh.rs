@@ -488,27 +488,10 @@ async fn http_get_retry(port: u16) -> String {
 }
 
 async fn job_page(rig: &Rig, job: i64) -> String {
-    let http = crate::support::session::browser();
-    let login = http
-        .get(format!("{}/login", rig.api.url))
-        .send()
+    let alice = crate::support::session::BrowserSession::login_at(&rig.api.url, "alice").await;
+    alice
+        .fetch(&format!("/jobs/{job}"))
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = crate::support::session::hidden_csrf(&login);
-    let r = http
-        .post(format!("{}/login", rig.api.url))
-        .form(&[("username", "alice"), ("csrf", csrf.as_str())])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303, "dev login");
-    http.get(format!("{}/jobs/{job}", rig.api.url))
-        .send()
-        .await
-        .unwrap()
         .text()
         .await
         .unwrap()

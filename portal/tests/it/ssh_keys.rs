@@ -2,7 +2,7 @@
 //! made by OpenSSH's `ssh-keygen`; and the two calls the SSH gateway makes.
 
 use crate::support::harness::{TestPortal, BACKENDS};
-use crate::support::session::{hidden_csrf, logged_in};
+use crate::support::session::BrowserSession;
 use commons_portal::db::ssh_keys;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -222,40 +222,27 @@ async fn ssh_keys_page_adds_refuses_and_removes() {
     let (_, private) = keygen(dir.path(), "other", &["-t", "ed25519"]);
     for backend in BACKENDS {
         let p = TestPortal::start(backend).await;
-        let url = |path: &str| format!("{}{path}", p.url);
-        let alice = logged_in(&p, "alice").await;
-        let get = |b: &reqwest::Client, path: &str| {
-            let r = b.get(url(path)).send();
-            async move { r.await.unwrap().text().await.unwrap() }
-        };
-        let page = get(&alice, "/jobs").await;
+        let alice = BrowserSession::login(&p, "alice").await;
+        let page = alice.fetch("/jobs").await.text().await.unwrap();
         assert!(
             page.contains("href=\"/ssh-keys\""),
             "linked in the navigation"
         );
-        let page = get(&alice, "/ssh-keys").await;
+        let page = alice.fetch("/ssh-keys").await.text().await.unwrap();
         assert!(page.contains("No keys yet"), "{page}");
-        let csrf = hidden_csrf(&page);
 
         let r = alice
-            .post(url("/ssh-keys"))
-            .form(&[("public_key", ed.as_str()), ("name", "")])
-            .send()
-            .await
-            .unwrap();
+            .post_form_without_token("/ssh-keys", &[("public_key", ed.as_str()), ("name", "")])
+            .await;
         assert_eq!(r.status(), 403, "no CSRF token, no key");
 
         // Refused: the error beside the field, and what was typed is kept.
         let r = alice
-            .post(url("/ssh-keys"))
-            .form(&[
-                ("csrf", csrf.as_str()),
-                ("public_key", &rsa1024),
-                ("name", "old box"),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .post_form(
+                "/ssh-keys",
+                &[("public_key", &rsa1024), ("name", "old box")],
+            )
+            .await;
         assert_eq!(r.status(), 422, "[{backend:?}]");
         let page = r.text().await.unwrap();
         let err = page
@@ -271,15 +258,8 @@ async fn ssh_keys_page_adds_refuses_and_removes() {
         assert!(page.contains("value=\"old box\""), "the name is kept");
         let long = "n".repeat(101);
         let r = alice
-            .post(url("/ssh-keys"))
-            .form(&[
-                ("csrf", csrf.as_str()),
-                ("public_key", &ed),
-                ("name", &long),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/ssh-keys", &[("public_key", &ed), ("name", &long)])
+            .await;
         assert_eq!(r.status(), 422);
         assert!(r
             .text()
@@ -288,15 +268,8 @@ async fn ssh_keys_page_adds_refuses_and_removes() {
             .contains("id=\"name-error\">the name has 101"));
         // A private key pasted by mistake: warned, and not sent back into the page.
         let r = alice
-            .post(url("/ssh-keys"))
-            .form(&[
-                ("csrf", csrf.as_str()),
-                ("public_key", &private),
-                ("name", ""),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/ssh-keys", &[("public_key", &private), ("name", "")])
+            .await;
         assert_eq!(r.status(), 422);
         assert_eq!(r.headers()["cache-control"], "no-store");
         let page = r.text().await.unwrap();
@@ -316,17 +289,14 @@ async fn ssh_keys_page_adds_refuses_and_removes() {
         assert_eq!(p.get_json(&p.alice, "/api/v1/ssh-keys").await, json!([]));
 
         let r = alice
-            .post(url("/ssh-keys"))
-            .form(&[("csrf", csrf.as_str()), ("public_key", &ed), ("name", "")])
-            .send()
-            .await
-            .unwrap();
+            .post_form("/ssh-keys", &[("public_key", &ed), ("name", "")])
+            .await;
         assert_eq!(r.status(), 303, "[{backend:?}] {}", r.text().await.unwrap());
         assert_eq!(r.headers()["location"], "/ssh-keys");
         let keys = p.get_json(&p.alice, "/api/v1/ssh-keys").await;
         let fingerprint = keys[0]["fingerprint"].as_str().unwrap().to_string();
         let id = keys[0]["id"].as_i64().unwrap();
-        let page = get(&alice, "/ssh-keys").await;
+        let page = alice.fetch("/ssh-keys").await.text().await.unwrap();
         assert!(page.contains("alice@laptop") && page.contains("ssh-ed25519"));
         assert!(page.contains(
             fingerprint
@@ -339,30 +309,14 @@ async fn ssh_keys_page_adds_refuses_and_removes() {
         assert!(page.contains(&remove));
 
         // Bob cannot remove it; Alice can.
-        let bob = logged_in(&p, "bob").await;
-        let bob_csrf = hidden_csrf(&get(&bob, "/ssh-keys").await);
-        let r = bob
-            .post(url(&remove))
-            .form(&[("csrf", bob_csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+        let bob = BrowserSession::login(&p, "bob").await;
+        let r = bob.post_form(&remove, &[]).await;
         assert_eq!(r.status(), 404);
-        let r = alice
-            .post(url(&remove))
-            .form(&[("csrf", "")])
-            .send()
-            .await
-            .unwrap();
+        let r = alice.post_form_with_token(&remove, "", &[]).await;
         assert_eq!(r.status(), 403, "removing needs the CSRF token too");
-        let r = alice
-            .post(url(&remove))
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .unwrap();
+        let r = alice.post_form(&remove, &[]).await;
         assert_eq!(r.status(), 303);
-        assert!(get(&alice, "/ssh-keys").await.contains("No keys yet"));
+        assert!(alice.page("/ssh-keys").await.contains("No keys yet"));
         assert_eq!(p.get_json(&p.alice, "/api/v1/ssh-keys").await, json!([]));
         p.stop().await;
     }

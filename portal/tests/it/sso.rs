@@ -4,6 +4,7 @@
 use crate::support::browser::Browser;
 use crate::support::harness::{Backend, TestPortal};
 use crate::support::oidc_provider::{free_port, OidcProvider, TestUser};
+use crate::support::session::BrowserSession;
 use commons_portal::config::Secret;
 use commons_portal::db::models::Role;
 use commons_portal::identity::GroupRules;
@@ -290,19 +291,10 @@ async fn provider_login(client: &reqwest::Client, portal: &str, login: &str) -> 
     );
 }
 
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_missing_and_replayed_logins_are_refused() {
     let (p, _provider) = sso(Backend::Sqlite, false).await;
-    let c = http();
+    let c = BrowserSession::anonymous(&p);
     let callback = provider_login(&c, &p.url, "dana").await;
 
     // A forged state (the real code, someone else's state): refused, no session.
@@ -313,7 +305,7 @@ async fn forged_missing_and_replayed_logins_are_refused() {
         .unwrap()
         .1
         .into_owned();
-    let attacker = http();
+    let attacker = BrowserSession::anonymous(&p);
     attacker
         .get(format!("{}/auth/login", p.url))
         .send()
@@ -352,7 +344,7 @@ async fn forged_missing_and_replayed_logins_are_refused() {
     }
 
     // The real callback works once ...
-    let fresh = http();
+    let fresh = BrowserSession::anonymous(&p);
     let callback = provider_login(&fresh, &p.url, "dana").await;
     let r = fresh.get(&callback).send().await.unwrap();
     assert_eq!(r.status(), 303, "{}", r.text().await.unwrap());
@@ -369,7 +361,7 @@ async fn forged_missing_and_replayed_logins_are_refused() {
     let r = fresh.get(&callback).send().await.unwrap();
     assert_eq!(r.status(), 401);
     // ... and in another that started its own login (state differs; the code is spent).
-    let other = http();
+    let other = BrowserSession::anonymous(&p);
     other
         .get(format!("{}/auth/login", p.url))
         .send()
@@ -389,11 +381,8 @@ async fn forged_missing_and_replayed_logins_are_refused() {
 
     // A POST without the CSRF token changes nothing.
     let r = fresh
-        .post(format!("{}/logout", p.url))
-        .form(&[("x", "1")])
-        .send()
-        .await
-        .unwrap();
+        .post_form_without_token("/logout", &[("x", "1")])
+        .await;
     assert_eq!(r.status(), 403);
     assert_eq!(
         fresh
@@ -412,11 +401,7 @@ async fn forged_missing_and_replayed_logins_are_refused() {
 async fn a_provider_that_is_not_the_configured_issuer_is_refused() {
     // The same server under another name: its discovery names a different issuer.
     let (p, _provider) = sso(Backend::Sqlite, true).await;
-    let r = http()
-        .get(format!("{}/auth/login", p.url))
-        .send()
-        .await
-        .unwrap();
+    let r = BrowserSession::anonymous(&p).fetch("/auth/login").await;
     assert_eq!(r.status(), 503);
     assert!(r.text().await.unwrap().contains("campus login service"));
     p.stop().await;

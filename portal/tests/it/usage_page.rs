@@ -4,7 +4,7 @@
 
 use crate::pages::{job, page};
 use crate::support::harness::{TestPortal, BACKENDS};
-use crate::support::session::logged_in;
+use crate::support::session::BrowserSession;
 use serde_json::json;
 use std::time::Duration;
 
@@ -79,7 +79,7 @@ async fn my_usage_shows_the_weeks_gpu_hours_against_each_quota() {
         assert!((mine - 3.0).abs() < 1e-6, "[{backend:?}] {me}");
         assert!((borrowed - 3.0).abs() < 1e-6, "{me}");
 
-        let alice = logged_in(&p, "alice").await;
+        let alice = BrowserSession::login(&p, "alice").await;
         let (status, html) = page(&alice, &p, "/usage").await;
         assert_eq!(status, 200, "[{backend:?}] {html}");
         assert!(
@@ -122,7 +122,7 @@ async fn my_usage_shows_the_weeks_gpu_hours_against_each_quota() {
         assert!(want.iter().any(|h| h != "0"), "the 3 hours are in a week");
 
         // The lab admin: her own use (no quota of her own) and the lab's borrowing.
-        let carol = logged_in(&p, "carol").await;
+        let carol = BrowserSession::login(&p, "carol").await;
         let (status, carol_html) = page(&carol, &p, "/usage").await;
         assert_eq!(status, 200);
         assert_eq!(
@@ -135,16 +135,12 @@ async fn my_usage_shows_the_weeks_gpu_hours_against_each_quota() {
         );
         assert!(carol_html.contains("href=\"/labs/vision/admin\">the lab's console"));
         // An operator in no lab: no quota binds them.
-        let olga = logged_in(&p, "olga").await;
+        let olga = BrowserSession::login(&p, "olga").await;
         let (status, olga_html) = page(&olga, &p, "/usage").await;
         assert_eq!(status, 200);
         assert!(olga_html.contains("id=\"no-labs\""));
         // Logged out: to the login page.
-        let r = crate::support::session::browser()
-            .get(format!("{}/usage", p.url))
-            .send()
-            .await
-            .unwrap();
+        let r = BrowserSession::anonymous(&p).fetch("/usage").await;
         assert!([303, 401].contains(&r.status().as_u16()), "{}", r.status());
         crate::pages_browser::validate_html(&[
             ("usage-member".into(), html),

@@ -15,8 +15,8 @@ const BUSY_MB: i64 = 81920 * 73 / 100;
 
 /// The job page as `user` sees it, over HTTP.
 async fn page(url: &str, user: &str, path: &str) -> (u16, String) {
-    let b = crate::support::session::logged_in_at(url, user).await;
-    let r = b.get(format!("{url}{path}")).send().await.unwrap();
+    let b = crate::support::session::BrowserSession::login_at(url, user).await;
+    let r = b.fetch(path).await;
     (r.status().as_u16(), r.text().await.unwrap())
 }
 

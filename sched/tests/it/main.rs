@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod capacity;
+mod checkpoints;
 mod churn;
 mod estimate;
 mod fairshare;

@@ -32,6 +32,13 @@ impl Engine<'_> {
         }
     }
 
+    /// Plan again at `at` (once, however often it is asked for).
+    pub(super) fn wake_at(&mut self, at: i64) {
+        if self.wakes.insert(at) {
+            self.push(at, Ev::Wake);
+        }
+    }
+
     /// The scheduler stopped a guest on `node` for its owner.
     pub(super) fn took_back(&mut self, node: usize) {
         self.takebacks[node][sched::hour_of_week(self.now, self.policy.utc_offset_s)] += 1;

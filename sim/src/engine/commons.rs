@@ -44,14 +44,19 @@ impl Engine<'_> {
                 ..Default::default()
             })
             .collect();
-        for r in &mut self.snap.running {
-            let rt = &self.jobs[r.id as usize];
+        for k in 0..self.snap.running.len() {
+            let job = self.snap.running[k].id as usize;
+            let rt = &self.jobs[job];
             let elapsed = now - rt.start;
-            r.last_checkpoint_at = match self.ckpt {
+            let last_checkpoint_at = match self.interval_of(job) {
                 Some(i) if elapsed >= i => Some(rt.start + elapsed / i * i),
                 _ => None,
             };
+            let write_s = self.known_write_s(job);
             let owner = self.campus.nodes[rt.node].lab;
+            let r = &mut self.snap.running[k];
+            r.last_checkpoint_at = last_checkpoint_at;
+            r.checkpoint_write_s = write_s;
             if owner != r.lab as usize {
                 let gpu_h = r.gpus.len() as f64 * elapsed as f64 / 3600.0;
                 labs[r.lab as usize].used_gpu_hours += gpu_h;
@@ -116,6 +121,10 @@ impl Engine<'_> {
                 }
             }
             for w in &plan.pending {
+                if let sched::Reason::SparingGuests { wait_s, .. } = w.reason {
+                    // Plan again when the owner job stops sparing the guests.
+                    self.wake_at(self.now + wait_s.max(1));
+                }
                 let Some(at) = w.estimated_start else {
                     continue;
                 };
@@ -234,6 +243,26 @@ pub(super) fn sched_policy(
         taken_back_patience_s: tuning
             .taken_back_patience_s
             .unwrap_or(default.taken_back_patience_s),
+        grace_covers_checkpoint_s: tuning
+            .grace_covers_checkpoint_s
+            .unwrap_or(default.grace_covers_checkpoint_s),
+        spare_costly_guests_gpu_hours: tuning
+            .spare_costly_guests_gpu_hours
+            .unwrap_or(default.spare_costly_guests_gpu_hours),
+        spare_costly_guests_s: tuning
+            .spare_costly_guests_s
+            .unwrap_or(default.spare_costly_guests_s),
+        owner_delay_share: tuning
+            .owner_delay_share
+            .unwrap_or(default.owner_delay_share),
+        relend_adaptive: tuning.relend_adaptive.unwrap_or(default.relend_adaptive),
+        relend_full_rate: tuning.relend_full_rate.unwrap_or(default.relend_full_rate),
+        relend_pressure_weight: tuning
+            .relend_pressure_weight
+            .unwrap_or(default.relend_pressure_weight),
+        taken_back_pressure_weight: tuning
+            .taken_back_pressure_weight
+            .unwrap_or(default.taken_back_pressure_weight),
         ..default
     };
     sched::Policy {
@@ -252,6 +281,17 @@ pub(super) fn sched_policy(
         // variants `old+...`.
         taken_back_max_risk: if knobs.place && knobs.hysteresis {
             on.taken_back_max_risk
+        } else {
+            0.0
+        },
+        victims_save_aware: knobs.saves,
+        grace_covers_checkpoint_s: if knobs.saves {
+            on.grace_covers_checkpoint_s
+        } else {
+            0
+        },
+        spare_costly_guests_gpu_hours: if knobs.saves {
+            on.spare_costly_guests_gpu_hours
         } else {
             0.0
         },
@@ -358,6 +398,7 @@ mod tests {
             return_risk_step: Some(1.0),
             taken_back_max_risk: Some(0.3),
             taken_back_patience_s: Some(7200),
+            ..Tuning::default()
         };
         let on = sched_policy(&campus, PolicyKind::Commons, &tuning);
         assert_eq!(on.relend_delay_s, 5400);

@@ -20,10 +20,12 @@
 
 mod churn;
 mod commons;
+mod save;
 mod share;
 
 use crate::accounting::Accounting;
 use crate::campus::Campus;
+use crate::checkpoint::CheckpointModel;
 use crate::policy::{Knobs, PolicyKind};
 use crate::trace::Workload;
 use commons::{initial_snapshot, running_job, sched_policy};
@@ -55,6 +57,9 @@ pub struct SimOptions {
     pub limit_seed: Option<u64>,
     /// Settings of the churn knobs other than `sched`'s defaults.
     pub tuning: Tuning,
+    /// The checkpoint model with failures; `None`: the older model (see
+    /// [`crate::checkpoint`]).
+    pub checkpoints: Option<CheckpointModel>,
 }
 
 impl SimOptions {
@@ -65,13 +70,15 @@ impl SimOptions {
             tick_s: 0,
             limit_seed: None,
             tuning: Tuning::default(),
+            checkpoints: None,
         }
     }
 }
 
 /// Settings of the churn knobs for the policies that turn them on (`None`: `sched`'s
 /// default), to measure other values than the defaults.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Tuning {
     /// `Policy::relend_delay_s` where the hysteresis is on.
     pub relend_delay_s: Option<i64>,
@@ -83,6 +90,22 @@ pub struct Tuning {
     pub taken_back_max_risk: Option<f64>,
     /// `Policy::taken_back_patience_s` (it matters only where the rule is on).
     pub taken_back_patience_s: Option<i64>,
+    /// `Policy::grace_covers_checkpoint_s` where checkpoint-aware victims are on.
+    pub grace_covers_checkpoint_s: Option<u32>,
+    /// `Policy::spare_costly_guests_gpu_hours` where checkpoint-aware victims are on.
+    pub spare_costly_guests_gpu_hours: Option<f64>,
+    /// `Policy::spare_costly_guests_s`.
+    pub spare_costly_guests_s: Option<i64>,
+    /// `Policy::owner_delay_share`.
+    pub owner_delay_share: Option<f64>,
+    /// `Policy::relend_adaptive` (it matters only where the hysteresis is on).
+    pub relend_adaptive: Option<bool>,
+    /// `Policy::relend_full_rate`.
+    pub relend_full_rate: Option<f64>,
+    /// `Policy::relend_pressure_weight`.
+    pub relend_pressure_weight: Option<f64>,
+    /// `Policy::taken_back_pressure_weight` (where the take-back rule is on).
+    pub taken_back_pressure_weight: Option<f64>,
 }
 
 /// What happened to one job (indexed like [`Workload::jobs`]).
@@ -154,7 +177,36 @@ struct Rt {
     /// Attempts stopped by the policy (take-backs), and when the last one ended.
     take_backs: u32,
     taken_back_at: i64,
+    /// When the running attempt was told to stop (while `preempting`).
+    signal_at: i64,
+    /// The checkpoint model: its save on stop fits the grace period.
+    save_ok: bool,
+    /// The checkpoint model: seconds its latest checkpoint took to write, in an
+    /// earlier attempt (the running attempt's are computed, see `save`).
+    write_s: Option<i64>,
     out: JobOutcome,
+}
+
+impl Rt {
+    /// A job not yet submitted.
+    fn pending() -> Rt {
+        Rt {
+            st: St::Pending,
+            saved: 0,
+            start: 0,
+            node: 0,
+            gpus: Vec::new(),
+            preempting: false,
+            displaced: false,
+            limit_end: 0,
+            take_backs: 0,
+            taken_back_at: 0,
+            signal_at: 0,
+            save_ok: false,
+            write_s: None,
+            out: JobOutcome::default(),
+        }
+    }
 }
 
 /// GPU `k` of node `n` has id `n * GPU_STRIDE + k` (nodes have at most 64 GPUs).
@@ -210,6 +262,11 @@ struct Engine<'a> {
     /// Per lab: decayed GPU-hours of every finished attempt, and when (fair share of
     /// the `share-fairshare` baseline).
     fs_usage: Vec<(f64, i64)>,
+    /// The checkpoint model's draws per job (empty without the model): whether it
+    /// never checkpoints, and its fill (see [`crate::checkpoint`]).
+    saves: Vec<(bool, f64)>,
+    /// Times of the wake-ups asked for by [`Engine::wake_at`] and not yet due.
+    wakes: BTreeSet<i64>,
 }
 
 /// The function that plans for the `commons` policies: [`sched::plan`] in production,
@@ -332,22 +389,7 @@ impl<'a> Engine<'a> {
             free,
             on_node: vec![Vec::new(); n],
             lab_nodes,
-            jobs: vec![
-                Rt {
-                    st: St::Pending,
-                    saved: 0,
-                    start: 0,
-                    node: 0,
-                    gpus: Vec::new(),
-                    preempting: false,
-                    displaced: false,
-                    limit_end: 0,
-                    take_backs: 0,
-                    taken_back_at: 0,
-                    out: JobOutcome::default(),
-                };
-                work.jobs.len()
-            ],
+            jobs: vec![Rt::pending(); work.jobs.len()],
             queue: BTreeSet::new(),
             lab_queue: vec![BTreeSet::new(); campus.labs.len()],
             dirty: vec![false; campus.labs.len()],
@@ -371,6 +413,8 @@ impl<'a> Engine<'a> {
             takebacks: vec![vec![0; commons_sched::WEEK_HOURS]; n],
             rates_hour: None,
             fs_usage: vec![(0.0, work.span.0); campus.labs.len()],
+            saves: save::draws(work, opts.checkpoints.as_ref()),
+            wakes: BTreeSet::new(),
             opts,
         }
     }
@@ -418,6 +462,7 @@ impl<'a> Engine<'a> {
             }
             Ev::Tick => self.tick_pending = false,
             Ev::Wake => {
+                self.wakes.remove(&self.now);
                 self.other_change = true;
                 self.changed = true;
             }
@@ -513,55 +558,6 @@ impl<'a> Engine<'a> {
         }
         self.other_change = true;
         self.touch(self.campus.nodes[node].lab);
-    }
-
-    /// Tell a running job to stop within `grace` seconds.
-    fn begin_stop(&mut self, job: usize, grace: i64) {
-        let rt = &mut self.jobs[job];
-        rt.preempting = true;
-        let attempt = rt.out.attempts;
-        self.snap.running[self.run_pos[job]].preempting = true;
-        self.push(self.now + grace, Ev::GraceEnd { job, attempt });
-    }
-
-    /// Stop a running job now and queue it again. `graceful`: it had its grace period
-    /// (and may have checkpointed in it); otherwise its node vanished.
-    fn stop(&mut self, job: usize, graceful: bool) {
-        let rt = &self.jobs[job];
-        let elapsed = self.now - rt.start;
-        let progress = rt.saved + elapsed;
-        let saved = match self.ckpt {
-            None => 0,
-            Some(_) if graceful && self.ckpt_on_stop => progress,
-            Some(i) => rt.saved + elapsed / i * i,
-        };
-        let lost = progress - saved;
-        self.acct.lose(self.now, lost, rt.gpus.len() as u64);
-        if rt.displaced {
-            if lost <= self.campus.checkpoint_interval_s.unwrap_or(0) {
-                self.migrations_ok += 1;
-            } else {
-                self.migrations_failed += 1;
-            }
-        } else {
-            self.preemptions += 1;
-        }
-        let taken_back = !rt.displaced;
-        self.release(job);
-        let rt = &mut self.jobs[job];
-        if taken_back {
-            rt.take_backs += 1;
-            rt.taken_back_at = self.now;
-        }
-        rt.saved = saved;
-        rt.displaced = false;
-        rt.preempting = false;
-        rt.st = St::Queued;
-        let j = &self.work.jobs[job];
-        self.queue.insert((j.submit, job));
-        let key = self.lab_key(job);
-        self.lab_queue[j.lab].insert(key);
-        self.touch(j.lab);
     }
 
     fn schedule(&mut self, planner: &mut Planner<'_>) -> Result<(), SimError> {

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod baselines;
+mod checkpoints;
 mod cli;
 mod fuzz;
 #[path = "../../../portal/tests/it/support/fuzzkit.rs"]
@@ -11,5 +12,6 @@ mod interactive;
 mod invariants;
 mod mechanics;
 mod philly;
+mod suite;
 mod support;
 mod tiny;

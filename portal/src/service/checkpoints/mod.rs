@@ -30,12 +30,13 @@
 //!   longer placed go at the next [`prune_abandoned`].
 
 mod caps;
+mod commit;
 mod prune;
 pub mod store;
 
+use crate::db;
 use crate::db::checkpoint_parts as staging;
-use crate::db::checkpoints::{self as rows, Checkpoint, NewCheckpoint};
-use crate::db::{self, DbConn};
+use crate::db::checkpoints::{self as rows, Checkpoint};
 use crate::domain::AttemptStatus;
 use crate::error::AppError;
 use crate::service::Ctx;
@@ -43,14 +44,12 @@ use bytes::Bytes;
 pub use caps::attempt_cap_bytes;
 use caps::{uploader, Part, Reserved};
 use chrono::NaiveDateTime;
-use commons_proto::{
-    CheckpointCommit, CheckpointCommitted, CheckpointManifest, CheckpointPart, MAX_CHECKPOINT_PARTS,
-};
+pub use commit::commit;
+use commons_proto::{CheckpointManifest, CheckpointPart, MAX_CHECKPOINT_PARTS};
 use futures_util::stream::BoxStream;
-use futures_util::TryStreamExt;
 pub use prune::{prune_abandoned, prune_finished};
 use sha2::{Digest, Sha256};
-use store::{part_path, StoredPart, MANIFEST};
+use store::{part_path, MANIFEST};
 pub use store::{Limits, Store};
 
 /// How long an ended job's checkpoints are kept.
@@ -113,47 +112,10 @@ pub async fn put_part(
     // Another node's (or a past) attempt is "not found" before anything else is said.
     ctx.db.run(move |c| uploader(c, node, job, attempt)).await?;
     let limits = ctx.checkpoints.limits();
-    let claimed = checksum(
-        commons_proto::SHA256_HEADER,
-        sha256.ok_or_else(|| {
-            AppError::invalid(
-                commons_proto::SHA256_HEADER,
-                format!(
-                    "the {} header (the part's SHA-256) is required",
-                    commons_proto::SHA256_HEADER
-                ),
-            )
-        })?,
-    )?;
-    if n >= MAX_CHECKPOINT_PARTS {
-        return Err(AppError::invalid(
-            "n",
-            format!("part numbers run from 0 to {}", MAX_CHECKPOINT_PARTS - 1),
-        ));
-    }
-    if data.len() as u64 > limits.part_bytes {
-        return Err(AppError::TooLarge(format!(
-            "a part holds at most {} bytes",
-            limits.part_bytes
-        )));
-    }
-    let actual = sha256_hex(&data);
-    if actual != claimed {
-        return Err(AppError::invalid(
-            commons_proto::SHA256_HEADER,
-            format!(
-                "part {n} has SHA-256 {actual}, but {} says {claimed}: it was damaged on the way; send it again",
-                commons_proto::SHA256_HEADER
-            ),
-        ));
-    }
+    let part = checked_part(&limits, n, sha256, &data)?;
     ctx.checkpoints.check_room(data.len() as u64).await?;
-    let part = CheckpointPart {
-        n,
-        bytes: data.len() as u64,
-        sha256: actual,
-    };
     let sha = part.sha256.clone();
+    let bytes = part.bytes as i64;
     let reserved = ctx
         .db
         .run(move |c| {
@@ -162,7 +124,7 @@ pub async fn put_part(
                 job,
                 attempt,
                 n,
-                bytes: part.bytes as i64,
+                bytes,
                 sha256: &sha,
             };
             caps::reserve(c, &limits, &counted)
@@ -178,22 +140,7 @@ pub async fn put_part(
         }
     };
     let prefix = up.prefix();
-    let before = ctx.checkpoints.parts(&prefix).await?.remove(&n);
-    let already = before
-        .as_deref()
-        .is_some_and(|v| v.len() == 1 && v[0].sha256 == part.sha256);
-    let path = part_path(&prefix, n, &part.sha256);
-    if !already {
-        ctx.checkpoints.put(&path, data).await?;
-        // Other contents sent for the same part before: this one replaces them.
-        for old in before.unwrap_or_default() {
-            if old.sha256 != part.sha256 {
-                ctx.checkpoints
-                    .delete(&part_path(&prefix, n, &old.sha256))
-                    .await?;
-            }
-        }
-    }
+    let path = store_part(ctx, &prefix, &part, data).await?;
     // Its row may have gone while it was stored (the attempt ended and its upload was
     // pruned, or another part went over a cap): then it goes too.
     let (key, sha) = (up.key(), part.sha256.clone());
@@ -212,6 +159,77 @@ pub async fn put_part(
         ));
     }
     Ok(part)
+}
+
+/// Part `n` as sent, checked against the part limits and the checksum the agent claims.
+fn checked_part(
+    limits: &Limits,
+    n: u32,
+    sha256: Option<&str>,
+    data: &[u8],
+) -> Result<CheckpointPart, AppError> {
+    let header = commons_proto::SHA256_HEADER;
+    let claimed = sha256.ok_or_else(|| {
+        AppError::invalid(
+            header,
+            format!("the {header} header (the part's SHA-256) is required"),
+        )
+    })?;
+    let claimed = checksum(header, claimed)?;
+    if n >= MAX_CHECKPOINT_PARTS {
+        return Err(AppError::invalid(
+            "n",
+            format!("part numbers run from 0 to {}", MAX_CHECKPOINT_PARTS - 1),
+        ));
+    }
+    if data.len() as u64 > limits.part_bytes {
+        return Err(AppError::TooLarge(format!(
+            "a part holds at most {} bytes",
+            limits.part_bytes
+        )));
+    }
+    let actual = sha256_hex(data);
+    if actual != claimed {
+        return Err(AppError::invalid(
+            header,
+            format!(
+                "part {n} has SHA-256 {actual}, but {header} says {claimed}: it was damaged \
+                 on the way; send it again"
+            ),
+        ));
+    }
+    Ok(CheckpointPart {
+        n,
+        bytes: data.len() as u64,
+        sha256: actual,
+    })
+}
+
+/// Writes a part's object (unless the same contents are there already) and removes other
+/// contents sent for the same part number before; returns its path.
+async fn store_part(
+    ctx: &Ctx,
+    prefix: &object_store::path::Path,
+    part: &CheckpointPart,
+    data: Bytes,
+) -> Result<object_store::path::Path, AppError> {
+    let n = part.n;
+    let before = ctx.checkpoints.parts(prefix).await?.remove(&n);
+    let already = before
+        .as_deref()
+        .is_some_and(|v| v.len() == 1 && v[0].sha256 == part.sha256);
+    let path = part_path(prefix, n, &part.sha256);
+    if !already {
+        ctx.checkpoints.put(&path, data).await?;
+        for old in before.unwrap_or_default() {
+            if old.sha256 != part.sha256 {
+                ctx.checkpoints
+                    .delete(&part_path(prefix, n, &old.sha256))
+                    .await?;
+            }
+        }
+    }
+    Ok(path)
 }
 
 /// The parts of the attempt's next checkpoint uploaded so far, by number. A part number
@@ -236,241 +254,6 @@ pub async fn list_parts(
             sha256: p.sha256,
         })
         .collect())
-}
-
-/// Reads the parts back, checking each against its name and the whole against `want`.
-async fn verify(
-    ctx: &Ctx,
-    prefix: &object_store::path::Path,
-    parts: &[StoredPart],
-    want: &str,
-) -> Result<(), AppError> {
-    let mut whole = Sha256::new();
-    for p in parts {
-        let path = part_path(prefix, p.n, &p.sha256);
-        let mut stream = ctx.checkpoints.concat(vec![path.clone()]).await?;
-        let mut one = Sha256::new();
-        while let Some(chunk) = stream
-            .try_next()
-            .await
-            .map_err(|e| store::unavailable("read a part back", e))?
-        {
-            one.update(&chunk);
-            whole.update(&chunk);
-        }
-        if hex::encode(one.finalize()) != p.sha256 {
-            ctx.checkpoints.delete(&path).await?;
-            return Err(AppError::invalid(
-                "parts",
-                format!(
-                    "part {} was damaged in the store and is deleted: upload it again",
-                    p.n
-                ),
-            ));
-        }
-    }
-    let got = hex::encode(whole.finalize());
-    if got != want {
-        return Err(AppError::invalid(
-            "sha256",
-            format!("the parts together have SHA-256 {got}, but the commit says {want}"),
-        ));
-    }
-    Ok(())
-}
-
-/// What a commit did in the database.
-struct Recorded {
-    row: Checkpoint,
-    pruned: Vec<Checkpoint>,
-}
-
-/// Records the checkpoint if the node still holds the attempt and the lab's cap allows,
-/// pruning the job's older ones; its staged parts become the checkpoint. The lab's row is
-/// held, as when parts are staged or uploads pruned.
-fn record(c: &mut DbConn, limits: Limits, new: &NewCheckpoint<'_>) -> Result<Recorded, AppError> {
-    db::transaction(c, |c| {
-        staging::lock_lab(c, new.lab_id)?;
-        uploader(c, new.node_id, new.job_id, new.attempt)?;
-        let existing = rows::for_job(c, new.job_id)?;
-        let keep = limits.keep_per_job.max(1) as usize;
-        let newer = existing
-            .iter()
-            .filter(|k| (k.attempt, k.seq) > (new.attempt, new.seq))
-            .count();
-        if newer >= keep {
-            return Err(AppError::conflict(
-                "checkpoint_superseded",
-                format!(
-                    "job {} has {newer} newer checkpoints (attempt {}): this one would not be kept",
-                    new.job_id,
-                    existing.first().map(|k| k.attempt).unwrap_or(new.attempt)
-                ),
-            ));
-        }
-        // Newest first: the new one takes one of the `keep` places.
-        let pruned: Vec<Checkpoint> = existing.into_iter().skip(keep - 1).collect();
-        let (slug, own_cap) = rows::lab_cap(c, new.lab_id)?;
-        let cap_gb = own_cap.unwrap_or(limits.lab_cap_gb);
-        let freed: i64 = pruned.iter().map(|k| k.bytes).sum();
-        let used = rows::lab_bytes(c, new.lab_id)? - freed + new.bytes;
-        if used as f64 > cap_gb * 1e9 {
-            return Err(AppError::conflict(
-                "checkpoint_cap",
-                format!(
-                    "lab {slug}'s checkpoints would use {} of {} GB",
-                    gb(used as f64),
-                    gb(cap_gb * 1e9)
-                ),
-            ));
-        }
-        let row = rows::insert(c, new)?;
-        staging::unstage_upload(c, (new.job_id, new.attempt, new.seq))?;
-        let ids: Vec<i64> = pruned.iter().map(|k| k.id).collect();
-        rows::delete(c, &ids)?;
-        Ok(Recorded { row, pruned })
-    })
-}
-
-/// Commits the uploaded parts `0..parts` as the attempt's next checkpoint.
-pub async fn commit(
-    ctx: &Ctx,
-    node: i64,
-    job: i64,
-    attempt: i32,
-    req: CheckpointCommit,
-) -> Result<CheckpointCommitted, AppError> {
-    let want = checksum("sha256", &req.sha256)?;
-    if req.parts == 0 || req.parts > MAX_CHECKPOINT_PARTS {
-        return Err(AppError::invalid(
-            "parts",
-            format!("a checkpoint has 1 to {MAX_CHECKPOINT_PARTS} parts"),
-        ));
-    }
-    let up = ctx.db.run(move |c| uploader(c, node, job, attempt)).await?;
-    let prefix = up.prefix();
-    let mut staged = ctx.checkpoints.parts(&prefix).await?;
-    if staged.is_empty() && up.seq > 1 {
-        // A commit sent again after its answer was lost: the same archive, recorded.
-        let prev = ctx
-            .db
-            .run(move |c| rows::for_job(c, job))
-            .await?
-            .into_iter()
-            .find(|k| k.attempt == attempt && k.seq == up.seq - 1);
-        if let Some(k) = prev.filter(|k| {
-            k.sha256 == want && k.bytes as u64 == req.bytes && k.parts as u32 == req.parts
-        }) {
-            return Ok(CheckpointCommitted {
-                id: k.id,
-                at: rfc3339(k.created_at),
-            });
-        }
-    }
-    let mut parts = Vec::with_capacity(req.parts as usize);
-    for n in 0..req.parts {
-        match staged.remove(&n) {
-            Some(mut v) if v.len() == 1 => parts.extend(v.pop()),
-            Some(_) => {
-                return Err(AppError::invalid(
-                    "parts",
-                    format!("part {n} was sent twice with different contents: upload it again"),
-                ))
-            }
-            None => {
-                return Err(AppError::invalid(
-                    "parts",
-                    format!("part {n} is missing: upload it, then commit again"),
-                ))
-            }
-        }
-    }
-    let bytes: u64 = parts.iter().map(|p| p.bytes).sum();
-    if bytes != req.bytes {
-        return Err(AppError::invalid(
-            "bytes",
-            format!(
-                "parts 0 to {} hold {bytes} bytes, but the commit says {}",
-                req.parts - 1,
-                req.bytes
-            ),
-        ));
-    }
-    verify(ctx, &prefix, &parts, &want).await?;
-    let at = db::now();
-    let manifest = CheckpointManifest {
-        job,
-        attempt,
-        seq: up.seq,
-        node,
-        bytes,
-        sha256: want.clone(),
-        at: rfc3339(at),
-        parts: parts
-            .iter()
-            .map(|p| CheckpointPart {
-                n: p.n,
-                bytes: p.bytes,
-                sha256: p.sha256.clone(),
-            })
-            .collect(),
-    };
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| AppError::Internal(e.into()))?;
-    ctx.checkpoints
-        .put(&prefix.clone().join(MANIFEST), json.into())
-        .await?;
-    let limits = ctx.checkpoints.limits();
-    let key = prefix.to_string();
-    let (lab, seq, parts_n) = (up.lab, up.seq, req.parts as i32);
-    let done = ctx
-        .db
-        .run(move |c| {
-            let new = NewCheckpoint {
-                job_id: job,
-                attempt,
-                seq,
-                node_id: node,
-                lab_id: lab,
-                prefix: &key,
-                bytes: bytes as i64,
-                sha256: &want,
-                parts: parts_n,
-                created_at: at,
-            };
-            record(c, limits, &new)
-        })
-        .await?;
-    for old in &done.pruned {
-        if let Err(e) = ctx
-            .checkpoints
-            .delete_prefix(&object_store::path::Path::from(old.prefix.as_str()))
-            .await
-        {
-            tracing::warn!(
-                job,
-                checkpoint = old.id,
-                "pruned checkpoint's objects stay: {e}"
-            );
-        }
-    }
-    // Parts past the committed ones are not part of it.
-    for extra in staged.into_values().flatten() {
-        ctx.checkpoints
-            .delete(&part_path(&prefix, extra.n, &extra.sha256))
-            .await?;
-    }
-    tracing::info!(
-        job,
-        attempt,
-        seq,
-        bytes,
-        pruned = done.pruned.len(),
-        "checkpoint stored"
-    );
-    Ok(CheckpointCommitted {
-        id: done.row.id,
-        at: rfc3339(done.row.created_at),
-    })
 }
 
 /// A checkpoint being downloaded: its row and its bytes, in order.

@@ -95,45 +95,9 @@ fn start(
     if plan.start.is_empty() {
         return Ok(Vec::new());
     }
-    let mut held: BTreeSet<i64> = active.iter().flat_map(|a| a.gpu_id_list()).collect();
-    let job_ids: Vec<i64> = plan.start.iter().map(|s| s.job).collect();
-    let jobs: BTreeMap<i64, Job> = db::jobs::by_ids(c, &job_ids)?
-        .into_iter()
-        .map(|j| (j.id, j))
-        .collect();
-    let node_ids: BTreeSet<i64> = plan.start.iter().map(|s| s.node).collect();
-    let node_ids: Vec<i64> = node_ids.into_iter().collect();
-    let nodes: BTreeMap<i64, Node> = db::nodes::online_nodes(c, &node_ids)?
-        .into_iter()
-        .map(|n| (n.id, n))
-        .collect();
-    let gpu_ids: Vec<i64> = plan.start.iter().flat_map(|s| s.gpus.clone()).collect();
-    let gpus: BTreeMap<i64, Gpu> = db::nodes::gpus_by_ids(c, &gpu_ids)?
-        .into_iter()
-        .map(|g| (g.id, g))
-        .collect();
-    // 1. What still holds, in plan order (a GPU goes to the first start that wants it).
-    let mut valid = Vec::new();
-    for s in &plan.start {
-        let node = nodes.get(&s.node);
-        let clock = node.and_then(|n| n.agent_clock());
-        let on: Vec<&Gpu> = s.gpus.iter().filter_map(|g| gpus.get(g)).collect();
-        let gpus_ok = on.len() == s.gpus.len()
-            && on
-                .iter()
-                .all(|g| g.node_id == s.node && g.present && !held.contains(&g.id));
-        let queued = jobs
-            .get(&s.job)
-            .is_some_and(|j| j.state == JobState::Queued);
-        let (Some(node), Some(clock), true, true) = (node, clock, gpus_ok, queued) else {
-            tracing::info!(job = s.job, "plan start no longer valid; skipped");
-            continue;
-        };
-        held.extend(s.gpus.iter().copied());
-        let mut on: Vec<Gpu> = on.into_iter().cloned().collect();
-        on.sort_by_key(|g| g.idx);
-        valid.push((s, node, clock, on));
-    }
+    let held: BTreeSet<i64> = active.iter().flat_map(|a| a.gpu_id_list()).collect();
+    let rows = StartRows::read(c, plan)?;
+    let valid = rows.still_valid(plan, held);
     // 2. Claimed in one statement: a job no longer queued now is left out.
     let pairs: Vec<(i64, i64)> = valid.iter().map(|(s, ..)| (s.job, s.node)).collect();
     let claimed: BTreeMap<i64, i32> = db::plan::claim_queued(c, &pairs)?.into_iter().collect();
@@ -171,6 +135,7 @@ fn start(
     db::plan::insert_attempts(c, &attempts, t)?;
     db::plan::add_events(c, &events, t)?;
     // 3. The `Start`s, from what the jobs' rows say (read before the claim).
+    let StartRows { jobs, nodes, .. } = rows;
     let mut facts = StartFacts::read(c, started.iter().filter_map(|s| jobs.get(&s.0)))?;
     facts.nodes = nodes;
     Ok(started
@@ -183,6 +148,76 @@ fn start(
             })
         })
         .collect())
+}
+
+/// The jobs, online nodes and GPUs a plan's starts name, read in one query each.
+struct StartRows {
+    jobs: BTreeMap<i64, Job>,
+    nodes: BTreeMap<i64, Node>,
+    gpus: BTreeMap<i64, Gpu>,
+}
+
+/// A start that still holds: the planned start, its node, the node's agent clock, and
+/// its GPUs in index order.
+type ValidStart<'a> = (
+    &'a commons_sched::Start,
+    &'a Node,
+    crate::db::models::AgentClock,
+    Vec<Gpu>,
+);
+
+impl StartRows {
+    fn read(c: &mut DbConn, plan: &commons_sched::Plan) -> Result<StartRows, AppError> {
+        let job_ids: Vec<i64> = plan.start.iter().map(|s| s.job).collect();
+        let jobs = db::jobs::by_ids(c, &job_ids)?
+            .into_iter()
+            .map(|j| (j.id, j))
+            .collect();
+        let node_ids: BTreeSet<i64> = plan.start.iter().map(|s| s.node).collect();
+        let node_ids: Vec<i64> = node_ids.into_iter().collect();
+        let nodes = db::nodes::online_nodes(c, &node_ids)?
+            .into_iter()
+            .map(|n| (n.id, n))
+            .collect();
+        let gpu_ids: Vec<i64> = plan.start.iter().flat_map(|s| s.gpus.clone()).collect();
+        let gpus = db::nodes::gpus_by_ids(c, &gpu_ids)?
+            .into_iter()
+            .map(|g| (g.id, g))
+            .collect();
+        Ok(StartRows { jobs, nodes, gpus })
+    }
+
+    /// The starts that still hold, in plan order (a GPU goes to the first start that
+    /// wants it; `held` are the GPUs active attempts hold).
+    fn still_valid<'a>(
+        &'a self,
+        plan: &'a commons_sched::Plan,
+        mut held: BTreeSet<i64>,
+    ) -> Vec<ValidStart<'a>> {
+        let mut valid = Vec::new();
+        for s in &plan.start {
+            let node = self.nodes.get(&s.node);
+            let clock = node.and_then(|n| n.agent_clock());
+            let on: Vec<&Gpu> = s.gpus.iter().filter_map(|g| self.gpus.get(g)).collect();
+            let gpus_ok = on.len() == s.gpus.len()
+                && on
+                    .iter()
+                    .all(|g| g.node_id == s.node && g.present && !held.contains(&g.id));
+            let queued = self
+                .jobs
+                .get(&s.job)
+                .is_some_and(|j| j.state == JobState::Queued);
+            let (Some(node), Some(clock), true, true) = (node, clock, gpus_ok, queued) else {
+                tracing::info!(job = s.job, "plan start no longer valid; skipped");
+                continue;
+            };
+            held.extend(s.gpus.iter().copied());
+            let mut on: Vec<Gpu> = on.into_iter().cloned().collect();
+            on.sort_by_key(|g| g.idx);
+            valid.push((s, node, clock, on));
+        }
+        valid
+    }
 }
 
 /// What a `Start` needs beyond the job's row, read for many jobs at once.

@@ -568,21 +568,10 @@ async fn the_default_store_is_beside_the_sqlite_file_and_made_on_first_use() {
         serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
     assert_eq!((m.bytes, m.parts.len(), m.sha256), (5_000, 2, sha(&data)));
     // The job page says when.
-    let b = crate::support::session::browser();
-    let login = b.get(format!("{}/login", p.url)).send().await.unwrap();
-    let csrf = crate::support::session::hidden_csrf(&login.text().await.unwrap());
-    let r = b
-        .post(format!("{}/login", p.url))
-        .form(&[("username", "alice"), ("csrf", &csrf)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303);
+    let b = crate::support::session::BrowserSession::login(&p, "alice").await;
     let page = b
-        .get(format!("{}/jobs/{job}/status", p.url))
-        .send()
+        .fetch(&format!("/jobs/{job}/status"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();

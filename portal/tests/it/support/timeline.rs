@@ -49,31 +49,45 @@ impl Timeline {
             out,
             _dir: dir,
         };
-        let marker = format!("timeline-{:016x}", rand::random::<u64>());
-        let created = Command::new("docker")
-            .args(["create", "--name", &marker, "--label"])
-            .arg(format!("commons.job={marker}"))
-            .args(["commons-demo:latest", "true"])
-            .output()
-            .unwrap();
-        assert!(
-            created.status.success(),
-            "docker create: {}",
-            String::from_utf8_lossy(&created.stderr)
-        );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let seen = format!(" create {marker} ");
-        while !std::fs::read_to_string(&t.out)
-            .unwrap_or_default()
-            .contains(&seen)
-        {
+        // `docker events` reports only what happens after it has subscribed, which a
+        // busy machine may take a while to do: a marker container is made every few
+        // seconds until one is reported.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut markers = Vec::new();
+        'seen: loop {
+            let marker = format!("timeline-{:016x}", rand::random::<u64>());
+            let created = Command::new("docker")
+                .args(["create", "--name", &marker, "--label"])
+                .arg(format!("commons.job={marker}"))
+                .args(["commons-demo:latest", "true"])
+                .output()
+                .unwrap();
+            assert!(
+                created.status.success(),
+                "docker create: {}",
+                String::from_utf8_lossy(&created.stderr)
+            );
+            markers.push(marker);
+            let next = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < next {
+                let out = std::fs::read_to_string(&t.out).unwrap_or_default();
+                if markers
+                    .iter()
+                    .any(|m| out.contains(&format!(" create {m} ")))
+                {
+                    break 'seen;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
             assert!(
                 Instant::now() < deadline,
-                "docker events did not report the marker container within 30 s"
+                "docker events reported none of {} marker containers within 120 s",
+                markers.len()
             );
-            std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = Command::new("docker").args(["rm", "-f", &marker]).output();
+        for m in &markers {
+            let _ = Command::new("docker").args(["rm", "-f", m]).output();
+        }
         t
     }
 
