@@ -126,6 +126,16 @@ fn leaver() -> Value {
                        "gpus": 1, "time_limit_minutes": 30})
 }
 
+/// Drains `lab`'s server as its admin (carol): its guests move elsewhere.
+async fn drain(p: &TestPortal, lab: &str) {
+    let nodes = p.get_json(&p.carol, "/api/v1/nodes").await;
+    let node = nodes.as_array().unwrap().iter().find(|n| n["lab"] == lab);
+    let id = node.unwrap()["id"].as_i64().unwrap();
+    let drain = format!("/api/v1/nodes/{id}/drain");
+    let (s, v) = p.post_json(&p.carol, &drain, &serde_json::json!({})).await;
+    assert_eq!(s, 200, "{v}");
+}
+
 /// With real agents and the Docker Engine: a guest moved off a drained server finds its
 /// first attempt's `/outputs` in its second, and everything it wrote is in its owner's
 /// files when it ends.
@@ -146,23 +156,7 @@ async fn outputs_travel_with_a_moved_job_and_are_kept_when_it_ends() {
     .await;
     let _physics = p.agent("physics", "fake:1xA100-80GB").await;
     p.wait_online("physics", 1).await;
-    let nodes = p.get_json(&p.carol, "/api/v1/nodes").await;
-    let vision = nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["lab"] == "vision")
-        .unwrap()["id"]
-        .as_i64()
-        .unwrap();
-    let (s, v) = p
-        .post_json(
-            &p.carol,
-            &format!("/api/v1/nodes/{vision}/drain"),
-            &serde_json::json!({}),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
+    drain(&p, "vision").await;
     let done = p
         .wait_state(
             &p.bob,
