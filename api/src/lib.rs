@@ -14,6 +14,7 @@
 pub mod account;
 pub mod cli_login;
 pub mod error;
+pub mod flows;
 pub mod image;
 pub mod job;
 pub mod job_view;

@@ -8,6 +8,7 @@ mod args;
 mod client;
 mod config;
 mod error;
+mod flows;
 mod follow;
 mod info;
 mod jobs;

@@ -48,6 +48,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
     let command = to_json(&v.command)?;
     let env = to_json(&v.env)?;
     let models = to_json(&v.gpu_models)?;
+    let tags = to_json(&v.tags)?;
     let created_at = now();
     let reason = "waiting for the scheduler";
     if let DbConn::Pg(pg) = c {
@@ -58,9 +59,9 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             "WITH j AS (INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, \
                  gpu_models, min_gpu_memory_mb, cpus, memory_mb, time_limit_s, \
                  checkpoint_interval_s, shm_mb, image_digest, image_signature, image_campus, kind, \
-                 state, reason, created_at, disk_gb) \
+                 state, reason, created_at, disk_gb, name, tags) \
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                 $16, $17, '{queued}', $18, $19, $20) RETURNING *), \
+                 $16, $17, '{queued}', $18, $19, $20, $21, $22) RETURNING *), \
              e AS (INSERT INTO job_events (job_id, at, state, message) \
                SELECT id, created_at, state, 'submitted' FROM j) \
              SELECT * FROM j",
@@ -86,6 +87,8 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
         .bind::<Text, _>(reason)
         .bind::<Timestamp, _>(created_at)
         .bind::<Nullable<BigInt>, _>(v.disk_gb)
+        .bind::<Nullable<Text>, _>(&v.name)
+        .bind::<Text, _>(&tags)
         .get_result::<Job>(pg)?);
     }
     c.transaction(|c| {
@@ -111,6 +114,8 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             jobs::state.eq(JobState::Queued),
             jobs::reason.eq(Some(reason)),
             jobs::created_at.eq(created_at),
+            jobs::name.eq(&v.name),
+            jobs::tags.eq(&tags),
         ));
         // The stored row comes back with the insert: no second read.
         let job: Job = match c {

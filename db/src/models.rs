@@ -210,6 +210,10 @@ pub struct Job {
     pub image_campus: bool,
     /// Its disk cap in GiB; none: the campus default (`[policy] default_disk_gb`).
     pub disk_gb: Option<i64>,
+    /// The name its user gave it.
+    pub name: Option<String>,
+    /// Its tags, `{"key": "value"}`.
+    pub tags: Json<BTreeMap<String, String>>,
 }
 
 impl Job {

@@ -163,6 +163,8 @@ diesel::table! {
         image_signature -> Nullable<Text>,
         image_campus -> Bool,
         disk_gb -> Nullable<BigInt>,
+        name -> Nullable<Text>,
+        tags -> Text,
     }
 }
 

@@ -173,6 +173,8 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         });
     JobView {
         id: job.id,
+        name: job.name.clone(),
+        tags: job.tags.0.clone(),
         state: api_state(job.state),
         reason: job.reason.clone(),
         queue_position: job.queue_position,
