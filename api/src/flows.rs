@@ -1,5 +1,5 @@
 //! What ties jobs together into a researcher's workflow: a job's `name` and `tags` (to
-//! find a sweep's runs again), and the rules on them. The filters of the job list
+//! find a sweep's runs again), the jobs it waits for (`after`), and the rules on them. The filters of the job list
 //! (`?name=`, `?tag=k=v`) are checked here too, so the portal and the CLI refuse the same
 //! input in the same words.
 //!
@@ -7,6 +7,7 @@
 //! reads the same in a URL, a shell and the JSON the portal stores it in.
 
 use crate::Invalid;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The longest job name, in characters.
@@ -121,6 +122,137 @@ impl NameFilter {
     }
 }
 
+/// The most jobs one job may wait for.
+pub const MAX_AFTER: usize = 64;
+
+/// What the job waited for must have done for this one to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum When {
+    /// It succeeded (`afterok`).
+    Ok,
+    /// It failed (`afternotok`; a cancelled job did not fail).
+    Fail,
+    /// It ended, however (`afterany`).
+    Any,
+}
+
+impl When {
+    /// As the JSON writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            When::Ok => "ok",
+            When::Fail => "fail",
+            When::Any => "any",
+        }
+    }
+
+    /// "succeed", "fail", "end": what the other job must do.
+    pub fn verb(self) -> &'static str {
+        match self {
+            When::Ok => "succeed",
+            When::Fail => "fail",
+            When::Any => "end",
+        }
+    }
+}
+
+/// A job this one waits for: `{"job": 41, "when": "ok"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct After {
+    /// The job's id: an existing job of yours (or of your lab, for its admins).
+    pub job: i64,
+    /// `ok` (the default): it must succeed; `fail`: fail; `any`: end, however.
+    #[serde(default = "when_ok")]
+    pub when: When,
+}
+
+fn when_ok() -> When {
+    When::Ok
+}
+
+/// How a job that another one waits for has ended, as far as the wait is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl After {
+    /// Whether the job it names ending so lets this one start.
+    pub fn met_by(&self, ended: Ended) -> bool {
+        match self.when {
+            When::Ok => ended == Ended::Succeeded,
+            When::Fail => ended == Ended::Failed,
+            When::Any => true,
+        }
+    }
+
+    /// Why a job must fail when this wait can no longer be met: "job 41 failed; this job
+    /// needed it to succeed".
+    pub fn unmet(&self, ended: Ended) -> String {
+        let how = match ended {
+            Ended::Succeeded => "succeeded",
+            Ended::Failed => "failed",
+            Ended::Cancelled => "was cancelled",
+        };
+        format!(
+            "job {} {how}; this job needed it to {}",
+            self.job,
+            self.when.verb()
+        )
+    }
+}
+
+/// `41` (wait for it to succeed), `41:ok`, `41:fail` or `41:any`, as a form or a command
+/// line writes a wait; the error names `after`.
+pub fn parse_after(s: &str) -> Result<After, Invalid> {
+    let (id, when) = s.split_once(':').unwrap_or((s, "ok"));
+    let job = id
+        .trim()
+        .parse()
+        .map_err(|_| Invalid::new("after", format!("{s:?}: give a job id, e.g. 41 or 41:fail")))?;
+    let when = match when.trim() {
+        "ok" => When::Ok,
+        "fail" => When::Fail,
+        "any" => When::Any,
+        other => {
+            return Err(Invalid::new(
+                "after",
+                format!("{other:?}: wait for ok, fail or any"),
+            ))
+        }
+    };
+    Ok(After { job, when })
+}
+
+/// At most 64 jobs, each named once, with valid ids.
+pub fn after(list: &[After]) -> Result<(), Invalid> {
+    if list.len() > MAX_AFTER {
+        return Err(Invalid::new(
+            "after",
+            format!("a job may wait for at most {MAX_AFTER} jobs"),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for a in list {
+        if a.job < 1 {
+            return Err(Invalid::new("after", format!("{} is not a job id", a.job)));
+        }
+        if !seen.insert(a.job) {
+            return Err(Invalid::new(
+                "after",
+                format!("job {} is named twice", a.job),
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +291,46 @@ mod tests {
             .map(|i| (format!("k{i}"), "v".to_string()))
             .collect();
         assert!(tags(&many).unwrap_err().message.contains("at most 16"));
+    }
+
+    #[test]
+    fn waits_are_met_or_say_why_not() {
+        let ok = After {
+            job: 41,
+            when: When::Ok,
+        };
+        assert!(ok.met_by(Ended::Succeeded) && !ok.met_by(Ended::Cancelled));
+        assert_eq!(
+            ok.unmet(Ended::Failed),
+            "job 41 failed; this job needed it to succeed"
+        );
+        let fail = After {
+            job: 7,
+            when: When::Fail,
+        };
+        assert!(fail.met_by(Ended::Failed) && !fail.met_by(Ended::Cancelled));
+        assert!(After {
+            job: 7,
+            when: When::Any
+        }
+        .met_by(Ended::Cancelled));
+        assert_eq!(parse_after("41").unwrap(), ok);
+        assert_eq!(parse_after("7:fail").unwrap(), fail);
+        assert_eq!(parse_after("x").unwrap_err().field, "after");
+        assert_eq!(parse_after("7:later").unwrap_err().field, "after");
+        let parsed: After = serde_json::from_str(r#"{"job": 3}"#).unwrap();
+        assert_eq!(parsed.when, When::Ok, "ok is the default");
+        assert!(serde_json::from_str::<After>(r#"{"job": 3, "when": "maybe"}"#).is_err());
+        assert_eq!(after(&[ok, ok]).unwrap_err().field, "after");
+        assert_eq!(
+            after(&[After {
+                job: 0,
+                when: When::Any
+            }])
+            .unwrap_err()
+            .field,
+            "after"
+        );
     }
 
     #[test]

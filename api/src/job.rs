@@ -102,6 +102,10 @@ pub struct JobRequest {
     /// Labels, `{"key": "value"}`, at most 16 (`?tag=key=value` finds them).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// Jobs this one waits for: `[{"job": 41, "when": "ok|fail|any"}]`. A wait that can no
+    /// longer be met ends this job as failed, with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<crate::flows::After>,
 }
 
 /// The least CPU share the Docker Engine accepts.
@@ -127,6 +131,7 @@ impl JobRequest {
             disk_gb: None,
             name: None,
             tags: BTreeMap::new(),
+            after: Vec::new(),
         }
     }
 }
@@ -146,6 +151,7 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
         crate::flows::name("name", n)?;
     }
     crate::flows::tags(&req.tags)?;
+    crate::flows::after(&req.after)?;
     Ok(())
 }
 

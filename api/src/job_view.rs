@@ -111,6 +111,9 @@ pub struct JobView {
     /// Its tags, `{"key": "value"}`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tags: std::collections::BTreeMap<String, String>,
+    /// The jobs it waits for (or waited for).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<crate::flows::After>,
     pub state: JobState,
     /// Why it is in this state, in words ("waiting: lab quota of 4 GPUs in use").
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -112,7 +112,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "GIB")]
     pub disk: Option<i64>,
     #[command(flatten)]
-    pub flows: crate::flows::RunFlows,
+    pub flows: Box<crate::flows::RunFlows>,
     #[command(flatten)]
     pub submit: SubmitFlags,
     /// The command and its arguments, after `--`.

@@ -1,4 +1,4 @@
-//! The workflow flags of `commons run` (`--name`, `--tag`) and of `commons ls` (the
+//! The workflow flags of `commons run` (`--name`, `--tag`, `--after-ok`, ...) and of `commons ls` (the
 //! filters `--name`, `--tag`), checked with the portal's own rules before anything is
 //! sent.
 
@@ -15,6 +15,16 @@ pub struct RunFlows {
     /// A tag, KEY=VALUE (repeat for several, at most 16).
     #[arg(long = "tag", value_name = "KEY=VALUE")]
     pub tags: Vec<String>,
+    /// Start only after job ID has succeeded (repeat for several); if it fails or is
+    /// cancelled, this job fails at once, saying why.
+    #[arg(long, value_name = "ID")]
+    pub after_ok: Vec<i64>,
+    /// Start only after job ID has failed (a clean-up or a retry).
+    #[arg(long, value_name = "ID")]
+    pub after_fail: Vec<i64>,
+    /// Start after job ID has ended, however it ended.
+    #[arg(long, value_name = "ID")]
+    pub after_any: Vec<i64>,
 }
 
 /// `commons ls`'s filters.
@@ -34,6 +44,14 @@ pub fn apply(f: &RunFlows, req: &mut JobRequest) -> Result<()> {
     for t in &f.tags {
         let (k, v) = commons_api::flows::parse_tag("tags", t)?;
         req.tags.insert(k, v);
+    }
+    use commons_api::flows::{After, When};
+    for (ids, when) in [
+        (&f.after_ok, When::Ok),
+        (&f.after_fail, When::Fail),
+        (&f.after_any, When::Any),
+    ] {
+        req.after.extend(ids.iter().map(|&job| After { job, when }));
     }
     Ok(())
 }
@@ -76,13 +94,23 @@ mod tests {
         let f = RunFlows {
             name: Some("sweep".into()),
             tags: vec!["lr=0.1".into(), "seed=3".into()],
+            after_ok: vec![41],
+            after_fail: vec![],
+            after_any: vec![40],
         };
         apply(&f, &mut req).unwrap();
         assert_eq!(req.name.as_deref(), Some("sweep"));
         assert_eq!(req.tags["seed"], "3");
+        assert_eq!(
+            serde_json::to_value(&req.after).unwrap(),
+            serde_json::json!([{"job": 41, "when": "ok"}, {"job": 40, "when": "any"}])
+        );
         let bad = RunFlows {
             name: None,
             tags: vec!["lr".into()],
+            after_ok: vec![],
+            after_fail: vec![],
+            after_any: vec![],
         };
         let e = apply(&bad, &mut req).unwrap_err();
         assert!(matches!(e, crate::error::CliError::Invalid { field, .. } if field == "tags"));

@@ -276,6 +276,14 @@ fn show_lines(j: &JobView, colour: bool) -> Vec<(&'static str, String)> {
         let tags: Vec<String> = j.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
         lines.push(("tags", tags.join(" ")));
     }
+    if !j.after.is_empty() {
+        let after: Vec<String> = j
+            .after
+            .iter()
+            .map(|a| format!("job {} {}s", a.job, a.when.verb()))
+            .collect();
+        lines.push(("starts after", after.join(", ")));
+    }
     lines.extend([(
         "state",
         output::paint_state(j.state.as_str(), j.state, colour),

@@ -172,6 +172,8 @@ pub struct ValidJob {
     /// The job's name (trimmed), if it has one.
     pub name: Option<String>,
     pub tags: std::collections::BTreeMap<String, String>,
+    /// The jobs it waits for; checked by the portal (they exist and are the user's).
+    pub after: Vec<commons_api::flows::After>,
 }
 
 /// A key that passed every check, ready to store.

@@ -214,6 +214,10 @@ pub struct Job {
     pub name: Option<String>,
     /// Its tags, `{"key": "value"}`.
     pub tags: Json<BTreeMap<String, String>>,
+    /// The jobs it waits for.
+    pub after_jobs: Json<Vec<commons_api::flows::After>>,
+    /// Queued but kept out of the scheduler's queue until its waits are met.
+    pub held: bool,
 }
 
 impl Job {

@@ -165,6 +165,8 @@ diesel::table! {
         disk_gb -> Nullable<BigInt>,
         name -> Nullable<Text>,
         tags -> Text,
+        after_jobs -> Text,
+        held -> Bool,
     }
 }
 

@@ -140,5 +140,6 @@ pub fn demo_job(lab_id: i64) -> ValidJob {
         image_campus: false,
         name: None,
         tags: Default::default(),
+        after: Vec::new(),
     }
 }

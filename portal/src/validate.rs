@@ -84,6 +84,7 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         image_campus: false,
         name: req.name.map(|n| n.trim().to_string()),
         tags: req.tags,
+        after: req.after,
     })
 }
 

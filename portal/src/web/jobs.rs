@@ -70,6 +70,9 @@ pub struct JobForm {
     /// `key=value` tags, separated by spaces.
     #[serde(default)]
     tags: String,
+    /// Jobs to wait for: `41 42:fail 43:any` (a bare id waits for success).
+    #[serde(default)]
+    after: String,
     /// "Save as template": the name, and the button (present when pressed).
     #[serde(default, skip_serializing)]
     template_name: String,
@@ -96,6 +99,7 @@ impl Default for JobForm {
             disk_gb: String::new(),
             name: String::new(),
             tags: String::new(),
+            after: String::new(),
             template_name: String::new(),
             save_template: None,
         }
@@ -166,6 +170,16 @@ impl JobForm {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(" "),
+            after: job
+                .after_jobs
+                .0
+                .iter()
+                .map(|a| match a.when {
+                    commons_api::flows::When::Ok => a.job.to_string(),
+                    w => format!("{}:{}", a.job, w.as_str()),
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
             template_name: String::new(),
             save_template: None,
         }
@@ -215,6 +229,12 @@ impl JobForm {
                 .tags
                 .split_whitespace()
                 .map(|t| commons_api::flows::parse_tag("tags", t))
+                .collect::<Result<_, _>>()?,
+            after: self
+                .after
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|t| !t.is_empty())
+                .map(commons_api::flows::parse_after)
                 .collect::<Result<_, _>>()?,
         })
     }

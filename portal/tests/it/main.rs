@@ -20,6 +20,7 @@ mod disk;
 mod estimates;
 mod exposure;
 mod failures;
+mod flows_deps;
 mod flows_names;
 mod foundations;
 mod fuzz_http;
