@@ -89,7 +89,7 @@ per_backend! {
         assert_eq!(r.status(), 404);
         let (s, _, body) = get(&p, &p.alice, "/api/v1/files", &format!("jobs/{job}/model/w.bin"), None).await;
         assert!(s == 200 && body == weights, "{s}");
-        let http = crate::support::session::logged_in(&p, "alice").await;
+        let http = crate::support::session::BrowserSession::login(&p, "alice").await;
         let (s, page) = crate::pages::page(&http, &p, &format!("/jobs/{job}")).await;
         assert_eq!(s, 200);
         assert!(page.contains("id=\"output-list\"") && page.contains("model/w.bin"), "the job page lists the outputs");
