@@ -96,6 +96,16 @@ pub struct JobRequest {
     /// campus default. A job is placed only on servers that give a job this much.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_gb: Option<i64>,
+    /// A name for people to find it by (at most 128 characters; need not be unique).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Labels, `{"key": "value"}`, at most 16 (`?tag=key=value` finds them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    /// Jobs this one waits for: `[{"job": 41, "when": "ok|fail|any"}]`. A wait that can no
+    /// longer be met ends this job as failed, with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<crate::flows::After>,
 }
 
 /// The least CPU share the Docker Engine accepts.
@@ -119,6 +129,9 @@ impl JobRequest {
             checkpoint_minutes: None,
             shm_mb: None,
             disk_gb: None,
+            name: None,
+            tags: BTreeMap::new(),
+            after: Vec::new(),
         }
     }
 }
@@ -134,6 +147,11 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
     if let Some(lab) = &req.lab {
         slug("lab", lab)?;
     }
+    if let Some(n) = &req.name {
+        crate::flows::name("name", n)?;
+    }
+    crate::flows::tags(&req.tags)?;
+    crate::flows::after(&req.after)?;
     Ok(())
 }
 
@@ -352,6 +370,12 @@ mod tests {
         let mut r = req();
         r.disk_gb = Some(20);
         assert_eq!(check(&r), Ok(()));
+        let mut r = req();
+        r.name = Some("n".repeat(129));
+        assert_eq!(field_of(r), "name");
+        let mut r = req();
+        r.tags.insert("a b".into(), "1".into());
+        assert_eq!(field_of(r), "tags");
     }
 
     #[test]

@@ -105,6 +105,15 @@ pub struct GpuView {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobView {
     pub id: i64,
+    /// The name it was given, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its tags, `{"key": "value"}`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// The jobs it waits for (or waited for).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<crate::flows::After>,
     pub state: JobState,
     /// Why it is in this state, in words ("waiting: lab quota of 4 GPUs in use").
     #[serde(default, skip_serializing_if = "Option::is_none")]

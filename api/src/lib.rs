@@ -15,6 +15,7 @@ pub mod account;
 pub mod cli_login;
 pub mod error;
 pub mod files;
+pub mod flows;
 pub mod image;
 pub mod job;
 pub mod job_view;

@@ -121,6 +121,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "GIB")]
     pub disk: Option<i64>,
     #[command(flatten)]
+    pub flows: Box<crate::flows::RunFlows>,
+    #[command(flatten)]
     pub submit: SubmitFlags,
     /// The command and its arguments, after `--`.
     #[arg(last = true, value_name = "CMD")]
@@ -157,6 +159,8 @@ pub struct LsArgs {
     /// Only jobs in these states (comma-separated): queued,running,...
     #[arg(long, value_delimiter = ',')]
     pub state: Vec<String>,
+    #[command(flatten)]
+    pub filters: crate::flows::LsFilters,
     #[arg(long)]
     pub json: bool,
 }

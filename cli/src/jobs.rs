@@ -101,6 +101,7 @@ pub fn run_request(a: &RunArgs) -> Result<JobRequest> {
     } else {
         JobKind::Batch
     };
+    crate::flows::apply(&a.flows, &mut req)?;
     Ok(req)
 }
 
@@ -187,6 +188,7 @@ pub fn ls(a: LsArgs) -> Result<u8> {
     } else {
         "/api/v1/jobs".to_string()
     };
+    let path = crate::flows::list_path(&path, &a.filters)?;
     let all: Vec<Value> = client.get(&path)?;
     let wanted: Vec<JobState> = a
         .state
@@ -224,7 +226,7 @@ pub fn ls(a: LsArgs) -> Result<u8> {
     if a.all {
         headers.push("USER");
     }
-    headers.extend(["STATE", "AGE", "IMAGE", "GPUS", "NODE", "LAB", "INFO"]);
+    headers.extend(["STATE", "AGE", "NAME/IMAGE", "GPUS", "NODE", "LAB", "INFO"]);
     let rows = rows
         .into_iter()
         .map(|(j, user)| {
@@ -235,7 +237,7 @@ pub fn ls(a: LsArgs) -> Result<u8> {
             row.extend([
                 Cell::state(j.state),
                 output::ago(j.created_at).trim_end_matches(" ago").into(),
-                j.image.as_str().into(),
+                j.name.as_deref().unwrap_or(&j.image).into(),
                 gpu_text(&j).into(),
                 j.node.clone().unwrap_or_default().into(),
                 j.lab.as_str().into(),
@@ -266,13 +268,26 @@ pub fn show(a: IdJson) -> Result<u8> {
 
 /// The lines of `show` for a person, as (label, value).
 fn show_lines(j: &JobView, colour: bool) -> Vec<(&'static str, String)> {
-    let mut lines: Vec<(&str, String)> = vec![
-        ("job", j.id.to_string()),
-        (
-            "state",
-            output::paint_state(j.state.as_str(), j.state, colour),
-        ),
-    ];
+    let mut lines: Vec<(&str, String)> = vec![("job", j.id.to_string())];
+    if let Some(n) = &j.name {
+        lines.push(("name", n.clone()));
+    }
+    if !j.tags.is_empty() {
+        let tags: Vec<String> = j.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        lines.push(("tags", tags.join(" ")));
+    }
+    if !j.after.is_empty() {
+        let after: Vec<String> = j
+            .after
+            .iter()
+            .map(|a| format!("job {} {}s", a.job, a.when.verb()))
+            .collect();
+        lines.push(("starts after", after.join(", ")));
+    }
+    lines.extend([(
+        "state",
+        output::paint_state(j.state.as_str(), j.state, colour),
+    )]);
     if let Some(r) = &j.reason {
         lines.push(("reason", r.clone()));
     }

@@ -9,6 +9,7 @@ mod client;
 mod config;
 mod error;
 mod files;
+mod flows;
 mod follow;
 mod info;
 mod jobs;

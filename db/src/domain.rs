@@ -169,6 +169,11 @@ pub struct ValidJob {
     pub image_signature: Option<String>,
     /// The pin came from the campus allow-list (not the lab's own).
     pub image_campus: bool,
+    /// The job's name (trimmed), if it has one.
+    pub name: Option<String>,
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// The jobs it waits for; checked by the portal (they exist and are the user's).
+    pub after: Vec<commons_api::flows::After>,
 }
 
 /// A key that passed every check, ready to store.

@@ -34,9 +34,33 @@ pub struct JobFilter {
     pub states: Vec<JobState>,
     pub lab: Option<i64>,
     pub kind: Option<JobKind>,
-    /// Text the image or the command contains (any case).
+    /// Text the image, the command or the name contains (any case).
     pub text: Option<String>,
+    /// The name, whole or its beginning (`NameFilter`).
+    pub name: Option<commons_api::flows::NameFilter>,
+    /// Tags the job must all have, `(key, value)`.
+    pub tags: Vec<(String, String)>,
     pub sort: Sort,
+}
+
+/// `text` as a LIKE pattern, its wildcards escaped (no `%` added).
+fn escape_like(text: &str) -> String {
+    let mut p = String::new();
+    for ch in text.chars() {
+        if matches!(ch, '%' | '_' | '\\') {
+            p.push('\\');
+        }
+        p.push(ch);
+    }
+    p
+}
+
+/// The pattern that finds tag `key=value` in the stored JSON object: keys and values
+/// hold no quote or backslash (`commons_api::flows::tag`), so `"key":"value"` occurs in
+/// the object's text exactly when the job has that tag.
+fn tag_pattern(key: &str, value: &str) -> String {
+    let text = format!("\"{key}\":\"{value}\"").to_lowercase();
+    format!("%{}%", escape_like(&text))
 }
 
 /// `text` as a LIKE pattern that matches it anywhere, its wildcards escaped.
@@ -78,8 +102,24 @@ macro_rules! apply_filter {
                 lower(jobs::image)
                     .like(p.clone())
                     .escape('\\')
-                    .or(lower(jobs::command).like(p).escape('\\')),
+                    .or(lower(jobs::command).like(p.clone()).escape('\\'))
+                    .or(lower(jobs::name.assume_not_null()).like(p).escape('\\')),
             );
+        }
+        // Names and tags match ignoring case, alike on both backends (SQLite's LIKE
+        // ignores ASCII case, PostgreSQL's does not).
+        match &f.name {
+            Some(commons_api::flows::NameFilter::Exactly(n)) => {
+                q = q.filter(lower(jobs::name.assume_not_null()).eq(n.to_lowercase()));
+            }
+            Some(commons_api::flows::NameFilter::StartsWith(n)) => {
+                let p = format!("{}%", escape_like(&n.to_lowercase()));
+                q = q.filter(lower(jobs::name.assume_not_null()).like(p).escape('\\'));
+            }
+            None => {}
+        }
+        for (k, v) in &f.tags {
+            q = q.filter(lower(jobs::tags).like(tag_pattern(k, v)).escape('\\'));
         }
         q
     }};
@@ -112,10 +152,11 @@ pub fn search(
 
 #[cfg(test)]
 mod tests {
-    use super::contains_pattern;
+    use super::{contains_pattern, tag_pattern};
 
     #[test]
     fn search_text_is_matched_literally() {
+        assert_eq!(tag_pattern("Run_id", "a%"), "%\"run\\_id\":\"a\\%\"%");
         assert_eq!(contains_pattern("PyTorch"), "%pytorch%");
         assert_eq!(contains_pattern("50%_a\\b"), "%50\\%\\_a\\\\b%");
     }

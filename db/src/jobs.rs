@@ -48,8 +48,22 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
     let command = to_json(&v.command)?;
     let env = to_json(&v.env)?;
     let models = to_json(&v.gpu_models)?;
+    let tags = to_json(&v.tags)?;
+    let after = to_json(&v.after)?;
     let created_at = now();
-    let reason = "waiting for the scheduler";
+    // A job that waits for others is held out of the queue until they have ended; it says
+    // what it waits for from the start.
+    let held = !v.after.is_empty();
+    let waiting_for = v.after.first().map(|a| {
+        commons_sched::Reason::WaitingForJob {
+            job: a.job,
+            to: a.when.verb().to_string(),
+        }
+        .to_string()
+    });
+    let reason = waiting_for
+        .as_deref()
+        .unwrap_or("waiting for the scheduler");
     if let DbConn::Pg(pg) = c {
         // PostgreSQL: the job and its history row in one statement (atomic by itself),
         // one round trip instead of four (BEGIN, two INSERTs, COMMIT).
@@ -58,9 +72,9 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             "WITH j AS (INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, \
                  gpu_models, min_gpu_memory_mb, cpus, memory_mb, time_limit_s, \
                  checkpoint_interval_s, shm_mb, image_digest, image_signature, image_campus, kind, \
-                 state, reason, created_at, disk_gb) \
+                 state, reason, created_at, disk_gb, name, tags, after_jobs, held) \
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                 $16, $17, '{queued}', $18, $19, $20) RETURNING *), \
+                 $16, $17, '{queued}', $18, $19, $20, $21, $22, $23, $24) RETURNING *), \
              e AS (INSERT INTO job_events (job_id, at, state, message) \
                SELECT id, created_at, state, 'submitted' FROM j) \
              SELECT * FROM j",
@@ -86,6 +100,10 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
         .bind::<Text, _>(reason)
         .bind::<Timestamp, _>(created_at)
         .bind::<Nullable<BigInt>, _>(v.disk_gb)
+        .bind::<Nullable<Text>, _>(&v.name)
+        .bind::<Text, _>(&tags)
+        .bind::<Text, _>(&after)
+        .bind::<Bool, _>(held)
         .get_result::<Job>(pg)?);
     }
     c.transaction(|c| {
@@ -111,6 +129,10 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             jobs::state.eq(JobState::Queued),
             jobs::reason.eq(Some(reason)),
             jobs::created_at.eq(created_at),
+            jobs::name.eq(&v.name),
+            jobs::tags.eq(&tags),
+            jobs::after_jobs.eq(&after),
+            jobs::held.eq(held),
         ));
         // The stored row comes back with the insert: no second read.
         let job: Job = match c {

@@ -210,6 +210,14 @@ pub struct Job {
     pub image_campus: bool,
     /// Its disk cap in GiB; none: the campus default (`[policy] default_disk_gb`).
     pub disk_gb: Option<i64>,
+    /// The name its user gave it.
+    pub name: Option<String>,
+    /// Its tags, `{"key": "value"}`.
+    pub tags: Json<BTreeMap<String, String>>,
+    /// The jobs it waits for.
+    pub after_jobs: Json<Vec<commons_api::flows::After>>,
+    /// Queued but kept out of the scheduler's queue until its waits are met.
+    pub held: bool,
 }
 
 impl Job {

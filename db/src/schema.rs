@@ -165,6 +165,10 @@ diesel::table! {
         image_signature -> Nullable<Text>,
         image_campus -> Bool,
         disk_gb -> Nullable<BigInt>,
+        name -> Nullable<Text>,
+        tags -> Text,
+        after_jobs -> Text,
+        held -> Bool,
     }
 }
 

@@ -150,6 +150,8 @@ impl Rows {
         // a 370 ms read at 45,000 queued).
         let mut queued: Vec<QueuedRow> = jobs::table
             .filter(jobs::state.eq(JobState::Queued))
+            // Jobs that wait for other jobs are not planned until released (`deps`).
+            .filter(diesel::dsl::not(jobs::held))
             .select(QueuedRow::as_select())
             .load(c)?;
         queued.sort_unstable_by_key(|j| j.id);

@@ -138,5 +138,8 @@ pub fn demo_job(lab_id: i64) -> ValidJob {
         image_digest: None,
         image_signature: None,
         image_campus: false,
+        name: None,
+        tags: Default::default(),
+        after: Vec::new(),
     }
 }

@@ -82,6 +82,9 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         image_digest: None,
         image_signature: None,
         image_campus: false,
+        name: req.name.map(|n| n.trim().to_string()),
+        tags: req.tags,
+        after: req.after,
     })
 }
 

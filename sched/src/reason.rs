@@ -135,6 +135,15 @@ pub enum Reason {
         /// Lab or member quota.
         scope: QuotaScope,
     },
+    /// The job waits for another job to end (its `after`). The portal keeps such jobs out
+    /// of the snapshot until then; the reason is here so that every waiting reason reads
+    /// alike and has a code.
+    WaitingForJob {
+        /// The job it waits for.
+        job: i64,
+        /// What that job must do: "succeed", "fail" or "end".
+        to: String,
+    },
 }
 
 /// "30 s", "1 min 30 s", "90 min", "4 h", "1.5 h": a duration as researchers write it.
@@ -222,6 +231,7 @@ impl fmt::Display for Reason {
             Reason::QuotaNeedsTimeLimit { scope } => {
                 write!(f, "{scope} counts GPU-hours: set a time limit")
             }
+            Reason::WaitingForJob { job, to } => write!(f, "waiting for job {job} to {to}"),
         }
     }
 }
@@ -279,6 +289,14 @@ mod tests {
                 },
                 "the owner of node gpu7 reserved its free GPUs",
                 "owner_reserved",
+            ),
+            (
+                Reason::WaitingForJob {
+                    job: 41,
+                    to: "succeed".into(),
+                },
+                "waiting for job 41 to succeed",
+                "waiting_for_job",
             ),
             (
                 Reason::QuotaTimeLimit {

@@ -3,12 +3,13 @@
 
 use super::ApiJson;
 use crate::auth::CurrentUser;
-use crate::error::ApiError;
+use crate::error::{ApiError, AppError};
 use crate::service::extend::ExtendRequest;
+use crate::service::job_list::{self, Scope};
 use crate::service::{extend as ext, jobs};
 use crate::state::AppState;
 use crate::validate::JobRequest;
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use commons_api::{ErrorBody, JobEvent, JobView};
 use serde::Deserialize;
 
@@ -38,34 +39,73 @@ pub(crate) async fn submit(
     Ok(HttpResponse::Created().json(view))
 }
 
-#[derive(Deserialize, utoipa::IntoParams)]
+#[derive(Deserialize, Default, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
     /// A lab's jobs (its admins), instead of the caller's own; each then says whose it is.
     lab: Option<String>,
+    /// Only jobs with this name (ignoring case); `sweep-*`: names that begin so.
+    name: Option<String>,
+    /// Only jobs with this tag, `key=value` (repeat: jobs with all of them).
+    #[serde(default)]
+    tag: Vec<String>,
+}
+
+impl ListQuery {
+    /// Reads the query string (`tag` may repeat, which `web::Query` cannot read).
+    fn parse(query: &str) -> Result<ListQuery, AppError> {
+        let mut q = ListQuery::default();
+        for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+            match k.as_ref() {
+                "lab" => q.lab = Some(v.into_owned()),
+                "name" => q.name = Some(v.into_owned()),
+                "tag" => q.tag.push(v.into_owned()),
+                other => {
+                    return Err(AppError::BadRequest(format!(
+                        "the query string is not valid for this request: unknown field `{other}`"
+                    )))
+                }
+            }
+        }
+        Ok(q)
+    }
 }
 
 /// The caller's jobs, or with `?lab=SLUG` the lab's (its admins), newest first, at most
-/// 500. A lab's jobs are `LabJobView`s: each also has `user`, whose it is.
+/// 500; `?name=` and `?tag=key=value` keep those with that name and tags. A lab's jobs are
+/// `LabJobView`s: each also has `user`, whose it is.
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", operation_id = "list_jobs",
     params(ListQuery),
     responses(
         (status = 200, description = "Newest first; with `lab`, each job also has `user` (a `LabJobView`)",
             body = Vec<JobView>),
-        (status = "4XX", description = "Refused (403: not the lab's admin)", body = ErrorBody),
+        (status = "4XX", description = "Refused (403: not the lab's admin; 422: a bad filter, named in `field`)", body = ErrorBody),
     ))]
 pub(crate) async fn list(
     state: web::Data<AppState>,
     user: CurrentUser,
-    query: web::Query<ListQuery>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    match query.into_inner().lab {
-        Some(slug) => {
+    let query = ListQuery::parse(req.query_string())?;
+    let filtered = query.name.is_some() || !query.tag.is_empty();
+    match (query.lab, filtered) {
+        (lab, true) => {
+            let scope = lab.clone().map_or(Scope::Mine, Scope::Lab);
+            let name = query.name.unwrap_or_default();
+            let views = job_list::filtered(&state, &user, scope, &name, &query.tag, 500).await?;
+            if lab.is_some() {
+                Ok(HttpResponse::Ok().json(views))
+            } else {
+                let mine: Vec<JobView> = views.into_iter().map(|v| v.job).collect();
+                Ok(HttpResponse::Ok().json(mine))
+            }
+        }
+        (Some(slug), false) => {
             let views = jobs::list_lab(&state, &user, slug, 500).await?;
             Ok(HttpResponse::Ok().json(views))
         }
-        None => {
+        (None, false) => {
             let views = jobs::list(&state, &user, 500).await?;
             Ok(HttpResponse::Ok().json(views))
         }

@@ -80,21 +80,14 @@ fn steps_job(steps: u32, save_s: u32) -> Vec<String> {
 }
 
 fn request(lab: &str, gpus: i64, command: Vec<String>) -> JobRequest {
+    // The rest left to the request's defaults, so a field added to the API needs no
+    // change here.
     JobRequest {
-        image: super::DEMO_IMAGE.into(),
         command,
-        env: BTreeMap::new(),
-        gpus,
-        gpu_models: Vec::new(),
-        min_gpu_memory_gb: None,
         cpus: Some(1.0),
         memory_gb: Some(1.0),
-        time_limit_minutes: 30,
-        kind: Default::default(),
         lab: Some(lab.into()),
-        checkpoint_minutes: None,
-        shm_mb: None,
-        disk_gb: None,
+        ..JobRequest::new(super::DEMO_IMAGE, gpus, 30)
     }
 }
 

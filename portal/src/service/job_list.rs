@@ -14,6 +14,7 @@ use crate::db::job_search::{JobFilter, Owner, Sort};
 use crate::db::{self, DbConn};
 use crate::domain::{JobKind, JobState};
 use crate::error::AppError;
+use commons_api::flows::NameFilter;
 
 /// Jobs per page.
 pub const PAGE_SIZE: i64 = 25;
@@ -57,6 +58,10 @@ pub struct ListQuery {
     pub lab: String,
     pub kind: String,
     pub q: String,
+    /// The name (with a trailing `*`: its beginning).
+    pub name: String,
+    /// `key=value` tags the jobs must all have.
+    pub tags: Vec<String>,
     pub sort: String,
     pub page: String,
 }
@@ -128,6 +133,27 @@ fn parse_page(page: &str) -> Result<i64, AppError> {
     }
 }
 
+/// The name filter and the `(key, value)` tags a job must have.
+type FlowFilters = (Option<NameFilter>, Vec<(String, String)>);
+
+/// The name and tag filters (`?name=`, `?tag=k=v`); empty ones are left out.
+pub fn parse_flows(name: &str, tags: &[String]) -> Result<FlowFilters, AppError> {
+    let name = match name.trim() {
+        "" => None,
+        n => Some(NameFilter::parse(n)?),
+    };
+    let tags = tags
+        .iter()
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+        .map(|t| commons_api::flows::parse_tag("tag", t))
+        .collect::<Result<Vec<_>, _>>()?;
+    if tags.len() > commons_api::flows::MAX_TAGS {
+        return Err(AppError::invalid("tag", "filter by at most 16 tags"));
+    }
+    Ok((name, tags))
+}
+
 /// Whose jobs the scope shows, if the actor may see them.
 fn owner(c: &mut DbConn, actor: &Actor, scope: &Scope) -> Result<Owner, AppError> {
     Ok(match scope {
@@ -157,6 +183,7 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
     let sort = parse_sort(&query.sort)?;
     let kind = parse_kind(&query.kind)?;
     let page = parse_page(&query.page)?;
+    let (name, tags) = parse_flows(&query.name, &query.tags)?;
     let text = Some(query.q.trim().to_string()).filter(|t| !t.is_empty());
     if text.as_ref().is_some_and(|t| t.len() > 200) {
         return Err(AppError::invalid("q", "search (q): at most 200 characters"));
@@ -173,6 +200,8 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
                 lab,
                 kind,
                 text,
+                name,
+                tags,
                 sort,
             };
             let (rows, total) =
@@ -203,6 +232,45 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
         .await
 }
 
+/// The API's filtered list (`GET /api/v1/jobs?name=..&tag=k=v`): at most `limit` of the
+/// scope's jobs with that name and all those tags, newest first.
+pub async fn filtered(
+    ctx: &Ctx,
+    actor: &Actor,
+    scope: Scope,
+    name: &str,
+    tags: &[String],
+    limit: i64,
+) -> Result<Vec<LabJobView>, AppError> {
+    let (name, tags) = parse_flows(name, tags)?;
+    let actor = actor.clone();
+    ctx.db
+        .run(move |c| {
+            let filter = JobFilter {
+                owner: owner(c, &actor, &scope)?,
+                states: Vec::new(),
+                lab: None,
+                kind: None,
+                text: None,
+                name,
+                tags,
+                sort: Sort::Newest,
+            };
+            let (rows, _) = db::job_search::search(c, &filter, 0, limit)?;
+            let users: Vec<i64> = rows.iter().map(|j| j.user_id).collect();
+            let names = db::users::usernames(c, &users)?;
+            Ok(job_views(c, &rows)?
+                .into_iter()
+                .zip(&rows)
+                .map(|(job, row)| LabJobView {
+                    user: names.get(&row.user_id).cloned().unwrap_or_default(),
+                    job,
+                })
+                .collect())
+        })
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +289,16 @@ mod tests {
         assert_eq!(parse_state("nope").unwrap_err().field(), Some("state"));
         assert_eq!(parse_sort("gpus").unwrap(), Sort::Gpus);
         assert_eq!(parse_sort("x").unwrap_err().field(), Some("sort"));
+        let (name, tags) = parse_flows("sweep-*", &["lr=0.1".into(), " ".into()]).unwrap();
+        assert_eq!(name, Some(NameFilter::StartsWith("sweep-".into())));
+        assert_eq!(tags, vec![("lr".to_string(), "0.1".to_string())]);
+        assert_eq!(
+            parse_flows("", &["lr".into()]).unwrap_err().field(),
+            Some("tag")
+        );
+        assert_eq!(
+            parse_flows(&"x".repeat(200), &[]).unwrap_err().field(),
+            Some("name")
+        );
     }
 }

@@ -32,7 +32,14 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
         .find(|l| l.id == valid.lab_id)
         .cloned()
         .ok_or_else(|| AppError::invalid("lab", "you are not a member of this lab"))?;
-    let view = state.db.run(move |c| store(c, user, &lab, valid)).await?;
+    let waiter = actor.clone();
+    let view = state
+        .db
+        .run(move |c| {
+            super::deps::check_may_wait_for(c, &waiter, &valid.after)?;
+            store(c, user, &lab, valid)
+        })
+        .await?;
     tracing::info!(job = view.id, "job submitted");
     state.wake.notify_one();
     Ok(view)

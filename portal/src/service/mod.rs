@@ -15,6 +15,7 @@ pub mod agents;
 pub mod attempts;
 pub mod checkpoints;
 pub mod cli_login;
+pub mod deps;
 pub mod extend;
 pub mod files;
 pub mod identity;

@@ -41,6 +41,16 @@ pub async fn read(
                     tracing::warn!(lost, "attempts lost with their servers; jobs requeued");
                 }
             }
+            // Jobs whose waits were met join this round's queue; those whose waits can
+            // no longer be met end now.
+            let settled = super::deps::settle(c)?;
+            if settled != super::deps::Settled::default() {
+                tracing::info!(
+                    released = settled.released,
+                    failed = settled.failed,
+                    "jobs waiting for other jobs settled"
+                );
+            }
             let (snapshot, shown) = snapshot::read_with_waiting(c, &policy)?;
             let labs = snapshot.nodes.iter().map(|n| n.lab);
             if !metrics.knows_labs(labs.chain(snapshot.queue.iter().map(|q| q.lab))) {

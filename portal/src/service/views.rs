@@ -173,10 +173,15 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         });
     JobView {
         id: job.id,
+        name: job.name.clone(),
+        tags: job.tags.0.clone(),
+        after: job.after_jobs.0.clone(),
         state: api_state(job.state),
         reason: job.reason.clone(),
         queue_position: job.queue_position,
-        estimated_start_at: (job.state == JobState::Queued).then_some(job.estimated_start_at),
+        // A job held for its waits has no estimate until they are met.
+        estimated_start_at: (job.state == JobState::Queued && !job.held)
+            .then_some(job.estimated_start_at),
         node,
         gpus,
         exit_code: job.exit_code,

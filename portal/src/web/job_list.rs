@@ -27,6 +27,10 @@ pub struct ListForm {
     lab: String,
     kind: String,
     q: String,
+    /// The name (`sweep-*`: its beginning).
+    name: String,
+    /// One `key=value` tag.
+    tag: String,
     sort: String,
     page: String,
 }
@@ -41,6 +45,8 @@ impl ListForm {
             ("lab", &self.lab),
             ("kind", &self.kind),
             ("q", &self.q),
+            ("name", &self.name),
+            ("tag", &self.tag),
             ("sort", sort),
         ] {
             if !v.trim().is_empty() {
@@ -199,6 +205,8 @@ async fn list(
         lab: form.lab.clone(),
         kind: form.kind.clone(),
         q: form.q.clone(),
+        name: form.name.clone(),
+        tags: vec![form.tag.clone()],
         sort: form.sort.clone(),
         page: form.page.clone(),
     };

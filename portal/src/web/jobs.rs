@@ -65,6 +65,14 @@ pub struct JobForm {
     shm_mb: String,
     #[serde(default)]
     disk_gb: String,
+    #[serde(default)]
+    name: String,
+    /// `key=value` tags, separated by spaces.
+    #[serde(default)]
+    tags: String,
+    /// Jobs to wait for: `41 42:fail 43:any` (a bare id waits for success).
+    #[serde(default)]
+    after: String,
     /// "Save as template": the name, and the button (present when pressed).
     #[serde(default, skip_serializing)]
     template_name: String,
@@ -89,6 +97,9 @@ impl Default for JobForm {
             checkpoint_minutes: String::new(),
             shm_mb: String::new(),
             disk_gb: String::new(),
+            name: String::new(),
+            tags: String::new(),
+            after: String::new(),
             template_name: String::new(),
             save_template: None,
         }
@@ -151,6 +162,24 @@ impl JobForm {
                 .unwrap_or_default(),
             shm_mb: job.shm_mb.map(|m| m.to_string()).unwrap_or_default(),
             disk_gb: job.disk_gb.map(|g| g.to_string()).unwrap_or_default(),
+            name: job.name.clone().unwrap_or_default(),
+            tags: job
+                .tags
+                .0
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            after: job
+                .after_jobs
+                .0
+                .iter()
+                .map(|a| match a.when {
+                    commons_api::flows::When::Ok => a.job.to_string(),
+                    w => format!("{}:{}", a.job, w.as_str()),
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
             template_name: String::new(),
             save_template: None,
         }
@@ -195,6 +224,18 @@ impl JobForm {
             checkpoint_minutes: optional("checkpoint_minutes", &self.checkpoint_minutes)?,
             shm_mb: optional("shm_mb", &self.shm_mb)?,
             disk_gb: optional("disk_gb", &self.disk_gb)?,
+            name: Some(self.name.trim().to_string()).filter(|n| !n.is_empty()),
+            tags: self
+                .tags
+                .split_whitespace()
+                .map(|t| commons_api::flows::parse_tag("tags", t))
+                .collect::<Result<_, _>>()?,
+            after: self
+                .after
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|t| !t.is_empty())
+                .map(commons_api::flows::parse_after)
+                .collect::<Result<_, _>>()?,
         })
     }
 }

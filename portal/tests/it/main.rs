@@ -23,6 +23,8 @@ mod failures;
 mod files;
 mod files_clients;
 mod files_outputs;
+mod flows_deps;
+mod flows_names;
 mod foundations;
 mod fuzz_http;
 mod ha;

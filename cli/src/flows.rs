@@ -1,0 +1,138 @@
+//! The workflow flags of `commons run` (`--name`, `--tag`, `--after-ok`, ...) and of `commons ls` (the
+//! filters `--name`, `--tag`), checked with the portal's own rules before anything is
+//! sent.
+
+use crate::error::Result;
+use clap::Args;
+use commons_api::JobRequest;
+
+/// `commons run`'s flags for finding the job again.
+#[derive(Debug, Args)]
+pub struct RunFlows {
+    /// A name for the job (at most 128 characters), shown in lists.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// A tag, KEY=VALUE (repeat for several, at most 16).
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    pub tags: Vec<String>,
+    /// Start only after job ID has succeeded (repeat for several); if it fails or is
+    /// cancelled, this job fails at once, saying why.
+    #[arg(long, value_name = "ID")]
+    pub after_ok: Vec<i64>,
+    /// Start only after job ID has failed (a clean-up or a retry).
+    #[arg(long, value_name = "ID")]
+    pub after_fail: Vec<i64>,
+    /// Start after job ID has ended, however it ended.
+    #[arg(long, value_name = "ID")]
+    pub after_any: Vec<i64>,
+}
+
+/// `commons ls`'s filters.
+#[derive(Debug, Args)]
+pub struct LsFilters {
+    /// Only jobs with this name (ignoring case); `sweep-*`: names that begin so.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Only jobs with this tag, KEY=VALUE (repeat: jobs with all of them).
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    pub tags: Vec<String>,
+}
+
+/// Puts the flags into the request.
+pub fn apply(f: &RunFlows, req: &mut JobRequest) -> Result<()> {
+    req.name = f.name.clone();
+    for t in &f.tags {
+        let (k, v) = commons_api::flows::parse_tag("tags", t)?;
+        req.tags.insert(k, v);
+    }
+    use commons_api::flows::{After, When};
+    for (ids, when) in [
+        (&f.after_ok, When::Ok),
+        (&f.after_fail, When::Fail),
+        (&f.after_any, When::Any),
+    ] {
+        req.after.extend(ids.iter().map(|&job| After { job, when }));
+    }
+    Ok(())
+}
+
+/// `path` with the filters added to its query string, checked first.
+pub fn list_path(path: &str, f: &LsFilters) -> Result<String> {
+    let pairs = query(f)?;
+    if pairs.is_empty() {
+        return Ok(path.to_string());
+    }
+    let mut s = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        s.append_pair(k, &v);
+    }
+    let sep = if path.contains('?') { '&' } else { '?' };
+    Ok(format!("{path}{sep}{}", s.finish()))
+}
+
+/// The filters as query parameters (`name=..&tag=..`), empty when none; checked first.
+pub fn query(f: &LsFilters) -> Result<Vec<(&'static str, String)>> {
+    let mut q = Vec::new();
+    if let Some(n) = &f.name {
+        commons_api::flows::NameFilter::parse(n)?;
+        q.push(("name", n.clone()));
+    }
+    for t in &f.tags {
+        commons_api::flows::parse_tag("tag", t)?;
+        q.push(("tag", t.clone()));
+    }
+    Ok(q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_become_fields_and_bad_ones_name_theirs() {
+        let mut req = JobRequest::new("x:1", 1, 5);
+        let f = RunFlows {
+            name: Some("sweep".into()),
+            tags: vec!["lr=0.1".into(), "seed=3".into()],
+            after_ok: vec![41],
+            after_fail: vec![],
+            after_any: vec![40],
+        };
+        apply(&f, &mut req).unwrap();
+        assert_eq!(req.name.as_deref(), Some("sweep"));
+        assert_eq!(req.tags["seed"], "3");
+        assert_eq!(
+            serde_json::to_value(&req.after).unwrap(),
+            serde_json::json!([{"job": 41, "when": "ok"}, {"job": 40, "when": "any"}])
+        );
+        let bad = RunFlows {
+            name: None,
+            tags: vec!["lr".into()],
+            after_ok: vec![],
+            after_fail: vec![],
+            after_any: vec![],
+        };
+        let e = apply(&bad, &mut req).unwrap_err();
+        assert!(matches!(e, crate::error::CliError::Invalid { field, .. } if field == "tags"));
+        let q = query(&LsFilters {
+            name: Some("sweep-*".into()),
+            tags: vec!["lr=0.1".into()],
+        })
+        .unwrap();
+        assert_eq!(
+            q,
+            vec![
+                ("name", "sweep-*".to_string()),
+                ("tag", "lr=0.1".to_string())
+            ]
+        );
+        let f = LsFilters {
+            name: None,
+            tags: vec!["opt=a+b%".into()],
+        };
+        assert_eq!(
+            list_path("/api/v1/jobs?lab=vision", &f).unwrap(),
+            "/api/v1/jobs?lab=vision&tag=opt%3Da%2Bb%25"
+        );
+    }
+}

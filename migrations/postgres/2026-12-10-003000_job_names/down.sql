@@ -1,0 +1,3 @@
+DROP INDEX jobs_user_name;
+ALTER TABLE jobs DROP COLUMN tags;
+ALTER TABLE jobs DROP COLUMN name;

@@ -1,0 +1,196 @@
+//! Jobs that wait for other jobs (`after: [{"job": 41, "when": "ok"}]`): who may name
+//! which job, and settling the waits at the start of every scheduler round.
+//!
+//! Held jobs are kept out of the scheduler's snapshot (`db::snapshot` skips them) rather
+//! than handed to `sched` with their waits: a job that cannot start whatever the GPUs do
+//! must not take a place in the queue, hold a backfill reservation or count in fair
+//! share, and `sched` stays a pure function of GPUs, quotas and jobs that could run.
+//! Their waiting reason is still `sched`'s (`Reason::WaitingForJob`), so every reason
+//! reads alike.
+//!
+//! Invariants:
+//! - A job may only wait for existing jobs of its user (or of a lab its user
+//!   administers), so the job it names is always older: no cycle can form.
+//! - Settling is level-triggered: each round looks at what the held jobs wait for now,
+//!   so a wait is settled even if the job it names ended while this job was being
+//!   submitted, or while no portal ran the scheduler.
+//! - A wait that can no longer be met ends its job at once as failed, with the reason;
+//!   no job waits forever.
+
+use super::Actor;
+use crate::db::models::{JobState, Role};
+use crate::db::{self, DbConn};
+use crate::error::AppError;
+use commons_api::flows::{After, Ended};
+use std::collections::BTreeMap;
+
+/// What a job waiting for `a` says while it waits ("waiting for job 41 to succeed").
+pub fn waiting_text(a: &After) -> String {
+    commons_sched::Reason::WaitingForJob {
+        job: a.job,
+        to: a.when.verb().to_string(),
+    }
+    .to_string()
+}
+
+/// Refuses (422, `after`) a wait for a job that does not exist or that is neither the
+/// actor's own nor of a lab the actor administers (the same answer for both, so ids of
+/// other people's jobs are not revealed).
+pub fn check_may_wait_for(c: &mut DbConn, actor: &Actor, after: &[After]) -> Result<(), AppError> {
+    if after.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<i64> = after.iter().map(|a| a.job).collect();
+    let owners = db::deps::owners(c, &ids)?;
+    for a in after {
+        let allowed = owners.get(&a.job).is_some_and(|&(user, lab)| {
+            user == actor.user.id
+                || actor
+                    .labs
+                    .iter()
+                    .any(|(l, r)| l.id == lab && *r == Role::Admin)
+        });
+        if !allowed {
+            return Err(AppError::invalid(
+                "after",
+                format!(
+                    "job {} is not one of your jobs (nor of a lab you administer); \
+                     a job may only wait for those",
+                    a.job
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn ended(s: JobState) -> Option<Ended> {
+    match s {
+        JobState::Succeeded => Some(Ended::Succeeded),
+        JobState::Failed => Some(Ended::Failed),
+        JobState::Cancelled => Some(Ended::Cancelled),
+        _ => None,
+    }
+}
+
+/// What becomes of one held job, given the states of the jobs it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every wait is met: it joins the queue.
+    Release,
+    /// A wait can no longer be met: it fails, saying why.
+    Fail(String),
+    /// It still waits; for this (the first wait not yet met).
+    Wait(String),
+}
+
+/// Judges one held job. A job it waits for that no longer exists cannot be waited for.
+pub fn verdict(after: &[After], states: &BTreeMap<i64, JobState>) -> Verdict {
+    let mut first_open = None;
+    for a in after {
+        match states.get(&a.job).copied() {
+            None => return Verdict::Fail(format!("job {} no longer exists", a.job)),
+            Some(s) => match ended(s) {
+                Some(e) if a.met_by(e) => {}
+                Some(e) => return Verdict::Fail(a.unmet(e)),
+                None => {
+                    first_open.get_or_insert(a);
+                }
+            },
+        }
+    }
+    match first_open {
+        Some(a) => Verdict::Wait(waiting_text(a)),
+        None => Verdict::Release,
+    }
+}
+
+/// What one round of settling did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    pub released: usize,
+    pub failed: usize,
+}
+
+/// Settles every held job (one transaction): releases those whose waits are met, fails
+/// those whose waits can no longer be met, and updates what the others say they wait
+/// for. A job always waits for older ones, so going in id order with the states updated
+/// as jobs fail settles a whole chain in one round.
+pub fn settle(c: &mut DbConn) -> Result<Settled, AppError> {
+    db::transaction(c, |c| {
+        let held = db::deps::held(c)?;
+        if held.is_empty() {
+            return Ok(Settled::default());
+        }
+        let mut ids: Vec<i64> = held
+            .iter()
+            .flat_map(|h| h.after.iter().map(|a| a.job))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut states = db::deps::states(c, &ids)?;
+        let mut done = Settled::default();
+        for h in &held {
+            match verdict(&h.after, &states) {
+                Verdict::Release => {
+                    db::deps::release(c, h.id, "waiting for the scheduler")?;
+                    states.insert(h.id, JobState::Queued);
+                    done.released += 1;
+                }
+                Verdict::Fail(why) => {
+                    db::deps::fail(c, h.id, &why)?;
+                    states.insert(h.id, JobState::Failed);
+                    done.failed += 1;
+                }
+                Verdict::Wait(why) if h.reason.as_deref() != Some(why.as_str()) => {
+                    db::deps::set_reason(c, h.id, &why)?;
+                }
+                Verdict::Wait(_) => {}
+            }
+        }
+        Ok(done)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use commons_api::flows::When;
+
+    fn after(job: i64, when: When) -> After {
+        After { job, when }
+    }
+
+    #[test]
+    fn a_held_job_is_released_fails_or_says_what_it_waits_for() {
+        let states = BTreeMap::from([
+            (1, JobState::Succeeded),
+            (2, JobState::Failed),
+            (3, JobState::Running),
+            (4, JobState::Cancelled),
+        ]);
+        let v = |a: &[After]| verdict(a, &states);
+        assert_eq!(v(&[after(1, When::Ok)]), Verdict::Release);
+        assert_eq!(
+            v(&[after(2, When::Fail), after(4, When::Any)]),
+            Verdict::Release
+        );
+        assert_eq!(
+            v(&[after(1, When::Ok), after(3, When::Ok)]),
+            Verdict::Wait("waiting for job 3 to succeed".into())
+        );
+        // A wait that cannot be met fails the job even while another still runs.
+        assert_eq!(
+            v(&[after(3, When::Any), after(2, When::Ok)]),
+            Verdict::Fail("job 2 failed; this job needed it to succeed".into())
+        );
+        assert_eq!(
+            v(&[after(4, When::Fail)]),
+            Verdict::Fail("job 4 was cancelled; this job needed it to fail".into())
+        );
+        assert_eq!(
+            v(&[after(9, When::Any)]),
+            Verdict::Fail("job 9 no longer exists".into())
+        );
+    }
+}
