@@ -316,8 +316,10 @@ per_backend! {
         assert_eq!(status, 200);
         let me = &p;
         let last = *ids.last().unwrap();
-        wait_for(T, "the scheduler's reasons", || async move {
-            me.job(&me.alice, last).await["reason"].is_string()
+        // Reasons are written each round, places in the queue at most every few seconds.
+        wait_for(T, "the scheduler's reasons and places", || async move {
+            let j = me.job(&me.alice, last).await;
+            j["reason"].is_string() && j["queue_position"].is_number()
         })
         .await;
 
