@@ -22,7 +22,8 @@
 //! - [`Gpu::local_use`] and [`Gpu::idle_since`] from the agent's heartbeat, and MIG
 //!   instances as GPUs of their own with [`Gpu::mig_profile`] and their own memory.
 //! - [`RunningJob::last_checkpoint_at`] from `CheckpointStored`, and `preempting` for
-//!   attempts told to stop.
+//!   attempts told to stop; where known, [`RunningJob::checkpoint_write_s`] (how long
+//!   the job's latest checkpoint took to write), which victims and grace periods use.
 //! - [`LabInfo`] per lab: the operator quota (it limits borrowing only), the GPU-hours
 //!   borrowed in the quota period, and the fair-share ledgers (GPU-hours lent and used,
 //!   weighted with [`Policy::gpu_weight`], decayed with [`decay`] to `ledger_at`).

@@ -3,7 +3,11 @@
 //! Invariants:
 //! - An owner job that fits one of its lab's schedulable nodes is placed there: on
 //!   free GPUs if enough are free, else by preempting just enough guests (with the
-//!   node's grace period), else it waits for its lab's own jobs.
+//!   node's grace period, or a longer one that covers a guest's checkpoint write), else
+//!   it waits for its lab's own jobs. Guests whose stop would lose much work are spared
+//!   for a while first ([`crate::Policy::spare_costly_guests_gpu_hours`]); for the
+//!   guests' sake an owner job is delayed by at most
+//!   [`crate::Policy::owner_delay_share`] of its time limit.
 //! - GPUs an owner job waits for are claimed: no guest is placed on them in this plan.
 //!   A waiting owner job claims the free matching GPUs of every own node that could
 //!   hold it, not just the one it names: which node frees first may change as jobs

@@ -76,12 +76,21 @@ fn a_guest_that_saves_on_stop_is_the_cheaper_victim() {
     assert_eq!(preempted(&p), vec![100]);
 }
 
+/// The rule for costly guests is off by default; on at 8 GPU-hours.
+fn sparing() -> Policy {
+    Policy {
+        spare_costly_guests_gpu_hours: 8.0,
+        ..Policy::default()
+    }
+}
+
 #[test]
 fn an_owner_job_spares_guests_that_would_lose_much_work_for_a_while() {
     // A 4-GPU guest without a checkpoint for 3 hours: stopping it loses 12 GPU-hours.
     let guest = run(100, 2, 1, &[1, 2, 3, 4], NOW - 3 * H);
     let s = owner_needs_the_node(vec![guest]);
-    let p = plan(&s, &Policy::default(), NOW);
+    assert_eq!(preempted(&plan(&s, &Policy::default(), NOW)), vec![100]);
+    let p = plan(&s, &sparing(), NOW);
     assert!(p.preempt.is_empty(), "{p:#?}");
     let waited = NOW - s.queue[0].submitted_at;
     match reason(&p, 1) {
@@ -98,23 +107,23 @@ fn an_owner_job_spares_guests_that_would_lose_much_work_for_a_while() {
     }
     assert!(reason(&p, 1).to_string().contains("12 GPU-hours"));
     // The same plan again: nothing new (a fixed point).
-    let again = plan(&apply(&s, &p, NOW), &Policy::default(), NOW);
+    let again = plan(&apply(&s, &p, NOW), &sparing(), NOW);
     assert!(again.preempt.is_empty() && again.start.is_empty());
     // Two hours after its submission it stops the guest.
     let later = s.queue[0].submitted_at + 2 * H;
-    let p = plan(&s, &Policy::default(), later);
+    let p = plan(&s, &sparing(), later);
     assert_eq!(preempted(&p), vec![100]);
     // A one-hour owner job spares it for 2 % of its hour, 72 s: long gone by now.
     let mut short = s.clone();
     short.queue[0].time_limit_s = H;
-    assert_eq!(preempted(&plan(&short, &Policy::default(), NOW)), vec![100]);
+    assert_eq!(preempted(&plan(&short, &sparing(), NOW)), vec![100]);
     // A recent checkpoint makes the guest cheap: stopped at once.
     let mut cheap = run(100, 2, 1, &[1, 2, 3, 4], NOW - 3 * H);
     cheap.last_checkpoint_at = Some(NOW - 600);
-    let p = plan(&owner_needs_the_node(vec![cheap]), &Policy::default(), NOW);
+    let p = plan(&owner_needs_the_node(vec![cheap]), &sparing(), NOW);
     assert_eq!(preempted(&p), vec![100]);
     // commons-old never spares.
-    let old = Policy::default().without_churn_knobs();
+    let old = sparing().without_churn_knobs();
     assert_eq!(preempted(&plan(&s, &old, NOW)), vec![100]);
 }
 
@@ -126,6 +135,6 @@ fn the_owner_job_spares_guests_only_where_nothing_cheaper_exists() {
     cheap.last_checkpoint_at = Some(NOW - 300);
     let mut s = owner_needs_the_node(vec![costly, cheap]);
     s.nodes.push(node(2, 1, 5, 4, "A100", 80));
-    let p = plan(&s, &Policy::default(), NOW);
+    let p = plan(&s, &sparing(), NOW);
     assert_eq!(preempted(&p), vec![101]);
 }

@@ -5,7 +5,7 @@
 
 use crate::support::{campus, workload};
 use commons_sim::checkpoint::CheckpointModel;
-use commons_sim::{simulate, PolicyKind, SimOptions, SimOutput};
+use commons_sim::{simulate, PolicyKind, SimOptions, SimOutput, Tuning};
 
 /// Lab a owns one 8-GPU A100-80GB node; lab b none. Grace 60 s, checkpoints every 30 min.
 const CAMPUS: &str = r#"
@@ -35,10 +35,21 @@ fn run(
     guest_s: i64,
     owner_at: i64,
 ) -> SimOutput {
+    run_tuned(policy, model, guest_s, owner_at, Tuning::default())
+}
+
+fn run_tuned(
+    policy: PolicyKind,
+    model: Option<CheckpointModel>,
+    guest_s: i64,
+    owner_at: i64,
+    tuning: Tuning,
+) -> SimOutput {
     let c = campus(CAMPUS);
     let w = workload(&c, &[(0, guest_s, 8, "vb"), (owner_at, OWNER_S, 8, "va")]);
     let opts = SimOptions {
         checkpoints: model,
+        tuning,
         ..SimOptions::new(policy)
     };
     simulate(&c, &w, &opts, &mut |_| {}).unwrap()
@@ -110,20 +121,23 @@ fn commons_gives_a_slow_writer_the_grace_its_save_needs() {
 }
 
 #[test]
-fn commons_spares_a_guest_without_checkpoints_that_ends_soon() {
+fn commons_spares_a_guest_without_checkpoints_that_ends_soon_with_the_rule_on() {
     // The guest never checkpoints and ends at 4 h; the owner arrives at 3 h.
     let old = run(PolicyKind::CommonsOld, model(1.0, 1.0), 4 * H, 3 * H);
-    assert_eq!(
-        lost_and_owner_start(&old),
-        (3.0 * H as f64 * 8.0, Some(3 * H))
-    );
+    let stopped = (3.0 * H as f64 * 8.0, Some(3 * H));
+    assert_eq!(lost_and_owner_start(&old), stopped);
+    // Off by default: stopped at once.
     let out = run(PolicyKind::Commons, model(1.0, 1.0), 4 * H, 3 * H);
+    assert_eq!(lost_and_owner_start(&out), stopped);
+    let on = Tuning {
+        spare_costly_guests_gpu_hours: Some(8.0),
+        ..Tuning::default()
+    };
+    let out = run_tuned(PolicyKind::Commons, model(1.0, 1.0), 4 * H, 3 * H, on);
     assert_eq!(out.preemptions, 0);
     assert_eq!(lost_and_owner_start(&out), (0.0, Some(4 * H)));
     // One that would run on past the two hours is stopped then.
-    let out = run(PolicyKind::Commons, model(1.0, 1.0), 10 * H, 3 * H);
-    assert_eq!(
-        lost_and_owner_start(&out),
-        (5.0 * H as f64 * 8.0, Some(5 * H))
-    );
+    let out = run_tuned(PolicyKind::Commons, model(1.0, 1.0), 10 * H, 3 * H, on);
+    let late = (5.0 * H as f64 * 8.0, Some(5 * H));
+    assert_eq!(lost_and_owner_start(&out), late);
 }
