@@ -7,6 +7,7 @@ mod files;
 pub mod human;
 mod images;
 mod job_chart;
+mod job_form;
 mod job_list;
 mod jobs;
 mod labs;
