@@ -25,6 +25,22 @@ fn counter(checkpoint_minutes: Option<i64>) -> serde_json::Value {
     j
 }
 
+/// Generous: CI machines are shared, and a slow one takes long to start containers.
+const WITHIN: Duration = Duration::from_secs(240);
+
+/// The tails of the portal's and the agents' logs, for a test that timed out.
+fn logs_of(portal: &PortalProcess, agents: &[&AgentProcess]) -> String {
+    let tail = |s: String| {
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    };
+    let mut out = format!("portal log:\n{}", tail(portal.log()));
+    for (i, a) in agents.iter().enumerate() {
+        out.push_str(&format!("\nagent {i} log:\n{}", tail(a.log())));
+    }
+    out
+}
+
 /// The values the counter started from, attempt by attempt.
 fn starts(log: &str) -> Vec<u64> {
     log.lines()
@@ -41,17 +57,31 @@ async fn a_reclaimed_guest_resumes_elsewhere_from_what_it_saved() {
     let guest = Api::new(portal.url(), bob);
     let hosts = [Host::new(8), Host::new(9)];
     // Only vision's server at first: bob's job (physics) runs there as a guest.
-    let _vision = AgentProcess::start_for(&hosts[0], &portal, "vision", "vision-1", GPUS);
+    let vision_agent = AgentProcess::start_for(&hosts[0], &portal, "vision", "vision-1", GPUS);
     let timeline = Timeline::start();
     let job = guest.submit(counter(None)).await;
     let first = guest
-        .wait_job(job, Duration::from_secs(60), "running", |j| {
-            j["state"] == "running"
-        })
+        .wait_job_telling(
+            job,
+            WITHIN,
+            "running",
+            |j| j["state"] == "running",
+            || logs_of(&portal, &[&vision_agent]),
+        )
         .await;
     assert_eq!(first["node"], "vision-1");
-    let _physics = AgentProcess::start_for(&hosts[1], &portal, "physics", "physics-1", GPUS);
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    let physics_agent = AgentProcess::start_for(&hosts[1], &portal, "physics", "physics-1", GPUS);
+    owner.wait_online(2, WITHIN).await;
+    // A few counts saved before the owner takes its server back.
+    guest
+        .wait_job(job, WITHIN, "running a while", |j| {
+            j["state"] == "running"
+                && j["started_at"]
+                    .as_str()
+                    .and_then(|t| t.parse::<chrono::NaiveDateTime>().ok())
+                    .is_some_and(|t| (chrono::Utc::now().naive_utc() - t).num_seconds() >= 8)
+        })
+        .await;
     // The owner takes every GPU back: SIGTERM, the grace, the final upload, requeue.
     let nodes = owner.get("/api/v1/nodes").await.unwrap();
     let vision = nodes
@@ -70,9 +100,13 @@ async fn a_reclaimed_guest_resumes_elsewhere_from_what_it_saved() {
         .await;
     assert_eq!(status, 200);
     let second = guest
-        .wait_job(job, Duration::from_secs(90), "attempt 2 running", |j| {
-            j["state"] == "running" && j["attempts"] == 2
-        })
+        .wait_job_telling(
+            job,
+            WITHIN,
+            "attempt 2 running",
+            |j| j["state"] == "running" && j["attempts"] == 2,
+            || logs_of(&portal, &[&vision_agent, &physics_agent]),
+        )
         .await;
     assert_eq!(second["node"], "physics-1");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -97,24 +131,34 @@ async fn a_vanished_server_costs_at_most_one_checkpoint_interval() {
     let mut first_agent = AgentProcess::start(&hosts[0], &portal, "host-x", GPUS);
     let timeline = Timeline::start();
     let job = api.submit(counter(Some(1))).await;
-    api.wait_job(job, Duration::from_secs(60), "running", |j| {
-        j["state"] == "running"
-    })
-    .await;
-    let _second_agent = AgentProcess::start(&hosts[1], &portal, "host-y", GPUS);
-    // One periodic checkpoint (after a minute), then the server vanishes.
-    api.wait_job(
+    api.wait_job_telling(
         job,
-        Duration::from_secs(120),
+        WITHIN,
+        "running",
+        |j| j["state"] == "running",
+        || logs_of(&portal, &[&first_agent]),
+    )
+    .await;
+    let second_agent = AgentProcess::start(&hosts[1], &portal, "host-y", GPUS);
+    api.wait_online(2, WITHIN).await;
+    // One periodic checkpoint (after a minute), then the server vanishes.
+    api.wait_job_telling(
+        job,
+        WITHIN,
         "a periodic checkpoint",
         |j| j["last_checkpoint_at"].is_string(),
+        || logs_of(&portal, &[&first_agent]),
     )
     .await;
     first_agent.vanish();
     let second = api
-        .wait_job(job, Duration::from_secs(90), "attempt 2 running", |j| {
-            j["state"] == "running" && j["attempts"] == 2
-        })
+        .wait_job_telling(
+            job,
+            WITHIN,
+            "attempt 2 running",
+            |j| j["state"] == "running" && j["attempts"] == 2,
+            || logs_of(&portal, &[&first_agent, &second_agent]),
+        )
         .await;
     assert_eq!(second["node"], "host-y");
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -41,6 +41,25 @@ fn workspace_binary_named(package: &str, name: &str) -> PathBuf {
     let bin = dir.join(name);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
+    // Not the variables `cargo test` sets for this test: ring's build script reruns when
+    // CARGO_MANIFEST_DIR changes, so the build would flip between this environment and a
+    // shell's, relinking the binary while other tests start it.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        let set_for_tests = [
+            "CARGO_MANIFEST_",
+            "CARGO_PKG_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+        ]
+        .iter()
+        .any(|p| key.starts_with(p))
+            || key == "CARGO_PRIMARY_PACKAGE"
+            || key == "CARGO_TARGET_TMPDIR";
+        if set_for_tests {
+            cmd.env_remove(&key);
+        }
+    }
     cmd.args(["build", "-p", package, "--bin", name])
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     if dir.ends_with("release") {
@@ -712,18 +731,37 @@ impl Api {
         what: &str,
         check: impl Fn(&Value) -> bool,
     ) -> Value {
+        self.wait_job_telling(job, within, what, check, String::new)
+            .await
+    }
+
+    /// [`Api::wait_job`], saying what `tell` returns (logs, say) if it times out.
+    pub async fn wait_job_telling(
+        &self,
+        job: i64,
+        within: Duration,
+        what: &str,
+        check: impl Fn(&Value) -> bool,
+        tell: impl Fn() -> String,
+    ) -> Value {
         let deadline = Instant::now() + within;
         loop {
-            if let Some(j) = self.get(&format!("/api/v1/jobs/{job}")).await {
-                if check(&j) {
-                    return j;
+            let j = self.get(&format!("/api/v1/jobs/{job}")).await;
+            if let Some(j) = &j {
+                if check(j) {
+                    return j.clone();
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "timed out waiting for {what}: {j}"
+            }
+            if Instant::now() >= deadline {
+                let events = self
+                    .get(&format!("/api/v1/jobs/{job}/events"))
+                    .await
+                    .unwrap_or_default();
+                panic!(
+                    "timed out after {within:?} waiting for {what}: {}\nevents: {events}\n{}",
+                    j.unwrap_or_default(),
+                    tell()
                 );
-            } else {
-                assert!(Instant::now() < deadline, "timed out waiting for {what}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -750,6 +788,22 @@ impl Api {
         {
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(_) => String::new(),
+        }
+    }
+
+    /// Waits until `n` servers are online.
+    pub async fn wait_online(&self, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let online = self.nodes_online().await;
+            if online >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{online} of {n} servers online after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
