@@ -48,7 +48,26 @@ async fn campus_with_history() -> (TestPortal, Vec<Value>) {
         )
         .await;
     assert!(status < 300, "quota: {status}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The agents counted their finishes when they sent them; the portal records them a
+    // moment later (longer on a busy machine): wait until the API shows all three.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mine = p.get_json(&p.alice, "/api/v1/jobs").await;
+        let states: Vec<&str> = mine
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|j| j["state"].as_str())
+            .collect();
+        if states.len() == 3 && states.iter().all(|s| *s == "succeeded") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "alice's three jobs did not all succeed: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let jobs = vec![
         p.get_json(&p.alice, "/api/v1/jobs").await,
         p.get_json(&p.bob, "/api/v1/jobs").await,
