@@ -151,6 +151,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ids.len(), 45, "{ids:?}");
+        assert_eq!(ids.len(), 48, "{ids:?}");
     }
 }
