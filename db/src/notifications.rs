@@ -301,4 +301,3 @@ pub fn deliveries(c: &mut DbConn, user: i64, limit: i64) -> Result<Vec<DeliveryR
         .select(DeliveryRow::as_select())
         .load(c)?)
 }
-

@@ -138,10 +138,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let sender = std::sync::Arc::new(crate::service::notify::send::Sender::from_config(
         &state.config,
     )?);
-    let notifier = tokio::spawn(crate::service::notify::send::run(
-        state.ctx.clone(),
-        sender,
-    ));
+    let notifier = tokio::spawn(crate::service::notify::send::run(state.ctx.clone(), sender));
     let ssh = match crate::ssh::start(state.clone()).await {
         Ok(g) => g,
         Err(e) => {

@@ -20,7 +20,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/settings", web::get().to(page))
         .route("/settings/notifications", web::post().to(save_preferences))
         .route("/settings/webhooks", web::post().to(add_webhook))
-        .route("/settings/webhooks/{id}/remove", web::post().to(remove_webhook));
+        .route(
+            "/settings/webhooks/{id}/remove",
+            web::post().to(remove_webhook),
+        );
 }
 
 /// The preferences form: a checkbox for e-mail and one per event.

@@ -30,7 +30,14 @@ pub struct Got {
 }
 
 /// Checks a call as a receiver following Standard Webhooks does, at time `now`.
-pub fn verify(secret: &str, id: &str, ts: &str, sig: &str, body: &str, now: i64) -> Result<(), String> {
+pub fn verify(
+    secret: &str,
+    id: &str,
+    ts: &str,
+    sig: &str,
+    body: &str,
+    now: i64,
+) -> Result<(), String> {
     let t: i64 = ts.parse().map_err(|_| format!("bad timestamp {ts:?}"))?;
     if (now - t).abs() > 300 {
         return Err(format!("timestamp {t} is {} s from now: a replay", now - t));
@@ -69,7 +76,11 @@ async fn hook(req: HttpRequest, body: String, s: web::Data<Shared>) -> HttpRespo
             .unwrap_or_default()
             .to_string()
     };
-    let (id, ts, sig) = (h("webhook-id"), h("webhook-timestamp"), h("webhook-signature"));
+    let (id, ts, sig) = (
+        h("webhook-id"),
+        h("webhook-timestamp"),
+        h("webhook-signature"),
+    );
     let now = chrono::Utc::now().timestamp();
     let status = match verify(SECRET, &id, &ts, &sig, &body, now) {
         Err(_) => 400,
@@ -156,10 +167,14 @@ async fn restart(p: &mut TestPortal) {
     }
     p.portal.handle.stop(false).await;
     let _ = (&mut p.portal.server).await;
-    p.portal = commons_portal::start(config).await.expect("portal starts again");
+    p.portal = commons_portal::start(config)
+        .await
+        .expect("portal starts again");
 }
 
-fn test_portal(backend: crate::support::harness::Backend) -> crate::support::harness::TestPortalBuilder<'static> {
+fn test_portal(
+    backend: crate::support::harness::Backend,
+) -> crate::support::harness::TestPortalBuilder<'static> {
     TestPortal::builder(backend).config(|c| {
         // The receiver listens on loopback.
         c.notify.allow_private_targets = true;
@@ -304,8 +319,15 @@ impl SmtpServer {
         let port = crate::support::cluster::free_port();
         let dir = tempfile::tempdir().unwrap();
         let child = std::process::Command::new(&python)
-            .args(["-m", "aiosmtpd", "-n", "-l", &format!("127.0.0.1:{port}"), "-c",
-                   "aiosmtpd.handlers.Mailbox"])
+            .args([
+                "-m",
+                "aiosmtpd",
+                "-n",
+                "-l",
+                &format!("127.0.0.1:{port}"),
+                "-c",
+                "aiosmtpd.handlers.Mailbox",
+            ])
             .arg(dir.path().join("mail"))
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -346,7 +368,11 @@ async fn a_failed_job_sends_an_email_through_a_real_smtp_server() {
         .start()
         .await;
     let (s, v) = p
-        .put_json(&p.alice, "/api/v1/me/notifications", &json!({"email": true, "events": ["failed"]}))
+        .put_json(
+            &p.alice,
+            "/api/v1/me/notifications",
+            &json!({"email": true, "events": ["failed"]}),
+        )
         .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["email_available"], true, "{v}");
@@ -358,14 +384,27 @@ async fn a_failed_job_sends_an_email_through_a_real_smtp_server() {
         if let Some(m) = smtp.messages().into_iter().next() {
             break m;
         }
-        let log = p.get_json(&p.alice, "/api/v1/me/notifications/deliveries").await;
-        assert!(Instant::now() < deadline, "no mail arrived; the delivery log: {log}");
+        let log = p
+            .get_json(&p.alice, "/api/v1/me/notifications/deliveries")
+            .await;
+        assert!(
+            Instant::now() < deadline,
+            "no mail arrived; the delivery log: {log}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(mail.contains("To: alice@campus.test"), "{mail}");
-    assert!(mail.contains(&format!("Subject: [GPU Commons] job {id} failed")), "{mail}");
-    assert!(mail.contains("From: \"GPU Commons\" <gpu@campus.test>"), "{mail}");
-    let log = p.get_json(&p.alice, "/api/v1/me/notifications/deliveries").await;
+    assert!(
+        mail.contains(&format!("Subject: [GPU Commons] job {id} failed")),
+        "{mail}"
+    );
+    assert!(
+        mail.contains("From: \"GPU Commons\" <gpu@campus.test>"),
+        "{mail}"
+    );
+    let log = p
+        .get_json(&p.alice, "/api/v1/me/notifications/deliveries")
+        .await;
     assert_eq!(log[0]["channel"], "email", "{log}");
     assert_eq!(log[0]["status"], "sent", "{log}");
     // Only the failure was asked for.
@@ -384,8 +423,12 @@ async fn webhook_latency() {
         .await;
     let rx = Receiver::start(0);
     let (s, v) = p
-        .put_json(&p.alice, "/api/v1/me/notifications", &json!({
-            "webhooks": [{"url": rx.url, "secret": SECRET}], "events": ["succeeded"]}))
+        .put_json(
+            &p.alice,
+            "/api/v1/me/notifications",
+            &json!({
+            "webhooks": [{"url": rx.url, "secret": SECRET}], "events": ["succeeded"]}),
+        )
         .await;
     assert_eq!(s, 200, "{v}");
     let _agent = p.agent("vision", "fake:4xA100-80GB").await;

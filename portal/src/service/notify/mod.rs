@@ -116,12 +116,19 @@ fn view(actor: &Actor, s: &Settings, opts: Options) -> NotificationSettings {
 }
 
 async fn load(ctx: &Ctx, user: i64) -> Result<Settings, AppError> {
-    let row = ctx.db.run(move |c| Ok::<_, AppError>(store::settings(c, user)?)).await?;
+    let row = ctx
+        .db
+        .run(move |c| Ok::<_, AppError>(store::settings(c, user)?))
+        .await?;
     Ok(Settings::from_row(row))
 }
 
 /// The caller's settings (secrets shown by their last characters only).
-pub async fn get(ctx: &Ctx, actor: &Actor, opts: Options) -> Result<NotificationSettings, AppError> {
+pub async fn get(
+    ctx: &Ctx,
+    actor: &Actor,
+    opts: Options,
+) -> Result<NotificationSettings, AppError> {
     let s = load(ctx, actor.user.id).await?;
     Ok(view(actor, &s, opts))
 }
@@ -154,16 +161,15 @@ pub async fn put(
             .map_err(|m| AppError::invalid(&field, m))?;
         let url = target.url.to_string();
         let kept = old.webhooks.iter().find(|o| o.url == url);
-        let secret = match (&w.secret, kept) {
-            (Some(s), _) => check_secret(&format!("webhooks[{i}].secret"), s)?,
-            (None, Some(k)) => k.secret.clone(),
-            (None, None) => {
-                return Err(AppError::invalid(
+        let secret =
+            match (&w.secret, kept) {
+                (Some(s), _) => check_secret(&format!("webhooks[{i}].secret"), s)?,
+                (None, Some(k)) => k.secret.clone(),
+                (None, None) => return Err(AppError::invalid(
                     &format!("webhooks[{i}].secret"),
                     "a new webhook needs a secret (whsec_ and base64, or 16 characters or more)",
-                ))
-            }
-        };
+                )),
+            };
         let id = kept
             .map(|k| k.id.clone())
             .unwrap_or_else(|| format!("wh_{}", hex::encode(rand::random::<[u8; 6]>())));
@@ -178,12 +184,28 @@ pub async fn put(
     let stored = new.clone();
     ctx.db
         .run(move |c| {
-            let events = stored.events.as_ref().map(serde_json::to_string).transpose().map_err(db::DbError::from)?;
+            let events = stored
+                .events
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(db::DbError::from)?;
             let hooks = serde_json::to_string(&stored.webhooks).map_err(db::DbError::from)?;
-            Ok::<_, AppError>(store::put_settings(c, user, stored.email, events.as_deref(), &hooks)?)
+            Ok::<_, AppError>(store::put_settings(
+                c,
+                user,
+                stored.email,
+                events.as_deref(),
+                &hooks,
+            )?)
         })
         .await?;
-    tracing::info!(user, webhooks = new.webhooks.len(), email = new.email, "notification settings saved");
+    tracing::info!(
+        user,
+        webhooks = new.webhooks.len(),
+        email = new.email,
+        "notification settings saved"
+    );
     Ok(view(actor, &new, opts))
 }
 
@@ -205,7 +227,12 @@ pub async fn deliveries(ctx: &Ctx, actor: &Actor, limit: i64) -> Result<Vec<Deli
     let user = actor.user.id;
     let (rows, settings) = ctx
         .db
-        .run(move |c| Ok::<_, AppError>((store::deliveries(c, user, limit)?, store::settings(c, user)?)))
+        .run(move |c| {
+            Ok::<_, AppError>((
+                store::deliveries(c, user, limit)?,
+                store::settings(c, user)?,
+            ))
+        })
         .await?;
     let hooks = Settings::from_row(settings).webhooks;
     Ok(rows

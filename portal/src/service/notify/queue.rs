@@ -164,6 +164,9 @@ mod tests {
             state: JobState::Preempting,
             message: "preempting: the owner needs the GPU (grace 120 s)".into(),
         };
-        assert_eq!(grace_deadline(&e), Some(at + chrono::Duration::seconds(120)));
+        assert_eq!(
+            grace_deadline(&e),
+            Some(at + chrono::Duration::seconds(120))
+        );
     }
 }

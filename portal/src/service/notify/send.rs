@@ -132,7 +132,10 @@ async fn try_one(ctx: &Ctx, sender: &Sender, row: DeliveryRow) -> Result<(), App
         "email" => send_email(sender, &row).await,
         _ => {
             let user = row.user_id;
-            let s = ctx.db.run(move |c| Ok::<_, AppError>(store::settings(c, user)?)).await?;
+            let s = ctx
+                .db
+                .run(move |c| Ok::<_, AppError>(store::settings(c, user)?))
+                .await?;
             let hook = Settings::from_row(s)
                 .webhooks
                 .into_iter()
@@ -168,7 +171,11 @@ async fn try_one(ctx: &Ctx, sender: &Sender, row: DeliveryRow) -> Result<(), App
 /// When to try again after the attempt now failing, or None once the retry window ends.
 pub fn retry_at(cfg: &NotifyConfig, row: &DeliveryRow) -> Option<NaiveDateTime> {
     let n = row.attempts.clamp(0, 20) as u32;
-    let delay = cfg.retry_base_s.max(1).saturating_mul(1 << n).min(MAX_DELAY_S);
+    let delay = cfg
+        .retry_base_s
+        .max(1)
+        .saturating_mul(1 << n)
+        .min(MAX_DELAY_S);
     let t = db::now() + chrono::Duration::seconds(delay as i64);
     let end = row.created_at + chrono::Duration::hours(cfg.retry_hours as i64);
     (t <= end).then_some(t)
@@ -224,7 +231,9 @@ async fn send_webhook(
 
 async fn send_email(sender: &Sender, row: &DeliveryRow) -> Result<String, Failure> {
     let Some((mailer, from)) = &sender.mailer else {
-        return Err(Failure::Final("e-mail is not configured on this portal".into()));
+        return Err(Failure::Final(
+            "e-mail is not configured on this portal".into(),
+        ));
     };
     let mail: Mail = serde_json::from_str(&row.payload)
         .map_err(|e| Failure::Final(format!("stored message unreadable: {e}")))?;
