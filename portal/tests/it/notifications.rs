@@ -463,3 +463,65 @@ async fn webhook_latency() {
         p.portal.state.config.notify.poll_ms
     );
 }
+
+/// A guest preempted by the owner hears of it at the SIGTERM, with the grace deadline;
+/// cancelling the requeued job sends `cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_guest_hears_the_grace_deadline_and_a_cancel() {
+    let p = test_portal(crate::support::harness::Backend::Sqlite)
+        .start()
+        .await;
+    let rx = Receiver::start(0);
+    let (s, v) = p
+        .put_json(
+            &p.bob,
+            "/api/v1/me/notifications",
+            &json!({"webhooks": [{"url": rx.url, "secret": SECRET}],
+                    "events": ["preempted", "cancelled"]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+    let node = p.get_json(&p.alice, "/api/v1/nodes").await[0]["id"]
+        .as_i64()
+        .unwrap();
+    let (s, v) = p
+        .put_json(
+            &p.carol,
+            &format!("/api/v1/nodes/{node}/lending"),
+            &json!({"mode": "always", "grace_seconds": 3}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let guest = p.submit(&p.bob, job("sleep 300")).await;
+    p.wait_state(&p.bob, guest, &["running"], T).await;
+    let owner = p.submit(&p.alice, job("sleep 30")).await;
+    let calls = rx
+        .wait("job.preempted", |c| {
+            c.iter().any(|g| g.body.contains("job.preempted"))
+        })
+        .await;
+    let e: Value = serde_json::from_str(&calls[0].body).unwrap();
+    assert_eq!(e["data"]["job"]["id"], guest, "{e}");
+    let at = chrono::DateTime::parse_from_rfc3339(e["timestamp"].as_str().unwrap()).unwrap();
+    let deadline =
+        chrono::DateTime::parse_from_rfc3339(e["data"]["grace_deadline"].as_str().unwrap())
+            .unwrap();
+    let grace = (deadline - at).num_milliseconds();
+    assert!((2_000..=4_000).contains(&grace), "grace {grace} ms: {e}");
+    p.wait_state(&p.alice, owner, &["running"], T).await;
+    p.wait_state(&p.bob, guest, &["queued"], T).await;
+    let (s, v) = p
+        .post_json(&p.bob, &format!("/api/v1/jobs/{guest}/cancel"), &json!({}))
+        .await;
+    assert!(s < 300, "cancel: {s} {v}");
+    rx.wait("job.cancelled", |c| {
+        c.iter().any(|g| g.body.contains("job.cancelled"))
+    })
+    .await;
+    assert!(
+        rx.calls().iter().all(|g| g.status == 200),
+        "{:#?}",
+        rx.calls()
+    );
+}
