@@ -525,3 +525,56 @@ async fn a_preempted_guest_hears_the_grace_deadline_and_a_cancel() {
         rx.calls()
     );
 }
+
+/// Two replicas on one PostgreSQL database: each event is queued once and sent by one of
+/// them (both run the sender).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_send_each_event_once() {
+    let p = test_portal(crate::support::harness::Backend::Postgres)
+        .start()
+        .await;
+    let mut config = (*p.portal.state.config).clone();
+    config.listen = "127.0.0.1:0".into();
+    let second = commons_portal::start(config)
+        .await
+        .expect("a second replica");
+    let rx = Receiver::start(0);
+    let (s, v) = p
+        .put_json(
+            &p.alice,
+            "/api/v1/me/notifications",
+            &json!({"webhooks": [{"url": rx.url, "secret": SECRET}], "events": ["succeeded"]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let _agent = p.agent("vision", "fake:4xA100-80GB").await;
+    let n = 12;
+    for _ in 0..n {
+        p.submit(&p.alice, job("true")).await;
+    }
+    rx.wait("a call per job", |c| c.len() >= n).await;
+    // Every delivery recorded as sent: none is left for a replica to send again.
+    let deadline = Instant::now() + T;
+    loop {
+        let log = p
+            .get_json(&p.alice, "/api/v1/me/notifications/deliveries")
+            .await;
+        let rows = log.as_array().unwrap();
+        if rows.len() == n && rows.iter().all(|d| d["status"] == "sent") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the log never says all sent: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let calls = rx.calls();
+    let mut ids: Vec<&str> = calls.iter().map(|g| g.id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((calls.len(), ids.len()), (n, n), "{calls:#?}");
+    second.scheduler.abort();
+    second.notifier.abort();
+    second.handle.stop(false).await;
+}
