@@ -301,3 +301,13 @@ pub fn deliveries(c: &mut DbConn, user: i64, limit: i64) -> Result<Vec<DeliveryR
         .select(DeliveryRow::as_select())
         .load(c)?)
 }
+
+/// Deletes finished deliveries (sent or given up) created before `before`; how many.
+pub fn expire(c: &mut DbConn, before: NaiveDateTime) -> Result<usize, DbError> {
+    Ok(diesel::delete(
+        notification_deliveries::table
+            .filter(notification_deliveries::status.ne("pending"))
+            .filter(notification_deliveries::created_at.lt(before)),
+    )
+    .execute(c)?)
+}

@@ -26,6 +26,8 @@ const CLAIM_S: i64 = 60;
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest wait between two tries.
 const MAX_DELAY_S: u64 = 3600;
+/// How long finished deliveries stay in the log, in days.
+pub const KEEP_DAYS: i64 = 30;
 
 /// An e-mail as queued.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,7 +92,21 @@ impl Sender {
 /// The background task: forever, queue new events' deliveries, then send the due ones.
 pub async fn run(ctx: Ctx, sender: Arc<Sender>) {
     let poll = Duration::from_millis(sender.cfg.poll_ms.max(50));
+    let mut expired_at: Option<std::time::Instant> = None;
     loop {
+        if expired_at.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
+            expired_at = Some(std::time::Instant::now());
+            let before = db::now() - chrono::Duration::days(KEEP_DAYS);
+            match ctx
+                .db
+                .run(move |c| Ok::<_, AppError>(store::expire(c, before)?))
+                .await
+            {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "expired old notification deliveries"),
+                Err(e) => tracing::warn!("expiring notification deliveries: {e}"),
+            }
+        }
         let busy = match pass(&ctx, &sender).await {
             Ok(busy) => busy,
             Err(e) => {
