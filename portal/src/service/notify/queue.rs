@@ -33,10 +33,31 @@ pub fn grace_deadline(e: &JobEvent) -> Option<NaiveDateTime> {
     Some(e.at + chrono::Duration::seconds(secs))
 }
 
+/// How long a gap in the event ids may stay open before it is taken for a rolled-back
+/// insert and passed over.
+const GAP_WAIT_S: i64 = 10;
+
+/// How many of `events` (ordered by id, after the cursor `from`) may be passed now. On
+/// PostgreSQL ids are taken when a row is inserted but seen when its transaction commits,
+/// so a later id can be visible before an earlier one: the cursor stops before a gap
+/// until the gap is filled, or until the event after it is `GAP_WAIT_S` old (the missing
+/// id then belongs to a transaction that rolled back).
+pub fn settled(from: i64, events: &[(i64, JobEvent)], now: NaiveDateTime) -> usize {
+    let mut expected = from + 1;
+    for (i, (id, e)) in events.iter().enumerate() {
+        if *id != expected && e.at > now - chrono::Duration::seconds(GAP_WAIT_S) {
+            return i;
+        }
+        expected = id + 1;
+    }
+    events.len()
+}
+
 /// One pass: queues the deliveries for the events after the cursor and moves it.
 /// Returns how many events it read (0: nothing new, or another replica was first).
 pub fn pass(c: &mut DbConn, email_on: bool) -> Result<usize, AppError> {
-    let (from, events) = store::events_after_cursor(c, BATCH)?;
+    let (from, mut events) = store::events_after_cursor(c, BATCH)?;
+    events.truncate(settled(from, &events, db::now()));
     let Some(&(to, _)) = events.last() else {
         return Ok(0);
     };
@@ -150,6 +171,29 @@ fn deliveries(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cursor_waits_at_a_fresh_gap_and_passes_an_old_one() {
+        let now = chrono::NaiveDate::from_ymd_opt(2026, 12, 5)
+            .unwrap()
+            .and_hms_opt(12, 0, 0)
+            .unwrap();
+        let ev = |id: i64, age_s: i64| {
+            (
+                id,
+                JobEvent {
+                    id,
+                    job_id: 1,
+                    at: now - chrono::Duration::seconds(age_s),
+                    state: JobState::Running,
+                    message: String::new(),
+                },
+            )
+        };
+        assert_eq!(settled(10, &[ev(11, 0), ev(12, 0), ev(14, 0)], now), 2);
+        assert_eq!(settled(10, &[ev(12, 0)], now), 0);
+        assert_eq!(settled(10, &[ev(11, 0), ev(13, 30), ev(14, 0)], now), 3);
+    }
 
     #[test]
     fn the_grace_deadline_comes_from_the_preemption_row() {
