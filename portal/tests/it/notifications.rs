@@ -293,6 +293,24 @@ per_backend! {
         // Without the CSRF token: refused.
         let r = b.post_form_without_token("/settings/notifications", &[("failed", "on")]).await;
         assert_eq!(r.status(), 403, "[{backend:?}]");
+
+        // A webhook added without a secret: the portal makes one and shows it once.
+        let r = b.post_form("/settings/webhooks", &[("url", "https://93.184.215.14/hook"), ("secret", "")]).await;
+        assert_eq!(r.status(), 200, "[{backend:?}]");
+        let html = r.text().await.unwrap();
+        let made = html.split("shown this once: <code>").nth(1).and_then(|t| t.split('<').next())
+            .unwrap_or_else(|| panic!("[{backend:?}] no secret shown: {html}"));
+        assert!(made.starts_with("whsec_") && made.len() > 30, "[{backend:?}] {made}");
+        let got = p.get_json(&p.alice, "/api/v1/me/notifications").await;
+        let hook = &got["webhooks"][0];
+        assert_eq!(hook["url"], "https://93.184.215.14/hook", "[{backend:?}] {got}");
+        assert_eq!(hook["secret_hint"], format!("…{}", &made[made.len() - 4..]), "[{backend:?}]");
+        assert_eq!(got["events"], json!(["succeeded", "failed"]), "[{backend:?}] kept: {got}");
+        assert!(!b.page("/settings").await.contains(made), "[{backend:?}] shown twice");
+        let r = b.post_form(&format!("/settings/webhooks/{}/remove", hook["id"].as_str().unwrap()), &[]).await;
+        assert_eq!(r.status(), 303, "[{backend:?}]");
+        let got = p.get_json(&p.alice, "/api/v1/me/notifications").await;
+        assert_eq!(got["webhooks"], json!([]), "[{backend:?}] {got}");
     }
 }
 
