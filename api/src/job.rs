@@ -96,6 +96,11 @@ pub struct JobRequest {
     /// campus default. A job is placed only on servers that give a job this much.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_gb: Option<i64>,
+    /// Which events of this job to notify about, instead of the owner's settings:
+    /// `started`, `preempted`, `succeeded`, `failed`, `cancelled`, or `start`, `end`,
+    /// `fail`, `all` (`["end", "fail"]`). Left out: the owner's settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<Vec<String>>,
     /// A name for people to find it by (at most 128 characters; need not be unique).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -129,6 +134,7 @@ impl JobRequest {
             checkpoint_minutes: None,
             shm_mb: None,
             disk_gb: None,
+            notify: None,
             name: None,
             tags: BTreeMap::new(),
             after: Vec::new(),
@@ -146,6 +152,9 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
     resources(req)?;
     if let Some(lab) = &req.lab {
         slug("lab", lab)?;
+    }
+    if let Some(n) = &req.notify {
+        crate::notify::events("notify", n)?;
     }
     if let Some(n) = &req.name {
         crate::flows::name("name", n)?;

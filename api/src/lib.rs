@@ -20,6 +20,7 @@ pub mod image;
 pub mod job;
 pub mod job_view;
 pub mod node;
+pub mod notify;
 pub mod overview;
 pub mod rules;
 pub mod ssh;

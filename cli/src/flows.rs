@@ -12,6 +12,10 @@ pub struct RunFlows {
     /// A name for the job (at most 128 characters), shown in lists.
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
+    /// Which of this job's events to notify about, instead of your settings: started,
+    /// preempted, succeeded, failed, cancelled, or start, end, fail, all (`end,fail`).
+    #[arg(long, value_name = "EVENTS", value_delimiter = ',')]
+    pub notify: Option<Vec<String>>,
     /// A tag, KEY=VALUE (repeat for several, at most 16).
     #[arg(long = "tag", value_name = "KEY=VALUE")]
     pub tags: Vec<String>,
@@ -41,6 +45,10 @@ pub struct LsFilters {
 /// Puts the flags into the request.
 pub fn apply(f: &RunFlows, req: &mut JobRequest) -> Result<()> {
     req.name = f.name.clone();
+    if let Some(n) = &f.notify {
+        commons_api::notify::events("notify", n)?;
+        req.notify = Some(n.clone());
+    }
     for t in &f.tags {
         let (k, v) = commons_api::flows::parse_tag("tags", t)?;
         req.tags.insert(k, v);
@@ -93,6 +101,7 @@ mod tests {
         let mut req = JobRequest::new("x:1", 1, 5);
         let f = RunFlows {
             name: Some("sweep".into()),
+            notify: Some(vec!["end".into(), "fail".into()]),
             tags: vec!["lr=0.1".into(), "seed=3".into()],
             after_ok: vec![41],
             after_fail: vec![],
@@ -100,6 +109,7 @@ mod tests {
         };
         apply(&f, &mut req).unwrap();
         assert_eq!(req.name.as_deref(), Some("sweep"));
+        assert_eq!(req.notify, Some(vec!["end".into(), "fail".into()]));
         assert_eq!(req.tags["seed"], "3");
         assert_eq!(
             serde_json::to_value(&req.after).unwrap(),
@@ -107,6 +117,7 @@ mod tests {
         );
         let bad = RunFlows {
             name: None,
+            notify: None,
             tags: vec!["lr".into()],
             after_ok: vec![],
             after_fail: vec![],
@@ -114,6 +125,16 @@ mod tests {
         };
         let e = apply(&bad, &mut req).unwrap_err();
         assert!(matches!(e, crate::error::CliError::Invalid { field, .. } if field == "tags"));
+        let bad = RunFlows {
+            name: None,
+            notify: Some(vec!["finish".into()]),
+            tags: vec![],
+            after_ok: vec![],
+            after_fail: vec![],
+            after_any: vec![],
+        };
+        let e = apply(&bad, &mut req).unwrap_err();
+        assert!(matches!(e, crate::error::CliError::Invalid { field, .. } if field == "notify"));
         let q = query(&LsFilters {
             name: Some("sweep-*".into()),
             tags: vec!["lr=0.1".into()],

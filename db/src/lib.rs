@@ -32,6 +32,7 @@ pub mod leader;
 pub mod models;
 pub mod node_link;
 pub mod nodes;
+pub mod notifications;
 pub mod overview;
 pub mod plan;
 mod pool;

@@ -27,6 +27,8 @@ pub struct RunningPortal {
     pub mail: Option<tokio::task::JoinHandle<()>>,
     /// Deletes utilisation samples past their retention, hourly.
     pub samples: tokio::task::JoinHandle<()>,
+    /// Turns job events into notifications and sends them.
+    pub notifier: tokio::task::JoinHandle<()>,
 }
 
 impl RunningPortal {
@@ -53,6 +55,7 @@ impl RunningPortal {
             m.abort();
         }
         self.samples.abort();
+        self.notifier.abort();
         self.handle.stop(true).await;
     }
 }
@@ -132,12 +135,17 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         state.ctx.clone(),
         state.config.utilization.clone(),
     ));
+    let sender = std::sync::Arc::new(crate::service::notify::send::Sender::from_config(
+        &state.config,
+    )?);
+    let notifier = tokio::spawn(crate::service::notify::send::run(state.ctx.clone(), sender));
     let ssh = match crate::ssh::start(state.clone()).await {
         Ok(g) => g,
         Err(e) => {
             handle.stop(false).await;
             scheduler.abort();
             samples.abort();
+            notifier.abort();
             return Err(e);
         }
     };
@@ -150,6 +158,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         ssh,
         mail,
         samples,
+        notifier,
     })
 }
 

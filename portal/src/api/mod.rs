@@ -7,6 +7,7 @@ mod images;
 mod jobs;
 pub mod metrics;
 mod nodes;
+mod notifications;
 mod openapi;
 mod policy;
 mod ssh_gateway;
@@ -43,6 +44,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .configure(images::configure)
             .configure(jobs::configure)
             .configure(nodes::configure)
+            .configure(notifications::configure)
             .configure(policy::configure)
             .configure(ssh_gateway::configure)
             .configure(ssh_keys::configure)

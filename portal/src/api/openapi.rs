@@ -37,6 +37,7 @@ use utoipa::{Modify, OpenApi};
         images::list, images::add, images::remove, images::put_signed,
         ssh_keys::list, ssh_keys::add, ssh_keys::remove, ssh_gateway::get,
         cli_login::start, cli_login::token,
+        super::notifications::get, super::notifications::put, super::notifications::deliveries,
         files::list, files::get, files::put, files::delete,
         files::lab_list, files::lab_get, files::lab_put, files::lab_delete,
         files::put_lab_quota, files::put_member_quota, files::job_outputs,
@@ -54,6 +55,7 @@ use utoipa::{Modify, OpenApi};
         (name = "files", description = "Files: your own space, your labs' shared ones, and their quotas"),
         (name = "ssh", description = "SSH keys and the SSH gateway into jobs"),
         (name = "cli-login", description = "The CLI's sign-in through the browser (RFC 8628)"),
+        (name = "notifications", description = "E-mail and signed webhooks about your jobs"),
         (name = "meta", description = "This document"),
     )
 )]
@@ -149,6 +151,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ids.len(), 45, "{ids:?}");
+        assert_eq!(ids.len(), 48, "{ids:?}");
     }
 }

@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 
 mod access;
 mod files;
+mod notify;
 mod sections;
 pub use access::*;
 pub use files::FilesConfig;
+pub use notify::{NotifyConfig, SmtpConfig};
 pub use sections::*;
 
 /// Connections to PostgreSQL by default (`database_pool_size`): with `fsync` on,
@@ -65,6 +67,10 @@ pub struct Config {
     pub utilization: UtilizationConfig,
     /// The `commons` CLI's sign-in through the browser.
     pub cli_login: CliLoginConfig,
+    /// The SMTP relay for e-mail notifications; none: no e-mail.
+    pub smtp: Option<SmtpConfig>,
+    /// Delivery of notifications (webhooks and e-mail).
+    pub notify: NotifyConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -111,6 +117,8 @@ impl Default for Config {
             images: ImagesConfig::default(),
             utilization: UtilizationConfig::default(),
             cli_login: CliLoginConfig::default(),
+            smtp: None,
+            notify: NotifyConfig::default(),
         }
     }
 }

@@ -23,6 +23,11 @@ pub fn visible(c: &mut DbConn, actor: &Actor, id: i64) -> Result<Job, AppError> 
 /// rule fails. A handful of statements and one commit: the caller's lab comes with the
 /// actor, and a new job's view needs no lookups (it has no attempt yet).
 pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobView, AppError> {
+    let notify = req
+        .notify
+        .as_deref()
+        .map(|n| commons_api::notify::events("notify", n))
+        .transpose()?;
     let valid = validate::job(req, &actor.lab_ids())?;
     let user = actor.user.id;
     let lab = actor
@@ -37,7 +42,11 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
         .db
         .run(move |c| {
             super::deps::check_may_wait_for(c, &waiter, &valid.after)?;
-            store(c, user, &lab, valid)
+            let view = store(c, user, &lab, valid)?;
+            if let Some(events) = &notify {
+                super::notify::set_job_events(c, view.id, events)?;
+            }
+            Ok::<_, AppError>(view)
         })
         .await?;
     tracing::info!(job = view.id, "job submitted");

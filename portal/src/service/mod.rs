@@ -28,6 +28,7 @@ pub mod labs;
 pub mod members;
 pub mod metrics;
 pub mod nodes;
+pub mod notify;
 pub mod output;
 pub mod overview;
 pub mod owner;

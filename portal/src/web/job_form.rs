@@ -211,6 +211,7 @@ impl JobForm {
             checkpoint_minutes: optional("checkpoint_minutes", &self.checkpoint_minutes)?,
             shm_mb: optional("shm_mb", &self.shm_mb)?,
             disk_gb: optional("disk_gb", &self.disk_gb)?,
+            notify: None,
             name: Some(self.name.trim().to_string()).filter(|n| !n.is_empty()),
             tags: self
                 .tags

@@ -14,6 +14,7 @@ mod labs;
 mod login;
 mod nodes;
 mod overview;
+mod settings;
 mod ssh_keys;
 mod tokens;
 mod usage;
@@ -40,6 +41,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(jobs::configure)
         .configure(labs::configure)
         .configure(nodes::configure)
+        .configure(settings::configure)
         .configure(ssh_keys::configure)
         .configure(tokens::configure)
         .configure(usage::configure);

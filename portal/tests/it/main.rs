@@ -39,6 +39,7 @@ mod migration;
 mod migrations;
 mod node_page;
 mod noisy;
+mod notifications;
 mod observability;
 mod owner;
 mod pages;

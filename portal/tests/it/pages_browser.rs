@@ -168,6 +168,7 @@ fn pages_for(c: &Campus, user: &str) -> Vec<String> {
         "/usage".into(),
         "/files".into(),
         "/tokens".into(),
+        "/settings".into(),
     ];
     match user {
         "alice" => pages.push(format!("/jobs/{}", c.owner_job)),
