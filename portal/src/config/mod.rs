@@ -6,9 +6,11 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 mod access;
+mod apps;
 mod files;
 mod sections;
 pub use access::*;
+pub use apps::AppsConfig;
 pub use files::FilesConfig;
 pub use sections::*;
 
@@ -65,6 +67,8 @@ pub struct Config {
     pub utilization: UtilizationConfig,
     /// The `commons` CLI's sign-in through the browser.
     pub cli_login: CliLoginConfig,
+    /// Web apps that jobs serve, on origins of their own.
+    pub apps: AppsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -111,6 +115,7 @@ impl Default for Config {
             images: ImagesConfig::default(),
             utilization: UtilizationConfig::default(),
             cli_login: CliLoginConfig::default(),
+            apps: AppsConfig::default(),
         }
     }
 }
@@ -222,6 +227,7 @@ impl Config {
         self.validate_exposure()?;
         parse_ranges(&self.trusted_proxies, "trusted_proxies")?;
         self.cli_login.validate()?;
+        self.apps.validate(self.public_url.as_deref())?;
         let url = &self.database_url;
         anyhow::ensure!(
             ["sqlite://", "postgres://", "postgresql://"]

@@ -23,6 +23,8 @@ pub fn visible(c: &mut DbConn, actor: &Actor, id: i64) -> Result<Job, AppError> 
 /// rule fails. A handful of statements and one commit: the caller's lab comes with the
 /// actor, and a new job's view needs no lookups (it has no attempt yet).
 pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobView, AppError> {
+    let app = req.app;
+    super::apps::check_offered(&state.apps, app.as_ref())?;
     let valid = validate::job(req, &actor.lab_ids())?;
     let user = actor.user.id;
     let lab = actor
@@ -33,11 +35,16 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
         .cloned()
         .ok_or_else(|| AppError::invalid("lab", "you are not a member of this lab"))?;
     let waiter = actor.clone();
+    let apps = state.apps.clone();
     let view = state
         .db
         .run(move |c| {
             super::deps::check_may_wait_for(c, &waiter, &valid.after)?;
-            store(c, user, &lab, valid)
+            let view = store(c, user, &lab, valid)?;
+            if let Some(app) = &app {
+                super::apps::register(c, &apps, view.id, app)?;
+            }
+            Ok::<_, AppError>(view)
         })
         .await?;
     tracing::info!(job = view.id, "job submitted");
