@@ -111,6 +111,10 @@ pub struct JobRequest {
     /// longer be met ends this job as failed, with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after: Vec<crate::flows::After>,
+    /// A web app the job serves, `{"port": 8888}`: the portal relays to it on an origin
+    /// of its own (`app_url` in the job's view, the **Open** button).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app: Option<crate::web_app::AppSpec>,
 }
 
 /// The least CPU share the Docker Engine accepts.
@@ -138,6 +142,7 @@ impl JobRequest {
             name: None,
             tags: BTreeMap::new(),
             after: Vec::new(),
+            app: None,
         }
     }
 }
@@ -161,6 +166,9 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
     }
     crate::flows::tags(&req.tags)?;
     crate::flows::after(&req.after)?;
+    if let Some(app) = &req.app {
+        crate::web_app::check(app)?;
+    }
     Ok(())
 }
 

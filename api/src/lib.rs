@@ -25,6 +25,7 @@ pub mod overview;
 pub mod rules;
 pub mod ssh;
 pub mod utilization;
+pub mod web_app;
 
 pub use error::ErrorBody;
 pub use job::{JobKind, JobRequest};

@@ -375,12 +375,35 @@ diesel::joinable!(jobs -> labs (lab_id));
 diesel::joinable!(job_attempts -> jobs (job_id));
 diesel::joinable!(job_attempts -> nodes (node_id));
 diesel::joinable!(job_events -> jobs (job_id));
+diesel::table! {
+    job_apps (job_id) {
+        job_id -> BigInt,
+        port -> Integer,
+        host -> Text,
+        url -> Text,
+        last_activity_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
+    app_grants (secret_sha256) {
+        secret_sha256 -> Text,
+        kind -> Text,
+        job_id -> BigInt,
+        user_id -> BigInt,
+        expires_at -> Timestamp,
+    }
+}
+
+diesel::joinable!(job_apps -> jobs (job_id));
 diesel::joinable!(job_logs -> jobs (job_id));
 diesel::joinable!(checkpoints -> jobs (job_id));
 diesel::joinable!(checkpoint_parts -> jobs (job_id));
 diesel::joinable!(attempt_samples -> jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
+    app_grants,
+    job_apps,
     labs,
     users,
     memberships,

@@ -23,6 +23,8 @@ pub struct RunningPortal {
     pub scheduler: tokio::task::JoinHandle<()>,
     /// The SSH gateway, when `[ssh] listen` is set.
     pub ssh: Option<crate::ssh::Gateway>,
+    /// The apps' listener, when `[apps]` is set.
+    pub apps: Option<crate::apps::Listener>,
     /// Passes other replicas' messages to the agents held here (PostgreSQL only).
     pub mail: Option<tokio::task::JoinHandle<()>>,
     /// Deletes utilisation samples past their retention, hourly.
@@ -56,6 +58,9 @@ impl RunningPortal {
         }
         self.samples.abort();
         self.notifier.abort();
+        if let Some(a) = self.apps {
+            a.stop().await;
+        }
         self.handle.stop(true).await;
     }
 }
@@ -116,6 +121,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             relays: Default::default(),
             metrics: Default::default(),
             image_authorities: std::sync::Arc::new(config.images.keys()?),
+            apps: Arc::new(config.apps.clone()),
         },
         config: Arc::new(config.clone()),
         oidc: crate::auth::oidc::Oidc::from_config(&config)?.map(Arc::new),
@@ -149,6 +155,15 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
             return Err(e);
         }
     };
+    let apps = match crate::apps::start(&state, addr) {
+        Ok(a) => a,
+        Err(e) => {
+            handle.stop(false).await;
+            scheduler.abort();
+            samples.abort();
+            return Err(e);
+        }
+    };
     Ok(RunningPortal {
         addr,
         state,
@@ -156,6 +171,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
         server,
         scheduler,
         ssh,
+        apps,
         mail,
         samples,
         notifier,

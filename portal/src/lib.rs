@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod api;
 pub mod app;
+pub mod apps;
 pub mod auth;
 pub mod broker;
 pub mod client_addr;

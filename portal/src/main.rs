@@ -60,6 +60,10 @@ enum Cmd {
         /// Start the SSH gateway on this address (config `[ssh] listen`).
         #[arg(long)]
         ssh_listen: Option<String>,
+        /// Serve jobs' web apps on this address (config `[apps] listen`; `[apps] url`
+        /// says how users reach it).
+        #[arg(long)]
+        apps_listen: Option<String>,
         /// Log in as anyone without a password. Local demos only: never on a network.
         #[arg(long)]
         insecure_dev_login: bool,
@@ -161,6 +165,7 @@ fn main() -> anyhow::Result<()> {
             db,
             listen,
             ssh_listen,
+            apps_listen,
             insecure_dev_login,
         } => {
             let mut config = db.config()?;
@@ -169,6 +174,9 @@ fn main() -> anyhow::Result<()> {
             }
             if let Some(l) = ssh_listen {
                 config.ssh.listen = Some(l);
+            }
+            if let Some(l) = apps_listen {
+                config.apps.listen = Some(l);
             }
             config.insecure_dev_login |= insecure_dev_login;
             serve(config)
@@ -215,6 +223,9 @@ fn serve(config: Config) -> anyhow::Result<()> {
         println!("GPU Commons portal listening on {}", portal.url());
         if let Some(g) = &portal.ssh {
             println!("SSH gateway listening on {}", g.addr);
+        }
+        if let Some(a) = &portal.apps {
+            println!("Web apps served on {}", a.addr);
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         // A clean stop (Ctrl-C, SIGTERM from systemd) extends the running jobs'

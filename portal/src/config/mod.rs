@@ -6,10 +6,12 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 mod access;
+mod apps;
 mod files;
 mod notify;
 mod sections;
 pub use access::*;
+pub use apps::AppsConfig;
 pub use files::FilesConfig;
 pub use notify::{NotifyConfig, SmtpConfig};
 pub use sections::*;
@@ -71,6 +73,8 @@ pub struct Config {
     pub smtp: Option<SmtpConfig>,
     /// Delivery of notifications (webhooks and e-mail).
     pub notify: NotifyConfig,
+    /// Web apps that jobs serve, on origins of their own.
+    pub apps: AppsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -119,6 +123,7 @@ impl Default for Config {
             cli_login: CliLoginConfig::default(),
             smtp: None,
             notify: NotifyConfig::default(),
+            apps: AppsConfig::default(),
         }
     }
 }
@@ -230,6 +235,7 @@ impl Config {
         self.validate_exposure()?;
         parse_ranges(&self.trusted_proxies, "trusted_proxies")?;
         self.cli_login.validate()?;
+        self.apps.validate(self.public_url.as_deref())?;
         let url = &self.database_url;
         anyhow::ensure!(
             ["sqlite://", "postgres://", "postgresql://"]

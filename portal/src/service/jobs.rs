@@ -28,6 +28,8 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
         .as_deref()
         .map(|n| commons_api::notify::events("notify", n))
         .transpose()?;
+    let app = req.app;
+    super::apps::check_offered(&state.apps, app.as_ref())?;
     let valid = validate::job(req, &actor.lab_ids())?;
     let user = actor.user.id;
     let lab = actor
@@ -38,6 +40,7 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
         .cloned()
         .ok_or_else(|| AppError::invalid("lab", "you are not a member of this lab"))?;
     let waiter = actor.clone();
+    let apps = state.apps.clone();
     let view = state
         .db
         .run(move |c| {
@@ -45,6 +48,9 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
             let view = store(c, user, &lab, valid)?;
             if let Some(events) = &notify {
                 super::notify::set_job_events(c, view.id, events)?;
+            }
+            if let Some(app) = &app {
+                super::apps::register(c, &apps, view.id, app)?;
             }
             Ok::<_, AppError>(view)
         })

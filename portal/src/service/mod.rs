@@ -12,6 +12,7 @@
 pub mod account;
 pub mod agent_link;
 pub mod agents;
+pub mod apps;
 pub mod attempts;
 pub mod checkpoints;
 pub mod cli_login;
@@ -72,6 +73,8 @@ pub struct Ctx {
     pub metrics: crate::metrics::SharedMetrics,
     /// The campus image authorities' keys (allow-list signatures).
     pub image_authorities: images::Authorities,
+    /// Where jobs' web apps are served (`[apps]`).
+    pub apps: Arc<crate::config::AppsConfig>,
 }
 
 /// Who is asking: a signed-in user and their labs. `auth::CurrentUser` is the HTTP

@@ -81,6 +81,8 @@ struct Facts {
     gpus: BTreeMap<i64, GpuView>,
     lab_slugs: BTreeMap<i64, String>,
     checkpointed: BTreeMap<i64, NaiveDateTime>,
+    /// The app URLs of the running jobs that serve one.
+    apps: BTreeMap<i64, String>,
 }
 
 /// The views of `jobs`, in their order, in at most five queries whatever their number
@@ -135,12 +137,26 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
     } else {
         db::checkpoints::latest_at_for_jobs(c, &placed)?
     };
+    let running: Vec<i64> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Running)
+        .map(|j| j.id)
+        .collect();
+    let apps = if running.is_empty() {
+        BTreeMap::new()
+    } else {
+        db::apps::of_jobs(c, &running)?
+            .into_iter()
+            .map(|a| (a.job_id, a.url))
+            .collect()
+    };
     let facts = Facts {
         last,
         node_names,
         gpus,
         lab_slugs,
         checkpointed,
+        apps,
     };
     let now = db::now();
     Ok(jobs.iter().map(|job| view(job, &facts, now)).collect())
@@ -203,6 +219,7 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         finished_at: job.finished_at,
         last_checkpoint_at: facts.checkpointed.get(&job.id).copied(),
         time_left_s,
+        app_url: facts.apps.get(&job.id).cloned(),
     }
 }
 

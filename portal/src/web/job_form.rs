@@ -224,6 +224,8 @@ impl JobForm {
                 .filter(|t| !t.is_empty())
                 .map(commons_api::flows::parse_after)
                 .collect::<Result<_, _>>()?,
+            // The launch page starts apps; this form does not ask for one.
+            app: None,
         })
     }
 }

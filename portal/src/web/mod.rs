@@ -1,5 +1,6 @@
 //! The HTML UI: askama pages, each handler beside the view it renders.
 
+mod apps;
 pub mod assets;
 mod charts;
 mod cli_login;
@@ -31,6 +32,7 @@ use askama::Template;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.configure(overview::configure)
+        .configure(apps::configure)
         .configure(assets::configure)
         .configure(login::configure)
         .configure(cli_login::configure)

@@ -1,0 +1,171 @@
+//! Web apps served by jobs: the port and origin label of each job's app, and the grants
+//! (one-time codes and origin sessions) that let its owner's browser in.
+//!
+//! Invariants (kept by `service::apps`):
+//! - A job has at most one app; its `host` label is random and unique campus-wide.
+//! - Secrets are never stored, only their SHA-256; a code is taken (deleted) by the
+//!   statement that checks it, so it works once.
+
+use super::schema::*;
+use super::{DbConn, DbError};
+use chrono::NaiveDateTime;
+use diesel::prelude::*;
+
+/// A job's app.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[diesel(table_name = job_apps)]
+pub struct AppRow {
+    pub job_id: i64,
+    pub port: i32,
+    pub host: String,
+    /// The app's origin, `[apps] url` with the label in it.
+    pub url: String,
+    pub last_activity_at: Option<NaiveDateTime>,
+}
+
+/// What a grant is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantKind {
+    /// Minted by the portal for the job's owner; redeemed once by the app's origin.
+    Code,
+    /// The app origin's cookie.
+    Session,
+}
+
+impl GrantKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            GrantKind::Code => "code",
+            GrantKind::Session => "session",
+        }
+    }
+}
+
+/// Records `job`'s app.
+pub fn insert(c: &mut DbConn, job: i64, port: i32, host: &str, url: &str) -> Result<(), DbError> {
+    diesel::insert_into(job_apps::table)
+        .values((
+            job_apps::job_id.eq(job),
+            job_apps::port.eq(port),
+            job_apps::host.eq(host),
+            job_apps::url.eq(url),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+/// `job`'s app, if it serves one.
+pub fn of_job(c: &mut DbConn, job: i64) -> Result<Option<AppRow>, DbError> {
+    Ok(job_apps::table
+        .find(job)
+        .select(AppRow::as_select())
+        .first(c)
+        .optional()?)
+}
+
+/// The apps of these jobs (for lists).
+pub fn of_jobs(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<AppRow>, DbError> {
+    let mut out = Vec::new();
+    // Chunked: SQLite allows a limited number of bound parameters.
+    for chunk in jobs.chunks(500) {
+        out.extend(
+            job_apps::table
+                .filter(job_apps::job_id.eq_any(chunk))
+                .select(AppRow::as_select())
+                .load(c)?,
+        );
+    }
+    Ok(out)
+}
+
+/// The app whose origin label is `host`.
+pub fn by_host(c: &mut DbConn, host: &str) -> Result<Option<AppRow>, DbError> {
+    Ok(job_apps::table
+        .filter(job_apps::host.eq(host))
+        .select(AppRow::as_select())
+        .first(c)
+        .optional()?)
+}
+
+/// Notes traffic through the app's proxy at `at`, unless it was noted after `since`
+/// already (a write at most that often).
+pub fn touch(
+    c: &mut DbConn,
+    job: i64,
+    at: NaiveDateTime,
+    since: NaiveDateTime,
+) -> Result<(), DbError> {
+    diesel::update(
+        job_apps::table.find(job).filter(
+            job_apps::last_activity_at
+                .is_null()
+                .or(job_apps::last_activity_at.lt(since)),
+        ),
+    )
+    .set(job_apps::last_activity_at.eq(at))
+    .execute(c)?;
+    Ok(())
+}
+
+/// Stores a grant (its secret's SHA-256, hex).
+pub fn grant(
+    c: &mut DbConn,
+    kind: GrantKind,
+    secret_sha256: &str,
+    job: i64,
+    user: i64,
+    expires_at: NaiveDateTime,
+) -> Result<(), DbError> {
+    diesel::insert_into(app_grants::table)
+        .values((
+            app_grants::secret_sha256.eq(secret_sha256),
+            app_grants::kind.eq(kind.as_str()),
+            app_grants::job_id.eq(job),
+            app_grants::user_id.eq(user),
+            app_grants::expires_at.eq(expires_at),
+        ))
+        .execute(c)?;
+    Ok(())
+}
+
+/// Takes (deletes) a code grant: `(job, user)` when it existed and was still good at
+/// `now`. A second take of the same code finds nothing.
+pub fn take_code(
+    c: &mut DbConn,
+    secret_sha256: &str,
+    now: NaiveDateTime,
+) -> Result<Option<(i64, i64)>, DbError> {
+    let taken: Option<(i64, i64, NaiveDateTime)> = diesel::delete(
+        app_grants::table
+            .filter(app_grants::secret_sha256.eq(secret_sha256))
+            .filter(app_grants::kind.eq(GrantKind::Code.as_str())),
+    )
+    .returning((
+        app_grants::job_id,
+        app_grants::user_id,
+        app_grants::expires_at,
+    ))
+    .get_result(c)
+    .optional()?;
+    Ok(taken.and_then(|(job, user, until)| (until > now).then_some((job, user))))
+}
+
+/// A session grant: `(job, user)` while it is good at `now`.
+pub fn session(
+    c: &mut DbConn,
+    secret_sha256: &str,
+    now: NaiveDateTime,
+) -> Result<Option<(i64, i64)>, DbError> {
+    Ok(app_grants::table
+        .filter(app_grants::secret_sha256.eq(secret_sha256))
+        .filter(app_grants::kind.eq(GrantKind::Session.as_str()))
+        .filter(app_grants::expires_at.gt(now))
+        .select((app_grants::job_id, app_grants::user_id))
+        .first(c)
+        .optional()?)
+}
+
+/// Deletes grants past their expiry; returns how many.
+pub fn expire(c: &mut DbConn, now: NaiveDateTime) -> Result<usize, DbError> {
+    Ok(diesel::delete(app_grants::table.filter(app_grants::expires_at.le(now))).execute(c)?)
+}

@@ -1,0 +1,2 @@
+DROP TABLE app_grants;
+DROP TABLE job_apps;

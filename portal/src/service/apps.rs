@@ -1,0 +1,280 @@
+//! Web apps that jobs serve (`app: {"port": N}`), on origins of their own: registering
+//! an app at submission, the one-time code that takes its owner's browser from the
+//! portal to the app's origin, the origin's session, and who may pass the proxy.
+//!
+//! Invariants:
+//! - Only the job's owner passes; everyone else gets 403, and a visitor with no
+//!   credential is sent to the portal to prove who they are.
+//! - A code works once, within [`CODE_TTL_S`], and only on the origin of its job.
+//! - Secrets are stored as SHA-256 only.
+
+use super::{Actor, Ctx};
+use crate::config::AppsConfig;
+use crate::db::apps::{self as rows, AppRow, GrantKind};
+use crate::db::{self, DbConn};
+use crate::error::AppError;
+use commons_api::web_app::AppSpec;
+use commons_proto::Attempt;
+use sha2::{Digest, Sha256};
+
+/// How long a code minted by the portal is good for.
+pub const CODE_TTL_S: i64 = 60;
+/// How long an app origin's session lasts.
+pub const SESSION_TTL_S: i64 = 12 * 3600;
+/// Traffic is written down at most this often per app (the idle rule reads it).
+const ACTIVITY_EVERY_S: i64 = 30;
+/// The cookie of an app's origin (host-only, HttpOnly).
+pub const COOKIE: &str = "commons_app";
+
+fn sha(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+fn secret() -> String {
+    hex::encode(rand::random::<[u8; 32]>())
+}
+
+/// Refuses an app where the portal serves none, before anything is written.
+pub fn check_offered(apps: &AppsConfig, app: Option<&AppSpec>) -> Result<(), AppError> {
+    if app.is_some() && apps.url.is_none() {
+        return Err(AppError::invalid(
+            "app",
+            "this portal serves no web apps (its operators have not set [apps] url); \
+             reach the port with `commons notebook ID` or `ssh -L` instead",
+        ));
+    }
+    Ok(())
+}
+
+/// Records `job`'s app under a fresh random label (in the submission's transaction).
+pub fn register(
+    c: &mut DbConn,
+    apps: &AppsConfig,
+    job: i64,
+    app: &AppSpec,
+) -> Result<(), AppError> {
+    // 16 hex digits: 64 random bits, a valid DNS label on its own.
+    let label = hex::encode(rand::random::<[u8; 8]>());
+    let url = apps
+        .url_for(&label)
+        .ok_or_else(|| AppError::invalid("app", "this portal serves no web apps"))?;
+    let port = i32::try_from(app.port).map_err(|_| AppError::invalid("app", "bad port"))?;
+    rows::insert(c, job, port, &label, &url)?;
+    Ok(())
+}
+
+/// The label of an app origin's host (`3f2a....apps.localhost:8081` -> `3f2a...`), if the
+/// host is one of the apps' origins.
+pub fn label_of(apps: &AppsConfig, host: &str) -> Option<String> {
+    let suffix = apps.host_suffix()?;
+    let host = host.to_ascii_lowercase();
+    let name = match host.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h.to_string(),
+        _ => host,
+    };
+    let label = name.strip_suffix(&suffix)?;
+    (!label.is_empty() && label.bytes().all(|b| b.is_ascii_hexdigit())).then(|| label.to_string())
+}
+
+/// Where the portal sends the owner's browser: the app's origin with a fresh one-time
+/// code, then on to `next` (a path on that origin).
+pub async fn open(
+    ctx: &Ctx,
+    actor: &Actor,
+    label: String,
+    next: String,
+) -> Result<String, AppError> {
+    let next = safe_next(&next);
+    let user = actor.user.id;
+    let now = db::now();
+    ctx.db
+        .run(move |c| {
+            let app = rows::by_host(c, &label)?.ok_or(AppError::NotFound("app"))?;
+            let job = db::jobs::get(c, app.job_id)?;
+            if job.user_id != user {
+                return Err(AppError::Forbidden(format!(
+                    "job {}'s app is its owner's alone",
+                    job.id
+                )));
+            }
+            let code = secret();
+            let until = now + chrono::Duration::seconds(CODE_TTL_S);
+            rows::grant(c, GrantKind::Code, &sha(&code), job.id, user, until)?;
+            let base = app.url.trim_end_matches('/');
+            Ok(format!(
+                "{base}/_commons/auth?code={code}&next={}",
+                url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>()
+            ))
+        })
+        .await
+}
+
+/// A path on the app's origin to go on to: absolute, never to another host.
+pub fn safe_next(next: &str) -> String {
+    let ok = next.starts_with('/')
+        && !next.starts_with("//")
+        && !next.contains('\\')
+        && !next.chars().any(char::is_control);
+    if ok {
+        next.to_string()
+    } else {
+        "/".to_string()
+    }
+}
+
+/// Redeems a code on the origin `label`: the secret of a new session of that origin,
+/// or `None` when the code is unknown, used, expired or another app's.
+pub async fn redeem(ctx: &Ctx, label: String, code: String) -> Result<Option<String>, AppError> {
+    let now = db::now();
+    ctx.db
+        .run(move |c| {
+            let Some((job, user)) = rows::take_code(c, &sha(&code), now)? else {
+                return Ok(None);
+            };
+            match rows::by_host(c, &label)? {
+                Some(app) if app.job_id == job => {}
+                _ => return Ok(None),
+            }
+            let session = secret();
+            let until = now + chrono::Duration::seconds(SESSION_TTL_S);
+            rows::grant(c, GrantKind::Session, &sha(&session), job, user, until)?;
+            Ok(Some(session))
+        })
+        .await
+}
+
+/// What a request to an app's origin carries to prove who sends it.
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    /// The origin's session cookie.
+    pub session: Option<String>,
+    /// A personal access token (`Authorization: Bearer`).
+    pub bearer: Option<String>,
+}
+
+/// Who may pass, and where to.
+#[derive(Debug)]
+pub enum Pass {
+    /// The owner: relay to `port` of attempt `attempt` of `job` on `node`.
+    Through {
+        job: i64,
+        port: u16,
+        node: i64,
+        attempt: Attempt,
+    },
+    /// No credential: send the browser to the portal to prove who it is.
+    SignIn,
+}
+
+/// Decides whether a request to the origin `label` passes. Errors: 404 for no such
+/// app, 403 for anyone but the owner, 503 while the job does not run.
+pub async fn pass(ctx: &Ctx, label: String, creds: Credentials) -> Result<Pass, AppError> {
+    let now = db::now();
+    let app: AppRow = {
+        let label = label.clone();
+        ctx.db
+            .run(move |c| rows::by_host(c, &label))
+            .await?
+            .ok_or(AppError::NotFound("app"))?
+    };
+    let job = app.job_id;
+    let user = match (creds.session, creds.bearer) {
+        (_, Some(token)) => Some(
+            super::identity::caller(ctx, Some(token), None)
+                .await?
+                .0
+                .user
+                .id,
+        ),
+        (Some(s), None) => {
+            let found = ctx.db.run(move |c| rows::session(c, &sha(&s), now)).await?;
+            found.filter(|(j, _)| *j == job).map(|(_, u)| u)
+        }
+        (None, None) => None,
+    };
+    let Some(user) = user else {
+        return Ok(Pass::SignIn);
+    };
+    let owner = ctx.db.run(move |c| db::jobs::get(c, job)).await?.user_id;
+    if owner != user {
+        return Err(AppError::Forbidden(format!(
+            "job {job}'s app is its owner's alone"
+        )));
+    }
+    let (node, attempt) = super::ssh::running_attempt(ctx, job)
+        .await?
+        .map_err(AppError::Unavailable)?;
+    let since = now - chrono::Duration::seconds(ACTIVITY_EVERY_S);
+    ctx.db.run(move |c| rows::touch(c, job, now, since)).await?;
+    Ok(Pass::Through {
+        job,
+        port: u16::try_from(app.port).unwrap_or(0),
+        node,
+        attempt,
+    })
+}
+
+/// Deletes expired codes and sessions.
+pub async fn expire(ctx: &Ctx) -> Result<usize, AppError> {
+    let now = db::now();
+    Ok(ctx.db.run(move |c| rows::expire(c, now)).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apps() -> AppsConfig {
+        AppsConfig {
+            url: Some("http://{host}.apps.localhost:8081".into()),
+            listen: Some("127.0.0.1:8081".into()),
+        }
+    }
+
+    #[test]
+    fn labels_come_only_from_the_apps_origins() {
+        let a = apps();
+        assert_eq!(
+            label_of(&a, "0a1b.apps.localhost:8081").as_deref(),
+            Some("0a1b")
+        );
+        assert_eq!(label_of(&a, "0A1B.Apps.Localhost").as_deref(), Some("0a1b"));
+        for host in [
+            "localhost:8080",
+            "apps.localhost:8081",
+            ".apps.localhost",
+            "x.y.apps.localhost",
+            "zz.apps.localhost",
+            "0a1b.apps.localhost.evil.test",
+        ] {
+            assert_eq!(label_of(&a, host), None, "{host}");
+        }
+        assert_eq!(
+            label_of(&AppsConfig::default(), "0a1b.apps.localhost"),
+            None
+        );
+    }
+
+    #[test]
+    fn next_stays_on_the_origin() {
+        assert_eq!(safe_next("/lab?x=1"), "/lab?x=1");
+        for bad in [
+            "//evil.test/",
+            "https://evil.test/",
+            "/\\evil.test",
+            "lab",
+            "/a\nb",
+        ] {
+            assert_eq!(safe_next(bad), "/", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_app_needs_apps_configured() {
+        let spec = AppSpec { port: 8888 };
+        let e = check_offered(&AppsConfig::default(), Some(&spec)).unwrap_err();
+        assert_eq!(e.field(), Some("app"));
+        assert!(check_offered(&apps(), Some(&spec)).is_ok());
+        assert!(check_offered(&AppsConfig::default(), None).is_ok());
+    }
+}
