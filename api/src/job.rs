@@ -106,6 +106,12 @@ pub struct JobRequest {
     /// longer be met ends this job as failed, with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after: Vec<crate::flows::After>,
+    /// Files and folders staged read-only under `/inputs` before the job starts: `PATH`
+    /// in the owner's file space, `lab:SLUG/PATH` in a lab's (under `/inputs/lab/SLUG/`);
+    /// a trailing `/` names a folder. At most 64; each must exist when the job is
+    /// submitted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
 }
 
 /// The least CPU share the Docker Engine accepts.
@@ -132,6 +138,7 @@ impl JobRequest {
             name: None,
             tags: BTreeMap::new(),
             after: Vec::new(),
+            inputs: Vec::new(),
         }
     }
 }
@@ -152,6 +159,7 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
     }
     crate::flows::tags(&req.tags)?;
     crate::flows::after(&req.after)?;
+    crate::files::check_inputs(&req.inputs)?;
     Ok(())
 }
 

@@ -182,6 +182,7 @@ mod tests {
 
     fn spec() -> JobSpec {
         JobSpec {
+            inputs: Vec::new(),
             image: "commons-demo:latest".into(),
             command: vec!["sh".into(), "-c".into(), "echo hi".into()],
             env: [

@@ -37,6 +37,7 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
         .db
         .run(move |c| {
             super::deps::check_may_wait_for(c, &waiter, &valid.after)?;
+            super::files::inputs::check_for_submit(c, &waiter, &valid.inputs)?;
             store(c, user, &lab, valid)
         })
         .await?;
