@@ -342,6 +342,11 @@ async fn start_task<R: ContainerRuntime>(
             }
             Ok(id) => {
                 crate::metrics::METRICS.container_starts.inc();
+                // The time limit counts from the container's start: staging inputs and
+                // restoring a checkpoint before it do not use the job's time.
+                if let Some(limit) = h.time_limit {
+                    h.deadline = Some(clock::now().saturating_add(limit));
+                }
                 h.phase = Phase::Running {
                     container: id.clone(),
                 };

@@ -174,6 +174,15 @@ pub(super) async fn prepare<R: ContainerRuntime>(
     if let Err(e) = super::outputs::prepare(client.as_ref(), &events, key, &dir).await {
         return Some(Err(e));
     }
+    let named = launch.spec.inputs.len();
+    let inputs_dir =
+        match super::inputs::prepare(weak, client.as_ref(), &events, key, &dir, cap, named).await {
+            Ok(d) => d,
+            Err(e) => return Some(Err(e)),
+        };
+    if !alive() {
+        return None;
+    }
     if let Err(e) = file.write(&dir) {
         tracing::error!(
             job,
@@ -185,6 +194,7 @@ pub(super) async fn prepare<R: ContainerRuntime>(
         host_dir: host,
         resumed: file.resumed,
         outputs_dir: crate::outputs::host_dir(&dir),
+        inputs_dir,
     }))
 }
 
