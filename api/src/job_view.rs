@@ -110,6 +110,26 @@ pub struct Staging {
     pub total_bytes: u64,
 }
 
+impl Staging {
+    /// Percent done, 0 to 100.
+    pub fn percent(&self) -> u64 {
+        (self.done_bytes.min(self.total_bytes) * 100)
+            .checked_div(self.total_bytes)
+            .unwrap_or(0)
+    }
+
+    /// "12 MB of 40 MB (30 %)".
+    pub fn summary(&self) -> String {
+        use crate::files::human_bytes;
+        format!(
+            "{} of {} ({} %)",
+            human_bytes(self.done_bytes),
+            human_bytes(self.total_bytes),
+            self.percent()
+        )
+    }
+}
+
 /// A job as the API shows it. Times are UTC, without a zone (`2026-12-03T08:12:00.123`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
