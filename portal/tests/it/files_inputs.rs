@@ -69,11 +69,12 @@ async fn upload(p: &TestPortal) {
         ("code/run.sh", "echo run\n"),
         ("code/lib/x.py", "print(1)\n"),
     ] {
-        assert_eq!(put(p, &p.alice, mine, path, data.as_bytes()).await.status, 200);
+        let a = put(p, &p.alice, mine, path, data.as_bytes()).await;
+        assert_eq!(a.status, 201, "{a}");
     }
     let lab = "/api/v1/labs/vision/files";
     let a = put(p, &p.carol, lab, "shared/s.txt", b"shared\n").await;
-    assert_eq!(a.status, 200, "{a}");
+    assert_eq!(a.status, 201, "{a}");
 }
 
 per_backend! {
