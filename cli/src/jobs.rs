@@ -96,6 +96,7 @@ pub fn run_request(a: &RunArgs) -> Result<JobRequest> {
     req.lab = a.lab.clone();
     req.checkpoint_minutes = a.checkpoint_minutes;
     req.disk_gb = a.disk;
+    req.inputs = a.inputs.clone();
     req.kind = if a.interactive {
         JobKind::Interactive
     } else {

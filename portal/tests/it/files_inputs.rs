@@ -168,15 +168,28 @@ async fn a_job_reads_its_inputs_read_only_under_inputs() {
         .await;
     let log = p.logs(&p.alice, job).await;
     assert_eq!(done["state"], "succeeded", "{done}\n{log}");
-    for line in ["alpha", "echo run", "print(1)", "shared", "dir=/inputs", "read-only"] {
+    for line in [
+        "alpha",
+        "echo run",
+        "print(1)",
+        "shared",
+        "dir=/inputs",
+        "read-only",
+    ] {
         assert!(log.contains(line), "{line:?} in\n{log}");
     }
     assert!(!log.contains("WROTE"), "{log}");
-    assert!(log.contains("staged 4 input files (31 B) into /inputs"), "{log}");
+    assert!(
+        log.contains("staged 4 input files (31 B) into /inputs"),
+        "{log}"
+    );
     let events = p
         .get_json(&p.alice, &format!("/api/v1/jobs/{job}/events"))
         .await
         .to_string();
-    assert!(events.contains("inputs staged (4 files, 31 B in"), "{events}");
+    assert!(
+        events.contains("inputs staged (4 files, 31 B in"),
+        "{events}"
+    );
     p.stop().await;
 }
