@@ -53,6 +53,9 @@ pub struct Failure {
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.file == CONTAINER_DIR {
+            return write!(f, "{}", self.why);
+        }
         write!(f, "input {}: {}", self.file, self.why)
     }
 }
@@ -152,7 +155,7 @@ async fn list(client: &CheckpointClient, (job, attempt): Key) -> Result<Vec<Inpu
         match got {
             Ok(files) => return Ok(files),
             Err(e) if e.is_final() || n + 1 >= TRIES => {
-                return Err(fail("/inputs", format!("cannot list the inputs ({e})")))
+                return Err(fail(CONTAINER_DIR, format!("cannot list the inputs ({e})")))
             }
             Err(e) => {
                 n += 1;
@@ -174,7 +177,7 @@ async fn stage_all(
 ) -> Result<Staged, Failure> {
     if report.total > cap {
         return Err(fail(
-            "/inputs",
+            CONTAINER_DIR,
             format!(
                 "the inputs are {} bytes, more than the job's disk ({cap} bytes): ask for \
                  a larger disk_gb",
@@ -323,5 +326,9 @@ mod tests {
         );
         let f = fail("data/x", "gone");
         assert_eq!(f.to_string(), "input data/x: gone");
+        assert_eq!(
+            fail(CONTAINER_DIR, "cannot list").to_string(),
+            "cannot list"
+        );
     }
 }

@@ -331,10 +331,24 @@ async fn start_task<R: ContainerRuntime>(
     let mut started = None;
     {
         let mut t = exec.table();
+        let order = t.want.get(&key).and_then(|w| w.stop.clone());
         let Some(h) = t.have.get_mut(&key) else {
             return;
         };
         match created {
+            // Stopped while it was being prepared (its inputs staged): it ends as its
+            // stop order says (preempted, cancelled, ...), not as a failure to start.
+            Err(e) if order.is_some() => {
+                tracing::info!(job, attempt, "stopped before its container started: {e}");
+                let order = order.expect("checked");
+                h.stopping = Some(Stopping {
+                    why: order.why,
+                    grace: Duration::ZERO,
+                    since: clock::now(),
+                    issued: true,
+                });
+                h.phase = Phase::Removed;
+            }
             Err(e) => {
                 tracing::warn!(job, attempt, "cannot start: {e}");
                 crate::metrics::METRICS.container_start_failures.inc();

@@ -193,3 +193,41 @@ async fn a_job_reads_its_inputs_read_only_under_inputs() {
     );
     p.stop().await;
 }
+
+/// With a real agent: an input deleted after the job was submitted fails its staging; the
+/// job's log and history name the input and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staging_failure_names_the_input() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let p = f::portal_in(crate::support::harness::Backend::Sqlite, dir.path(), |_| {}).await;
+    upload(&p).await;
+    let job = p
+        .submit(&p.alice, job_with(&["data/a.txt", "code/"], "echo RAN"))
+        .await;
+    let gone = f::delete(&p, &p.alice, "/api/v1/files", "data/a.txt").await;
+    assert!(gone.status < 300, "{gone}");
+    let _agent = p.agent("vision", "fake:1xA100-80GB").await;
+    let done = p
+        .wait_state(
+            &p.alice,
+            job,
+            &["succeeded", "failed", "cancelled"],
+            Duration::from_secs(120),
+        )
+        .await;
+    let log = p.logs(&p.alice, job).await;
+    let events = p
+        .get_json(&p.alice, &format!("/api/v1/jobs/{job}/events"))
+        .await
+        .to_string();
+    assert_eq!(done["state"], "failed", "{done}\n{log}\n{events}");
+    assert!(!log.contains("RAN"), "{log}");
+    let why = "input \\\"data/a.txt\\\": no such file in your files";
+    assert!(
+        log.contains("staging failed: cannot list the inputs"),
+        "{log}"
+    );
+    assert!(events.contains(why), "{events}");
+    p.stop().await;
+}

@@ -120,6 +120,34 @@ fn resolve(c: &mut DbConn, job: i64) -> Result<Vec<(Space, String, InputFile)>, 
     Ok(out)
 }
 
+/// The file staged at `staged` (a path under `/inputs`), if one of the job's inputs
+/// names it now: its space and its path there. One read per input at most, however
+/// many files its folders hold.
+fn find_one(c: &mut DbConn, job: i64, staged: &str) -> Result<Option<(Space, String)>, AppError> {
+    let j = db::jobs::get(c, job)?;
+    let user = j.user_id;
+    let member = |c: &mut DbConn, lab: i64| Ok(db::users::membership(c, lab, user)?.is_some());
+    for written in &j.inputs.0 {
+        let input = parse_input(written)?;
+        let at = input.staged_path();
+        let in_space = if input.folder {
+            match staged.strip_prefix(&format!("{at}/")) {
+                Some(rest) => format!("{}/{rest}", input.path),
+                None => continue,
+            }
+        } else if staged == at {
+            input.path.clone()
+        } else {
+            continue;
+        };
+        let space = space_of(c, &input, written, user, member)?;
+        if rows::get(c, &space.key, &in_space)?.is_some() {
+            return Ok(Some((space, in_space)));
+        }
+    }
+    Ok(None)
+}
+
 const STARTING: [AttemptStatus; 1] = [AttemptStatus::Starting];
 
 /// The files to stage, for `node`'s starting `attempt` of `job`.
@@ -151,11 +179,7 @@ pub async fn get_for_node(
         .db
         .run(move |c| {
             held(c, node, job, attempt, &STARTING)?;
-            resolve(c, job)?
-                .into_iter()
-                .find(|f| f.2.path == want)
-                .map(|f| (f.0, f.1))
-                .ok_or(AppError::NotFound("file"))
+            find_one(c, job, &want)?.ok_or(AppError::NotFound("file"))
         })
         .await?;
     download_from(ctx, space, in_space, None).await
