@@ -335,12 +335,11 @@ async fn start_task<R: ContainerRuntime>(
         let Some(h) = t.have.get_mut(&key) else {
             return;
         };
-        match created {
+        match (created, order) {
             // Stopped while it was being prepared (its inputs staged): it ends as its
             // stop order says (preempted, cancelled, ...), not as a failure to start.
-            Err(e) if order.is_some() => {
+            (Err(e), Some(order)) => {
                 tracing::info!(job, attempt, "stopped before its container started: {e}");
-                let order = order.expect("checked");
                 h.stopping = Some(Stopping {
                     why: order.why,
                     grace: Duration::ZERO,
@@ -349,12 +348,12 @@ async fn start_task<R: ContainerRuntime>(
                 });
                 h.phase = Phase::Removed;
             }
-            Err(e) => {
+            (Err(e), None) => {
                 tracing::warn!(job, attempt, "cannot start: {e}");
                 crate::metrics::METRICS.container_start_failures.inc();
                 h.phase = Phase::NotCreated { error: e };
             }
-            Ok(id) => {
+            (Ok(id), _) => {
                 crate::metrics::METRICS.container_starts.inc();
                 // The time limit counts from the container's start: staging inputs and
                 // restoring a checkpoint before it do not use the job's time.
