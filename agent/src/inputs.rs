@@ -67,6 +67,15 @@ fn fail(file: &str, why: impl std::fmt::Display) -> Failure {
     }
 }
 
+/// Whether trying again cannot help: what the portal refused (a 4xx, an input gone or
+/// no longer readable) but for a timeout or a rate limit, and local failures.
+fn gives_up(e: &ApiError) -> bool {
+    match e {
+        ApiError::Status { status, .. } => !matches!(status, 408 | 429 | 500..),
+        other => other.is_final(),
+    }
+}
+
 /// Whether a path from the portal stays under the directory it is joined to.
 fn stays_inside(path: &str) -> bool {
     !path.is_empty() && path.split('/').all(|s| !matches!(s, "" | "." | ".."))
@@ -154,7 +163,7 @@ async fn list(client: &CheckpointClient, (job, attempt): Key) -> Result<Vec<Inpu
         .await;
         match got {
             Ok(files) => return Ok(files),
-            Err(e) if e.is_final() || n + 1 >= TRIES => {
+            Err(e) if gives_up(&e) || n + 1 >= TRIES => {
                 return Err(fail(CONTAINER_DIR, format!("cannot list the inputs ({e})")))
             }
             Err(e) => {
@@ -198,8 +207,8 @@ async fn stage_all(
                 Ok(()) => break,
                 Err(Fetch::Stopped) => return Err(fail(&f.path, "the attempt was stopped")),
                 Err(Fetch::Local(e)) => return Err(fail(&f.path, format!("cannot write it: {e}"))),
-                Err(Fetch::Api(e)) if e.is_final() || n + 1 >= TRIES => {
-                    let tries = if e.is_final() {
+                Err(Fetch::Api(e)) if gives_up(&e) || n + 1 >= TRIES => {
+                    let tries = if gives_up(&e) {
                         String::new()
                     } else {
                         format!(" after {TRIES} tries")

@@ -21,6 +21,7 @@ mod guard;
 mod guests;
 mod host;
 mod images;
+mod inputs;
 mod logs;
 mod portal_double;
 mod reconcile;
