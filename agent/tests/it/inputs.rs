@@ -108,3 +108,54 @@ async fn failures_name_the_file_and_why() {
         .unwrap_err();
     assert_eq!(e.to_string(), "input y.bin: the attempt was stopped");
 }
+
+/// Through the executor on the in-memory runtime: a job whose input takes 2.5 s to stage
+/// gets it read-only at `/inputs` (`COMMONS_INPUTS_DIR`), and its 2 s time limit counts
+/// from its container's start, not from the `Start` (before: already over when it ran).
+#[tokio::test]
+async fn staging_comes_before_the_container_and_outside_the_time_limit() {
+    use super::fake_runtime::*;
+    use commons_agent::executor::Executor;
+    use commons_agent::reconcile::Launch;
+    use commons_agent::{clock, outbox, store::Store};
+    use commons_proto::AttemptState;
+    use std::time::Duration;
+    let (portal, client) = double(&[("data/a.txt", b"alpha\n")]).await;
+    portal.with(|s| s.input_delay = Duration::from_millis(2500));
+    let rt = FakeRuntime::default();
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = outbox::channel(Default::default());
+    let exec = Executor::with_checkpoints(rt.clone(), tx, Store::new(dir.path()), Some(client));
+    let mut ev = Events::new(rx);
+    let mut s = spec("demo", 2);
+    s.inputs = vec!["data/a.txt".into()];
+    let launch = Launch {
+        spec: s,
+        gpus: vec![],
+        resume: false,
+    };
+    exec.start_with(7, 1, launch, far(&exec));
+    ev.state_of(7, Some(AttemptState::Running)).await;
+    let left = exec
+        .time_limit_deadline(7, 1)
+        .unwrap()
+        .saturating_sub(clock::now());
+    assert!(
+        left > Duration::from_millis(1000),
+        "the time limit has {left:?} left"
+    );
+    let created = rt.created_of(7, 1);
+    let staged = created.mount.inputs_dir.expect("mounted");
+    assert_eq!(
+        std::fs::read(staged.join("data/a.txt")).unwrap(),
+        b"alpha\n"
+    );
+    assert!(created
+        .env
+        .contains(&"COMMONS_INPUTS_DIR=/inputs".to_string()));
+    let log = ev.logs_of(7);
+    assert!(
+        log.contains("staged 1 input files (6 B) into /inputs"),
+        "{log}"
+    );
+}

@@ -57,6 +57,8 @@ pub(crate) struct State {
     pub inputs_refused: Option<String>,
     /// Staging reports received.
     pub staging: Vec<serde_json::Value>,
+    /// Input files take this long to answer.
+    pub input_delay: Duration,
 }
 
 #[derive(Clone)]
@@ -176,9 +178,16 @@ async fn serve(mut conn: TcpStream, state: Arc<Mutex<State>>) {
     let Some(req) = read_request(&mut conn).await else {
         return;
     };
-    let delay = state.lock().unwrap().commit_delay;
+    let (delay, input_delay) = {
+        let s = state.lock().unwrap();
+        (s.commit_delay, s.input_delay)
+    };
     if req.path.ends_with("/commit") && !delay.is_zero() {
         tokio::time::sleep(delay).await;
+    }
+    let file = req.path.strip_prefix(commons_proto::INPUTS_PATH);
+    if file.is_some_and(|f| f.matches('/').count() >= 3) {
+        tokio::time::sleep(input_delay).await;
     }
     let (status, headers, body) = answer(&req, &mut state.lock().unwrap());
     state.lock().unwrap().seen.push(Seen {
