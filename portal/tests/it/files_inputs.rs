@@ -1,7 +1,8 @@
 //! A job's inputs: checked at submission (a missing input, a bad path, a lab the user is
 //! not in: 422 naming it), listed and streamed to the starting attempt's node only, its
 //! staging shown in the job's view and history; and with a real agent and the Docker
-//! Engine, a job that reads its inputs under `/inputs` and cannot write there.
+//! Engine, a job that reads its inputs under `/inputs` (from the local store and from S3)
+//! and cannot write there, and one whose staging fails naming the input.
 
 use crate::checkpoints::{enrol, run};
 use crate::support::files::{self as f, put, sha256};
@@ -145,12 +146,9 @@ per_backend! {
 /// With a real agent and the Docker Engine: the job reads a file input and a folder input
 /// under `/inputs` (and a lab's under `/inputs/lab/vision/`), cannot write there, and
 /// its history says when staging started and ended.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_reads_its_inputs_read_only_under_inputs() {
+async fn reads_its_inputs_read_only(p: &TestPortal) {
     use std::time::Duration;
-    let dir = tempfile::tempdir().unwrap();
-    let p = f::portal_in(crate::support::harness::Backend::Sqlite, dir.path(), |_| {}).await;
-    upload(&p).await;
+    upload(p).await;
     let _agent = p.agent("vision", "fake:1xA100-80GB").await;
     let script = "cat /inputs/data/a.txt /inputs/code/run.sh /inputs/code/lib/x.py \
                   /inputs/lab/vision/shared/s.txt; echo \"dir=$COMMONS_INPUTS_DIR\"; \
@@ -191,6 +189,36 @@ async fn a_job_reads_its_inputs_read_only_under_inputs() {
         events.contains("inputs staged (4 files, 31 B in"),
         "{events}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_reads_its_inputs_read_only_under_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = f::portal_in(crate::support::harness::Backend::Sqlite, dir.path(), |_| {}).await;
+    reads_its_inputs_read_only(&p).await;
+    p.stop().await;
+}
+
+/// The same with the file spaces on S3 (moto): the portal streams each object from the
+/// store to the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_reads_its_inputs_from_s3() {
+    use crate::checkpoints::moto::Moto;
+    let moto = Moto::start().await;
+    let prefix = format!("t{:x}", rand::random::<u32>());
+    let (endpoint, store) = (moto.endpoint.clone(), format!("s3://checkpoints/{prefix}"));
+    let p = TestPortal::builder(crate::support::harness::Backend::Sqlite)
+        .config(move |c| {
+            let k = &mut c.checkpoints;
+            k.store = Some(store);
+            k.endpoint = Some(endpoint);
+            k.allow_http = true;
+            k.access_key_id = Some("testing".into());
+            k.secret_access_key = Some(commons_portal::config::Secret("testing".into()));
+        })
+        .start()
+        .await;
+    reads_its_inputs_read_only(&p).await;
     p.stop().await;
 }
 
