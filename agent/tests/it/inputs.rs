@@ -159,3 +159,55 @@ async fn staging_comes_before_the_container_and_outside_the_time_limit() {
         "{log}"
     );
 }
+
+/// An attempt preempted while it stages gets no container and ends as its stop says
+/// (stopped, preempted), not as a failure to start.
+#[tokio::test]
+async fn an_attempt_stopped_while_staging_ends_as_the_stop_says() {
+    use super::fake_runtime::*;
+    use commons_agent::executor::Executor;
+    use commons_agent::reconcile::Launch;
+    use commons_agent::{outbox, store::Store};
+    use commons_proto::{AttemptState, StopReason};
+    use std::time::{Duration, Instant};
+    let (portal, client) = double(&[("data/a.txt", b"alpha\n")]).await;
+    portal.with(|s| s.input_delay = Duration::from_millis(1500));
+    let rt = FakeRuntime::default();
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = outbox::channel(Default::default());
+    let exec = Executor::with_checkpoints(rt.clone(), tx, Store::new(dir.path()), Some(client));
+    let mut ev = Events::new(rx);
+    let mut s = spec("demo", 600);
+    s.inputs = vec!["data/a.txt".into()];
+    let launch = Launch {
+        spec: s,
+        gpus: vec![],
+        resume: false,
+    };
+    exec.start_with(7, 1, launch, far(&exec));
+    // Stopped once staging has listed its files (their download is slow).
+    let since = Instant::now();
+    while !portal
+        .seen()
+        .iter()
+        .any(|r| r.path.ends_with("/inputs/7/1"))
+    {
+        assert!(
+            since.elapsed() < Duration::from_secs(20),
+            "no listing: {:?}",
+            portal.seen().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(exec.stop(7, 1, 30, StopReason::Preempted, None));
+    let end = ev.final_of(7).await;
+    assert_eq!(
+        (end.state, end.stop),
+        (AttemptState::Stopped, Some(StopReason::Preempted)),
+        "{end:?}"
+    );
+    assert!(rt.ids().is_empty(), "no container: {:?}", rt.ids());
+    assert!(ev
+        .logs_of(7)
+        .contains("staging failed: input data/a.txt: the attempt was stopped"));
+}
