@@ -340,13 +340,7 @@ async fn start_task<R: ContainerRuntime>(
             // stop order says (preempted, cancelled, ...), not as a failure to start.
             (Err(e), Some(order)) => {
                 tracing::info!(job, attempt, "stopped before its container started: {e}");
-                h.stopping = Some(Stopping {
-                    why: order.why,
-                    grace: Duration::ZERO,
-                    since: clock::now(),
-                    issued: true,
-                });
-                h.phase = Phase::Removed;
+                stopped_before_start(h, order);
             }
             (Err(e), None) => {
                 tracing::warn!(job, attempt, "cannot start: {e}");
@@ -381,6 +375,21 @@ async fn start_task<R: ContainerRuntime>(
         guard::ensure(&store, key, &id);
     }
     exec.step(clock::now());
+}
+
+/// An attempt whose stop came before its container: it has none, and ends as the stop
+/// order says.
+fn stopped_before_start(
+    h: &mut crate::reconcile::ContainerObs,
+    order: crate::reconcile::StopOrder,
+) {
+    h.stopping = Some(Stopping {
+        why: order.why,
+        grace: Duration::ZERO,
+        since: clock::now(),
+        issued: true,
+    });
+    h.phase = Phase::Removed;
 }
 
 /// Removes a recorded attempt's container; a failure is logged, and the attempt moves on
