@@ -131,6 +131,17 @@ per_backend! {
         let alice = crate::support::session::BrowserSession::login(&p, "alice").await;
         let page = alice.page(&format!("/jobs/{job}")).await;
         assert!(page.contains("id=\"staging\"") && page.contains("lab:vision/shared/s.txt"), "the job page shows staging and inputs");
+        // The submit form: one input a line; a missing one is named beside the field.
+        let form = |inputs: &'static str| [("image", "commons-demo:latest"), ("gpus", "1"),
+            ("time_limit_minutes", "5"), ("inputs", inputs)];
+        let r = alice.post_form("/jobs", &form("data/a.txt\r\nnope/\r\n")).await;
+        assert_eq!(r.status(), 422, "[{backend:?}]");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("id=\"inputs-error\"") && body.contains("nope/"), "{body}");
+        let r = alice.post_form("/jobs", &form("data/a.txt\r\n code/ \r\n")).await;
+        assert_eq!(r.status(), 303, "[{backend:?}]");
+        let mine = p.get_json(&p.alice, "/api/v1/jobs").await;
+        assert_eq!(mine[0]["inputs"], json!(["data/a.txt", "code/"]), "{mine}");
         let done = json!({"done_bytes": 31, "total_bytes": 31, "files": 4, "finished": true});
         assert_eq!(report(&p, &cred, job, done).await, 204);
         let view = p.job(&p.alice, job).await;
