@@ -270,3 +270,78 @@ async fn a_staging_failure_names_the_input() {
     assert!(events.contains(why), "{events}");
     p.stop().await;
 }
+
+/// The figure for the book (`cargo test -p commons-portal --test it --release --
+/// --ignored staging_throughput --nocapture`): staging a 256 MB input through the portal
+/// (the agent's `inputs::stage`, over HTTP on loopback) against reading the same object
+/// straight from the store with `object_store`; both hash and write what they read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement, not a check"]
+async fn staging_throughput() {
+    use commons_agent::checkpoint::{CheckpointClient, Policy};
+    use futures_util::StreamExt;
+    use object_store::ObjectStoreExt;
+    use sha2::{Digest, Sha256};
+    use std::time::Instant;
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = f::portal_in(crate::support::harness::Backend::Sqlite, dir.path(), |c| {
+        c.user_quota_gb = 10.0
+    })
+    .await;
+    p.portal.scheduler.abort();
+    let size = 256 << 20;
+    let a = put(&p, &p.alice, "/api/v1/files", "big.bin", &f::noise(size, 9)).await;
+    assert_eq!(a.status, 201, "{a}");
+    let (s, v) = p
+        .post_json(&p.alice, "/api/v1/jobs", &job_with(&["big.bin"], "true"))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let job = v["id"].as_i64().unwrap();
+    let (node, cred) = enrol(&p, "vision", "gpu-a").await;
+    run(&p, move |c| starting(c, job, node)).await;
+    let object = run(&p, |c| {
+        let alice = db::users::user_by_name(c, "alice")?.unwrap();
+        let row = db::files::get(c, &format!("user:{}", alice.id), "big.bin")?;
+        Ok::<_, DbError>(row.unwrap().object)
+    })
+    .await;
+    let mut best = (f64::MAX, f64::MAX);
+    for round in 0..3 {
+        let to = tempfile::tempdir().unwrap();
+        let client = CheckpointClient::new(&p.url, &cred, Policy::default()).unwrap();
+        let t = Instant::now();
+        commons_agent::inputs::stage(&client, (job, 1), to.path(), u64::MAX, &|| true)
+            .await
+            .unwrap();
+        best.0 = best.0.min(t.elapsed().as_secs_f64());
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+        let t = Instant::now();
+        let key = object_store::path::Path::from(object.as_str());
+        let got = store.get(&key).await.unwrap();
+        let mut body = got.into_stream();
+        let mut out = tokio::fs::File::create(to.path().join("direct.bin"))
+            .await
+            .unwrap();
+        let mut sha = Sha256::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.unwrap();
+            sha.update(&chunk);
+            out.write_all(&chunk).await.unwrap();
+        }
+        out.flush().await.unwrap();
+        best.1 = best.1.min(t.elapsed().as_secs_f64());
+        println!(
+            "round {round}: staged in {:.3} s, direct in {:.3} s",
+            best.0, best.1
+        );
+    }
+    let mb = size as f64 / 1e6;
+    println!(
+        "staging {:.0} MB/s, direct {:.0} MB/s, ratio {:.2}",
+        mb / best.0,
+        mb / best.1,
+        best.1 / best.0
+    );
+    p.stop().await;
+}
