@@ -34,6 +34,7 @@ pub mod executor;
 pub mod gpu;
 pub mod guard;
 pub mod host;
+pub mod inputs;
 pub mod metrics;
 pub mod outbox;
 pub mod outputs;

@@ -93,6 +93,86 @@ pub fn parse_ref<'a>(field: &str, s: &'a str) -> Result<(Space, &'a str), Invali
     Ok((Space::Lab(slug.to_string()), path))
 }
 
+/// The most inputs a job may name.
+pub const MAX_INPUTS: usize = 64;
+
+/// One of a job's inputs (`inputs`), as parsed from what the user wrote: a file or a
+/// folder (a trailing `/`: everything under it) of their own space or a lab's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Input {
+    pub space: Space,
+    /// The path in its space, without the folder's trailing `/`.
+    pub path: String,
+    /// A folder: every file whose path starts with `path/`.
+    pub folder: bool,
+}
+
+impl Input {
+    /// Where its files are under `/inputs`: `PATH` for the owner's space,
+    /// `lab/SLUG/PATH` for a lab's.
+    pub fn staged_path(&self) -> String {
+        match &self.space {
+            Space::Mine => self.path.clone(),
+            Space::Lab(slug) => format!("lab/{slug}/{}", self.path),
+        }
+    }
+
+    /// The prefix of the space's listing that holds its files.
+    pub fn prefix(&self) -> String {
+        if self.folder {
+            format!("{}/", self.path)
+        } else {
+            self.path.clone()
+        }
+    }
+}
+
+/// One input as written: `PATH`, `PATH/` (a folder), `lab:SLUG/PATH[/]`. A refusal names
+/// `inputs` and the input.
+pub fn parse_input(s: &str) -> Result<Input, Invalid> {
+    let field = "inputs";
+    let (space, rest) = parse_ref(field, s)?;
+    let (path, folder) = match rest.strip_suffix('/') {
+        Some(p) => (p, true),
+        None => (rest, false),
+    };
+    check_path(field, path)
+        .map_err(|e| Invalid::new(field, format!("input {s:?}: {}", e.message)))?;
+    Ok(Input {
+        space,
+        path: path.to_string(),
+        folder,
+    })
+}
+
+/// A job's inputs: at most [`MAX_INPUTS`], each well formed, none named twice, and no two
+/// staged at the same place (a file and a folder of the same name).
+pub fn check_inputs(inputs: &[String]) -> Result<Vec<Input>, Invalid> {
+    if inputs.len() > MAX_INPUTS {
+        return Err(Invalid::new(
+            "inputs",
+            format!(
+                "a job names at most {MAX_INPUTS} inputs, not {}",
+                inputs.len()
+            ),
+        ));
+    }
+    let parsed = inputs
+        .iter()
+        .map(|s| parse_input(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, s) in parsed.iter().zip(inputs) {
+        if !seen.insert(i.staged_path()) {
+            return Err(Invalid::new(
+                "inputs",
+                format!("input {s:?} is named twice (as a file or a folder)"),
+            ));
+        }
+    }
+    Ok(parsed)
+}
+
 /// A file's path: see the module's invariants. The refusal says which rule it breaks.
 pub fn check_path(field: &str, p: &str) -> Result<(), Invalid> {
     let bad = |why: String| Err(Invalid::new(field, why));
@@ -264,6 +344,40 @@ mod tests {
         let e = parse_ref("dest", "lab:Bad Lab/x").unwrap_err();
         assert_eq!(e.field, "dest");
         assert!(e.message.contains("lab:SLUG/PATH"), "{}", e.message);
+    }
+
+    #[test]
+    fn inputs_are_files_or_folders_of_a_space() {
+        let i = parse_input("data/train.tar").unwrap();
+        assert_eq!(i.prefix(), "data/train.tar");
+        assert_eq!((i.space, i.folder), (Space::Mine, false));
+        let i = parse_input("lab:vision/code/").unwrap();
+        assert_eq!(i.space, Space::Lab("vision".into()));
+        assert_eq!((i.path.as_str(), i.folder), ("code", true));
+        assert_eq!(i.staged_path(), "lab/vision/code");
+        assert_eq!(i.prefix(), "code/");
+        for bad in [
+            "",
+            "/etc/passwd",
+            "a//b",
+            "../x",
+            "a/../b",
+            "/",
+            "lab:vision/",
+            "lab:Bad/x",
+        ] {
+            let e = parse_input(bad).unwrap_err();
+            assert_eq!(e.field, "inputs", "{bad}");
+        }
+        assert!(parse_input("a/../b").unwrap_err().message.contains("'..'"));
+        let many: Vec<String> = (0..65).map(|n| format!("f{n}")).collect();
+        assert!(check_inputs(&many)
+            .unwrap_err()
+            .message
+            .contains("at most 64"));
+        let twice = ["code".to_string(), "code/".to_string()];
+        assert!(check_inputs(&twice).unwrap_err().message.contains("twice"));
+        assert_eq!(check_inputs(&many[..64]).unwrap().len(), 64);
     }
 
     #[test]

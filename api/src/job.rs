@@ -115,6 +115,12 @@ pub struct JobRequest {
     /// of its own (`app_url` in the job's view, the **Open** button).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app: Option<crate::web_app::AppSpec>,
+    /// Files and folders staged read-only under `/inputs` before the job starts: `PATH`
+    /// in the owner's file space, `lab:SLUG/PATH` in a lab's (under `/inputs/lab/SLUG/`);
+    /// a trailing `/` names a folder. At most 64; each must exist when the job is
+    /// submitted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
 }
 
 /// The least CPU share the Docker Engine accepts.
@@ -143,6 +149,7 @@ impl JobRequest {
             tags: BTreeMap::new(),
             after: Vec::new(),
             app: None,
+            inputs: Vec::new(),
         }
     }
 }
@@ -169,6 +176,7 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
     if let Some(app) = &req.app {
         crate::web_app::check(app)?;
     }
+    crate::files::check_inputs(&req.inputs)?;
     Ok(())
 }
 

@@ -100,6 +100,36 @@ pub struct GpuView {
     pub model: String,
 }
 
+/// How far a starting attempt's inputs have been copied to its server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Staging {
+    /// Bytes on the server so far.
+    pub done_bytes: u64,
+    /// Bytes of all its inputs.
+    pub total_bytes: u64,
+}
+
+impl Staging {
+    /// Percent done, 0 to 100.
+    pub fn percent(&self) -> u64 {
+        (self.done_bytes.min(self.total_bytes) * 100)
+            .checked_div(self.total_bytes)
+            .unwrap_or(0)
+    }
+
+    /// "12 MB of 40 MB (30 %)".
+    pub fn summary(&self) -> String {
+        use crate::files::human_bytes;
+        format!(
+            "{} of {} ({} %)",
+            human_bytes(self.done_bytes),
+            human_bytes(self.total_bytes),
+            self.percent()
+        )
+    }
+}
+
 /// A job as the API shows it. Times are UTC, without a zone (`2026-12-03T08:12:00.123`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -114,6 +144,13 @@ pub struct JobView {
     /// The jobs it waits for (or waited for).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after: Vec<crate::flows::After>,
+    /// The files and folders it reads under `/inputs`, as submitted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
+    /// While its inputs are being copied to the server (before its container starts):
+    /// how far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging: Option<Staging>,
     pub state: JobState,
     /// Why it is in this state, in words ("waiting: lab quota of 4 GPUs in use").
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -29,7 +29,7 @@ pub mod web_app;
 
 pub use error::ErrorBody;
 pub use job::{JobKind, JobRequest};
-pub use job_view::{JobEvent, JobState, JobView, LabJobView};
+pub use job_view::{JobEvent, JobState, JobView, LabJobView, Staging};
 
 /// A value that breaks a rule: which field, and why, in words a researcher understands.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -120,6 +120,10 @@ pub struct RunArgs {
     /// The job's disk in GiB (/checkpoint holds at most this; default: the campus's).
     #[arg(long, value_name = "GIB")]
     pub disk: Option<i64>,
+    /// A file or folder (ending in /) of your files to read under /inputs; lab:SLUG/PATH
+    /// for a lab's, under /inputs/lab/SLUG/ (repeat for several, at most 64).
+    #[arg(long = "input", value_name = "PATH")]
+    pub inputs: Vec<String>,
     #[command(flatten)]
     pub flows: Box<crate::flows::RunFlows>,
     #[command(flatten)]

@@ -96,6 +96,7 @@ pub fn run_request(a: &RunArgs) -> Result<JobRequest> {
     req.lab = a.lab.clone();
     req.checkpoint_minutes = a.checkpoint_minutes;
     req.disk_gb = a.disk;
+    req.inputs = a.inputs.clone();
     req.kind = if a.interactive {
         JobKind::Interactive
     } else {
@@ -291,6 +292,9 @@ fn show_lines(j: &JobView, colour: bool) -> Vec<(&'static str, String)> {
     if let Some(r) = &j.reason {
         lines.push(("reason", r.clone()));
     }
+    if let Some(s) = &j.staging {
+        lines.push(("staging inputs", s.summary()));
+    }
     if let Some(p) = j.queue_position {
         lines.push(("queue position", p.to_string()));
     }
@@ -302,6 +306,9 @@ fn show_lines(j: &JobView, colour: bool) -> Vec<(&'static str, String)> {
     lines.push(("image", j.image.clone()));
     if !j.command.is_empty() {
         lines.push(("command", shell_words(&j.command)));
+    }
+    if !j.inputs.is_empty() {
+        lines.push(("inputs", j.inputs.join(" ")));
     }
     lines.push(("lab", j.lab.clone()));
     lines.push(("gpus", gpu_text(j)));
@@ -407,6 +414,20 @@ mod tests {
             v["exit_code"] = c.into();
         }
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn show_says_the_inputs_and_how_far_they_are_staged() {
+        let mut j = job(JobState::Starting, None);
+        j.inputs = vec!["data/a.tar".into(), "lab:vision/code/".into()];
+        j.staging = Some(commons_api::Staging {
+            done_bytes: 300_000_000,
+            total_bytes: 1_200_000_000,
+        });
+        let lines = show_lines(&j, false);
+        let get = |k: &str| lines.iter().find(|(l, _)| *l == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("inputs"), Some("data/a.tar lab:vision/code/"));
+        assert_eq!(get("staging inputs"), Some("300 MB of 1.2 GB (25 %)"));
     }
 
     #[test]

@@ -110,6 +110,10 @@ mod tests {
             "A=1",
             "--gpu-model",
             "A100",
+            "--input",
+            "data/a.tar",
+            "--input",
+            "lab:vision/code/",
             "--",
             "sh",
             "-c",
@@ -126,5 +130,6 @@ mod tests {
         assert_eq!(req.env["A"], "1");
         assert_eq!(req.gpu_models, vec!["A100".to_string()]);
         assert_eq!(req.command, vec!["sh", "-c", "echo hi"]);
+        assert_eq!(req.inputs, ["data/a.tar", "lab:vision/code/"]);
     }
 }

@@ -174,6 +174,8 @@ pub struct ValidJob {
     pub tags: std::collections::BTreeMap<String, String>,
     /// The jobs it waits for; checked by the portal (they exist and are the user's).
     pub after: Vec<commons_api::flows::After>,
+    /// Its inputs as written; checked by the portal (they exist, the user may read them).
+    pub inputs: Vec<String>,
 }
 
 /// A key that passed every check, ready to store.

@@ -50,6 +50,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
     let models = to_json(&v.gpu_models)?;
     let tags = to_json(&v.tags)?;
     let after = to_json(&v.after)?;
+    let inputs = to_json(&v.inputs)?;
     let created_at = now();
     // A job that waits for others is held out of the queue until they have ended; it says
     // what it waits for from the start.
@@ -72,9 +73,9 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             "WITH j AS (INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, \
                  gpu_models, min_gpu_memory_mb, cpus, memory_mb, time_limit_s, \
                  checkpoint_interval_s, shm_mb, image_digest, image_signature, image_campus, kind, \
-                 state, reason, created_at, disk_gb, name, tags, after_jobs, held) \
+                 state, reason, created_at, disk_gb, name, tags, after_jobs, held, inputs) \
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                 $16, $17, '{queued}', $18, $19, $20, $21, $22, $23, $24) RETURNING *), \
+                 $16, $17, '{queued}', $18, $19, $20, $21, $22, $23, $24, $25) RETURNING *), \
              e AS (INSERT INTO job_events (job_id, at, state, message) \
                SELECT id, created_at, state, 'submitted' FROM j) \
              SELECT * FROM j",
@@ -104,6 +105,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
         .bind::<Text, _>(&tags)
         .bind::<Text, _>(&after)
         .bind::<Bool, _>(held)
+        .bind::<Text, _>(&inputs)
         .get_result::<Job>(pg)?);
     }
     c.transaction(|c| {
@@ -133,6 +135,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             jobs::tags.eq(&tags),
             jobs::after_jobs.eq(&after),
             jobs::held.eq(held),
+            jobs::inputs.eq(&inputs),
         ));
         // The stored row comes back with the insert: no second read.
         let job: Job = match c {

@@ -41,6 +41,7 @@ pub mod samples;
 pub mod schema;
 pub mod snapshot;
 pub mod ssh_keys;
+pub mod staging;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod types;

@@ -218,6 +218,8 @@ pub struct Job {
     pub after_jobs: Json<Vec<commons_api::flows::After>>,
     /// Queued but kept out of the scheduler's queue until its waits are met.
     pub held: bool,
+    /// Its inputs as submitted (`commons_api::files::parse_input` reads each).
+    pub inputs: Json<Vec<String>>,
 }
 
 impl Job {

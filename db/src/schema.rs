@@ -169,6 +169,19 @@ diesel::table! {
         tags -> Text,
         after_jobs -> Text,
         held -> Bool,
+        inputs -> Text,
+    }
+}
+
+diesel::table! {
+    job_staging (job_id, attempt) {
+        job_id -> BigInt,
+        attempt -> Integer,
+        done_bytes -> BigInt,
+        total_bytes -> BigInt,
+        finished -> Bool,
+        started_at -> Timestamp,
+        updated_at -> Timestamp,
     }
 }
 
@@ -400,6 +413,7 @@ diesel::joinable!(job_logs -> jobs (job_id));
 diesel::joinable!(checkpoints -> jobs (job_id));
 diesel::joinable!(checkpoint_parts -> jobs (job_id));
 diesel::joinable!(attempt_samples -> jobs (job_id));
+diesel::joinable!(job_staging -> jobs (job_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     app_grants,
@@ -414,6 +428,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     jobs,
     job_attempts,
     job_events,
+    job_staging,
     job_logs,
     audit_log,
     checkpoints,

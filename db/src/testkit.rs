@@ -141,5 +141,6 @@ pub fn demo_job(lab_id: i64) -> ValidJob {
         name: None,
         tags: Default::default(),
         after: Vec::new(),
+        inputs: Vec::new(),
     }
 }

@@ -85,6 +85,7 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         name: req.name.map(|n| n.trim().to_string()),
         tags: req.tags,
         after: req.after,
+        inputs: req.inputs,
     })
 }
 

@@ -37,11 +37,15 @@ use std::collections::BTreeMap;
 
 pub mod checkpoint;
 pub mod control;
+pub mod inputs;
 pub mod outputs;
 pub mod relay;
 pub use checkpoint::*;
 pub use control::{
     NodeCapacity, NodeCommand, NodeControlAnswer, NodeDisk, NodeState, NODE_CONTROL_PATH,
+};
+pub use inputs::{
+    input_file_path, inputs_path, staging_path, InputFile, Staging, INPUTS_PATH, STAGING_PATH,
 };
 pub use outputs::{output_file_path, outputs_path, OutputFile, OUTPUTS_PATH};
 pub use relay::RelayOpen;
@@ -277,6 +281,11 @@ pub struct JobSpec {
     /// server's engine (its owners may keep private images there).
     #[serde(default, skip_serializing_if = "is_false")]
     pub image_campus: bool,
+    /// The job's inputs as its owner wrote them (`data/train.tar`, `lab:vision/code/`):
+    /// the agent stages them read-only under `/inputs` before the container starts,
+    /// through the inputs API (`inputs::INPUTS_PATH`). Absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -356,6 +365,9 @@ pub enum AgentMsg {
 /// Portal -> agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+// `Start` carries the whole spec: a message lives only between the socket and its
+// handler, so its size costs little, and boxing the spec would touch every use of it.
+#[allow(clippy::large_enum_variant)]
 pub enum PortalMsg {
     /// Answer to `Hello`.
     Welcome {

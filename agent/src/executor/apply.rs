@@ -331,17 +331,29 @@ async fn start_task<R: ContainerRuntime>(
     let mut started = None;
     {
         let mut t = exec.table();
+        let order = t.want.get(&key).and_then(|w| w.stop.clone());
         let Some(h) = t.have.get_mut(&key) else {
             return;
         };
-        match created {
-            Err(e) => {
+        match (created, order) {
+            // Stopped while it was being prepared (its inputs staged): it ends as its
+            // stop order says (preempted, cancelled, ...), not as a failure to start.
+            (Err(e), Some(order)) => {
+                tracing::info!(job, attempt, "stopped before its container started: {e}");
+                stopped_before_start(h, order);
+            }
+            (Err(e), None) => {
                 tracing::warn!(job, attempt, "cannot start: {e}");
                 crate::metrics::METRICS.container_start_failures.inc();
                 h.phase = Phase::NotCreated { error: e };
             }
-            Ok(id) => {
+            (Ok(id), _) => {
                 crate::metrics::METRICS.container_starts.inc();
+                // The time limit counts from the container's start: staging inputs and
+                // restoring a checkpoint before it do not use the job's time.
+                if let Some(limit) = h.time_limit {
+                    h.deadline = Some(clock::now().saturating_add(limit));
+                }
                 h.phase = Phase::Running {
                     container: id.clone(),
                 };
@@ -363,6 +375,21 @@ async fn start_task<R: ContainerRuntime>(
         guard::ensure(&store, key, &id);
     }
     exec.step(clock::now());
+}
+
+/// An attempt whose stop came before its container: it has none, and ends as the stop
+/// order says.
+fn stopped_before_start(
+    h: &mut crate::reconcile::ContainerObs,
+    order: crate::reconcile::StopOrder,
+) {
+    h.stopping = Some(Stopping {
+        why: order.why,
+        grace: Duration::ZERO,
+        since: clock::now(),
+        issued: true,
+    });
+    h.phase = Phase::Removed;
 }
 
 /// Removes a recorded attempt's container; a failure is logged, and the attempt moves on

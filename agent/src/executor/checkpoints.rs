@@ -171,9 +171,10 @@ pub(super) async fn prepare<R: ContainerRuntime>(
             host.display()
         )));
     }
-    if let Err(e) = super::outputs::prepare(client.as_ref(), &events, key, &dir).await {
-        return Some(Err(e));
-    }
+    let inputs_dir = match beside(weak, client.as_ref(), &events, key, &dir, cap, launch).await? {
+        Ok(d) => d,
+        Err(e) => return Some(Err(e)),
+    };
     if let Err(e) = file.write(&dir) {
         tracing::error!(
             job,
@@ -185,7 +186,28 @@ pub(super) async fn prepare<R: ContainerRuntime>(
         host_dir: host,
         resumed: file.resumed,
         outputs_dir: crate::outputs::host_dir(&dir),
+        inputs_dir,
     }))
+}
+
+/// The directories beside `/checkpoint`: `/outputs` (with what earlier attempts kept)
+/// and, when the job names inputs, `/inputs` staged (its directory). `None`: the
+/// executor went away meanwhile.
+async fn beside<R: ContainerRuntime>(
+    weak: &Weak<Inner<R>>,
+    client: Option<&CheckpointClient>,
+    events: &Outbox,
+    key: Key,
+    dir: &std::path::Path,
+    cap: u64,
+    launch: &Launch,
+) -> Option<Result<Option<PathBuf>, String>> {
+    if let Err(e) = super::outputs::prepare(client, events, key, dir).await {
+        return Some(Err(e));
+    }
+    let named = launch.spec.inputs.len();
+    let staged = super::inputs::prepare(weak, client, events, key, dir, cap, named).await;
+    (weak.strong_count() > 0).then_some(staged)
 }
 
 async fn snapshot_task<R: ContainerRuntime>(

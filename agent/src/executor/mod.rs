@@ -46,6 +46,7 @@
 mod active;
 mod apply;
 mod checkpoints;
+mod inputs;
 mod outputs;
 mod restore;
 mod volumes;

@@ -213,6 +213,7 @@ mod tests {
 
     fn spec(guest: bool, interactive: bool) -> JobSpec {
         JobSpec {
+            inputs: Vec::new(),
             image: "i".into(),
             command: vec![],
             env: Default::default(),

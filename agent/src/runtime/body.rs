@@ -115,6 +115,13 @@ fn job_env(
         crate::outputs::ENV_DIR,
         crate::outputs::CONTAINER_DIR
     ));
+    if ckpt.inputs_dir.is_some() {
+        env.push(format!(
+            "{}={}",
+            crate::inputs::ENV_DIR,
+            crate::inputs::CONTAINER_DIR
+        ));
+    }
     env
 }
 
@@ -131,6 +138,21 @@ fn bind(target: &str, source: &std::path::Path) -> Mount {
         }),
         ..Default::default()
     }
+}
+
+/// `/checkpoint` and `/outputs` read-write; `/inputs` read-only, when there are inputs.
+fn mounts(ckpt: &CheckpointMount) -> Vec<Mount> {
+    let mut m = vec![
+        bind(checkpoint::CONTAINER_DIR, &ckpt.host_dir),
+        bind(crate::outputs::CONTAINER_DIR, &ckpt.outputs_dir),
+    ];
+    if let Some(dir) = &ckpt.inputs_dir {
+        m.push(Mount {
+            read_only: Some(true),
+            ..bind(crate::inputs::CONTAINER_DIR, dir)
+        });
+    }
+    m
 }
 
 /// The container's limits and lockdown, its GPUs' device request and its host paths (the
@@ -164,10 +186,7 @@ fn host_config(spec: &JobSpec, gpus: &[AssignedGpu], ckpt: &CheckpointMount) -> 
         privileged: Some(false),
         init: Some(true),
         device_requests,
-        mounts: Some(vec![
-            bind(checkpoint::CONTAINER_DIR, &ckpt.host_dir),
-            bind(crate::outputs::CONTAINER_DIR, &ckpt.outputs_dir),
-        ]),
+        mounts: Some(mounts(ckpt)),
         tmpfs: Some(HashMap::from([(
             "/tmp".to_string(),
             "rw,nosuid,nodev,size=1g".to_string(),
@@ -182,6 +201,7 @@ mod tests {
 
     fn spec() -> JobSpec {
         JobSpec {
+            inputs: Vec::new(),
             image: "commons-demo:latest".into(),
             command: vec!["sh".into(), "-c".into(), "echo hi".into()],
             env: [
@@ -211,6 +231,7 @@ mod tests {
             host_dir: "/var/lib/commons-agent/attempts/42-2/checkpoint".into(),
             resumed,
             outputs_dir: "/var/lib/commons-agent/attempts/42-2/outputs".into(),
+            inputs_dir: None,
         }
     }
 

@@ -145,6 +145,7 @@ mod tests {
     #[test]
     fn pins_and_signatures_are_required_as_configured() {
         let mut spec = JobSpec {
+            inputs: Vec::new(),
             image: "x:1".into(),
             command: vec![],
             env: Default::default(),
@@ -195,6 +196,7 @@ mod tests {
     #[test]
     fn local_copies_serve_campus_pins_and_the_servers_own_lab_only() {
         let mut spec = JobSpec {
+            inputs: Vec::new(),
             image: "x:1".into(),
             command: vec![],
             env: Default::default(),

@@ -20,7 +20,9 @@
 //! - Every container gets its attempt's [`CheckpointMount`]: the host directory
 //!   read-write at `/checkpoint`, `COMMONS_CHECKPOINT_DIR=/checkpoint`, and
 //!   `COMMONS_RESUME=1` exactly when the directory holds a restored checkpoint; and the
-//!   outputs directory beside it read-write at `/outputs` (`COMMONS_OUTPUTS_DIR`).
+//!   outputs directory beside it read-write at `/outputs` (`COMMONS_OUTPUTS_DIR`); and,
+//!   when the job names inputs, their staged copy read-only at `/inputs`
+//!   (`COMMONS_INPUTS_DIR`).
 //!
 //! Everything else in the agent that touches containers goes through the trait too: the
 //! guards, the start-up sweep of an earlier identity's containers (`host`) and the SSH
@@ -96,6 +98,9 @@ pub struct CheckpointMount {
     /// The outputs directory on the host (beside `host_dir`, in the same volume),
     /// bind-mounted read-write at `/outputs`; it must exist.
     pub outputs_dir: PathBuf,
+    /// The staged inputs on the host (beside `host_dir`, in the same volume),
+    /// bind-mounted read-only at `/inputs`; none when the job names no inputs.
+    pub inputs_dir: Option<PathBuf>,
 }
 
 /// A container of ours found on the engine.

@@ -24,6 +24,7 @@ async fn sleeper(rt: &DockerRuntime, job: i64, dir: &Path) -> String {
         host_dir: dir.join(format!("checkpoint-{job}")),
         resumed: false,
         outputs_dir: dir.join(format!("outputs-{job}")),
+        inputs_dir: None,
     };
     std::fs::create_dir_all(&mount.host_dir).unwrap();
     std::fs::create_dir_all(&mount.outputs_dir).unwrap();

@@ -21,6 +21,7 @@ mod guard;
 mod guests;
 mod host;
 mod images;
+mod inputs;
 mod logs;
 mod portal_double;
 mod reconcile;
@@ -71,6 +72,7 @@ fn local_id(image: &str) -> String {
 fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
     demo_image();
     JobSpec {
+        inputs: Vec::new(),
         image_digest: Some(local_id("commons-demo:latest")),
         image_signature: None,
         image_campus: true,

@@ -49,6 +49,16 @@ pub(crate) struct State {
     pub cap: bool,
     /// Commits take this long to answer.
     pub commit_delay: Duration,
+    /// The inputs API: the files listed (path, contents, announced SHA-256).
+    pub inputs: Vec<(String, Vec<u8>, String)>,
+    /// GETs of an input file fail with 503 this many more times, by path.
+    pub input_failures: BTreeMap<String, u32>,
+    /// The listing is refused (422) with this message.
+    pub inputs_refused: Option<String>,
+    /// Staging reports received.
+    pub staging: Vec<serde_json::Value>,
+    /// Input files take this long to answer.
+    pub input_delay: Duration,
 }
 
 #[derive(Clone)]
@@ -168,9 +178,16 @@ async fn serve(mut conn: TcpStream, state: Arc<Mutex<State>>) {
     let Some(req) = read_request(&mut conn).await else {
         return;
     };
-    let delay = state.lock().unwrap().commit_delay;
+    let (delay, input_delay) = {
+        let s = state.lock().unwrap();
+        (s.commit_delay, s.input_delay)
+    };
     if req.path.ends_with("/commit") && !delay.is_zero() {
         tokio::time::sleep(delay).await;
+    }
+    let file = req.path.strip_prefix(commons_proto::INPUTS_PATH);
+    if file.is_some_and(|f| f.matches('/').count() >= 3) {
+        tokio::time::sleep(input_delay).await;
     }
     let (status, headers, body) = answer(&req, &mut state.lock().unwrap());
     state.lock().unwrap().seen.push(Seen {
@@ -198,6 +215,13 @@ fn answer(req: &Request, s: &mut State) -> Answer {
     }
     if s.down {
         return error(503, "unavailable", "the store is down");
+    }
+    if let Some(rest) = req.path.strip_prefix(commons_proto::INPUTS_PATH) {
+        return inputs(s, rest);
+    }
+    if req.path.starts_with(commons_proto::STAGING_PATH) {
+        s.staging.push(serde_json::from_slice(&req.body).unwrap());
+        return (204, vec![], vec![]);
     }
     let Some(rest) = req.path.strip_prefix(CHECKPOINTS_PATH) else {
         return error(404, "not_found", "no such path");
@@ -256,6 +280,35 @@ fn answer(req: &Request, s: &mut State) -> Answer {
             })
         }
         ("POST", [job, attempt, "commit"]) => commit(s, job, attempt, &req.body),
+        _ => error(404, "not_found", "no such route"),
+    }
+}
+
+/// `GET {INPUTS_PATH}/{job}/{attempt}[/{path}]`.
+fn inputs(s: &mut State, rest: &str) -> Answer {
+    let seg: Vec<&str> = rest.trim_start_matches('/').splitn(3, '/').collect();
+    match seg.as_slice() {
+        [_, _] => match &s.inputs_refused {
+            Some(m) => error(422, "invalid", m),
+            None => json(
+                s.inputs
+                    .iter()
+                    .map(|(path, data, sha)| {
+                        serde_json::json!({"path": path, "size": data.len(), "sha256": sha})
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+        },
+        [_, _, path] => {
+            if let Some(n) = s.input_failures.get_mut(*path).filter(|n| **n > 0) {
+                *n -= 1;
+                return error(503, "unavailable", "the store is down");
+            }
+            match s.inputs.iter().find(|f| f.0 == *path) {
+                Some((_, data, _)) => (200, vec![], data.clone()),
+                None => error(404, "not_found", "file"),
+            }
+        }
         _ => error(404, "not_found", "no such route"),
     }
 }

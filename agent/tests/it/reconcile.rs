@@ -21,6 +21,7 @@ pub(crate) fn secs(s: u64) -> Duration {
 fn launch() -> Arc<Launch> {
     Arc::new(Launch {
         spec: JobSpec {
+            inputs: Vec::new(),
             image: "commons-demo:latest".into(),
             command: vec!["true".into()],
             env: Default::default(),

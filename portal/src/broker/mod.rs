@@ -8,6 +8,7 @@ pub mod agent;
 mod agent_conn;
 pub mod checkpoints;
 pub mod control;
+pub mod inputs;
 pub mod limits;
 pub mod outputs;
 pub mod relay;

@@ -45,6 +45,7 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
         .db
         .run(move |c| {
             super::deps::check_may_wait_for(c, &waiter, &valid.after)?;
+            super::files::inputs::check_for_submit(c, &waiter, &valid.inputs)?;
             let view = store(c, user, &lab, valid)?;
             if let Some(events) = &notify {
                 super::notify::set_job_events(c, view.id, events)?;

@@ -83,6 +83,8 @@ struct Facts {
     checkpointed: BTreeMap<i64, NaiveDateTime>,
     /// The app URLs of the running jobs that serve one.
     apps: BTreeMap<i64, String>,
+    /// Starting jobs whose inputs are being staged: how far.
+    staging: BTreeMap<i64, commons_api::Staging>,
 }
 
 /// The views of `jobs`, in their order, in at most five queries whatever their number
@@ -150,6 +152,7 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
             .map(|a| (a.job_id, a.url))
             .collect()
     };
+    let staging = staging_of(c, jobs, &last)?;
     let facts = Facts {
         last,
         node_names,
@@ -157,9 +160,34 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
         lab_slugs,
         checkpointed,
         apps,
+        staging,
     };
     let now = db::now();
     Ok(jobs.iter().map(|job| view(job, &facts, now)).collect())
+}
+
+/// How far the staging of each starting job with inputs got (one read per such job:
+/// few are starting at once).
+fn staging_of(
+    c: &mut DbConn,
+    jobs: &[Job],
+    last: &BTreeMap<i64, Attempt>,
+) -> Result<BTreeMap<i64, commons_api::Staging>, AppError> {
+    let mut out = BTreeMap::new();
+    let starting = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Starting && !j.inputs.0.is_empty());
+    for job in starting {
+        let Some(a) = last.get(&job.id) else { continue };
+        if let Some(s) = db::staging::get(c, job.id, a.attempt)?.filter(|s| !s.finished) {
+            let staging = commons_api::Staging {
+                done_bytes: s.done_bytes.max(0) as u64,
+                total_bytes: s.total_bytes.max(0) as u64,
+            };
+            out.insert(job.id, staging);
+        }
+    }
+    Ok(out)
 }
 
 fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
@@ -192,6 +220,8 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         name: job.name.clone(),
         tags: job.tags.0.clone(),
         after: job.after_jobs.0.clone(),
+        inputs: job.inputs.0.clone(),
+        staging: facts.staging.get(&job.id).copied(),
         state: api_state(job.state),
         reason: job.reason.clone(),
         queue_position: job.queue_position,

@@ -60,6 +60,9 @@ pub struct JobForm {
     /// Jobs to wait for: `41 42:fail 43:any` (a bare id waits for success).
     #[serde(default)]
     after: String,
+    /// Inputs staged under /inputs, one per line (`data/train.tar`, `lab:vision/code/`).
+    #[serde(default)]
+    inputs: String,
     /// "Save as template": the name, and the button (present when pressed).
     #[serde(default, skip_serializing)]
     template_name: String,
@@ -87,6 +90,7 @@ impl Default for JobForm {
             name: String::new(),
             tags: String::new(),
             after: String::new(),
+            inputs: String::new(),
             template_name: String::new(),
             save_template: None,
         }
@@ -167,6 +171,7 @@ impl JobForm {
                 })
                 .collect::<Vec<_>>()
                 .join(" "),
+            inputs: job.inputs.0.join("\n"),
             template_name: String::new(),
             save_template: None,
         }
@@ -226,6 +231,13 @@ impl JobForm {
                 .collect::<Result<_, _>>()?,
             // The launch page starts apps; this form does not ask for one.
             app: None,
+            inputs: self
+                .inputs
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect(),
         })
     }
 }

@@ -42,6 +42,8 @@ async fn damaged_api_requests_get_4xx_and_store_nothing() {
             damaged(vec![
                 json!({"image": "commons-demo:latest", "command": ["sh", "-c", "exit 0"],
                                 "gpus": 1, "time_limit_minutes": 5, "lab": "vision"}),
+                json!({"image": "commons-demo:latest", "gpus": 1, "time_limit_minutes": 5,
+                       "inputs": ["data/train.tar", "code/", "lab:vision/shared/x.bin"]}),
             ]),
             n,
         );

@@ -23,6 +23,7 @@ mod exposure;
 mod failures;
 mod files;
 mod files_clients;
+mod files_inputs;
 mod files_outputs;
 mod flows_deps;
 mod flows_names;

@@ -31,6 +31,7 @@
 //!   no row names, which [`sweep`] removes later.
 
 mod download;
+pub mod inputs;
 pub mod outputs;
 pub mod quota;
 pub mod range;

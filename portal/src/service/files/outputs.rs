@@ -51,7 +51,7 @@ pub async fn list(ctx: &Ctx, actor: &Actor, job: i64) -> Result<Vec<FileEntry>, 
 }
 
 /// The owner's space of `job`, if `node` holds attempt `attempt` of it in one of `states`.
-fn held(
+pub(super) fn held(
     c: &mut crate::db::DbConn,
     node: i64,
     job: i64,

@@ -301,6 +301,7 @@ pub(crate) fn start_msg(
             image_digest: job.image_digest.clone(),
             image_signature: job.image_signature.clone(),
             image_campus: job.image_campus,
+            inputs: job.inputs.0.clone(),
             disk_gb: Some(
                 job.disk_gb
                     .map_or(timing.default_disk_gb, |g| g.max(1) as u64),

@@ -1,0 +1,2 @@
+DROP TABLE job_staging;
+ALTER TABLE jobs DROP COLUMN inputs;
