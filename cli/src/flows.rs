@@ -25,6 +25,10 @@ pub struct RunFlows {
     /// Start after job ID has ended, however it ended.
     #[arg(long, value_name = "ID")]
     pub after_any: Vec<i64>,
+    /// Make an array of tasks, e.g. 0-99%8 (at most 8 at once), 1,3,5-9 or 0-98:2; each
+    /// task sees COMMONS_ARRAY_INDEX, and {index} in the command is replaced.
+    #[arg(long, value_name = "SPEC")]
+    pub array: Option<String>,
 }
 
 /// `commons ls`'s filters.
@@ -41,6 +45,7 @@ pub struct LsFilters {
 /// Puts the flags into the request.
 pub fn apply(f: &RunFlows, req: &mut JobRequest) -> Result<()> {
     req.name = f.name.clone();
+    req.array = f.array.clone();
     for t in &f.tags {
         let (k, v) = commons_api::flows::parse_tag("tags", t)?;
         req.tags.insert(k, v);
@@ -53,6 +58,27 @@ pub fn apply(f: &RunFlows, req: &mut JobRequest) -> Result<()> {
     ] {
         req.after.extend(ids.iter().map(|&job| After { job, when }));
     }
+    Ok(())
+}
+
+/// Says what an array's submission made: its id on standard output, its tasks on
+/// standard error.
+pub fn array_submitted(a: &commons_api::array::ArrayView) -> u8 {
+    let last = a.tasks.last().copied().unwrap_or(a.first_job);
+    eprintln!(
+        "array {} submitted: {} tasks (jobs {}..{}); `commons cancel --array {}` cancels them all",
+        a.id, a.count, a.first_job, last, a.id
+    );
+    println!("{}", a.id);
+    0
+}
+
+/// Cancels every unfinished task of `array`; says the counts by state then.
+pub fn cancel_array(client: &crate::client::Client, array: i64) -> Result<()> {
+    let a: commons_api::array::ArrayView =
+        client.post(&format!("/api/v1/arrays/{array}/cancel"), &serde_json::json!({}))?;
+    let counts: Vec<String> = a.states.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    println!("array {array}: {}", counts.join(", "));
     Ok(())
 }
 

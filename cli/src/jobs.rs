@@ -136,6 +136,10 @@ fn submit_request(client: &Client, req: &JobRequest, flags: &SubmitFlags) -> Res
         );
         return Ok(0);
     }
+    if req.array.is_some() {
+        let array: commons_api::array::ArrayView = client.parse(created)?;
+        return Ok(crate::flows::array_submitted(&array));
+    }
     let job: JobView = client.parse(created)?;
     if flags.follow {
         eprintln!(
@@ -375,6 +379,9 @@ pub fn events(a: IdJson) -> Result<u8> {
 
 pub fn cancel(a: CancelArgs) -> Result<u8> {
     let client = Client::signed_in()?;
+    if let Some(array) = a.array {
+        crate::flows::cancel_array(&client, array)?;
+    }
     let mut worst: Option<CliError> = None;
     for id in a.ids {
         match client.post::<JobView>(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({})) {

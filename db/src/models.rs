@@ -218,6 +218,9 @@ pub struct Job {
     pub after_jobs: Json<Vec<commons_api::flows::After>>,
     /// Queued but kept out of the scheduler's queue until its waits are met.
     pub held: bool,
+    /// The array it is a task of, and its index there.
+    pub array_id: Option<i64>,
+    pub array_index: Option<i64>,
 }
 
 impl Job {

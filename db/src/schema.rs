@@ -169,6 +169,8 @@ diesel::table! {
         tags -> Text,
         after_jobs -> Text,
         held -> Bool,
+        array_id -> Nullable<BigInt>,
+        array_index -> Nullable<BigInt>,
     }
 }
 
@@ -380,7 +382,22 @@ diesel::joinable!(checkpoints -> jobs (job_id));
 diesel::joinable!(checkpoint_parts -> jobs (job_id));
 diesel::joinable!(attempt_samples -> jobs (job_id));
 
+diesel::table! {
+    arrays (id) {
+        id -> BigInt,
+        user_id -> BigInt,
+        lab_id -> BigInt,
+        spec -> Text,
+        task_count -> BigInt,
+        throttle -> Nullable<BigInt>,
+        name -> Nullable<Text>,
+        created_at -> Timestamp,
+        first_job -> Nullable<BigInt>,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
+    arrays,
     labs,
     users,
     memberships,

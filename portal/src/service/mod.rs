@@ -12,6 +12,7 @@
 pub mod account;
 pub mod agent_link;
 pub mod agents;
+pub mod arrays;
 pub mod attempts;
 pub mod checkpoints;
 pub mod cli_login;

@@ -187,6 +187,7 @@ impl JobForm {
             vec!["sh".into(), "-c".into(), self.command.replace("\r\n", "\n")]
         };
         Ok(JobRequest {
+            array: None,
             image: self.image.clone(),
             command,
             env,

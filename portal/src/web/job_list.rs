@@ -31,6 +31,8 @@ pub struct ListForm {
     name: String,
     /// One `key=value` tag.
     tag: String,
+    /// Only this array's tasks (its id).
+    array: String,
     sort: String,
     page: String,
 }
@@ -47,6 +49,7 @@ impl ListForm {
             ("q", &self.q),
             ("name", &self.name),
             ("tag", &self.tag),
+            ("array", &self.array),
             ("sort", sort),
         ] {
             if !v.trim().is_empty() {
@@ -66,6 +69,8 @@ struct Row {
     submitted: When,
     /// While waiting: when it should start ("in 12 min (…)", or "unknown").
     estimated: Option<String>,
+    /// The array this row stands for (its first task's row), with its counts.
+    array: Option<crate::service::arrays::Summary>,
 }
 
 /// A choice of scope above the list.
@@ -140,6 +145,7 @@ fn rows(list: &JobList, now: chrono::NaiveDateTime, offset: i32) -> Vec<Row> {
                 Some(t) => format!("{} ({})", human::ago(t, now), human::at(t, offset)),
                 None => "unknown".to_string(),
             }),
+            array: v.job.array_id.and_then(|a| list.arrays.get(&a).cloned()),
             v: v.clone(),
         })
         .collect()
@@ -207,6 +213,7 @@ async fn list(
         q: form.q.clone(),
         name: form.name.clone(),
         tags: vec![form.tag.clone()],
+        array: form.array.clone(),
         sort: form.sort.clone(),
         page: form.page.clone(),
     };

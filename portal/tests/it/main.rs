@@ -23,6 +23,7 @@ mod failures;
 mod files;
 mod files_clients;
 mod files_outputs;
+mod flows_arrays;
 mod flows_deps;
 mod flows_names;
 mod foundations;
