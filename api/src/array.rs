@@ -218,7 +218,7 @@ pub struct ArrayView {
     pub states: BTreeMap<String, i64>,
     /// Every task has ended.
     pub finished: bool,
-    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub created_at: chrono::NaiveDateTime,
 }
 
 #[cfg(test)]

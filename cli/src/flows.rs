@@ -40,6 +40,60 @@ pub struct LsFilters {
     /// Only jobs with this tag, KEY=VALUE (repeat: jobs with all of them).
     #[arg(long = "tag", value_name = "KEY=VALUE")]
     pub tags: Vec<String>,
+    /// Only the tasks of this array, one line each (otherwise an array is one line).
+    #[arg(long, value_name = "ARRAY")]
+    pub array: Option<i64>,
+}
+
+/// A line of `commons ls`: a job, or an array's tasks as one line.
+pub enum Listed {
+    Job(commons_api::JobView, Option<String>),
+    Array {
+        id: i64,
+        /// Its first task listed (its name, image, lab and age stand for the array).
+        first: commons_api::JobView,
+        user: Option<String>,
+        /// How many of its listed tasks are in each state.
+        states: std::collections::BTreeMap<commons_api::JobState, usize>,
+    },
+}
+
+impl Listed {
+    /// "3 running, 17 queued".
+    pub fn counts(states: &std::collections::BTreeMap<commons_api::JobState, usize>) -> String {
+        let parts: Vec<String> = states.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        parts.join(", ")
+    }
+}
+
+/// The jobs as lines: each array's tasks as one line, where its first task was.
+pub fn group_arrays(rows: Vec<(commons_api::JobView, Option<String>)>) -> Vec<Listed> {
+    let mut out: Vec<Listed> = Vec::new();
+    let mut at: std::collections::BTreeMap<i64, usize> = std::collections::BTreeMap::new();
+    for (j, user) in rows {
+        let Some(id) = j.array_id else {
+            out.push(Listed::Job(j, user));
+            continue;
+        };
+        match at.get(&id) {
+            Some(&i) => {
+                if let Listed::Array { states, .. } = &mut out[i] {
+                    *states.entry(j.state).or_default() += 1;
+                }
+            }
+            None => {
+                at.insert(id, out.len());
+                let states = std::collections::BTreeMap::from([(j.state, 1)]);
+                out.push(Listed::Array {
+                    id,
+                    first: j,
+                    user,
+                    states,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// Puts the flags into the request.
@@ -106,6 +160,9 @@ pub fn query(f: &LsFilters) -> Result<Vec<(&'static str, String)>> {
     for t in &f.tags {
         commons_api::flows::parse_tag("tag", t)?;
         q.push(("tag", t.clone()));
+    }
+    if let Some(a) = f.array {
+        q.push(("array", a.to_string()));
     }
     Ok(q)
 }

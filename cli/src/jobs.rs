@@ -231,9 +231,25 @@ pub fn ls(a: LsArgs) -> Result<u8> {
         headers.push("USER");
     }
     headers.extend(["STATE", "AGE", "NAME/IMAGE", "GPUS", "NODE", "LAB", "INFO"]);
-    let rows = rows
+    let lines = if a.filters.array.is_some() {
+        rows.into_iter()
+            .map(|(j, u)| crate::flows::Listed::Job(j, u))
+            .collect()
+    } else {
+        crate::flows::group_arrays(rows)
+    };
+    let rows = lines
         .into_iter()
-        .map(|(j, user)| {
+        .map(|line| {
+            let (j, user) = match line {
+                crate::flows::Listed::Job(j, user) => (j, user),
+                crate::flows::Listed::Array {
+                    id,
+                    first,
+                    user,
+                    states,
+                } => return array_row(id, &first, user, &states),
+            };
             let mut row: Vec<Cell> = vec![j.id.to_string().into()];
             if let Some(u) = user {
                 row.push(u.into());
@@ -252,6 +268,30 @@ pub fn ls(a: LsArgs) -> Result<u8> {
         .collect();
     print!("{}", output::table(&headers, rows, colour));
     Ok(0)
+}
+
+/// An array's line in `commons ls`: `array-ID`, its tasks' counts by state.
+fn array_row(
+    id: i64,
+    first: &JobView,
+    user: Option<String>,
+    states: &std::collections::BTreeMap<JobState, usize>,
+) -> Vec<Cell> {
+    let mut row: Vec<Cell> = vec![format!("array-{id}").into()];
+    if let Some(u) = user {
+        row.push(u.into());
+    }
+    let n: usize = states.values().sum();
+    row.extend([
+        crate::flows::Listed::counts(states).into(),
+        output::ago(first.created_at).trim_end_matches(" ago").into(),
+        first.name.as_deref().unwrap_or(&first.image).into(),
+        format!("{} each", first.gpus_requested).into(),
+        String::new().into(),
+        first.lab.as_str().into(),
+        format!("{n} tasks listed; commons ls --array {id}").into(),
+    ]);
+    row
 }
 
 pub fn show(a: IdJson) -> Result<u8> {

@@ -105,7 +105,7 @@ fn view(a: &Array, lab: &str, tasks: Vec<i64>, states: BTreeMap<String, i64>) ->
         tasks,
         states,
         finished: ended == a.task_count,
-        created_at: a.created_at.and_utc(),
+        created_at: a.created_at,
     }
 }
 
@@ -291,7 +291,8 @@ mod tests {
         assert_eq!(last.env.0["COMMONS_ARRAY_ID"], v.id.to_string());
         assert_eq!((last.array_id, last.array_index), (Some(v.id), Some(2500)));
         assert_eq!(db::jobs::events(&mut c, last.id).unwrap().len(), 1);
-        let read = read_view(&mut c, &db::arrays::get(&mut c, v.id).unwrap()).unwrap();
+        let row = db::arrays::get(&mut c, v.id).unwrap();
+        let read = read_view(&mut c, &row).unwrap();
         assert_eq!(read, v);
         // Only the throttle's worth of tasks reach the scheduler.
         let policy = commons_sched::Policy::default();
