@@ -231,10 +231,7 @@ mod tests {
         assert_eq!((a.indices.len(), a.throttle), (100, Some(8)));
         assert_eq!(parse("1,3,5-9").unwrap().indices, vec![1, 3, 5, 6, 7, 8, 9]);
         let s = parse("0-98:2").unwrap();
-        assert_eq!(
-            (s.indices.len(), s.indices[1], s.indices[48]),
-            (50, 2, 96)
-        );
+        assert_eq!((s.indices.len(), s.indices[1], s.indices[48]), (50, 2, 96));
         assert_eq!(parse(" 7 ").unwrap().indices, vec![7]);
         assert_eq!(parse("0-99999").unwrap().indices.len(), MAX_TASKS);
     }
@@ -243,7 +240,9 @@ mod tests {
     fn bad_specs_say_what_is_wrong() {
         assert_eq!(parse("0-100000"), Err(ArrayError::TooMany(100_001)));
         assert_eq!(parse("0-4000000:1"), Err(ArrayError::TooMany(4_000_001)));
-        for s in ["", "%3", "a-b", "1-", "-5", "1--2", "3:2", "1,,2", "0-9:x", "0x10"] {
+        for s in [
+            "", "%3", "a-b", "1-", "-5", "1--2", "3:2", "1,,2", "0-9:x", "0x10",
+        ] {
             let e = parse(s).unwrap_err();
             let inv: Invalid = e.clone().into();
             assert_eq!(inv.field, "array", "{s:?}: {e}");

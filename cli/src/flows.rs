@@ -129,8 +129,10 @@ pub fn array_submitted(a: &commons_api::array::ArrayView) -> u8 {
 
 /// Cancels every unfinished task of `array`; says the counts by state then.
 pub fn cancel_array(client: &crate::client::Client, array: i64) -> Result<()> {
-    let a: commons_api::array::ArrayView =
-        client.post(&format!("/api/v1/arrays/{array}/cancel"), &serde_json::json!({}))?;
+    let a: commons_api::array::ArrayView = client.post(
+        &format!("/api/v1/arrays/{array}/cancel"),
+        &serde_json::json!({}),
+    )?;
     let counts: Vec<String> = a.states.iter().map(|(s, n)| format!("{n} {s}")).collect();
     println!("array {array}: {}", counts.join(", "));
     Ok(())

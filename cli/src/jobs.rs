@@ -284,7 +284,9 @@ fn array_row(
     let n: usize = states.values().sum();
     row.extend([
         crate::flows::Listed::counts(states).into(),
-        output::ago(first.created_at).trim_end_matches(" ago").into(),
+        output::ago(first.created_at)
+            .trim_end_matches(" ago")
+            .into(),
         first.name.as_deref().unwrap_or(&first.image).into(),
         format!("{} each", first.gpus_requested).into(),
         String::new().into(),

@@ -6,8 +6,9 @@
 //! - An array and all its tasks are stored in one transaction, or nothing is.
 //! - Tasks are inserted in index order, so within an array a lower index has a lower
 //!   job id; the throttle lets the lowest queued ones run first.
-//! - Batches stay under both backends' limits on bound parameters (SQLite 32,766;
-//!   PostgreSQL 65,535): [`BATCH_ROWS`] rows of [`TASK_COLUMNS`] each.
+//! - No statement comes near either backend's limit on bound parameters (SQLite
+//!   32,766; PostgreSQL 65,535): tasks travel as arrays or one JSON text, and history
+//!   rows in batches of [`BATCH_ROWS`].
 
 use super::models::{Job, JobState};
 use super::schema::*;
@@ -17,11 +18,13 @@ use super::{now, DbConn};
 use crate::domain::ValidJob;
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
+use diesel::sql_types::{
+    Array as SqlArray, BigInt, Bool, Double, Integer, Nullable, Text, Timestamp,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The columns each task's insert binds.
-pub const TASK_COLUMNS: usize = 27;
-/// Tasks per INSERT statement: 27,000 parameters, under SQLite's 32,766.
+/// Rows per INSERT of history rows when cancelling (4 parameters each, far under
+/// SQLite's 32,766).
 pub const BATCH_ROWS: usize = 1000;
 
 /// An array's row.
@@ -72,9 +75,47 @@ pub fn insert_array(
     })
 }
 
-/// Stores `tasks` of `array` as queued jobs made from `v` (in batches of
-/// [`BATCH_ROWS`]), with their "submitted" history rows (one statement), and returns
-/// their ids in index order. The caller runs it in the array's transaction. Tasks
+/// Binds what every task of an array shares, in [`TASK_COLUMNS_SQL`]'s order.
+macro_rules! bind_same {
+    ($q:expr, $user:expr, $array:expr, $v:expr) => {{
+        let v: &ValidJob = $v;
+        $q.bind::<BigInt, _>($user)
+            .bind::<BigInt, _>(v.lab_id)
+            .bind::<Text, _>(&v.image)
+            .bind::<Integer, _>(v.gpus)
+            .bind::<Text, _>(to_json(&v.gpu_models)?)
+            .bind::<BigInt, _>(v.min_gpu_memory_mb)
+            .bind::<Double, _>(v.cpus)
+            .bind::<BigInt, _>(v.memory_mb)
+            .bind::<BigInt, _>(v.time_limit_s)
+            .bind::<Nullable<BigInt>, _>(v.checkpoint_interval_s)
+            .bind::<Nullable<BigInt>, _>(v.shm_mb)
+            .bind::<Nullable<BigInt>, _>(v.disk_gb)
+            .bind::<Nullable<Text>, _>(&v.image_digest)
+            .bind::<Nullable<Text>, _>(&v.image_signature)
+            .bind::<Bool, _>(v.image_campus)
+            .bind::<Text, _>(v.kind)
+            .bind::<Timestamp, _>($array.created_at)
+            .bind::<Nullable<Text>, _>(&v.name)
+            .bind::<Text, _>(to_json(&v.tags)?)
+            .bind::<Text, _>(to_json(&v.after)?)
+            .bind::<Bool, _>(!v.after.is_empty())
+            .bind::<BigInt, _>($array.id)
+    }};
+}
+
+/// The columns a task's insert fills, in the order of [`insert_tasks`]' statements.
+const TASK_COLUMNS_SQL: &str = "user_id, lab_id, image, gpus, gpu_models, min_gpu_memory_mb, \
+    cpus, memory_mb, time_limit_s, checkpoint_interval_s, shm_mb, disk_gb, image_digest, \
+    image_signature, image_campus, kind, created_at, name, tags, after_jobs, held, array_id, \
+    state, array_index, command, env, reason";
+
+/// Stores `tasks` of `array` as queued jobs made from `v`, with their "submitted" history
+/// rows, and returns their ids in index order; the caller runs it in the array's
+/// transaction. Whatever the array's size this is a handful of statements with a fixed
+/// number of parameters: what differs between tasks (index, command, environment,
+/// reason) travels as arrays (PostgreSQL's `unnest`) or one JSON text (SQLite's
+/// `json_each`), so neither backend's limit on bound parameters is ever near. Tasks
 /// beyond the throttle say so from the start.
 pub fn insert_tasks(
     c: &mut DbConn,
@@ -83,11 +124,6 @@ pub fn insert_tasks(
     v: &ValidJob,
     tasks: &[Task],
 ) -> Result<Vec<i64>, DbError> {
-    let models = to_json(&v.gpu_models)?;
-    let tags = to_json(&v.tags)?;
-    let after = to_json(&v.after)?;
-    let created_at = array.created_at;
-    let held = !v.after.is_empty();
     let waiting = v.after.first().map(|a| {
         commons_sched::Reason::WaitingForJob {
             job: a.job,
@@ -96,64 +132,65 @@ pub fn insert_tasks(
         .to_string()
     });
     let throttled = throttle_text(array.id, array.throttle.unwrap_or(0));
-    for (n, chunk) in tasks.chunks(BATCH_ROWS).enumerate() {
-        let mut rows = Vec::with_capacity(chunk.len());
-        for (i, t) in chunk.iter().enumerate() {
-            let position = (n * BATCH_ROWS + i) as i64;
-            let reason = match (&waiting, array.throttle) {
-                (Some(w), _) => w.clone(),
-                (None, Some(limit)) if position >= limit => throttled.clone(),
-                _ => "waiting for the scheduler".to_string(),
-            };
-            rows.push((
-                (
-                    jobs::user_id.eq(user),
-                    jobs::lab_id.eq(v.lab_id),
-                    jobs::image.eq(&v.image),
-                    jobs::command.eq(to_json(&t.command)?),
-                    jobs::env.eq(to_json(&t.env)?),
-                    jobs::gpus.eq(v.gpus),
-                    jobs::gpu_models.eq(&models),
-                    jobs::min_gpu_memory_mb.eq(v.min_gpu_memory_mb),
-                    jobs::cpus.eq(v.cpus),
-                    jobs::memory_mb.eq(v.memory_mb),
-                    jobs::time_limit_s.eq(v.time_limit_s),
-                    jobs::checkpoint_interval_s.eq(v.checkpoint_interval_s),
-                    jobs::shm_mb.eq(v.shm_mb),
-                    jobs::disk_gb.eq(v.disk_gb),
-                ),
-                (
-                    jobs::image_digest.eq(&v.image_digest),
-                    jobs::image_signature.eq(&v.image_signature),
-                    jobs::image_campus.eq(v.image_campus),
-                    jobs::kind.eq(v.kind),
-                    jobs::state.eq(JobState::Queued),
-                    jobs::reason.eq(Some(reason)),
-                    jobs::created_at.eq(created_at),
-                    jobs::name.eq(&v.name),
-                    jobs::tags.eq(&tags),
-                    jobs::after_jobs.eq(&after),
-                    jobs::held.eq(held),
-                    jobs::array_id.eq(Some(array.id)),
-                    jobs::array_index.eq(Some(t.index)),
-                ),
+    let mut index = Vec::with_capacity(tasks.len());
+    let mut command = Vec::with_capacity(tasks.len());
+    let mut env = Vec::with_capacity(tasks.len());
+    let mut reason = Vec::with_capacity(tasks.len());
+    for (position, t) in tasks.iter().enumerate() {
+        index.push(t.index);
+        command.push(to_json(&t.command)?);
+        env.push(to_json(&t.env)?);
+        reason.push(match (&waiting, array.throttle) {
+            (Some(w), _) => w.clone(),
+            (None, Some(limit)) if position as i64 >= limit => throttled.clone(),
+            _ => "waiting for the scheduler".to_string(),
+        });
+    }
+    let queued = JobState::Queued.as_str();
+    // The same for every task: $1..$22 (PostgreSQL) or the first 22 `?` (SQLite).
+    let same = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+                $18, $19, $20, $21, $22";
+    match c {
+        DbConn::Pg(pg) => {
+            let q = diesel::sql_query(format!(
+                "INSERT INTO jobs ({TASK_COLUMNS_SQL}) \
+                 SELECT {same}, '{queued}', t.i, t.c, t.e, t.r \
+                 FROM unnest($23::bigint[], $24::text[], $25::text[], $26::text[]) \
+                   WITH ORDINALITY AS t(i, c, e, r, n) ORDER BY t.n"
             ));
+            bind_same!(q, user, array, v)
+                .bind::<SqlArray<BigInt>, _>(&index)
+                .bind::<SqlArray<Text>, _>(&command)
+                .bind::<SqlArray<Text>, _>(&env)
+                .bind::<SqlArray<Text>, _>(&reason)
+                .execute(pg)?;
         }
-        let q = diesel::insert_into(jobs::table).values(rows);
-        match c {
-            DbConn::Pg(c) => q.execute(c)?,
-            DbConn::Sqlite(c) => q.execute(c)?,
-        };
+        DbConn::Sqlite(lite) => {
+            let rows: Vec<serde_json::Value> = (0..tasks.len())
+                .map(|k| {
+                    serde_json::json!({"i": index[k], "c": command[k], "e": env[k], "r": reason[k]})
+                })
+                .collect();
+            let same = same.split(", ").map(|_| "?").collect::<Vec<_>>().join(", ");
+            let q = diesel::sql_query(format!(
+                "INSERT INTO jobs ({TASK_COLUMNS_SQL}) \
+                 SELECT {same}, '{queued}', json_extract(t.value, '$.i'), \
+                   json_extract(t.value, '$.c'), json_extract(t.value, '$.e'), \
+                   json_extract(t.value, '$.r') \
+                 FROM json_each(?) AS t ORDER BY t.key"
+            ));
+            bind_same!(q, user, array, v)
+                .bind::<Text, _>(to_json(&rows)?)
+                .execute(lite)?;
+        }
     }
     // Every task's "submitted" row, in one statement.
-    let submitted = jobs::table
-        .filter(jobs::array_id.eq(array.id))
-        .select((
-            jobs::id,
-            jobs::created_at,
-            jobs::state,
-            diesel::dsl::sql::<diesel::sql_types::Text>("'submitted'"),
-        ));
+    let submitted = jobs::table.filter(jobs::array_id.eq(array.id)).select((
+        jobs::id,
+        jobs::created_at,
+        jobs::state,
+        diesel::dsl::sql::<Text>("'submitted'"),
+    ));
     diesel::insert_into(job_events::table)
         .values(submitted)
         .into_columns((

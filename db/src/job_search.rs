@@ -130,9 +130,9 @@ macro_rules! apply_filter {
         }
         if f.collapse_arrays {
             q = q.filter(
-                jobs::array_id
-                    .is_null()
-                    .or(jobs::id.nullable().eq_any(arrays::table.select(arrays::first_job))),
+                jobs::array_id.is_null().or(jobs::id
+                    .nullable()
+                    .eq_any(arrays::table.select(arrays::first_job))),
             );
         }
         q

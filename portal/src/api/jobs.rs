@@ -99,7 +99,8 @@ pub(crate) async fn list(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let query = ListQuery::parse(req.query_string())?;
-    if let Some(array) = crate::service::arrays::parse_filter(query.array.as_deref().unwrap_or(""))? {
+    if let Some(array) = crate::service::arrays::parse_filter(query.array.as_deref().unwrap_or(""))?
+    {
         let views = crate::service::arrays::tasks(&state, &user, array).await?;
         return Ok(HttpResponse::Ok().json(views));
     }

@@ -7,7 +7,8 @@
 //! `cargo run -p commons-portal -- openapi > docs/openapi.json`.
 
 use super::{
-    account, arrays, cli_login, files, images, jobs, nodes, policy, ssh_gateway, ssh_keys, utilization,
+    account, arrays, cli_login, files, images, jobs, nodes, policy, ssh_gateway, ssh_keys,
+    utilization,
 };
 use actix_web::{web, HttpResponse};
 use commons_api as api;

@@ -74,7 +74,10 @@ fn store(
         let ids = db::arrays::insert_tasks(c, user, &array, &valid, &tasks)?;
         Ok::<_, db::DbError>((array, ids))
     })?;
-    let states = BTreeMap::from([(commons_api::JobState::Queued.as_str().to_string(), count as i64)]);
+    let states = BTreeMap::from([(
+        commons_api::JobState::Queued.as_str().to_string(),
+        count as i64,
+    )]);
     Ok(view(&array, &lab.slug, tasks, states))
 }
 
@@ -276,20 +279,23 @@ mod tests {
         let req: JobRequest = serde_json::from_value(serde_json::json!({
             "image": "commons-demo:latest", "gpus": 1, "time_limit_minutes": 5,
             "command": ["echo", "task {index}"], "env": {"OUT": "/o/{index}"},
-            "array": "0-2500:1%8"
+            "array": "0-9999%8"
         }))
         .unwrap();
         let valid = validate::job(req, &[("vision".into(), lab.id)]).unwrap();
-        let parsed = spec::parse("0-2500%8").unwrap();
-        let v = store(&mut c, user.id, &lab, valid, "0-2500%8", &parsed).unwrap();
-        assert_eq!((v.count, v.tasks.len(), v.throttle), (2501, 2501, Some(8)));
-        let last = db::jobs::get(&mut c, v.tasks[2500]).unwrap();
-        assert_eq!(last.command.0, vec!["echo", "task 2500"]);
-        assert_eq!(last.env.0["OUT"], "/o/2500");
-        assert_eq!(last.env.0["COMMONS_ARRAY_INDEX"], "2500");
-        assert_eq!(last.env.0["COMMONS_ARRAY_COUNT"], "2501");
+        let parsed = spec::parse("0-9999%8").unwrap();
+        let v = store(&mut c, user.id, &lab, valid, "0-9999%8", &parsed).unwrap();
+        assert_eq!(
+            (v.count, v.tasks.len(), v.throttle),
+            (10_000, 10_000, Some(8))
+        );
+        let last = db::jobs::get(&mut c, v.tasks[9999]).unwrap();
+        assert_eq!(last.command.0, vec!["echo", "task 9999"]);
+        assert_eq!(last.env.0["OUT"], "/o/9999");
+        assert_eq!(last.env.0["COMMONS_ARRAY_INDEX"], "9999");
+        assert_eq!(last.env.0["COMMONS_ARRAY_COUNT"], "10000");
         assert_eq!(last.env.0["COMMONS_ARRAY_ID"], v.id.to_string());
-        assert_eq!((last.array_id, last.array_index), (Some(v.id), Some(2500)));
+        assert_eq!((last.array_id, last.array_index), (Some(v.id), Some(9999)));
         assert_eq!(db::jobs::events(&mut c, last.id).unwrap().len(), 1);
         let row = db::arrays::get(&mut c, v.id).unwrap();
         let read = read_view(&mut c, &row).unwrap();
@@ -298,7 +304,10 @@ mod tests {
         let policy = commons_sched::Policy::default();
         let snap = db::snapshot::read(&mut c, &policy).unwrap();
         assert_eq!(snap.queue.len(), 8);
-        assert_eq!(db::arrays::cancel_queued(&mut c, v.id, "alice").unwrap(), 2501);
+        assert_eq!(
+            db::arrays::cancel_queued(&mut c, v.id, "alice").unwrap(),
+            10_000
+        );
         assert!(db::arrays::unfinished(&mut c, v.id).unwrap().is_empty());
     }
 }

@@ -24,7 +24,12 @@ async fn submit_array(p: &TestPortal, body: Value) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<i64> {
-    v["tasks"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect()
+    v["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap())
+        .collect()
 }
 
 /// The most containers of `tasks` that ran at the same time, from the engine's events.
@@ -152,7 +157,10 @@ async fn submit_10000(backend: Backend) {
         assert_eq!(ids(&v).len(), 10_000);
     }
     eprintln!("[{backend:?}] FIGURE: a 10,000-task array accepted in {took:?} ms (3 tries)");
-    assert!(took.iter().min().unwrap() < &1000, "[{backend:?}] {took:?} ms");
+    assert!(
+        took.iter().min().unwrap() < &1000,
+        "[{backend:?}] {took:?} ms"
+    );
     p.stop().await;
 }
 
