@@ -56,6 +56,8 @@ fn most_at_once(t: &Timeline, tasks: &[i64]) -> (usize, usize) {
 per_backend! {
     async fn an_array_runs_at_most_its_throttle_and_cancels_whole(backend: Backend) {
         let p = TestPortal::start(backend).await;
+        // The timeline knows containers by job id alone: ids no other test uses.
+        p.spread_job_ids().await;
         let timeline = Timeline::start();
         let _agent = p.agent("vision", "fake:8xA100-80GB").await;
         let v = submit_array(&p, array(
