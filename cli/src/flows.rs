@@ -182,9 +182,11 @@ mod tests {
             after_ok: vec![41],
             after_fail: vec![],
             after_any: vec![40],
+            array: Some("0-9%2".into()),
         };
         apply(&f, &mut req).unwrap();
         assert_eq!(req.name.as_deref(), Some("sweep"));
+        assert_eq!(req.array.as_deref(), Some("0-9%2"));
         assert_eq!(req.tags["seed"], "3");
         assert_eq!(
             serde_json::to_value(&req.after).unwrap(),
@@ -196,12 +198,14 @@ mod tests {
             after_ok: vec![],
             after_fail: vec![],
             after_any: vec![],
+            array: None,
         };
         let e = apply(&bad, &mut req).unwrap_err();
         assert!(matches!(e, crate::error::CliError::Invalid { field, .. } if field == "tags"));
         let q = query(&LsFilters {
             name: Some("sweep-*".into()),
             tags: vec!["lr=0.1".into()],
+            array: None,
         })
         .unwrap();
         assert_eq!(
@@ -214,10 +218,42 @@ mod tests {
         let f = LsFilters {
             name: None,
             tags: vec!["opt=a+b%".into()],
+            array: None,
         };
         assert_eq!(
             list_path("/api/v1/jobs?lab=vision", &f).unwrap(),
             "/api/v1/jobs?lab=vision&tag=opt%3Da%2Bb%25"
         );
+    }
+
+    #[test]
+    fn an_arrays_tasks_are_one_line_where_its_first_was() {
+        let job = |id: i64, array: Option<i64>, state: &str| -> commons_api::JobView {
+            serde_json::from_value(serde_json::json!({
+                "id": id, "array_id": array, "state": state, "attempts": 0, "image": "x:1",
+                "command": [], "gpus_requested": 1, "gpu_models": [],
+                "time_limit_minutes": 5, "kind": "batch", "lab": "vision",
+                "created_at": "2026-12-03T08:12:00.123456",
+            }))
+            .unwrap()
+        };
+        let rows = vec![
+            (job(9, None, "queued"), None),
+            (job(8, Some(2), "queued"), None),
+            (job(7, Some(2), "running"), None),
+            (job(6, None, "succeeded"), None),
+            (job(5, Some(2), "running"), None),
+        ];
+        let lines = group_arrays(rows);
+        assert_eq!(lines.len(), 3);
+        match &lines[1] {
+            Listed::Array {
+                id, first, states, ..
+            } => {
+                assert_eq!((*id, first.id), (2, 8));
+                assert_eq!(Listed::counts(states), "1 queued, 2 running");
+            }
+            Listed::Job(..) => panic!("the array's line is where its first task was"),
+        }
     }
 }
