@@ -150,6 +150,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ids.len(), 45, "{ids:?}");
+        assert_eq!(ids.len(), 47, "{ids:?}");
     }
 }
