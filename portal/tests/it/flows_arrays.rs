@@ -5,6 +5,7 @@
 //! refused naming `array`. An ignored test times a 10,000-task submission.
 
 use crate::support::harness::{wait_for, Backend, TestPortal};
+use crate::support::session::BrowserSession;
 use crate::support::timeline::Timeline;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -143,6 +144,31 @@ per_backend! {
             "[{backend:?}] says how many: {v}");
         let after = p.get_json(&p.alice, "/api/v1/jobs").await.as_array().unwrap().len();
         assert_eq!(before, after, "[{backend:?}] nothing stored");
+
+        // No server here: an array of 5 with %2 waits; beyond the throttle its tasks say
+        // so; the job list shows it as one row, linking to its tasks.
+        p.submit(&p.alice, json!({"image": "commons-demo:latest", "gpus": 1,
+            "time_limit_minutes": 5})).await;
+        let v = submit_array(&p, array("true", "10-14%2")).await;
+        let (id, tasks) = (v["id"].as_i64().unwrap(), ids(&v));
+        let listed = p.get_json(&p.alice, &format!("/api/v1/jobs?array={id}")).await;
+        let indices: Vec<i64> = listed.as_array().unwrap().iter()
+            .map(|j| j["array_index"].as_i64().unwrap()).collect();
+        assert_eq!(indices, vec![10, 11, 12, 13, 14], "[{backend:?}] {listed}");
+        let last = p.job(&p.alice, tasks[4]).await;
+        assert_eq!(last["reason"], format!("array throttle: at most 2 tasks of array {id} run at once"),
+            "[{backend:?}] {last}");
+        let alice = BrowserSession::login(&p, "alice").await;
+        let (status, html) = crate::pages::page(&alice, &p, "/jobs").await;
+        assert_eq!(status, 200);
+        assert_eq!(html.matches("<tr data-array=").count(), 1, "[{backend:?}] {html}");
+        assert_eq!(html.matches("<tr data-job=").count(), 1, "[{backend:?}] the single job");
+        assert!(html.contains("5 queued"), "[{backend:?}] counts by state: {html}");
+        assert!(html.contains(&format!("href=\"/jobs?array={id}\"")), "[{backend:?}] {html}");
+        let (_, html) = crate::pages::page(&alice, &p, &format!("/jobs?array={id}")).await;
+        assert_eq!(html.matches("<tr data-job=").count(), 5, "[{backend:?}] its tasks: {html}");
+        let (status, _) = crate::pages::page(&alice, &p, "/jobs?array=x").await;
+        assert!(status >= 400, "[{backend:?}] a bad array filter is refused");
         p.stop().await;
     }
 }
