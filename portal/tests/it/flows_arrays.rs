@@ -169,6 +169,23 @@ per_backend! {
         assert_eq!(html.matches("<tr data-job=").count(), 5, "[{backend:?}] its tasks: {html}");
         let (status, _) = crate::pages::page(&alice, &p, "/jobs?array=x").await;
         assert!(status >= 400, "[{backend:?}] a bad array filter is refused");
+
+        // The CLI: `run --array` prints the array's id, `ls` shows each array as one
+        // line, `cancel --array` cancels its tasks; a bad spec is refused before sending.
+        let cli = crate::cli::Cli::new();
+        cli.ok(&["login", &p.url, "--token", &p.alice]).await;
+        let r = cli.ok(&["run", "commons-demo:latest", "--cpus", "0.1", "--memory", "0.125",
+            "--array", "0-2%1", "--", "echo", "{index}"]).await;
+        let from_cli: i64 = r.stdout.trim().parse().unwrap();
+        assert!(r.stderr.contains("3 tasks"), "[{backend:?}] {r}");
+        let r = cli.ok(&["ls"]).await;
+        for a in [id, from_cli] {
+            assert_eq!(r.stdout.matches(&format!("array-{a} ")).count(), 1, "[{backend:?}] {r}");
+        }
+        let r = cli.ok(&["cancel", "--array", &from_cli.to_string()]).await;
+        assert!(r.stdout.contains("3 cancelled"), "[{backend:?}] {r}");
+        let r = cli.run(&["run", "commons-demo:latest", "--array", "5-1", "--", "true"]).await;
+        assert!(r.code != 0 && r.stderr.contains("array"), "[{backend:?}] {r}");
         p.stop().await;
     }
 }
