@@ -129,6 +129,8 @@ impl JobForm {
                 .env
                 .0
                 .iter()
+                // An array task's COMMONS_ARRAY_* are the portal's, not the user's.
+                .filter(|(k, _)| !k.starts_with("COMMONS_"))
                 .map(|(k, v)| format!("{k}={v}\n"))
                 .collect(),
             gpus: job.gpus.to_string(),
