@@ -124,13 +124,7 @@ pub fn insert_tasks(
     v: &ValidJob,
     tasks: &[Task],
 ) -> Result<Vec<i64>, DbError> {
-    let waiting = v.after.first().map(|a| {
-        commons_sched::Reason::WaitingForJob {
-            job: a.job,
-            to: a.when.verb().to_string(),
-        }
-        .to_string()
-    });
+    let waiting = v.after.first().map(super::deps::waiting_text);
     let throttled = throttle_text(array.id, array.throttle.unwrap_or(0));
     let mut index = Vec::with_capacity(tasks.len());
     let mut command = Vec::with_capacity(tasks.len());
