@@ -344,8 +344,7 @@ mod tests {
         );
         let fail = After::job(7, When::Fail);
         assert!(fail.met_by(Ended::Failed) && !fail.met_by(Ended::Cancelled));
-        assert!(After::job(7, When::Any)
-        .met_by(Ended::Cancelled));
+        assert!(After::job(7, When::Any).met_by(Ended::Cancelled));
         assert_eq!(parse_after("41").unwrap(), ok);
         assert_eq!(parse_after("7:fail").unwrap(), fail);
         assert_eq!(parse_after("x").unwrap_err().field, "after");
@@ -355,9 +354,7 @@ mod tests {
         assert!(serde_json::from_str::<After>(r#"{"job": 3, "when": "maybe"}"#).is_err());
         assert_eq!(after(&[ok, ok]).unwrap_err().field, "after");
         assert_eq!(
-            after(&[After::job(0, When::Any)])
-            .unwrap_err()
-            .field,
+            after(&[After::job(0, When::Any)]).unwrap_err().field,
             "after"
         );
     }
@@ -366,7 +363,10 @@ mod tests {
     fn an_array_is_waited_for_as_a_whole() {
         let a: After = serde_json::from_str(r#"{"array": 3, "when": "ok"}"#).unwrap();
         assert_eq!((a.job, a.array), (0, Some(3)));
-        assert_eq!(serde_json::to_string(&a).unwrap(), r#"{"array":3,"when":"ok"}"#);
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            r#"{"array":3,"when":"ok"}"#
+        );
         assert_eq!(
             a.unmet(Ended::Failed),
             "array 3 failed; this job needed it to succeed"
@@ -376,7 +376,10 @@ mod tests {
         let both: After = serde_json::from_str(r#"{"job": 1, "array": 3}"#).unwrap();
         assert!(after(&[both]).unwrap_err().message.contains("not both"));
         let job: After = serde_json::from_str(r#"{"job": 41}"#).unwrap();
-        assert_eq!(serde_json::to_string(&job).unwrap(), r#"{"job":41,"when":"ok"}"#);
+        assert_eq!(
+            serde_json::to_string(&job).unwrap(),
+            r#"{"job":41,"when":"ok"}"#
+        );
     }
 
     #[test]

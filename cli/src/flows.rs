@@ -110,7 +110,8 @@ pub fn apply(f: &RunFlows, req: &mut JobRequest) -> Result<()> {
         (&f.after_fail, When::Fail),
         (&f.after_any, When::Any),
     ] {
-        req.after.extend(ids.iter().map(|&job| After::job(job, when)));
+        req.after
+            .extend(ids.iter().map(|&job| After::job(job, when)));
     }
     Ok(())
 }

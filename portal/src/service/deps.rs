@@ -36,7 +36,11 @@ pub fn check_may_wait_for(c: &mut DbConn, actor: &Actor, after: &[After]) -> Res
     if after.is_empty() {
         return Ok(());
     }
-    let ids: Vec<i64> = after.iter().filter(|a| a.array.is_none()).map(|a| a.job).collect();
+    let ids: Vec<i64> = after
+        .iter()
+        .filter(|a| a.array.is_none())
+        .map(|a| a.job)
+        .collect();
     let owners = db::deps::owners(c, &ids)?;
     let arrays: Vec<i64> = after.iter().filter_map(|a| a.array).collect();
     let array_owners: BTreeMap<i64, (i64, i64)> = db::arrays::by_ids(c, &arrays)?
@@ -151,7 +155,10 @@ pub fn settle(c: &mut DbConn) -> Result<Settled, AppError> {
             return Ok(Settled::default());
         }
         let waits = || held.iter().flat_map(|h| h.after.iter());
-        let mut ids: Vec<i64> = waits().filter(|a| a.array.is_none()).map(|a| a.job).collect();
+        let mut ids: Vec<i64> = waits()
+            .filter(|a| a.array.is_none())
+            .map(|a| a.job)
+            .collect();
         ids.sort_unstable();
         ids.dedup();
         let mut states = db::deps::states(c, &ids)?;
@@ -200,8 +207,14 @@ mod tests {
             (4, JobState::Cancelled),
         ]);
         let arrays = BTreeMap::from([
-            (7, BTreeMap::from([(JobState::Succeeded, 2), (JobState::Running, 1)])),
-            (8, BTreeMap::from([(JobState::Failed, 1), (JobState::Running, 1)])),
+            (
+                7,
+                BTreeMap::from([(JobState::Succeeded, 2), (JobState::Running, 1)]),
+            ),
+            (
+                8,
+                BTreeMap::from([(JobState::Failed, 1), (JobState::Running, 1)]),
+            ),
             (9, BTreeMap::from([(JobState::Succeeded, 3)])),
         ]);
         let v = |a: &[After]| verdict(a, &states, &arrays);

@@ -1,8 +1,9 @@
 //! Job arrays (issue 30): `"array": "0-19%3"` makes 20 tasks from one request, with a
 //! real agent (fake GPUs, the real Docker Engine). The throttle is judged on the
 //! engine's own timeline (`docker events`): never more than 3 containers of the array at
-//! once; each task sees its index; cancelling the array stops every task; bad specs are
-//! refused naming `array`. An ignored test times a 10,000-task submission.
+//! once; each task sees its index; a job waiting for the whole array starts when it has
+//! succeeded, and fails at once when it was cancelled; cancelling the array stops every
+//! task; bad specs are refused naming `array`. An ignored test times a 10,000-task submission.
 
 use crate::support::harness::{wait_for, Backend, TestPortal};
 use crate::support::session::BrowserSession;
@@ -68,6 +69,13 @@ per_backend! {
         assert_eq!((v["count"].as_i64(), tasks.len(), v["throttle"].as_i64()),
             (Some(20), 20, Some(3)), "[{backend:?}] {v}");
         let id = v["id"].as_i64().unwrap();
+        // An evaluation that waits for the whole sweep.
+        let mut eval = json!({"image": "commons-demo:latest", "command": ["echo", "eval"],
+            "gpus": 1, "time_limit_minutes": 5, "cpus": 0.1, "memory_gb": 0.125,
+            "after": [{"array": id, "when": "ok"}]});
+        let evaluation = p.submit(&p.alice, eval.clone()).await;
+        let j = p.job(&p.alice, evaluation).await;
+        assert_eq!(j["reason"], format!("waiting for array {id} to succeed"), "[{backend:?}] {j}");
 
         // While it runs, the array's counts never show more than 3 started or running.
         let mut most_seen = 0;
@@ -101,6 +109,9 @@ per_backend! {
             assert!(log.contains(&want), "[{backend:?}] task {job}: {log:?}, not {want:?}");
         }
 
+        let j = p.wait_state(&p.alice, evaluation, &["succeeded", "failed"], T).await;
+        assert_eq!(j["state"], "succeeded", "[{backend:?}] the wait on the array was met: {j}");
+
         // A second array, cancelled whole while two run: every task ends cancelled and
         // the running containers stop.
         let v = submit_array(&p, array("sleep 300", "1,3,5-9%2")).await;
@@ -118,6 +129,14 @@ per_backend! {
             let j = p.job(&p.alice, *job).await;
             assert_eq!(j["state"], "cancelled", "[{backend:?}] {j}");
         }
+        // A wait on it can no longer be met; a wait on a stranger's array is refused.
+        eval["after"] = json!([{"array": id, "when": "ok"}]);
+        let late = p.submit(&p.alice, eval.clone()).await;
+        let j = p.wait_state(&p.alice, late, &["failed"], Duration::from_secs(30)).await;
+        assert_eq!(j["reason"], format!("array {id} was cancelled; this job needed it to succeed"),
+            "[{backend:?}] {j}");
+        let (status, v) = p.post_json(&p.bob, "/api/v1/jobs", &eval).await;
+        assert_eq!((status, v["field"].as_str()), (422, Some("after")), "[{backend:?}] {v}");
         wait_for(Duration::from_secs(90), "the running tasks' containers to stop", || async {
             let ran: Vec<_> = tasks.iter().flat_map(|j| timeline.intervals(*j)).collect();
             ran.len() == 2 && ran.iter().all(|(_, _, end)| *end != u128::MAX)
