@@ -238,36 +238,36 @@ pub fn ls(a: LsArgs) -> Result<u8> {
     } else {
         crate::flows::group_arrays(rows)
     };
-    let rows = lines
-        .into_iter()
-        .map(|line| {
-            let (j, user) = match line {
-                crate::flows::Listed::Job(j, user) => (j, user),
-                crate::flows::Listed::Array {
-                    id,
-                    first,
-                    user,
-                    states,
-                } => return array_row(id, &first, user, &states),
-            };
-            let mut row: Vec<Cell> = vec![j.id.to_string().into()];
-            if let Some(u) = user {
-                row.push(u.into());
-            }
-            row.extend([
-                Cell::state(j.state),
-                output::ago(j.created_at).trim_end_matches(" ago").into(),
-                j.name.as_deref().unwrap_or(&j.image).into(),
-                gpu_text(&j).into(),
-                j.node.clone().unwrap_or_default().into(),
-                j.lab.as_str().into(),
-                info(&j).into(),
-            ]);
-            row
-        })
-        .collect();
+    let rows = lines.into_iter().map(ls_row).collect();
     print!("{}", output::table(&headers, rows, colour));
     Ok(0)
+}
+
+/// One line of `commons ls`: a job, or an array's tasks.
+fn ls_row(line: crate::flows::Listed) -> Vec<Cell> {
+    let (j, user) = match line {
+        crate::flows::Listed::Job(j, user) => (j, user),
+        crate::flows::Listed::Array {
+            id,
+            first,
+            user,
+            states,
+        } => return array_row(id, &first, user, &states),
+    };
+    let mut row: Vec<Cell> = vec![j.id.to_string().into()];
+    if let Some(u) = user {
+        row.push(u.into());
+    }
+    row.extend([
+        Cell::state(j.state),
+        output::ago(j.created_at).trim_end_matches(" ago").into(),
+        j.name.as_deref().unwrap_or(&j.image).into(),
+        gpu_text(&j).into(),
+        j.node.clone().unwrap_or_default().into(),
+        j.lab.as_str().into(),
+        info(&j).into(),
+    ]);
+    row
 }
 
 /// An array's line in `commons ls`: `array-ID`, its tasks' counts by state.

@@ -110,20 +110,11 @@ const TASK_COLUMNS_SQL: &str = "user_id, lab_id, image, gpus, gpu_models, min_gp
     image_signature, image_campus, kind, created_at, name, tags, after_jobs, held, array_id, \
     state, array_index, command, env, reason";
 
-/// Stores `tasks` of `array` as queued jobs made from `v`, with their "submitted" history
-/// rows, and returns their ids in index order; the caller runs it in the array's
-/// transaction. Whatever the array's size this is a handful of statements with a fixed
-/// number of parameters: what differs between tasks (index, command, environment,
-/// reason) travels as arrays (PostgreSQL's `unnest`) or one JSON text (SQLite's
-/// `json_each`), so neither backend's limit on bound parameters is ever near. Tasks
-/// beyond the throttle say so from the start.
-pub fn insert_tasks(
-    c: &mut DbConn,
-    user: i64,
-    array: &Array,
-    v: &ValidJob,
-    tasks: &[Task],
-) -> Result<Vec<i64>, DbError> {
+/// What differs between an array's tasks, column by column: index, command,
+/// environment (as JSON) and reason (tasks beyond the throttle say so from the start).
+type TaskColumns = (Vec<i64>, Vec<String>, Vec<String>, Vec<String>);
+
+fn task_columns(array: &Array, v: &ValidJob, tasks: &[Task]) -> Result<TaskColumns, DbError> {
     let waiting = v.after.first().map(super::deps::waiting_text);
     let throttled = throttle_text(array.id, array.throttle.unwrap_or(0));
     let mut index = Vec::with_capacity(tasks.len());
@@ -140,6 +131,24 @@ pub fn insert_tasks(
             _ => "waiting for the scheduler".to_string(),
         });
     }
+    Ok((index, command, env, reason))
+}
+
+/// Stores `tasks` of `array` as queued jobs made from `v`, with their "submitted" history
+/// rows, and returns their ids in index order; the caller runs it in the array's
+/// transaction. Whatever the array's size this is a handful of statements with a fixed
+/// number of parameters: what differs between tasks (index, command, environment,
+/// reason) travels as arrays (PostgreSQL's `unnest`) or one JSON text (SQLite's
+/// `json_each`), so neither backend's limit on bound parameters is ever near. Tasks
+/// beyond the throttle say so from the start.
+pub fn insert_tasks(
+    c: &mut DbConn,
+    user: i64,
+    array: &Array,
+    v: &ValidJob,
+    tasks: &[Task],
+) -> Result<Vec<i64>, DbError> {
+    let (index, command, env, reason) = task_columns(array, v, tasks)?;
     let queued = JobState::Queued.as_str();
     // The same for every task: $1..$22 (PostgreSQL) or the first 22 `?` (SQLite).
     let same = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
