@@ -186,6 +186,11 @@ per_backend! {
         assert!(html.contains(&format!("href=\"/jobs?array={id}\"")), "[{backend:?}] {html}");
         let (_, html) = crate::pages::page(&alice, &p, &format!("/jobs?array={id}")).await;
         assert_eq!(html.matches("<tr data-job=").count(), 5, "[{backend:?}] its tasks: {html}");
+        assert!(html.contains("id=\"cancel-array\""), "[{backend:?}] a cancel button: {html}");
+        let r = alice.post_form(&format!("/arrays/{id}/cancel"), &[]).await;
+        assert!(r.status().is_success() || r.status().is_redirection(), "[{backend:?}] {r:?}");
+        let a = p.get_json(&p.alice, &format!("/api/v1/arrays/{id}")).await;
+        assert_eq!(a["states"]["cancelled"], 5, "[{backend:?}] cancelled from the page: {a}");
         let (status, _) = crate::pages::page(&alice, &p, "/jobs?array=x").await;
         assert!(status >= 400, "[{backend:?}] a bad array filter is refused");
 
