@@ -158,13 +158,21 @@ impl When {
     }
 }
 
-/// A job this one waits for: `{"job": 41, "when": "ok"}`.
+/// A job this one waits for: `{"job": 41, "when": "ok"}`, or an array as a whole:
+/// `{"array": 3, "when": "ok"}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct After {
-    /// The job's id: an existing job of yours (or of your lab, for its admins).
+    /// The job's id: an existing job of yours (or of your lab, for its admins); left
+    /// out (0) for an array.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub job: i64,
+    /// Or an array's id: `ok` once every task succeeded (and unmet as soon as one fails
+    /// or is cancelled), `fail` once all ended with at least one failed, `any` once all
+    /// ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<i64>,
     /// `ok` (the default): it must succeed; `fail`: fail; `any`: end, however.
     #[serde(default = "when_ok")]
     pub when: When,
@@ -172,6 +180,10 @@ pub struct After {
 
 fn when_ok() -> When {
     When::Ok
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// How a job that another one waits for has ended, as far as the wait is concerned.
@@ -183,6 +195,23 @@ pub enum Ended {
 }
 
 impl After {
+    /// A wait for job `job`.
+    pub fn job(job: i64, when: When) -> After {
+        After {
+            job,
+            array: None,
+            when,
+        }
+    }
+
+    /// "job 41" or "array 3".
+    pub fn what(&self) -> String {
+        match self.array {
+            Some(a) => format!("array {a}"),
+            None => format!("job {}", self.job),
+        }
+    }
+
     /// Whether the job it names ending so lets this one start.
     pub fn met_by(&self, ended: Ended) -> bool {
         match self.when {
@@ -201,8 +230,8 @@ impl After {
             Ended::Cancelled => "was cancelled",
         };
         format!(
-            "job {} {how}; this job needed it to {}",
-            self.job,
+            "{} {how}; this job needed it to {}",
+            self.what(),
             self.when.verb()
         )
     }
@@ -227,7 +256,7 @@ pub fn parse_after(s: &str) -> Result<After, Invalid> {
             ))
         }
     };
-    Ok(After { job, when })
+    Ok(After::job(job, when))
 }
 
 /// At most 64 jobs, each named once, with valid ids.
@@ -240,13 +269,25 @@ pub fn after(list: &[After]) -> Result<(), Invalid> {
     }
     let mut seen = std::collections::BTreeSet::new();
     for a in list {
-        if a.job < 1 {
-            return Err(Invalid::new("after", format!("{} is not a job id", a.job)));
+        match a.array {
+            Some(_) if a.job != 0 => {
+                return Err(Invalid::new(
+                    "after",
+                    "name a job or an array in each wait, not both",
+                ))
+            }
+            Some(id) if id < 1 => {
+                return Err(Invalid::new("after", format!("{id} is not an array id")))
+            }
+            None if a.job < 1 => {
+                return Err(Invalid::new("after", format!("{} is not a job id", a.job)))
+            }
+            _ => {}
         }
-        if !seen.insert(a.job) {
+        if !seen.insert((a.job, a.array)) {
             return Err(Invalid::new(
                 "after",
-                format!("job {} is named twice", a.job),
+                format!("{} is named twice", a.what()),
             ));
         }
     }
@@ -295,25 +336,15 @@ mod tests {
 
     #[test]
     fn waits_are_met_or_say_why_not() {
-        let ok = After {
-            job: 41,
-            when: When::Ok,
-        };
+        let ok = After::job(41, When::Ok);
         assert!(ok.met_by(Ended::Succeeded) && !ok.met_by(Ended::Cancelled));
         assert_eq!(
             ok.unmet(Ended::Failed),
             "job 41 failed; this job needed it to succeed"
         );
-        let fail = After {
-            job: 7,
-            when: When::Fail,
-        };
+        let fail = After::job(7, When::Fail);
         assert!(fail.met_by(Ended::Failed) && !fail.met_by(Ended::Cancelled));
-        assert!(After {
-            job: 7,
-            when: When::Any
-        }
-        .met_by(Ended::Cancelled));
+        assert!(After::job(7, When::Any).met_by(Ended::Cancelled));
         assert_eq!(parse_after("41").unwrap(), ok);
         assert_eq!(parse_after("7:fail").unwrap(), fail);
         assert_eq!(parse_after("x").unwrap_err().field, "after");
@@ -323,13 +354,31 @@ mod tests {
         assert!(serde_json::from_str::<After>(r#"{"job": 3, "when": "maybe"}"#).is_err());
         assert_eq!(after(&[ok, ok]).unwrap_err().field, "after");
         assert_eq!(
-            after(&[After {
-                job: 0,
-                when: When::Any
-            }])
-            .unwrap_err()
-            .field,
+            after(&[After::job(0, When::Any)]).unwrap_err().field,
             "after"
+        );
+    }
+
+    #[test]
+    fn an_array_is_waited_for_as_a_whole() {
+        let a: After = serde_json::from_str(r#"{"array": 3, "when": "ok"}"#).unwrap();
+        assert_eq!((a.job, a.array), (0, Some(3)));
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            r#"{"array":3,"when":"ok"}"#
+        );
+        assert_eq!(
+            a.unmet(Ended::Failed),
+            "array 3 failed; this job needed it to succeed"
+        );
+        assert!(after(&[a, After::job(3, When::Ok)]).is_ok());
+        assert_eq!(after(&[a, a]).unwrap_err().field, "after");
+        let both: After = serde_json::from_str(r#"{"job": 1, "array": 3}"#).unwrap();
+        assert!(after(&[both]).unwrap_err().message.contains("not both"));
+        let job: After = serde_json::from_str(r#"{"job": 41}"#).unwrap();
+        assert_eq!(
+            serde_json::to_string(&job).unwrap(),
+            r#"{"job":41,"when":"ok"}"#
         );
     }
 

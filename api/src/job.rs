@@ -101,6 +101,12 @@ pub struct JobRequest {
     /// `fail`, `all` (`["end", "fail"]`). Left out: the owner's settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<Vec<String>>,
+    /// Makes an array of tasks, one job each: `0-99`, `1,3,5-9`, `0-98:2`, with `%8` the
+    /// most that run at once. Each task sees `COMMONS_ARRAY_ID`, `COMMONS_ARRAY_INDEX`
+    /// and `COMMONS_ARRAY_COUNT`, and `{index}` in its command and environment values is
+    /// replaced by its index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<String>,
     /// A name for people to find it by (at most 128 characters; need not be unique).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -145,6 +151,7 @@ impl JobRequest {
             shm_mb: None,
             disk_gb: None,
             notify: None,
+            array: None,
             name: None,
             tags: BTreeMap::new(),
             after: Vec::new(),
@@ -168,6 +175,7 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
     if let Some(n) = &req.notify {
         crate::notify::events("notify", n)?;
     }
+    crate::array::check(req)?;
     if let Some(n) = &req.name {
         crate::flows::name("name", n)?;
     }

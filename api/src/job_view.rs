@@ -135,6 +135,11 @@ impl Staging {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobView {
     pub id: i64,
+    /// The array it is a task of (`GET /api/v1/arrays/{id}`), and its index there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_id: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_index: Option<i64>,
     /// The name it was given, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,

@@ -188,8 +188,12 @@ pub struct LogsArgs {
 #[derive(Debug, Args)]
 pub struct CancelArgs {
     /// The jobs to cancel.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "array")]
     pub ids: Vec<i64>,
+    /// Cancel every unfinished task of this array (its id, as `commons run --array`
+    /// printed it).
+    #[arg(long, value_name = "ARRAY")]
+    pub array: Option<i64>,
 }
 
 #[derive(Debug, Args)]

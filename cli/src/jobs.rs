@@ -137,6 +137,10 @@ fn submit_request(client: &Client, req: &JobRequest, flags: &SubmitFlags) -> Res
         );
         return Ok(0);
     }
+    if req.array.is_some() {
+        let array: commons_api::array::ArrayView = client.parse(created)?;
+        return Ok(crate::flows::array_submitted(&array));
+    }
     let job: JobView = client.parse(created)?;
     if flags.follow {
         eprintln!(
@@ -228,27 +232,69 @@ pub fn ls(a: LsArgs) -> Result<u8> {
         headers.push("USER");
     }
     headers.extend(["STATE", "AGE", "NAME/IMAGE", "GPUS", "NODE", "LAB", "INFO"]);
-    let rows = rows
-        .into_iter()
-        .map(|(j, user)| {
-            let mut row: Vec<Cell> = vec![j.id.to_string().into()];
-            if let Some(u) = user {
-                row.push(u.into());
-            }
-            row.extend([
-                Cell::state(j.state),
-                output::ago(j.created_at).trim_end_matches(" ago").into(),
-                j.name.as_deref().unwrap_or(&j.image).into(),
-                gpu_text(&j).into(),
-                j.node.clone().unwrap_or_default().into(),
-                j.lab.as_str().into(),
-                info(&j).into(),
-            ]);
-            row
-        })
-        .collect();
+    let lines = if a.filters.array.is_some() {
+        rows.into_iter()
+            .map(|(j, u)| crate::flows::Listed::Job(j, u))
+            .collect()
+    } else {
+        crate::flows::group_arrays(rows)
+    };
+    let rows = lines.into_iter().map(ls_row).collect();
     print!("{}", output::table(&headers, rows, colour));
     Ok(0)
+}
+
+/// One line of `commons ls`: a job, or an array's tasks.
+fn ls_row(line: crate::flows::Listed) -> Vec<Cell> {
+    let (j, user) = match line {
+        crate::flows::Listed::Job(j, user) => (j, user),
+        crate::flows::Listed::Array {
+            id,
+            first,
+            user,
+            states,
+        } => return array_row(id, &first, user, &states),
+    };
+    let mut row: Vec<Cell> = vec![j.id.to_string().into()];
+    if let Some(u) = user {
+        row.push(u.into());
+    }
+    row.extend([
+        Cell::state(j.state),
+        output::ago(j.created_at).trim_end_matches(" ago").into(),
+        j.name.as_deref().unwrap_or(&j.image).into(),
+        gpu_text(&j).into(),
+        j.node.clone().unwrap_or_default().into(),
+        j.lab.as_str().into(),
+        info(&j).into(),
+    ]);
+    row
+}
+
+/// An array's line in `commons ls`: `array-ID`, its tasks' counts by state.
+fn array_row(
+    id: i64,
+    first: &JobView,
+    user: Option<String>,
+    states: &std::collections::BTreeMap<JobState, usize>,
+) -> Vec<Cell> {
+    let mut row: Vec<Cell> = vec![format!("array-{id}").into()];
+    if let Some(u) = user {
+        row.push(u.into());
+    }
+    let n: usize = states.values().sum();
+    row.extend([
+        crate::flows::Listed::counts(states).into(),
+        output::ago(first.created_at)
+            .trim_end_matches(" ago")
+            .into(),
+        first.name.as_deref().unwrap_or(&first.image).into(),
+        format!("{} each", first.gpus_requested).into(),
+        String::new().into(),
+        first.lab.as_str().into(),
+        format!("{n} tasks listed; commons ls --array {id}").into(),
+    ]);
+    row
 }
 
 pub fn show(a: IdJson) -> Result<u8> {
@@ -382,6 +428,9 @@ pub fn events(a: IdJson) -> Result<u8> {
 
 pub fn cancel(a: CancelArgs) -> Result<u8> {
     let client = Client::signed_in()?;
+    if let Some(array) = a.array {
+        crate::flows::cancel_array(&client, array)?;
+    }
     let mut worst: Option<CliError> = None;
     for id in a.ids {
         match client.post::<JobView>(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({})) {

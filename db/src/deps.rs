@@ -11,6 +11,19 @@ use commons_api::flows::After;
 use diesel::prelude::*;
 use std::collections::BTreeMap;
 
+/// What a job waiting for `a` says: the scheduler's words for a job ("waiting for job 41
+/// to succeed"), the same for an array ("waiting for array 3 to succeed").
+pub fn waiting_text(a: &After) -> String {
+    match a.array {
+        Some(id) => format!("waiting for array {id} to {}", a.when.verb()),
+        None => commons_sched::Reason::WaitingForJob {
+            job: a.job,
+            to: a.when.verb().to_string(),
+        }
+        .to_string(),
+    }
+}
+
 /// A queued job held for its waits.
 #[derive(Debug, Clone, Queryable)]
 pub struct Held {

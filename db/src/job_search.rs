@@ -40,6 +40,10 @@ pub struct JobFilter {
     pub name: Option<commons_api::flows::NameFilter>,
     /// Tags the job must all have, `(key, value)`.
     pub tags: Vec<(String, String)>,
+    /// Only the tasks of this array.
+    pub array: Option<i64>,
+    /// An array's tasks as one row: only its first task stands for it.
+    pub collapse_arrays: bool,
     pub sort: Sort,
 }
 
@@ -120,6 +124,16 @@ macro_rules! apply_filter {
         }
         for (k, v) in &f.tags {
             q = q.filter(lower(jobs::tags).like(tag_pattern(k, v)).escape('\\'));
+        }
+        if let Some(a) = f.array {
+            q = q.filter(jobs::array_id.eq(a));
+        }
+        if f.collapse_arrays {
+            q = q.filter(
+                jobs::array_id.is_null().or(jobs::id
+                    .nullable()
+                    .eq_any(arrays::table.select(arrays::first_job))),
+            );
         }
         q
     }};

@@ -15,6 +15,7 @@
 //!   async executor.
 
 pub mod apps;
+pub mod arrays;
 pub mod attempts;
 pub mod audit;
 pub mod checkpoint_parts;

@@ -220,6 +220,9 @@ pub struct Job {
     pub held: bool,
     /// Its inputs as submitted (`commons_api::files::parse_input` reads each).
     pub inputs: Json<Vec<String>>,
+    /// The array it is a task of, and its index there.
+    pub array_id: Option<i64>,
+    pub array_index: Option<i64>,
 }
 
 impl Job {

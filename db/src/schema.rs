@@ -170,6 +170,8 @@ diesel::table! {
         after_jobs -> Text,
         held -> Bool,
         inputs -> Text,
+        array_id -> Nullable<BigInt>,
+        array_index -> Nullable<BigInt>,
     }
 }
 
@@ -415,9 +417,24 @@ diesel::joinable!(checkpoint_parts -> jobs (job_id));
 diesel::joinable!(attempt_samples -> jobs (job_id));
 diesel::joinable!(job_staging -> jobs (job_id));
 
+diesel::table! {
+    arrays (id) {
+        id -> BigInt,
+        user_id -> BigInt,
+        lab_id -> BigInt,
+        spec -> Text,
+        task_count -> BigInt,
+        throttle -> Nullable<BigInt>,
+        name -> Nullable<Text>,
+        created_at -> Timestamp,
+        first_job -> Nullable<BigInt>,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
     app_grants,
     job_apps,
+    arrays,
     labs,
     users,
     memberships,

@@ -51,6 +51,7 @@ struct QueuedRow {
     reason: Option<String>,
     queue_position: Option<i32>,
     estimated_start_at: Option<chrono::NaiveDateTime>,
+    array_id: Option<i64>,
 }
 
 /// The snapshot, and what each queued job shows now (its reason, place and estimated
@@ -155,6 +156,12 @@ impl Rows {
             .select(QueuedRow::as_select())
             .load(c)?;
         queued.sort_unstable_by_key(|j| j.id);
+        // Tasks over their array's throttle are kept out like held jobs (`arrays`).
+        let tasks: Vec<(i64, Option<i64>)> = queued.iter().map(|j| (j.id, j.array_id)).collect();
+        let throttled = super::arrays::throttled(c, &tasks)?;
+        if !throttled.is_empty() {
+            queued.retain(|j| !throttled.contains(&j.id));
+        }
         laps.lap("active and queued");
         let take_backs = super::attempts::take_backs_of_queued(c)?
             .into_iter()

@@ -91,7 +91,12 @@ fn job_env(
     let mut env: Vec<String> = spec
         .env
         .iter()
-        .filter(|(k, _)| !k.starts_with("COMMONS_") && !k.ends_with("_VISIBLE_DEVICES"))
+        // The portal sets an array task's COMMONS_ARRAY_* (a user cannot: the API refuses
+        // COMMONS_*); every other COMMONS_ variable is the agent's own.
+        .filter(|(k, _)| {
+            (!k.starts_with("COMMONS_") || k.starts_with("COMMONS_ARRAY_"))
+                && !k.ends_with("_VISIBLE_DEVICES")
+        })
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     env.push(format!("NVIDIA_VISIBLE_DEVICES={visible}"));
@@ -207,6 +212,7 @@ mod tests {
             env: [
                 ("A".to_string(), "1".to_string()),
                 ("COMMONS_JOB_ID".to_string(), "spoof".to_string()),
+                ("COMMONS_ARRAY_INDEX".to_string(), "7".to_string()),
             ]
             .into(),
             cpus: 1.0,
@@ -288,6 +294,7 @@ mod tests {
         assert!(env.contains(&"CUDA_VISIBLE_DEVICES=GPU-a,GPU-b".to_string()));
         assert!(env.contains(&"COMMONS_JOB_ID=42".to_string()));
         assert!(!env.contains(&"COMMONS_JOB_ID=spoof".to_string()));
+        assert!(env.contains(&"COMMONS_ARRAY_INDEX=7".to_string()));
         assert!(env.contains(&"A=1".to_string()));
         assert!(env.contains(&"COMMONS_CHECKPOINT_DIR=/checkpoint".to_string()));
         assert!(env.contains(&"COMMONS_OUTPUTS_DIR=/outputs".to_string()));

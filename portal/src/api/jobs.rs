@@ -23,11 +23,13 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/jobs/{id}/extend", web::post().to(extend));
 }
 
-/// Submits a job. It is checked whole first: a refused request stores nothing.
+/// Submits a job, or with `array` an array of tasks (the answer is then an `ArrayView`).
+/// It is checked whole first: a refused request stores nothing.
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs", operation_id = "submit_job",
     request_body = JobRequest,
     responses(
-        (status = 201, description = "Queued", body = JobView),
+        (status = 201, description = "Queued: the job, or with `array` the array (an `ArrayView`)",
+            body = JobView),
         (status = "4XX", description = "Refused: `field` names what to fix (422)", body = ErrorBody),
     ))]
 pub(crate) async fn submit(
@@ -35,6 +37,10 @@ pub(crate) async fn submit(
     user: CurrentUser,
     body: ApiJson<JobRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    if body.0.array.is_some() {
+        let view = crate::service::arrays::submit(&state, &user, body.0).await?;
+        return Ok(HttpResponse::Created().json(view));
+    }
     let view = jobs::submit(&state, &user, body.0).await?;
     Ok(HttpResponse::Created().json(view))
 }
@@ -50,6 +56,9 @@ pub(crate) struct ListQuery {
     /// Only jobs with this tag, `key=value` (repeat: jobs with all of them).
     #[serde(default)]
     tag: Vec<String>,
+    /// Only the tasks of this array (its id), in index order; the other filters are
+    /// then left out.
+    array: Option<String>,
 }
 
 impl ListQuery {
@@ -61,6 +70,7 @@ impl ListQuery {
                 "lab" => q.lab = Some(v.into_owned()),
                 "name" => q.name = Some(v.into_owned()),
                 "tag" => q.tag.push(v.into_owned()),
+                "array" => q.array = Some(v.into_owned()),
                 other => {
                     return Err(AppError::BadRequest(format!(
                         "the query string is not valid for this request: unknown field `{other}`"
@@ -73,7 +83,8 @@ impl ListQuery {
 }
 
 /// The caller's jobs, or with `?lab=SLUG` the lab's (its admins), newest first, at most
-/// 500; `?name=` and `?tag=key=value` keep those with that name and tags. A lab's jobs are
+/// 500; `?name=` and `?tag=key=value` keep those with that name and tags; `?array=ID` lists
+/// an array's tasks (all of them, in index order). A lab's jobs are
 /// `LabJobView`s: each also has `user`, whose it is.
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", operation_id = "list_jobs",
     params(ListQuery),
@@ -88,6 +99,11 @@ pub(crate) async fn list(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let query = ListQuery::parse(req.query_string())?;
+    if let Some(array) = crate::service::arrays::parse_filter(query.array.as_deref().unwrap_or(""))?
+    {
+        let views = crate::service::arrays::tasks(&state, &user, array).await?;
+        return Ok(HttpResponse::Ok().json(views));
+    }
     let filtered = query.name.is_some() || !query.tag.is_empty();
     match (query.lab, filtered) {
         (lab, true) => {

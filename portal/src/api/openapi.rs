@@ -7,7 +7,8 @@
 //! `cargo run -p commons-portal -- openapi > docs/openapi.json`.
 
 use super::{
-    account, cli_login, files, images, jobs, nodes, policy, ssh_gateway, ssh_keys, utilization,
+    account, arrays, cli_login, files, images, jobs, nodes, policy, ssh_gateway, ssh_keys,
+    utilization,
 };
 use actix_web::{web, HttpResponse};
 use commons_api as api;
@@ -28,7 +29,7 @@ use utoipa::{Modify, OpenApi};
     ),
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::logs, jobs::events, jobs::cancel,
-        jobs::extend, utilization::get,
+        jobs::extend, arrays::get, arrays::cancel, utilization::get,
         account::me, account::usage, account::sign_out,
         nodes::list, nodes::overview, nodes::drain, nodes::undrain, nodes::revoke,
         nodes::approve_inventory, nodes::dismiss_shared,
@@ -151,6 +152,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ids.len(), 48, "{ids:?}");
+        assert_eq!(ids.len(), 50, "{ids:?}");
     }
 }

@@ -26,11 +26,7 @@ use std::collections::BTreeMap;
 
 /// What a job waiting for `a` says while it waits ("waiting for job 41 to succeed").
 pub fn waiting_text(a: &After) -> String {
-    commons_sched::Reason::WaitingForJob {
-        job: a.job,
-        to: a.when.verb().to_string(),
-    }
-    .to_string()
+    db::deps::waiting_text(a)
 }
 
 /// Refuses (422, `after`) a wait for a job that does not exist or that is neither the
@@ -40,10 +36,23 @@ pub fn check_may_wait_for(c: &mut DbConn, actor: &Actor, after: &[After]) -> Res
     if after.is_empty() {
         return Ok(());
     }
-    let ids: Vec<i64> = after.iter().map(|a| a.job).collect();
+    let ids: Vec<i64> = after
+        .iter()
+        .filter(|a| a.array.is_none())
+        .map(|a| a.job)
+        .collect();
     let owners = db::deps::owners(c, &ids)?;
+    let arrays: Vec<i64> = after.iter().filter_map(|a| a.array).collect();
+    let array_owners: BTreeMap<i64, (i64, i64)> = db::arrays::by_ids(c, &arrays)?
+        .into_iter()
+        .map(|a| (a.id, (a.user_id, a.lab_id)))
+        .collect();
     for a in after {
-        let allowed = owners.get(&a.job).is_some_and(|&(user, lab)| {
+        let owner = match a.array {
+            Some(id) => array_owners.get(&id),
+            None => owners.get(&a.job),
+        };
+        let allowed = owner.is_some_and(|&(user, lab)| {
             user == actor.user.id
                 || actor
                     .labs
@@ -54,9 +63,9 @@ pub fn check_may_wait_for(c: &mut DbConn, actor: &Actor, after: &[After]) -> Res
             return Err(AppError::invalid(
                 "after",
                 format!(
-                    "job {} is not one of your jobs (nor of a lab you administer); \
+                    "{} is not one of yours (nor of a lab you administer); \
                      a job may only wait for those",
-                    a.job
+                    a.what()
                 ),
             ));
         }
@@ -73,6 +82,23 @@ fn ended(s: JobState) -> Option<Ended> {
     }
 }
 
+/// How an array has ended as far as wait `a` is concerned (its tasks' counts by state):
+/// for `ok`, failed (or cancelled) as soon as one task is; otherwise once every task has
+/// ended: failed if one failed, else cancelled if one was, else succeeded.
+fn array_ended(a: &After, counts: &BTreeMap<JobState, i64>) -> Option<Ended> {
+    let n = |s| counts.get(&s).copied().unwrap_or(0);
+    let (failed, cancelled) = (n(JobState::Failed), n(JobState::Cancelled));
+    let all_ended = failed + cancelled + n(JobState::Succeeded) == counts.values().sum::<i64>();
+    let early = a.when == commons_api::flows::When::Ok && failed + cancelled > 0;
+    (all_ended || early).then_some(if failed > 0 {
+        Ended::Failed
+    } else if cancelled > 0 {
+        Ended::Cancelled
+    } else {
+        Ended::Succeeded
+    })
+}
+
 /// What becomes of one held job, given the states of the jobs it waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -85,18 +111,24 @@ pub enum Verdict {
 }
 
 /// Judges one held job. A job it waits for that no longer exists cannot be waited for.
-pub fn verdict(after: &[After], states: &BTreeMap<i64, JobState>) -> Verdict {
+pub fn verdict(
+    after: &[After],
+    states: &BTreeMap<i64, JobState>,
+    arrays: &BTreeMap<i64, BTreeMap<JobState, i64>>,
+) -> Verdict {
     let mut first_open = None;
     for a in after {
-        match states.get(&a.job).copied() {
-            None => return Verdict::Fail(format!("job {} no longer exists", a.job)),
-            Some(s) => match ended(s) {
-                Some(e) if a.met_by(e) => {}
-                Some(e) => return Verdict::Fail(a.unmet(e)),
-                None => {
-                    first_open.get_or_insert(a);
-                }
-            },
+        let end = match a.array {
+            Some(id) => arrays.get(&id).map(|counts| array_ended(a, counts)),
+            None => states.get(&a.job).copied().map(ended),
+        };
+        match end {
+            None => return Verdict::Fail(format!("{} no longer exists", a.what())),
+            Some(Some(e)) if a.met_by(e) => {}
+            Some(Some(e)) => return Verdict::Fail(a.unmet(e)),
+            Some(None) => {
+                first_open.get_or_insert(a);
+            }
         }
     }
     match first_open {
@@ -122,16 +154,21 @@ pub fn settle(c: &mut DbConn) -> Result<Settled, AppError> {
         if held.is_empty() {
             return Ok(Settled::default());
         }
-        let mut ids: Vec<i64> = held
-            .iter()
-            .flat_map(|h| h.after.iter().map(|a| a.job))
+        let waits = || held.iter().flat_map(|h| h.after.iter());
+        let mut ids: Vec<i64> = waits()
+            .filter(|a| a.array.is_none())
+            .map(|a| a.job)
             .collect();
         ids.sort_unstable();
         ids.dedup();
         let mut states = db::deps::states(c, &ids)?;
+        let mut arrays: Vec<i64> = waits().filter_map(|a| a.array).collect();
+        arrays.sort_unstable();
+        arrays.dedup();
+        let arrays = db::arrays::counts_of(c, &arrays)?;
         let mut done = Settled::default();
         for h in &held {
-            match verdict(&h.after, &states) {
+            match verdict(&h.after, &states, &arrays) {
                 Verdict::Release => {
                     db::deps::release(c, h.id, "waiting for the scheduler")?;
                     states.insert(h.id, JobState::Queued);
@@ -158,7 +195,7 @@ mod tests {
     use commons_api::flows::When;
 
     fn after(job: i64, when: When) -> After {
-        After { job, when }
+        After::job(job, when)
     }
 
     #[test]
@@ -169,7 +206,42 @@ mod tests {
             (3, JobState::Running),
             (4, JobState::Cancelled),
         ]);
-        let v = |a: &[After]| verdict(a, &states);
+        let arrays = BTreeMap::from([
+            (
+                7,
+                BTreeMap::from([(JobState::Succeeded, 2), (JobState::Running, 1)]),
+            ),
+            (
+                8,
+                BTreeMap::from([(JobState::Failed, 1), (JobState::Running, 1)]),
+            ),
+            (9, BTreeMap::from([(JobState::Succeeded, 3)])),
+        ]);
+        let v = |a: &[After]| verdict(a, &states, &arrays);
+        let array = |id: i64, when: When| After {
+            job: 0,
+            array: Some(id),
+            when,
+        };
+        assert_eq!(v(&[array(9, When::Ok)]), Verdict::Release);
+        assert_eq!(
+            v(&[array(7, When::Ok)]),
+            Verdict::Wait("waiting for array 7 to succeed".into())
+        );
+        assert_eq!(
+            v(&[array(8, When::Ok)]),
+            Verdict::Fail("array 8 failed; this job needed it to succeed".into()),
+            "at once, while another task still runs"
+        );
+        assert_eq!(
+            v(&[array(8, When::Fail)]),
+            Verdict::Wait("waiting for array 8 to fail".into()),
+            "fail and any wait for every task"
+        );
+        assert_eq!(
+            v(&[array(5, When::Any)]),
+            Verdict::Fail("array 5 no longer exists".into())
+        );
         assert_eq!(v(&[after(1, When::Ok)]), Verdict::Release);
         assert_eq!(
             v(&[after(2, When::Fail), after(4, When::Any)]),

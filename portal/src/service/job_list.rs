@@ -62,6 +62,8 @@ pub struct ListQuery {
     pub name: String,
     /// `key=value` tags the jobs must all have.
     pub tags: Vec<String>,
+    /// Only the tasks of this array (its id); otherwise an array is one row.
+    pub array: String,
     pub sort: String,
     pub page: String,
 }
@@ -77,6 +79,8 @@ pub struct JobList {
     pub pages: i64,
     /// Every lab's slug (the lab filter's choices).
     pub labs: Vec<String>,
+    /// The arrays whose first task stands for them in `jobs`, by id.
+    pub arrays: std::collections::BTreeMap<i64, super::arrays::Summary>,
 }
 
 fn parse_state(s: &str) -> Result<Vec<JobState>, AppError> {
@@ -183,6 +187,7 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
     let sort = parse_sort(&query.sort)?;
     let kind = parse_kind(&query.kind)?;
     let page = parse_page(&query.page)?;
+    let array = super::arrays::parse_filter(&query.array)?;
     let (name, tags) = parse_flows(&query.name, &query.tags)?;
     let text = Some(query.q.trim().to_string()).filter(|t| !t.is_empty());
     if text.as_ref().is_some_and(|t| t.len() > 200) {
@@ -194,6 +199,8 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
         .run(move |c| {
             let owner = owner(c, &actor, &scope)?;
             let lab = lab_filter(c, &lab_slug)?;
+            // With a state filter each task is judged alone.
+            let collapse_arrays = array.is_none() && states.is_empty();
             let filter = JobFilter {
                 owner,
                 states,
@@ -202,6 +209,8 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
                 text,
                 name,
                 tags,
+                collapse_arrays,
+                array,
                 sort,
             };
             let (rows, total) =
@@ -220,7 +229,13 @@ pub async fn list(ctx: &Ctx, actor: &Actor, query: ListQuery) -> Result<JobList,
                 .into_iter()
                 .map(|(_, s)| s)
                 .collect();
+            let arrays = if filter.collapse_arrays {
+                super::arrays::summaries(c, &rows)?
+            } else {
+                Default::default()
+            };
             Ok(JobList {
+                arrays,
                 labs,
                 scope,
                 jobs,
@@ -254,6 +269,8 @@ pub async fn filtered(
                 text: None,
                 name,
                 tags,
+                array: None,
+                collapse_arrays: false,
                 sort: Sort::Newest,
             };
             let (rows, _) = db::job_search::search(c, &filter, 0, limit)?;

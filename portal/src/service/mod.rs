@@ -13,6 +13,7 @@ pub mod account;
 pub mod agent_link;
 pub mod agents;
 pub mod apps;
+pub mod arrays;
 pub mod attempts;
 pub mod checkpoints;
 pub mod cli_login;

@@ -217,6 +217,8 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         });
     JobView {
         id: job.id,
+        array_id: job.array_id,
+        array_index: job.array_index,
         name: job.name.clone(),
         tags: job.tags.0.clone(),
         after: job.after_jobs.0.clone(),

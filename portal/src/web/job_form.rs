@@ -133,6 +133,8 @@ impl JobForm {
                 .env
                 .0
                 .iter()
+                // An array task's COMMONS_ARRAY_* are the portal's, not the user's.
+                .filter(|(k, _)| !k.starts_with("COMMONS_"))
                 .map(|(k, v)| format!("{k}={v}\n"))
                 .collect(),
             gpus: job.gpus.to_string(),
@@ -192,6 +194,7 @@ impl JobForm {
             vec!["sh".into(), "-c".into(), self.command.replace("\r\n", "\n")]
         };
         Ok(JobRequest {
+            array: None,
             image: self.image.clone(),
             command,
             env,

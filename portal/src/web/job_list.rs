@@ -4,7 +4,7 @@
 
 use super::human::{self, When};
 use super::Banner;
-use crate::auth::CurrentUser;
+use crate::auth::{CsrfForm, CurrentUser, NoFields};
 use crate::error::WebError;
 use crate::service::job_list::{self, JobList, ListQuery, Scope};
 use crate::service::jobs::LabJobView;
@@ -15,7 +15,23 @@ use askama::Template;
 use serde::Deserialize;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/jobs", web::get().to(list));
+    cfg.route("/jobs", web::get().to(list))
+        .route("/arrays/{id}/cancel", web::post().to(cancel_array));
+}
+
+/// Cancels every unfinished task of an array (the button on its list of tasks), then
+/// shows that list again.
+async fn cancel_array(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    _form: CsrfForm<NoFields>,
+) -> Result<HttpResponse, WebError> {
+    let id = id.into_inner();
+    crate::service::arrays::cancel(&state, &user, id).await?;
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("location", format!("/jobs?array={id}")))
+        .finish())
 }
 
 /// The filter form's fields as typed (all optional).
@@ -31,6 +47,8 @@ pub struct ListForm {
     name: String,
     /// One `key=value` tag.
     tag: String,
+    /// Only this array's tasks (its id).
+    array: String,
     sort: String,
     page: String,
 }
@@ -47,6 +65,7 @@ impl ListForm {
             ("q", &self.q),
             ("name", &self.name),
             ("tag", &self.tag),
+            ("array", &self.array),
             ("sort", sort),
         ] {
             if !v.trim().is_empty() {
@@ -66,6 +85,8 @@ struct Row {
     submitted: When,
     /// While waiting: when it should start ("in 12 min (…)", or "unknown").
     estimated: Option<String>,
+    /// The array this row stands for (its first task's row), with its counts.
+    array: Option<crate::service::arrays::Summary>,
 }
 
 /// A choice of scope above the list.
@@ -128,6 +149,8 @@ struct JobsPage {
     next: Option<String>,
     /// The list shows other people's jobs (a user column).
     others: bool,
+    /// The session's form token (the array's cancel button).
+    csrf: String,
     heading: String,
 }
 
@@ -140,6 +163,7 @@ fn rows(list: &JobList, now: chrono::NaiveDateTime, offset: i32) -> Vec<Row> {
                 Some(t) => format!("{} ({})", human::ago(t, now), human::at(t, offset)),
                 None => "unknown".to_string(),
             }),
+            array: v.job.array_id.and_then(|a| list.arrays.get(&a).cloned()),
             v: v.clone(),
         })
         .collect()
@@ -207,6 +231,7 @@ async fn list(
         q: form.q.clone(),
         name: form.name.clone(),
         tags: vec![form.tag.clone()],
+        array: form.array.clone(),
         sort: form.sort.clone(),
         page: form.page.clone(),
     };
@@ -218,6 +243,7 @@ async fn list(
     let sorts = sort_links(&form);
     let sort = form.sort.clone();
     let page = JobsPage {
+        csrf: crate::auth::csrf_token(&session),
         prev: (list.page > 1).then(|| form.link(&sort, list.page - 1)),
         next: (list.page < list.pages).then(|| form.link(&sort, list.page + 1)),
         others: list.scope != Scope::Mine,

@@ -25,6 +25,7 @@ mod files;
 mod files_clients;
 mod files_inputs;
 mod files_outputs;
+mod flows_arrays;
 mod flows_deps;
 mod flows_names;
 mod foundations;
