@@ -195,6 +195,15 @@ async fn a_jobs_app_is_served_to_its_owner_alone_on_an_origin_of_its_own() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.bytes().await.unwrap().len(), 32 * 1024 * 1024);
+    let r = app
+        .get(format!("{url}/big"))
+        .header("cookie", &session)
+        .header("range", "bytes=1048576-1048585")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206, "a range of it");
+    assert_eq!(r.bytes().await.unwrap().len(), 10);
 
     // What the app sees of a request: its own cookies and headers, not ours.
     let (url, host) = served[1].clone();
