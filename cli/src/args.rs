@@ -41,6 +41,9 @@ pub enum Command {
     SshConfig(SshConfigArgs),
     /// Forward a running job's Jupyter port to this computer and print the URL.
     Notebook(NotebookArgs),
+    /// Print the address of a running job's web app (`app` in its request) and open it in
+    /// a browser where there is one.
+    Open(OpenArgs),
     /// Copy files between this computer and the file store: `commons cp LOCAL...
     /// files:PATH` uploads, `commons cp files:PATH LOCAL` downloads (`lab:SLUG/PATH` for a
     /// lab's shared files).
@@ -211,6 +214,14 @@ pub struct SshArgs {
 pub struct SshConfigArgs {
     /// Also a block naming this job (`ssh commons-job-ID`).
     pub id: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+pub struct OpenArgs {
+    pub id: i64,
+    /// Print the address only; start no browser.
+    #[arg(long)]
+    pub print: bool,
 }
 
 #[derive(Debug, Args)]

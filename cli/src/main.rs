@@ -48,6 +48,7 @@ fn dispatch(command: Command) -> Result<u8> {
         Command::Ssh(a) => ssh::ssh(a),
         Command::SshConfig(a) => ssh::ssh_config(a),
         Command::Notebook(a) => ssh::notebook(a),
+        Command::Open(a) => ssh::open(a),
         Command::Cp(a) => files::cp(a),
         Command::Files(c) => files::files(c),
         Command::Get(a) => files::get(a),

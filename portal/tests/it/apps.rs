@@ -89,8 +89,10 @@ async fn a_jobs_app_is_served_to_its_owner_alone_on_an_origin_of_its_own() {
     let _agent = p.agent("vision", "fake:3xA100-80GB").await;
     // Three jobs, each serving one of the three apps.
     let mut served = Vec::new();
+    let mut served_ids = Vec::new();
     for port in [8888, 8890, 8899] {
         let id = p.submit(&p.alice, app_job(port)).await;
+        served_ids.push(id);
         p.wait_state(&p.alice, id, &["running"], Duration::from_secs(120))
             .await;
         let view = p.job(&p.alice, id).await;
@@ -114,6 +116,10 @@ async fn a_jobs_app_is_served_to_its_owner_alone_on_an_origin_of_its_own() {
     );
     let app = client_for(&host, apps_port);
     wait_app(&app, &format!("{url}/"), &p.alice).await;
+    // `commons open` prints the address (and starts no browser here).
+    let cli = crate::cli::signed_in(&p, &p.alice).await;
+    let r = cli.ok(&["open", &served_ids[0].to_string()]).await;
+    assert_eq!(r.stdout.trim(), url, "{r}");
 
     // The owner's token passes; bob's does not; no credential goes to the portal.
     let r = app
@@ -195,6 +201,15 @@ async fn a_jobs_app_is_served_to_its_owner_alone_on_an_origin_of_its_own() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.bytes().await.unwrap().len(), 32 * 1024 * 1024);
+    let r = app
+        .get(format!("{url}/big"))
+        .header("cookie", &session)
+        .header("range", "bytes=1048576-1048585")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206, "a range of it");
+    assert_eq!(r.bytes().await.unwrap().len(), 10);
 
     // What the app sees of a request: its own cookies and headers, not ours.
     let (url, host) = served[1].clone();

@@ -119,7 +119,7 @@ fn run_args(follow: bool, cmd: &str) -> Vec<&str> {
     v
 }
 
-async fn signed_in(p: &TestPortal, token: &str) -> Cli {
+pub async fn signed_in(p: &TestPortal, token: &str) -> Cli {
     let cli = Cli::new();
     let r = cli.ok(&["login", &p.url, "--token", token]).await;
     assert!(r.stderr.contains("signed in to"), "{r}");
