@@ -221,6 +221,7 @@ mod tests {
             after_ok: vec![],
             after_fail: vec![],
             after_any: vec![],
+            array: None,
         };
         let e = apply(&bad, &mut req).unwrap_err();
         assert!(matches!(e, crate::error::CliError::Invalid { field, .. } if field == "notify"));
