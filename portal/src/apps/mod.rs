@@ -162,10 +162,16 @@ fn credentials(req: &HttpRequest) -> Credentials {
         .and_then(|h| h.to_str().ok())
         .and_then(|h| h.strip_prefix("Bearer "))
         .map(|t| t.trim().to_string());
-    Credentials {
-        session: req.cookie(COOKIE).map(|c| c.value().to_string()),
-        bearer,
-    }
+    let sessions = req
+        .cookies()
+        .map(|all| {
+            all.iter()
+                .filter(|c| c.name() == COOKIE)
+                .map(|c| c.value().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    Credentials { sessions, bearer }
 }
 
 /// `/_commons/auth?code=..&next=..`: a code from the portal becomes this origin's cookie.

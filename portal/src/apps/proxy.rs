@@ -107,7 +107,8 @@ pub async fn forward(
     );
     for (name, value) in resp.headers() {
         let keep = status == 101 || !is_hop_by_hop(name.as_str());
-        if keep {
+        let cookie_ok = name.as_str() != "set-cookie" || app_cookie_allowed(value.as_bytes());
+        if keep && cookie_ok {
             answer.append_header((name.as_str(), value.as_bytes()));
         }
     }
@@ -209,6 +210,26 @@ fn request_head(req: &HttpRequest, t: &Target, upgrade: bool) -> hyper::http::re
     out
 }
 
+/// Whether an app's `Set-Cookie` may reach the browser: not one named like the origin's
+/// session cookie, and none with a `Domain` (which would reach every app's origin under
+/// the apps' domain: a way for one app to plant cookies on the others).
+fn app_cookie_allowed(set_cookie: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(set_cookie);
+    let mut parts = text.split(';');
+    let name = parts
+        .next()
+        .and_then(|p| p.split('=').next())
+        .unwrap_or_default()
+        .trim();
+    let domain = parts.any(|a| {
+        a.trim()
+            .split('=')
+            .next()
+            .is_some_and(|k| k.trim().eq_ignore_ascii_case("domain"))
+    });
+    name != COOKIE && !domain
+}
+
 /// The `Cookie` header without this origin's own session cookie (the app never sees it).
 fn without_our_cookie(header: &str) -> Option<String> {
     let kept: Vec<&str> = header
@@ -222,6 +243,15 @@ fn without_our_cookie(header: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_app_sets_cookies_for_its_own_origin_only() {
+        assert!(app_cookie_allowed(b"_xsrf=1; Path=/; HttpOnly"));
+        assert!(app_cookie_allowed(b"theme=dark"));
+        assert!(!app_cookie_allowed(b"commons_app=planted; Path=/"));
+        assert!(!app_cookie_allowed(b"x=1; Path=/; Domain=apps.campus.edu"));
+        assert!(!app_cookie_allowed(b"x=1; domain = .apps.localhost"));
+    }
 
     #[test]
     fn the_origin_cookie_never_reaches_the_app() {

@@ -146,8 +146,10 @@ pub async fn redeem(ctx: &Ctx, label: String, code: String) -> Result<Option<Str
 /// What a request to an app's origin carries to prove who sends it.
 #[derive(Debug, Clone, Default)]
 pub struct Credentials {
-    /// The origin's session cookie.
-    pub session: Option<String>,
+    /// The origin's session cookies: every cookie of that name the browser sent (a
+    /// script on another app's origin can plant one for the whole apps domain; it does
+    /// not shadow the real one).
+    pub sessions: Vec<String>,
     /// A personal access token (`Authorization: Bearer`).
     pub bearer: Option<String>,
 }
@@ -178,19 +180,30 @@ pub async fn pass(ctx: &Ctx, label: String, creds: Credentials) -> Result<Pass, 
             .ok_or(AppError::NotFound("app"))?
     };
     let job = app.job_id;
-    let user = match (creds.session, creds.bearer) {
-        (_, Some(token)) => Some(
+    let user = match creds.bearer {
+        Some(token) => Some(
             super::identity::caller(ctx, Some(token), None)
                 .await?
                 .0
                 .user
                 .id,
         ),
-        (Some(s), None) => {
-            let found = ctx.db.run(move |c| rows::session(c, &sha(&s), now)).await?;
-            found.filter(|(j, _)| *j == job).map(|(_, u)| u)
+        None => {
+            // At most a few: a browser sends each cookie of a name once per domain.
+            let sessions: Vec<String> = creds.sessions.into_iter().take(8).collect();
+            ctx.db
+                .run(move |c| {
+                    for s in &sessions {
+                        if let Some((j, u)) = rows::session(c, &sha(s), now)? {
+                            if j == job {
+                                return Ok(Some(u));
+                            }
+                        }
+                    }
+                    Ok::<_, AppError>(None)
+                })
+                .await?
         }
-        (None, None) => None,
     };
     let Some(user) = user else {
         return Ok(Pass::SignIn);

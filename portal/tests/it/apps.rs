@@ -22,7 +22,9 @@ dd if=/dev/zero of=/tmp/www/big bs=1M count=32 2>/dev/null
 cr=$(printf '\r')
 cat > /tmp/headers.sh <<EOS
 #!/bin/sh
-printf 'HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n'
+printf 'HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nSet-Cookie: own=1; Path=/\r\n'
+printf 'Set-Cookie: planted=1; Domain=apps.localhost\r\nSet-Cookie: commons_app=x\r\n'
+printf 'Connection: close\r\n\r\n'
 len=0
 while read -r l; do
   case "\$l" in "$cr"|"") break;; esac
@@ -192,6 +194,15 @@ async fn a_jobs_app_is_served_to_its_owner_alone_on_an_origin_of_its_own() {
     let r = app.get(&to).send().await.unwrap();
     assert_eq!(r.status(), 403, "a code works once");
 
+    // A cookie planted for the whole apps domain (by a script on another app's origin)
+    // does not shadow the real one.
+    let r = app
+        .get(format!("{url}/"))
+        .header("cookie", format!("commons_app=planted; {session}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
     // Through the origin's cookie: a 32 MiB download, streamed.
     let r = app
         .get(format!("{url}/big"))
@@ -215,14 +226,26 @@ async fn a_jobs_app_is_served_to_its_owner_alone_on_an_origin_of_its_own() {
     let (url, host) = served[1].clone();
     let echo = client_for(&host, apps_port);
     wait_app(&echo, &format!("{url}/"), &p.alice).await;
-    let seen = echo
+    let r = echo
         .get(format!("{url}/h"))
         .bearer_auth(&p.alice)
         .header("cookie", "theme=dark; commons_app=whatever")
         .header("x-app", "1")
         .send()
         .await
-        .unwrap()
+        .unwrap();
+    let set: Vec<String> = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        set,
+        vec!["own=1; Path=/".to_string()],
+        "an app sets cookies for its own origin only"
+    );
+    let seen = r
         .text()
         .await
         .unwrap()
