@@ -3,7 +3,8 @@
 //!
 //! The copy:
 //! 1. Both databases are brought to the latest schema (the embedded migrations).
-//! 2. The target must be empty: every table but the migrations' own has no row.
+//! 2. The target must be empty: every table but the migrations' own has no row (tables
+//!    whose migration writes their one row, [`SEEDED`], get the source's instead).
 //! 3. Tables are copied parents first (by their foreign keys), each as JSON batches:
 //!    SQLite's `json_object` on the way out, PostgreSQL's `json_populate_recordset` on
 //!    the way in, so every column converts by PostgreSQL's own input rules. One
@@ -75,6 +76,9 @@ pub struct Copied {
 }
 
 const MIGRATIONS_TABLE: &str = "__diesel_schema_migrations";
+/// Tables whose migration writes their one row itself (so a fresh database has it):
+/// not counted when the target must be empty, and replaced by the source's row.
+const SEEDED: [&str; 1] = ["notification_cursor"];
 const BATCH: usize = 500;
 
 fn quote(ident: &str) -> String {
@@ -127,7 +131,7 @@ type Columns = (Vec<String>, BTreeMap<String, String>);
 
 fn ensure_empty(dst: &mut diesel::PgConnection, tables: &[String]) -> Result<(), CopyError> {
     let mut full = Vec::new();
-    for t in tables {
+    for t in tables.iter().filter(|t| !SEEDED.contains(&t.as_str())) {
         let n = diesel::sql_query(format!("SELECT COUNT(*) AS n FROM {}", quote(t)))
             .get_result::<Count>(dst)?
             .n;
@@ -173,6 +177,9 @@ fn copy_table(
     cols: &[String],
 ) -> Result<(), CopyError> {
     let rows = sqlite_rows(src, t, cols)?;
+    if SEEDED.contains(&t) {
+        diesel::sql_query(format!("DELETE FROM {}", quote(t))).execute(dst)?;
+    }
     for chunk in rows.chunks(BATCH) {
         let json = format!("[{}]", chunk.join(","));
         diesel::sql_query(format!(
@@ -184,8 +191,9 @@ fn copy_table(
     }
     if cols.iter().any(|c| c == "id") {
         diesel::sql_query(format!(
-            "SELECT setval(pg_get_serial_sequence('{t}', 'id'), \
-             COALESCE((SELECT MAX(id) FROM {q}), 0) + 1, false)::text AS name",
+            // COALESCE: an `id` without a sequence (a table of one row) sets nothing.
+            "SELECT COALESCE(setval(pg_get_serial_sequence('{t}', 'id'), \
+             COALESCE((SELECT MAX(id) FROM {q}), 0) + 1, false)::text, '') AS name",
             q = quote(t)
         ))
         .load::<Name>(dst)?;
