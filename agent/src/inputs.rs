@@ -16,6 +16,7 @@
 
 use crate::checkpoint::client::{ok, transport};
 use crate::checkpoint::{self, ApiError, CheckpointClient};
+use crate::outputs::stays_inside;
 use crate::reconcile::Key;
 use commons_proto::{input_file_path, inputs_path, staging_path, InputFile, Staging};
 use sha2::{Digest, Sha256};
@@ -74,11 +75,6 @@ fn gives_up(e: &ApiError) -> bool {
         ApiError::Status { status, .. } => !matches!(status, 408 | 429 | 500..),
         other => other.is_final(),
     }
-}
-
-/// Whether a path from the portal stays under the directory it is joined to.
-fn stays_inside(path: &str) -> bool {
-    !path.is_empty() && path.split('/').all(|s| !matches!(s, "" | "." | ".."))
 }
 
 /// Progress as it goes to the portal: at most once a [`REPORT_EVERY`], and always at
@@ -257,7 +253,11 @@ async fn fetch(
             .await
             .map_err(Fetch::Local)?;
     }
-    let path = input_file_path(job, attempt, &commons_api_encode(&f.path));
+    let path = input_file_path(
+        job,
+        attempt,
+        &commons_api::files::percent_encode_path(&f.path),
+    );
     // A large file gets the time it needs at 10 MB/s, at least the usual request time.
     let time = client
         .policy()
@@ -305,19 +305,6 @@ async fn fetch(
     Ok(())
 }
 
-/// Each byte but unreserved characters and '/' percent-encoded.
-fn commons_api_encode(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,7 +315,10 @@ mod tests {
         for bad in ["", "../x", "a/../../x", "/etc/x", "a//b", "./a"] {
             assert!(!stays_inside(bad), "{bad}");
         }
-        assert_eq!(commons_api_encode("a b/é"), "a%20b/%C3%A9");
+        assert_eq!(
+            commons_api::files::percent_encode_path("a b/é"),
+            "a%20b/%C3%A9"
+        );
         assert_eq!(
             host_dir(Path::new("/s/attempts/1-1")),
             Path::new("/s/attempts/1-1/disk/inputs")

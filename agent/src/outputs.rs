@@ -194,7 +194,7 @@ async fn put_file(
         }
         c
     });
-    let path = output_file_path(job, attempt, &encode(rel));
+    let path = output_file_path(job, attempt, &commons_api::files::percent_encode_path(rel));
     let resp = client
         .request(reqwest::Method::PUT, &path)
         .body(reqwest::Body::wrap_stream(chunks))
@@ -214,21 +214,8 @@ async fn put_file(
     Ok(())
 }
 
-/// Each byte but unreserved characters and '/' percent-encoded.
-fn encode(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// Whether a path from the portal stays under the directory it is joined to.
-fn stays_inside(path: &str) -> bool {
+pub(crate) fn stays_inside(path: &str) -> bool {
     !path.is_empty() && path.split('/').all(|s| !matches!(s, "" | "." | ".."))
 }
 
@@ -273,7 +260,11 @@ async fn fetch(
     if let Some(parent) = to.parent() {
         tokio::fs::create_dir_all(parent).await?;
     }
-    let path = output_file_path(job, attempt, &encode(&f.path));
+    let path = output_file_path(
+        job,
+        attempt,
+        &commons_api::files::percent_encode_path(&f.path),
+    );
     let resp = client
         .request(reqwest::Method::GET, &path)
         .send()
@@ -330,7 +321,10 @@ mod tests {
         for bad in ["", "../x", "a/../../x", "/etc/x", "a//b", "./a"] {
             assert!(!stays_inside(bad), "{bad}");
         }
-        assert_eq!(encode("a b/é"), "a%20b/%C3%A9");
+        assert_eq!(
+            commons_api::files::percent_encode_path("a b/é"),
+            "a%20b/%C3%A9"
+        );
         assert_eq!(
             host_dir(Path::new("/s/attempts/1-1")),
             Path::new("/s/attempts/1-1/disk/outputs")

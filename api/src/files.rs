@@ -238,6 +238,20 @@ pub fn encode_path(path: &str) -> String {
     out
 }
 
+/// Each byte of `path` but unreserved characters and '/' percent-encoded: a file path as
+/// a URL path (what [`percent_decode`] reads back).
+pub fn percent_encode_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// `%XX` as the byte XX, anything else as it is: a path from a URL, decoded once (the
 /// caller checks the bytes are UTF-8).
 pub fn percent_decode(s: &str) -> Vec<u8> {

@@ -8,6 +8,7 @@
 //!   is 401.
 //! - A file streams from the store to the agent, never held whole here.
 
+use super::attempt_path::{attempt_of, file_path};
 use super::checkpoints::node;
 use crate::error::{ApiError, AppError};
 use crate::service::files::{inputs, Download};
@@ -31,30 +32,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     );
 }
 
-/// (job, attempt) of the route; malformed numbers are "not found".
-fn attempt_of(req: &HttpRequest) -> Result<(i64, i32), AppError> {
-    let job = req.match_info().get("job").and_then(|s| s.parse().ok());
-    let attempt = req.match_info().get("attempt").and_then(|s| s.parse().ok());
-    match (job, attempt) {
-        (Some(job), Some(attempt)) => Ok((job, attempt)),
-        _ => Err(AppError::NotFound("attempt")),
-    }
-}
-
-/// `{path}` from the URI as sent: what follows `{INPUTS_PATH}/{job}/{attempt}/`,
-/// decoded once.
-fn file_path(req: &HttpRequest) -> Result<String, AppError> {
-    let skip = INPUTS_PATH.matches('/').count() + 3;
-    let raw = req
-        .uri()
-        .path()
-        .splitn(skip + 1, '/')
-        .nth(skip)
-        .unwrap_or("");
-    String::from_utf8(commons_api::files::percent_decode(raw))
-        .map_err(|_| AppError::invalid("path", "the path is not UTF-8"))
-}
-
 async fn list(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let node = node(&state, &req).await?;
     let (job, attempt) = attempt_of(&req)?;
@@ -65,7 +42,7 @@ async fn list(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpRespon
 async fn get(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let node = node(&state, &req).await?;
     let (job, attempt) = attempt_of(&req)?;
-    let path = file_path(&req)?;
+    let path = file_path(&req, INPUTS_PATH)?;
     match inputs::get_for_node(&state, node.id, job, attempt, &path).await? {
         Download::Body { file, body, .. } => Ok(HttpResponse::Ok()
             .content_type("application/octet-stream")

@@ -6,6 +6,7 @@
 
 pub mod agent;
 mod agent_conn;
+mod attempt_path;
 pub mod checkpoints;
 pub mod control;
 pub mod inputs;

@@ -9,6 +9,7 @@
 //! - A file's body streams to the store; `{path}` is read from the URI as sent and
 //!   decoded once (the file spaces' rules then apply, naming what is wrong).
 
+use super::attempt_path::{attempt_of, file_path};
 use super::checkpoints::node;
 use crate::error::{ApiError, AppError};
 use crate::service::files::{outputs, Download};
@@ -30,32 +31,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     );
 }
 
-/// (job, attempt) of the route; malformed numbers are "not found".
-fn attempt_of(req: &HttpRequest) -> Result<(i64, i32), AppError> {
-    let n = |name| req.match_info().get(name).and_then(|s| s.parse().ok());
-    match (
-        n("job"),
-        req.match_info().get("attempt").and_then(|s| s.parse().ok()),
-    ) {
-        (Some(job), Some(attempt)) => Ok((job, attempt)),
-        _ => Err(AppError::NotFound("attempt")),
-    }
-}
-
-/// `{path}` from the URI as sent: what follows `{OUTPUTS_PATH}/{job}/{attempt}/`.
-fn file_path(req: &HttpRequest) -> Result<String, AppError> {
-    // "/api/agent/v1/outputs/J/A/P": P follows the slash after A.
-    let skip = OUTPUTS_PATH.matches('/').count() + 3;
-    let raw = req
-        .uri()
-        .path()
-        .splitn(skip + 1, '/')
-        .nth(skip)
-        .unwrap_or("");
-    String::from_utf8(commons_api::files::percent_decode(raw))
-        .map_err(|_| AppError::invalid("path", "the path is not UTF-8"))
-}
-
 async fn list(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let node = node(&state, &req).await?;
     let (job, attempt) = attempt_of(&req)?;
@@ -70,7 +45,7 @@ async fn put(
 ) -> Result<HttpResponse, ApiError> {
     let node = node(&state, &req).await?;
     let (job, attempt) = attempt_of(&req)?;
-    let path = file_path(&req)?;
+    let path = file_path(&req, OUTPUTS_PATH)?;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -123,7 +98,7 @@ pub async fn drain_refused(payload: &mut web::Payload) {
 async fn get(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let node = node(&state, &req).await?;
     let (job, attempt) = attempt_of(&req)?;
-    let path = file_path(&req)?;
+    let path = file_path(&req, OUTPUTS_PATH)?;
     match outputs::get_for_node(&state, node.id, job, attempt, &path).await? {
         Download::Body { file, body, .. } => Ok(HttpResponse::Ok()
             .content_type("application/octet-stream")

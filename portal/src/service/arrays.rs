@@ -42,13 +42,7 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<Array
     }
     let valid = validate::job(req, &actor.lab_ids())?;
     let parsed = spec::parse(&text).map_err(commons_api::Invalid::from)?;
-    let lab = actor
-        .labs
-        .iter()
-        .map(|(l, _)| l)
-        .find(|l| l.id == valid.lab_id)
-        .cloned()
-        .ok_or_else(|| AppError::invalid("lab", "you are not a member of this lab"))?;
+    let lab = super::jobs::charged_lab(actor, valid.lab_id)?;
     let user = actor.user.id;
     let waiter = actor.clone();
     let view = state
@@ -73,11 +67,7 @@ fn store(
     text: &str,
     parsed: &spec::ArraySpec,
 ) -> Result<ArrayView, AppError> {
-    let pin = super::images::pin_for_job(c, lab, &valid.image)?;
-    valid.image = pin.name_tag;
-    valid.image_digest = Some(pin.digest);
-    valid.image_signature = pin.signature;
-    valid.image_campus = pin.lab_id.is_none();
+    super::jobs::pin_image(c, lab, &mut valid)?;
     let count = parsed.indices.len();
     let throttle = parsed.throttle.map(i64::from);
     let (array, tasks) = db::transaction(c, |c| {

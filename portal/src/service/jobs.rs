@@ -32,13 +32,7 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
     super::apps::check_offered(&state.apps, app.as_ref())?;
     let valid = validate::job(req, &actor.lab_ids())?;
     let user = actor.user.id;
-    let lab = actor
-        .labs
-        .iter()
-        .map(|(l, _)| l)
-        .find(|l| l.id == valid.lab_id)
-        .cloned()
-        .ok_or_else(|| AppError::invalid("lab", "you are not a member of this lab"))?;
+    let lab = charged_lab(actor, valid.lab_id)?;
     let waiter = actor.clone();
     let apps = state.apps.clone();
     let view = state
@@ -61,15 +55,33 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
     Ok(view)
 }
 
-/// A submission's database work: the allow-list's pin for the image (one read), then
-/// the job and its history row (one transaction).
-fn store(c: &mut DbConn, user: i64, lab: &Lab, mut valid: ValidJob) -> Result<JobView, AppError> {
-    // The allow-list decides which digest this job may ever run.
+/// The lab a submission is charged to, among the actor's.
+pub(super) fn charged_lab(actor: &Actor, lab_id: i64) -> Result<Lab, AppError> {
+    actor
+        .labs
+        .iter()
+        .map(|(l, _)| l)
+        .find(|l| l.id == lab_id)
+        .cloned()
+        .ok_or_else(|| AppError::invalid("lab", "you are not a member of this lab"))
+}
+
+/// Pins the job's image to the allow-list's entry for `lab`: the digest (and signature)
+/// it may ever run as.
+pub(super) fn pin_image(c: &mut DbConn, lab: &Lab, valid: &mut ValidJob) -> Result<(), AppError> {
     let pin = super::images::pin_for_job(c, lab, &valid.image)?;
     valid.image = pin.name_tag;
     valid.image_digest = Some(pin.digest);
     valid.image_signature = pin.signature;
     valid.image_campus = pin.lab_id.is_none();
+    Ok(())
+}
+
+/// A submission's database work: the allow-list's pin for the image (one read), then
+/// the job and its history row (one transaction).
+fn store(c: &mut DbConn, user: i64, lab: &Lab, mut valid: ValidJob) -> Result<JobView, AppError> {
+    // The allow-list decides which digest this job may ever run.
+    pin_image(c, lab, &mut valid)?;
     let job = db::jobs::insert(c, user, &valid)?;
     Ok(new_job_view(&job, &lab.slug))
 }
