@@ -112,8 +112,10 @@ pub fn signal_number(name: &str) -> Option<i32> {
 
 /// Whether an SSH client may set environment variable `name` in a relay's process: a
 /// well-formed name (letters, digits, `_`, not starting with a digit), and none of what
-/// selects GPUs, loads code into every process, or is GPU Commons' own (the agent alone
-/// decides those). `TERM` comes from the terminal request.
+/// selects GPUs or their shares (`CUDA_MPS_*` carries a share's limits), loads code into
+/// every process, or is GPU Commons' own (the agent alone decides those). `TERM` comes
+/// from the terminal request. The agent also drops any variable the job's environment
+/// already sets, so a session never runs with other values than the job's.
 pub fn env_allowed(name: &str) -> bool {
     let well_formed = !name.is_empty()
         && name.len() <= 128
@@ -125,6 +127,7 @@ pub fn env_allowed(name: &str) -> bool {
         && !name.starts_with("NVIDIA_")
         && !name.starts_with("LD_")
         && !name.starts_with("COMMONS_")
+        && !name.starts_with("CUDA_MPS_")
         && name != "CUDA_VISIBLE_DEVICES"
         && name != "TERM"
 }

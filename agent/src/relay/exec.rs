@@ -1,8 +1,11 @@
 //! A relay to a process in the container (an exec, through the `ContainerRuntime`): a
 //! shell, a command, sftp.
 //!
-//! The process runs as the container's user (the job's, never root), with the container's
-//! environment plus the SSH client's accepted variables and `TERM`. Input goes to its
+//! The process runs as the container's user (the job's, never root), in the container's
+//! cgroups (so under the job's limits), with the container's environment plus the SSH
+//! client's accepted variables that the job does not set, and `TERM`: a session can add
+//! variables but never give one of the job's (a limit carried in the environment, say)
+//! another value. Input goes to its
 //! stdin, output comes back tagged stdout or stderr (one stream with a terminal), its exit
 //! status ends the relay. Signals go to the process through a pidfd ([`super::signals`]),
 //! so none reaches another process that took its pid after it ended. When the user closes
@@ -40,7 +43,15 @@ pub async fn run<R: ContainerRuntime>(
     mut closed: watch::Receiver<Option<String>>,
 ) -> anyhow::Result<()> {
     let (mut sink, stream) = ws.split();
-    let req = request(cmd, tty.as_ref(), env);
+    let job_env = match rt.env(container).await {
+        Ok(e) => e,
+        Err(e) => {
+            let message = format!("cannot read the job's environment: {e}");
+            send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
+            return Ok(());
+        }
+    };
+    let req = request(cmd, tty.as_ref(), env, &job_env);
     let id = match rt.exec_create(container, &req).await {
         Ok(id) => id,
         Err(e) => {
@@ -77,11 +88,22 @@ pub async fn run<R: ContainerRuntime>(
     Ok(())
 }
 
-/// The exec for `cmd`: the client's accepted variables, and `TERM` with a terminal.
-fn request(cmd: Vec<String>, tty: Option<&Tty>, env: BTreeMap<String, String>) -> ExecRequest {
+/// The exec for `cmd`: the client's accepted variables that the job's environment
+/// (`job_env`, `NAME=value`s) does not set, and `TERM` with a terminal.
+fn request(
+    cmd: Vec<String>,
+    tty: Option<&Tty>,
+    env: BTreeMap<String, String>,
+    job_env: &[String],
+) -> ExecRequest {
+    let set_by_job = |k: &str| {
+        job_env
+            .iter()
+            .any(|e| e.split_once('=').map_or(e.as_str(), |(n, _)| n) == k)
+    };
     let mut vars: Vec<String> = env
         .into_iter()
-        .filter(|(k, _)| env_allowed(k))
+        .filter(|(k, _)| env_allowed(k) && !set_by_job(k))
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     if let Some(t) = tty {
@@ -235,5 +257,40 @@ async fn exit_ctl<R: ContainerRuntime>(
 async fn resize<R: ContainerRuntime>(rt: &R, id: &str, cols: u16, rows: u16) {
     if let Err(e) = rt.exec_resize(id, cols.max(1), rows.max(1)).await {
         tracing::debug!("exec resize: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_session_adds_variables_but_never_changes_the_jobs() {
+        let job_env = ["LIMIT=10".to_string(), "PATH=/bin".to_string()];
+        let client = vars(&[
+            ("LIMIT", "99"),
+            ("PATH", "/tmp"),
+            ("EXTRA", "1"),
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100"),
+            ("LD_PRELOAD", "/x.so"),
+        ]);
+        let tty = Tty {
+            term: "xterm".into(),
+            cols: 80,
+            rows: 24,
+        };
+        let req = request(vec!["sh".into()], Some(&tty), client, &job_env);
+        assert_eq!(
+            req.env,
+            vec!["EXTRA=1".to_string(), "TERM=xterm".to_string()]
+        );
+        assert!(req.tty);
     }
 }

@@ -294,6 +294,11 @@ impl ContainerRuntime for DockerRuntime {
         }
     }
 
+    async fn env(&self, id: &str) -> Result<Vec<String>, RuntimeError> {
+        let info = self.docker.inspect_container(id, None).await?;
+        Ok(info.config.and_then(|c| c.env).unwrap_or_default())
+    }
+
     fn logs(
         &self,
         id: &str,

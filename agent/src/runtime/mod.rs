@@ -199,6 +199,10 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         id: &str,
     ) -> impl Future<Output = Result<ContainerStatus, RuntimeError>> + Send;
 
+    /// The container's environment as it was created (`NAME=value`s): what its main
+    /// process and every exec start with.
+    fn env(&self, id: &str) -> impl Future<Output = Result<Vec<String>, RuntimeError>> + Send;
+
     /// Sends SIGTERM, then SIGKILL after `grace`. Already stopped or gone is success.
     fn stop(
         &self,

@@ -205,6 +205,10 @@ impl ContainerRuntime for FakeRuntime {
         })
     }
 
+    async fn env(&self, _id: &str) -> Result<Vec<String>, RuntimeError> {
+        Ok(Vec::new())
+    }
+
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
         self.calls
             .lock()

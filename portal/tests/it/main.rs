@@ -52,6 +52,7 @@ mod provider_smoke;
 mod security;
 mod sessions;
 mod ssh;
+mod ssh_env;
 mod ssh_keys;
 mod ssh_refusals;
 mod sso;
