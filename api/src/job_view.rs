@@ -204,8 +204,9 @@ pub struct JobView {
     /// started running); only while the job runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_left_s: Option<i64>,
-    /// Where its web app is served (its own origin), while it runs; only for jobs that
-    /// asked for one (`app`).
+    /// Where its web app is served (its own origin), while it runs and once the app
+    /// answered on its port during this attempt (the portal probes it every 2 s); only for
+    /// jobs that asked for one (`app`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_url: Option<String>,
 }

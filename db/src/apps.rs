@@ -6,6 +6,7 @@
 //! - Secrets are never stored, only their SHA-256; a code is taken (deleted) by the
 //!   statement that checks it, so it works once.
 
+use super::models::JobState;
 use super::schema::*;
 use super::{DbConn, DbError};
 use chrono::NaiveDateTime;
@@ -76,6 +77,73 @@ pub fn of_jobs(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<AppRow>, DbError> {
         );
     }
     Ok(out)
+}
+
+/// An app to probe: its job runs, and its app has not answered during this attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToProbe {
+    pub job_id: i64,
+    pub port: i32,
+    pub node_id: i64,
+    pub attempt: i32,
+}
+
+/// The running jobs' apps that have not answered during their current attempt.
+pub fn to_probe(c: &mut DbConn) -> Result<Vec<ToProbe>, DbError> {
+    let running: Vec<(i64, i32, Option<i64>, i32)> = job_apps::table
+        .inner_join(jobs::table)
+        .filter(jobs::state.eq(JobState::Running))
+        .select((
+            job_apps::job_id,
+            job_apps::port,
+            jobs::node_id,
+            jobs::attempts,
+        ))
+        .load(c)?;
+    let ids: Vec<i64> = running.iter().map(|r| r.0).collect();
+    let ready = ready_attempts(c, &ids)?;
+    Ok(running
+        .into_iter()
+        .filter(|(job, _, _, attempt)| ready.get(job) != Some(attempt))
+        .filter_map(|(job_id, port, node, attempt)| {
+            Some(ToProbe {
+                job_id,
+                port,
+                node_id: node?,
+                attempt,
+            })
+        })
+        .collect())
+}
+
+/// The attempt during which each of `jobs`' apps last answered.
+pub fn ready_attempts(
+    c: &mut DbConn,
+    jobs: &[i64],
+) -> Result<std::collections::BTreeMap<i64, i32>, DbError> {
+    let mut out = std::collections::BTreeMap::new();
+    for chunk in jobs.chunks(500) {
+        out.extend(
+            app_ready::table
+                .filter(app_ready::job_id.eq_any(chunk))
+                .select((app_ready::job_id, app_ready::attempt))
+                .load::<(i64, i32)>(c)?,
+        );
+    }
+    Ok(out)
+}
+
+/// Records that `job`'s app answered during `attempt`.
+pub fn set_ready(c: &mut DbConn, job: i64, attempt: i32, at: NaiveDateTime) -> Result<(), DbError> {
+    diesel::delete(app_ready::table.find(job)).execute(c)?;
+    diesel::insert_into(app_ready::table)
+        .values((
+            app_ready::job_id.eq(job),
+            app_ready::attempt.eq(attempt),
+            app_ready::at.eq(at),
+        ))
+        .execute(c)?;
+    Ok(())
 }
 
 /// The app whose origin label is `host`.

@@ -401,6 +401,14 @@ diesel::table! {
 }
 
 diesel::table! {
+    app_ready (job_id) {
+        job_id -> BigInt,
+        attempt -> Integer,
+        at -> Timestamp,
+    }
+}
+
+diesel::table! {
     app_grants (secret_sha256) {
         secret_sha256 -> Text,
         kind -> Text,
@@ -411,6 +419,7 @@ diesel::table! {
 }
 
 diesel::joinable!(job_apps -> jobs (job_id));
+diesel::joinable!(app_ready -> jobs (job_id));
 diesel::joinable!(job_logs -> jobs (job_id));
 diesel::joinable!(checkpoints -> jobs (job_id));
 diesel::joinable!(checkpoint_parts -> jobs (job_id));
@@ -433,6 +442,7 @@ diesel::table! {
 
 diesel::allow_tables_to_appear_in_same_query!(
     app_grants,
+    app_ready,
     job_apps,
     arrays,
     labs,

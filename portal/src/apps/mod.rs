@@ -6,6 +6,7 @@
 //! the portal's cookies here: the origins differ.
 
 mod pipe;
+mod probe;
 mod proxy;
 
 use crate::error::AppError;
@@ -21,12 +22,14 @@ pub struct Listener {
     pub handle: actix_web::dev::ServerHandle,
     pub server: tokio::task::JoinHandle<std::io::Result<()>>,
     sweeper: tokio::task::JoinHandle<()>,
+    prober: tokio::task::JoinHandle<()>,
 }
 
 impl Listener {
     pub async fn stop(self) {
         self.handle.stop(false).await;
         self.sweeper.abort();
+        self.prober.abort();
         let _ = self.server.await;
     }
 }
@@ -89,12 +92,14 @@ pub fn start(state: &AppState, portal_addr: SocketAddr) -> anyhow::Result<Option
             }
         }
     });
+    let prober = tokio::spawn(probe::run(state.clone()));
     tracing::info!("apps served on {addr} as {:?}", state.config.apps.url);
     Ok(Some(Listener {
         addr,
         handle,
         server,
         sweeper,
+        prober,
     }))
 }
 

@@ -227,6 +227,23 @@ pub async fn pass(ctx: &Ctx, label: String, creds: Credentials) -> Result<Pass, 
     })
 }
 
+pub use crate::db::apps::ToProbe;
+
+/// The running jobs' apps that have not answered during their current attempt (see
+/// `apps::probe`).
+pub async fn to_probe(ctx: &Ctx) -> Result<Vec<ToProbe>, AppError> {
+    Ok(ctx.db.run(rows::to_probe).await?)
+}
+
+/// Records that `job`'s app answered during `attempt`: from now its URL is shown.
+pub async fn mark_ready(ctx: &Ctx, job: i64, attempt: Attempt) -> Result<(), AppError> {
+    let now = db::now();
+    Ok(ctx
+        .db
+        .run(move |c| rows::set_ready(c, job, attempt, now))
+        .await?)
+}
+
 /// Deletes expired codes and sessions.
 pub async fn expire(ctx: &Ctx) -> Result<usize, AppError> {
     let now = db::now();

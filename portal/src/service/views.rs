@@ -144,11 +144,17 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
         .filter(|j| j.state == JobState::Running)
         .map(|j| j.id)
         .collect();
+    // An app's URL is shown once it answered during the job's current attempt.
     let apps = if running.is_empty() {
         BTreeMap::new()
     } else {
+        let ready = db::apps::ready_attempts(c, &running)?;
+        let attempts: BTreeMap<i64, i32> = jobs.iter().map(|j| (j.id, j.attempts)).collect();
         db::apps::of_jobs(c, &running)?
             .into_iter()
+            .filter(|a| {
+                ready.get(&a.job_id).is_some() && ready.get(&a.job_id) == attempts.get(&a.job_id)
+            })
             .map(|a| (a.job_id, a.url))
             .collect()
     };
