@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// Serves /tmp/www on 8888 (with a 32 MiB file; from 15 s after the start), on 8890 the
 /// request's headers and the size of its body as the app saw them, and on 8899 the
 /// switching echo.
-const APP: &str = r#"mkdir -p /tmp/www
+pub const APP: &str = r#"mkdir -p /tmp/www
 echo 'hello from the app' > /tmp/www/index.html
 dd if=/dev/zero of=/tmp/www/big bs=1M count=32 2>/dev/null
 cr=$(printf '\r')

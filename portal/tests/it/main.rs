@@ -11,6 +11,7 @@ mod support;
 use support::cluster;
 
 mod apps;
+mod apps_bench;
 mod apps_jupyter;
 mod checkpoints;
 mod cli;

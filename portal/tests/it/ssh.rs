@@ -70,8 +70,14 @@ impl Rig {
 
     /// The same with more `[ssh]` settings (`key = value` lines).
     pub async fn start_with(n: u8, ssh_settings: &str) -> Rig {
+        Self::start_with_toml(n, ssh_settings, "").await
+    }
+
+    /// The same with more sections of configuration (`extra_toml`, e.g. `[apps]`).
+    pub async fn start_with_toml(n: u8, ssh_settings: &str, extra_toml: &str) -> Rig {
         let (portal, alice) = PortalProcess::start_opts(PortalOpts {
             ssh: true,
+            extra_toml: extra_toml.to_string(),
             ssh_settings: ssh_settings.to_string(),
             // `job_page` signs in through the page.
             dev_login: true,
