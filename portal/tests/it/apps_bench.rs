@@ -114,7 +114,7 @@ async fn apps_bench_proxy_against_an_ssh_tunnel() {
     let toml = format!(
         "[apps]\nurl = \"http://{{host}}.apps.localhost:{apps_port}\"\nlisten = \"127.0.0.1:{apps_port}\"\n"
     );
-    let rig = Rig::start_with_toml(248, "", &toml).await;
+    let rig = Rig::start_with_toml(248, "", &toml, "fake:2xA100-80GB").await;
     let job = rig
         .api
         .submit(

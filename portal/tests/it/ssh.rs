@@ -70,11 +70,12 @@ impl Rig {
 
     /// The same with more `[ssh]` settings (`key = value` lines).
     pub async fn start_with(n: u8, ssh_settings: &str) -> Rig {
-        Self::start_with_toml(n, ssh_settings, "").await
+        Self::start_with_toml(n, ssh_settings, "", GPUS).await
     }
 
-    /// The same with more sections of configuration (`extra_toml`, e.g. `[apps]`).
-    pub async fn start_with_toml(n: u8, ssh_settings: &str, extra_toml: &str) -> Rig {
+    /// The same with more sections of configuration (`extra_toml`, e.g. `[apps]`) and
+    /// the agent's GPUs.
+    pub async fn start_with_toml(n: u8, ssh_settings: &str, extra_toml: &str, gpus: &str) -> Rig {
         let (portal, alice) = PortalProcess::start_opts(PortalOpts {
             ssh: true,
             extra_toml: extra_toml.to_string(),
@@ -85,7 +86,7 @@ impl Rig {
         });
         let api = Api::new(portal.url(), alice);
         let host = Host::new(n);
-        let agent = AgentProcess::start(&host, &portal, &format!("ssh-{n}"), GPUS);
+        let agent = AgentProcess::start(&host, &portal, &format!("ssh-{n}"), gpus);
         let deadline = Instant::now() + Duration::from_secs(60);
         while api.nodes_online().await == 0 {
             assert!(
