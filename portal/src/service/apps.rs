@@ -59,7 +59,18 @@ pub fn register(
         .url_for(&label)
         .ok_or_else(|| AppError::invalid("app", "this portal serves no web apps"))?;
     let port = i32::try_from(app.port).map_err(|_| AppError::invalid("app", "bad port"))?;
-    rows::insert(c, job, port, &label, &url)?;
+    let idle_minutes = app
+        .idle_minutes
+        .map(i32::try_from)
+        .transpose()
+        .map_err(|_| AppError::invalid("app.idle_minutes", "out of range"))?;
+    let new = rows::NewApp {
+        port,
+        host: &label,
+        url: &url,
+        idle_minutes,
+    };
+    rows::insert(c, job, &new)?;
     Ok(())
 }
 
@@ -217,14 +228,46 @@ pub async fn pass(ctx: &Ctx, label: String, creds: Credentials) -> Result<Pass, 
     let (node, attempt) = super::ssh::running_attempt(ctx, job)
         .await?
         .map_err(AppError::Unavailable)?;
-    let since = now - chrono::Duration::seconds(ACTIVITY_EVERY_S);
-    ctx.db.run(move |c| rows::touch(c, job, now, since)).await?;
+    touch(ctx, job).await?;
     Ok(Pass::Through {
         job,
         port: u16::try_from(app.port).unwrap_or(0),
         node,
         attempt,
     })
+}
+
+/// Notes use of `job`'s app now (written at most every 30 s; nothing for a job without
+/// an app).
+pub async fn touch(ctx: &Ctx, job: i64) -> Result<(), AppError> {
+    let now = db::now();
+    let since = now - chrono::Duration::seconds(ACTIVITY_EVERY_S);
+    Ok(ctx.db.run(move |c| rows::touch(c, job, now, since)).await?)
+}
+
+/// Use of a job that lasts (an open WebSocket to its app, an SSH session into it): noted
+/// every 30 s for as long as this lives, so the idle rule never ends a job in use.
+pub struct InUse(tokio::task::JoinHandle<()>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Notes use of `job` now and then every 30 s until the returned guard is dropped.
+pub fn in_use(ctx: &Ctx, job: i64) -> InUse {
+    let ctx = ctx.clone();
+    InUse(tokio::spawn(async move {
+        let every = std::time::Duration::from_secs(ACTIVITY_EVERY_S as u64);
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            if let Err(e) = touch(&ctx, job).await {
+                tracing::debug!(job, "noting an app's use failed: {e}");
+            }
+        }
+    }))
 }
 
 /// Deletes expired codes and sessions.
@@ -284,7 +327,10 @@ mod tests {
 
     #[test]
     fn an_app_needs_apps_configured() {
-        let spec = AppSpec { port: 8888 };
+        let spec = AppSpec {
+            port: 8888,
+            idle_minutes: None,
+        };
         let e = check_offered(&AppsConfig::default(), Some(&spec)).unwrap_err();
         assert_eq!(e.field(), Some("app"));
         assert!(check_offered(&apps(), Some(&spec)).is_ok());

@@ -81,8 +81,8 @@ struct Facts {
     gpus: BTreeMap<i64, GpuView>,
     lab_slugs: BTreeMap<i64, String>,
     checkpointed: BTreeMap<i64, NaiveDateTime>,
-    /// The app URLs of the running jobs that serve one.
-    apps: BTreeMap<i64, String>,
+    /// The apps of the running jobs that serve one.
+    apps: BTreeMap<i64, db::apps::AppRow>,
     /// Starting jobs whose inputs are being staged: how far.
     staging: BTreeMap<i64, commons_api::Staging>,
 }
@@ -149,7 +149,7 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
     } else {
         db::apps::of_jobs(c, &running)?
             .into_iter()
-            .map(|a| (a.job_id, a.url))
+            .map(|a| (a.job_id, a))
             .collect()
     };
     let staging = staging_of(c, jobs, &last)?;
@@ -251,8 +251,20 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         finished_at: job.finished_at,
         last_checkpoint_at: facts.checkpointed.get(&job.id).copied(),
         time_left_s,
-        app_url: facts.apps.get(&job.id).cloned(),
+        app_url: facts.apps.get(&job.id).map(|a| a.url.clone()),
+        app_idle_ends_at: facts
+            .apps
+            .get(&job.id)
+            .and_then(|a| idle_ends_at(a, attempt)),
     }
+}
+
+/// When a warned idle app ends unless used (`service::app_idle`).
+fn idle_ends_at(app: &db::apps::AppRow, attempt: Option<&Attempt>) -> Option<NaiveDateTime> {
+    let limit_s = i64::from(app.idle_minutes?) * 60;
+    let since =
+        super::app_idle::idle_since(app.last_activity_at, attempt.and_then(|a| a.started_at))?;
+    super::app_idle::ends_at(since, limit_s, app.idle_warned_at)
 }
 
 #[cfg(test)]
@@ -317,11 +329,13 @@ mod tests {
         let (fifty, v50) = queries_for(50);
         assert_eq!(v1.len(), 1);
         assert_eq!(v50.len(), 50);
-        assert!(v50.iter().all(|v| v.node.as_deref() == Some("n1")
-            && v.gpus
-                .as_ref()
-                .is_some_and(|g| g.len() == 1 && g[0].uuid == "GPU-1")
-            && v.lab == "vision"));
+        assert!(v50.iter().all(|v| {
+            v.node.as_deref() == Some("n1")
+                && v.gpus
+                    .as_ref()
+                    .is_some_and(|g| g.len() == 1 && g[0].uuid == "GPU-1")
+                && v.lab == "vision"
+        }));
         assert_eq!(one, fifty, "queries do not grow with the number of jobs");
         assert!(one <= 5, "{one} queries");
     }
