@@ -1,8 +1,8 @@
 //! The idle rule of web apps: a running job whose app has an idle limit (from its
 //! preset, or `app.idle_minutes`) and has not been used for that long ends, with a
 //! warning first. Use is a request through the app's proxy, an open WebSocket to it, or
-//! an SSH session into the job (both noted while they stay open), written down at most
-//! every 30 s in `job_apps.last_activity_at`. GPU idleness is the agent's separate rule.
+//! an SSH session into the job (both noted every 20 s while they stay open), written
+//! down in `job_apps.last_activity_at` (requests at most every 30 s). GPU idleness is the agent's separate rule.
 //!
 //! The check ([`check`]) runs on the scheduling replica only, every few seconds:
 //! 1. Read the running jobs whose app has an idle limit, and when their attempts started

@@ -240,13 +240,24 @@ pub async fn pass(ctx: &Ctx, label: String, creds: Credentials) -> Result<Pass, 
 /// Notes use of `job`'s app now (written at most every 30 s; nothing for a job without
 /// an app).
 pub async fn touch(ctx: &Ctx, job: i64) -> Result<(), AppError> {
+    touch_within(ctx, job, ACTIVITY_EVERY_S).await
+}
+
+/// Notes use of `job`'s app now unless it was noted in the last `every_s` seconds.
+async fn touch_within(ctx: &Ctx, job: i64, every_s: i64) -> Result<(), AppError> {
     let now = db::now();
-    let since = now - chrono::Duration::seconds(ACTIVITY_EVERY_S);
+    let since = now - chrono::Duration::seconds(every_s);
     Ok(ctx.db.run(move |c| rows::touch(c, job, now, since)).await?)
 }
 
+/// How often lasting use (an open WebSocket, an SSH session) is written down. Each tick
+/// writes (the throttle below it is shorter), so the idle clock of a job in use never
+/// lags more than this: well inside the shortest warning time (45 s of a 1-minute limit).
+/// A tick as long as the throttle would skip every other write (a 60 s gap).
+const IN_USE_EVERY_S: u64 = 20;
+
 /// Use of a job that lasts (an open WebSocket to its app, an SSH session into it): noted
-/// every 30 s for as long as this lives, so the idle rule never ends a job in use.
+/// every 20 s for as long as this lives, so the idle rule never ends a job in use.
 pub struct InUse(tokio::task::JoinHandle<()>);
 
 impl Drop for InUse {
@@ -255,15 +266,16 @@ impl Drop for InUse {
     }
 }
 
-/// Notes use of `job` now and then every 30 s until the returned guard is dropped.
+/// Notes use of `job` now and then every 20 s until the returned guard is dropped.
 pub fn in_use(ctx: &Ctx, job: i64) -> InUse {
     let ctx = ctx.clone();
     InUse(tokio::spawn(async move {
-        let every = std::time::Duration::from_secs(ACTIVITY_EVERY_S as u64);
+        let every = std::time::Duration::from_secs(IN_USE_EVERY_S);
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
-            if let Err(e) = touch(&ctx, job).await {
+            // Half the tick: this tick's write is never throttled by the last one.
+            if let Err(e) = touch_within(&ctx, job, IN_USE_EVERY_S as i64 / 2).await {
                 tracing::debug!(job, "noting an app's use failed: {e}");
             }
         }
