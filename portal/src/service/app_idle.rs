@@ -128,12 +128,11 @@ pub async fn check(ctx: &Ctx) -> Result<(usize, usize), AppError> {
     Ok((warned, ended.len()))
 }
 
-/// Steps 1-3 in the database: the warnings written, and the ended jobs' attempts to stop
-/// (job, node, attempt, why).
-fn judge_all(
-    c: &mut DbConn,
-    now: NaiveDateTime,
-) -> Result<(usize, Vec<(i64, i64, i32, String)>), AppError> {
+/// An ended job's attempt to stop: (job, node, attempt, why).
+type Ended = (i64, i64, i32, String);
+
+/// Steps 1-3 in the database: the warnings written, and the ended jobs' attempts to stop.
+fn judge_all(c: &mut DbConn, now: NaiveDateTime) -> Result<(usize, Vec<Ended>), AppError> {
     let apps = db::apps::idle_limited_running(c)?;
     if apps.is_empty() {
         return Ok((0, Vec::new()));
