@@ -382,6 +382,7 @@ async fn a_launched_app_left_alone_is_warned_then_ended_and_open_websockets_or_s
     let alice = BrowserSession::login(&p, "alice").await;
     let html = alice.page(&format!("/jobs/{idle}")).await;
     assert!(html.contains("id=\"app-idle-warning\""), "{html}");
+    let warned_page = html;
     p.wait_state(&p.alice, idle, &["cancelled"], Duration::from_secs(120))
         .await;
     let view = p.job(&p.alice, idle).await;
@@ -433,5 +434,6 @@ async fn a_launched_app_left_alone_is_warned_then_ended_and_open_websockets_or_s
         || async move { me.job(&me.alice, kept).await["state"] == "cancelled" },
     )
     .await;
+    crate::pages_browser::validate_html(&[("job-idle-warning".into(), warned_page)]);
     p.stop().await;
 }
