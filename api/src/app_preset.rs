@@ -258,11 +258,8 @@ fn bounded<T: PartialOrd + Copy + std::fmt::Display>(
     Ok((default, max))
 }
 
-/// Checks a preset and makes its stored form. Besides its own rules, the job it makes
-/// at its defaults and at its maxima must pass the job rules.
-pub fn check(req: &PresetRequest) -> Result<PresetSpec, Invalid> {
-    let name = req.name.trim();
-    slug("name", name)?;
+/// The app's port and idle limit (the limit, with its default).
+fn port_and_idle(req: &PresetRequest) -> Result<i64, Invalid> {
     if !APP_PORTS.contains(&req.port) {
         return Err(Invalid::new(
             "port",
@@ -285,6 +282,15 @@ pub fn check(req: &PresetRequest) -> Result<PresetSpec, Invalid> {
             ),
         ));
     }
+    Ok(idle_minutes)
+}
+
+/// Checks a preset and makes its stored form. Besides its own rules, the job it makes
+/// at its defaults and at its maxima must pass the job rules.
+pub fn check(req: &PresetRequest) -> Result<PresetSpec, Invalid> {
+    let name = req.name.trim();
+    slug("name", name)?;
+    let idle_minutes = port_and_idle(req)?;
     let (gpus, max_gpus) = bounded(("gpus", "max_gpus"), req.gpus, req.max_gpus, (1, MAX_GPUS))?;
     let (hours, max_hours) = bounded(
         ("hours", "max_hours"),
@@ -327,9 +333,14 @@ pub fn check(req: &PresetRequest) -> Result<PresetSpec, Invalid> {
         idle_minutes,
     };
     image_reference(&spec.image)?;
-    // The jobs it can make: at its defaults, and with everything at its largest.
-    let lab = req.lab.as_deref();
-    job::check(&job_request(&spec, lab, &LaunchRequest::default())?)?;
+    check_jobs(&spec, req.lab.as_deref())?;
+    Ok(spec)
+}
+
+/// The jobs a preset can make pass the job rules: at its defaults, and with everything
+/// at its largest.
+fn check_jobs(spec: &PresetSpec, lab: Option<&str>) -> Result<(), Invalid> {
+    job::check(&job_request(spec, lab, &LaunchRequest::default())?)?;
     let most = LaunchRequest {
         gpus: Some(spec.max_gpus),
         hours: Some(spec.max_hours),
@@ -341,8 +352,7 @@ pub fn check(req: &PresetRequest) -> Result<PresetSpec, Invalid> {
         user_sets: Choice::ALL.to_vec(),
         ..spec.clone()
     };
-    job::check(&job_request(&all, lab, &most)?)?;
-    Ok(spec)
+    job::check(&job_request(&all, lab, &most)?)
 }
 
 /// A user's choice of one setting: the default when left out (or equal to it), else
