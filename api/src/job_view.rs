@@ -209,6 +209,10 @@ pub struct JobView {
     /// jobs that asked for one (`app`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_url: Option<String>,
+    /// When its web app ends for want of use (UTC), once the portal has warned that it
+    /// is idle; absent while it is in use or has no idle limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_idle_ends_at: Option<NaiveDateTime>,
 }
 
 /// A field that may be absent (`None`) or `null` (`Some(None)`).

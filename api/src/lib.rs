@@ -12,6 +12,7 @@
 //! unknown fields; responses do not, so an older CLI reads a newer portal's answers.
 
 pub mod account;
+pub mod app_preset;
 pub mod array;
 pub mod cli_login;
 pub mod error;

@@ -44,6 +44,10 @@ pub enum Command {
     /// Print the address of a running job's web app (`app` in its request) and open it in
     /// a browser where there is one.
     Open(OpenArgs),
+    /// Launch a web app from a preset (the portal's Launch page lists them): prints the
+    /// job's id, then, once it runs, its app's address (and opens a browser where there is
+    /// one).
+    Launch(LaunchArgs),
     /// Copy files between this computer and the file store: `commons cp LOCAL...
     /// files:PATH` uploads, `commons cp files:PATH LOCAL` downloads (`lab:SLUG/PATH` for a
     /// lab's shared files).
@@ -220,6 +224,27 @@ pub struct SshConfigArgs {
 pub struct OpenArgs {
     pub id: i64,
     /// Print the address only; start no browser.
+    #[arg(long)]
+    pub print: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// The preset: `NAME`, or `LAB/NAME` for a lab's.
+    pub preset: String,
+    /// GPUs (where the preset lets you choose; up to its maximum).
+    #[arg(long)]
+    pub gpus: Option<i64>,
+    /// Hours (where the preset lets you choose; up to its maximum).
+    #[arg(long)]
+    pub hours: Option<i64>,
+    /// The lab to charge, for a campus preset when you are in several labs.
+    #[arg(long)]
+    pub lab: Option<String>,
+    /// Print the job's id and return; do not wait for the app.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Print the app's address only; start no browser.
     #[arg(long)]
     pub print: bool,
 }

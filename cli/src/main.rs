@@ -4,6 +4,7 @@
 //! [`error::exit`]; with `--follow` the exit code is the job's own. Bad input is refused
 //! before anything is sent, by the same rules the portal applies (`commons_api`).
 
+mod apps;
 mod args;
 mod client;
 mod config;
@@ -48,7 +49,8 @@ fn dispatch(command: Command) -> Result<u8> {
         Command::Ssh(a) => ssh::ssh(a),
         Command::SshConfig(a) => ssh::ssh_config(a),
         Command::Notebook(a) => ssh::notebook(a),
-        Command::Open(a) => ssh::open(a),
+        Command::Open(a) => apps::open(a),
+        Command::Launch(a) => apps::launch(a),
         Command::Cp(a) => files::cp(a),
         Command::Files(c) => files::files(c),
         Command::Get(a) => files::get(a),

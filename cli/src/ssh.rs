@@ -7,7 +7,7 @@
 //! use it (`HostKeyAlias`, `UserKnownHostsFile`) and to refuse any other key
 //! (`StrictHostKeyChecking yes`).
 
-use crate::args::{NotebookArgs, OpenArgs, SshArgs, SshConfigArgs, SshKeyCommand};
+use crate::args::{NotebookArgs, SshArgs, SshConfigArgs, SshKeyCommand};
 use crate::client::Client;
 use crate::config;
 use crate::error::{CliError, Result};
@@ -55,7 +55,7 @@ fn options(gw: &GatewayInfo, known_hosts: &std::path::Path) -> Vec<String> {
 }
 
 /// The job, if it runs; else why SSH cannot reach it now.
-fn running_job(client: &Client, id: i64) -> Result<JobView> {
+pub(crate) fn running_job(client: &Client, id: i64) -> Result<JobView> {
     let job: JobView = client.get(&format!("/api/v1/jobs/{id}"))?;
     match job.state {
         JobState::Running => Ok(job),
@@ -158,37 +158,6 @@ pub fn notebook_url(logs: &str, port: u16, local: u16) -> String {
         })
         .next_back();
     format!("{local_base}{}", found.unwrap_or_else(|| "/".into()))
-}
-
-/// `commons open ID`: the job's app address, and a browser on it where there is one.
-pub fn open(a: OpenArgs) -> Result<u8> {
-    let client = Client::signed_in()?;
-    let job = running_job(&client, a.id)?;
-    let Some(url) = job.app_url else {
-        return Err(CliError::Api {
-            status: 409,
-            code: "no_app".into(),
-            message: format!(
-                "job {} serves no web app (submit it with \"app\": {{\"port\": N}}), or the \
-                 portal serves none ([apps] url); `commons notebook {}` forwards a port over SSH",
-                a.id, a.id
-            ),
-        });
-    };
-    println!("{url}");
-    let graphical = ["DISPLAY", "WAYLAND_DISPLAY", "BROWSER"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some());
-    if !a.print && graphical {
-        // Best effort: the address is printed either way.
-        let _ = Command::new("xdg-open")
-            .arg(&url)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-    }
-    Ok(0)
 }
 
 pub fn notebook(a: NotebookArgs) -> Result<u8> {

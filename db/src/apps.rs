@@ -22,6 +22,10 @@ pub struct AppRow {
     /// The app's origin, `[apps] url` with the label in it.
     pub url: String,
     pub last_activity_at: Option<NaiveDateTime>,
+    /// Minutes without use after which the job ends; `None`: no idle limit.
+    pub idle_minutes: Option<i32>,
+    /// When the portal last warned that the app would end for want of use.
+    pub idle_warned_at: Option<NaiveDateTime>,
 }
 
 /// What a grant is.
@@ -42,17 +46,57 @@ impl GrantKind {
     }
 }
 
+/// What a job's app is at submission.
+#[derive(Debug, Clone)]
+pub struct NewApp<'a> {
+    pub port: i32,
+    pub host: &'a str,
+    pub url: &'a str,
+    pub idle_minutes: Option<i32>,
+}
+
 /// Records `job`'s app.
-pub fn insert(c: &mut DbConn, job: i64, port: i32, host: &str, url: &str) -> Result<(), DbError> {
+pub fn insert(c: &mut DbConn, job: i64, app: &NewApp) -> Result<(), DbError> {
     diesel::insert_into(job_apps::table)
         .values((
             job_apps::job_id.eq(job),
-            job_apps::port.eq(port),
-            job_apps::host.eq(host),
-            job_apps::url.eq(url),
+            job_apps::port.eq(app.port),
+            job_apps::host.eq(app.host),
+            job_apps::url.eq(app.url),
+            job_apps::idle_minutes.eq(app.idle_minutes),
         ))
         .execute(c)?;
     Ok(())
+}
+
+/// The apps with an idle limit whose jobs run, with their owners (for the idle rule).
+pub fn idle_limited_running(c: &mut DbConn) -> Result<Vec<(AppRow, i64)>, DbError> {
+    Ok(job_apps::table
+        .inner_join(jobs::table)
+        .filter(jobs::state.eq(crate::domain::JobState::Running))
+        .filter(job_apps::idle_minutes.is_not_null())
+        .select((AppRow::as_select(), jobs::user_id))
+        .load(c)?)
+}
+
+/// Notes that the app of `job` was warned at `at`, unless a warning at or after `since`
+/// (its last use) is noted already; whether this one was (so a warning is written once).
+pub fn set_warned(
+    c: &mut DbConn,
+    job: i64,
+    at: NaiveDateTime,
+    since: NaiveDateTime,
+) -> Result<bool, DbError> {
+    let n = diesel::update(
+        job_apps::table.find(job).filter(
+            job_apps::idle_warned_at
+                .is_null()
+                .or(job_apps::idle_warned_at.lt(since)),
+        ),
+    )
+    .set(job_apps::idle_warned_at.eq(at))
+    .execute(c)?;
+    Ok(n > 0)
 }
 
 /// `job`'s app, if it serves one.

@@ -91,6 +91,16 @@ pub fn for_job(c: &mut DbConn, lab: i64, name_tag: &str) -> Result<Option<ImageA
     Ok(found.into_iter().next())
 }
 
+/// The campus-wide entry for `name_tag`, if there is one.
+pub fn campus(c: &mut DbConn, name_tag: &str) -> Result<Option<ImageAllow>, DbError> {
+    Ok(image_allows::table
+        .filter(image_allows::name_tag.eq(name_tag))
+        .filter(image_allows::lab_id.is_null())
+        .select(ImageAllow::as_select())
+        .first(c)
+        .optional()?)
+}
+
 /// Slugs of labs by id, for showing entries.
 pub fn lab_slugs(c: &mut DbConn) -> Result<std::collections::BTreeMap<i64, String>, DbError> {
     Ok(labs::table

@@ -396,6 +396,21 @@ pub fn owner_name(c: &mut DbConn, job: &Job) -> Result<String, DbError> {
 
 /// Cancels a job. Returns the attempt to stop on its node, if one is active.
 pub fn cancel(c: &mut DbConn, job: &Job, by: &str) -> Result<Option<Attempt>, DbError> {
+    end_as_cancelled(c, job, &format!("cancelled by {by}"), None)
+}
+
+/// Ends a job as cancelled by the portal's own rule (an app's idle limit): `why` is its
+/// history entry and the reason its page shows. Returns the attempt to stop.
+pub fn end_for(c: &mut DbConn, job: &Job, why: &str) -> Result<Option<Attempt>, DbError> {
+    end_as_cancelled(c, job, why, Some(why))
+}
+
+fn end_as_cancelled(
+    c: &mut DbConn,
+    job: &Job,
+    message: &str,
+    reason: Option<&str>,
+) -> Result<Option<Attempt>, DbError> {
     c.transaction(|c| {
         let current = get(c, job.id)?;
         if current.state().is_final() {
@@ -416,14 +431,9 @@ pub fn cancel(c: &mut DbConn, job: &Job, by: &str) -> Result<Option<Attempt>, Db
                 .execute(c)?;
         }
         diesel::update(jobs::table.find(job.id))
-            .set(jobs::reason.eq(None::<String>))
+            .set(jobs::reason.eq(reason))
             .execute(c)?;
-        set_state(
-            c,
-            job.id,
-            JobState::Cancelled,
-            &format!("cancelled by {by}"),
-        )?;
+        set_state(c, job.id, JobState::Cancelled, message)?;
         Ok(active)
     })
 }

@@ -14,6 +14,7 @@
 //! - Blocking diesel calls run on the blocking thread pool ([`Db::run`]), never on the
 //!   async executor.
 
+pub mod app_presets;
 pub mod apps;
 pub mod arrays;
 pub mod attempts;

@@ -397,6 +397,34 @@ diesel::table! {
         host -> Text,
         url -> Text,
         last_activity_at -> Nullable<Timestamp>,
+        idle_minutes -> Nullable<Integer>,
+        idle_warned_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
+    app_presets (id) {
+        id -> BigInt,
+        lab_id -> Nullable<BigInt>,
+        name -> Text,
+        title -> Text,
+        description -> Text,
+        colour -> Text,
+        image -> Text,
+        command -> Text,
+        port -> Integer,
+        gpus -> Integer,
+        max_gpus -> Integer,
+        hours -> Integer,
+        max_hours -> Integer,
+        cpus -> Double,
+        max_cpus -> Double,
+        memory_gb -> Double,
+        max_memory_gb -> Double,
+        user_sets -> Text,
+        idle_minutes -> Integer,
+        updated_by -> Text,
+        updated_at -> Timestamp,
     }
 }
 
@@ -420,6 +448,7 @@ diesel::table! {
 
 diesel::joinable!(job_apps -> jobs (job_id));
 diesel::joinable!(app_ready -> jobs (job_id));
+diesel::joinable!(app_presets -> labs (lab_id));
 diesel::joinable!(job_logs -> jobs (job_id));
 diesel::joinable!(checkpoints -> jobs (job_id));
 diesel::joinable!(checkpoint_parts -> jobs (job_id));
@@ -443,6 +472,7 @@ diesel::table! {
 diesel::allow_tables_to_appear_in_same_query!(
     app_grants,
     app_ready,
+    app_presets,
     job_apps,
     arrays,
     labs,

@@ -1,6 +1,7 @@
 //! The REST API (`/api/v1`), JSON in and out, authenticated by personal access tokens.
 
 mod account;
+mod app_presets;
 mod arrays;
 mod cli_login;
 mod files;
@@ -40,6 +41,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .app_data(path)
             .configure(openapi::configure)
             .configure(account::configure)
+            .configure(app_presets::configure)
             .configure(arrays::configure)
             .configure(cli_login::configure)
             .configure(files::configure)

@@ -7,8 +7,8 @@
 //! `cargo run -p commons-portal -- openapi > docs/openapi.json`.
 
 use super::{
-    account, arrays, cli_login, files, images, jobs, nodes, policy, ssh_gateway, ssh_keys,
-    utilization,
+    account, app_presets, arrays, cli_login, files, images, jobs, nodes, policy, ssh_gateway,
+    ssh_keys, utilization,
 };
 use actix_web::{web, HttpResponse};
 use commons_api as api;
@@ -42,6 +42,8 @@ use utoipa::{Modify, OpenApi};
         files::list, files::get, files::put, files::delete,
         files::lab_list, files::lab_get, files::lab_put, files::lab_delete,
         files::put_lab_quota, files::put_member_quota, files::job_outputs,
+        app_presets::list, app_presets::get, app_presets::add, app_presets::put,
+        app_presets::remove, app_presets::launch,
         openapi_json,
     ),
     components(schemas(api::LabJobView, api::JobState, api::ErrorBody)),
@@ -56,6 +58,7 @@ use utoipa::{Modify, OpenApi};
         (name = "files", description = "Files: your own space, your labs' shared ones, and their quotas"),
         (name = "ssh", description = "SSH keys and the SSH gateway into jobs"),
         (name = "cli-login", description = "The CLI's sign-in through the browser (RFC 8628)"),
+        (name = "apps", description = "Web apps: presets to launch (JupyterLab, TensorBoard, ...)"),
         (name = "notifications", description = "E-mail and signed webhooks about your jobs"),
         (name = "meta", description = "This document"),
     )
@@ -152,6 +155,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ids.len(), 50, "{ids:?}");
+        assert_eq!(ids.len(), 56, "{ids:?}");
     }
 }

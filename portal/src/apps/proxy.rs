@@ -131,7 +131,14 @@ pub async fn forward(
         // actix writes `Connection` itself: say it is an upgrade, or the browser sees a
         // 101 without `Connection: Upgrade` and drops the socket.
         answer.upgrade("websocket");
-        return answer.streaming(tokio_util_stream(read));
+        // An open WebSocket is use of the app for as long as it stays open (the idle
+        // rule): the guard lives as long as the stream to the client.
+        let in_use = crate::service::apps::in_use(state, t.job);
+        let stream = tokio_util_stream(read).map(move |chunk| {
+            let _ = &in_use;
+            chunk
+        });
+        return answer.streaming(stream);
     }
     let stream = resp
         .into_body()

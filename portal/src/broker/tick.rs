@@ -24,6 +24,8 @@
 //! margin: after a portal start (or a replica taking over), agents first get the time
 //! to reconnect and renew. A portal that was down longer than a lease so does not
 //! requeue every running job on campus at its first tick.
+//! Besides the rounds, the leader applies the web apps' idle rule every
+//! [`IDLE_APPS_EVERY`] (`service::app_idle`).
 //! With PostgreSQL, several portal replicas may run; only the one holding the advisory
 //! lock [`crate::db::leader::LEADER_LOCK`] ticks (the lock lives as long as its connection). SQLite
 //! deployments run one portal.
@@ -46,6 +48,9 @@ const PRUNE_EVERY: Duration = Duration::from_secs(600);
 /// took about as long as the round itself).
 pub const WAITING_MOVES_EVERY: Duration = Duration::from_secs(10);
 
+/// How often the leader applies the web apps' idle rule (`service::app_idle`).
+const IDLE_APPS_EVERY: Duration = Duration::from_secs(10);
+
 pub async fn run(state: AppState) {
     let period = Duration::from_millis(state.config.scheduler.tick_ms);
     let postgres = state.db.backend == crate::db::Backend::Postgres;
@@ -56,6 +61,7 @@ pub async fn run(state: AppState) {
     // Since when this portal runs the scheduler without a break.
     let mut leading_since: Option<std::time::Instant> = None;
     let mut last_prune = std::time::Instant::now();
+    let mut last_idle_check: Option<Instant> = None;
     let mut moves_written: Option<Instant> = None;
     // When the last round ended, and how long it took.
     let mut last_round = (Instant::now(), Duration::ZERO);
@@ -92,6 +98,12 @@ pub async fn run(state: AppState) {
                 }
             };
             last_round = (Instant::now(), began.elapsed());
+            if last_idle_check.is_none_or(|t| t.elapsed() >= IDLE_APPS_EVERY) {
+                last_idle_check = Some(Instant::now());
+                if let Err(e) = crate::service::app_idle::check(&state).await {
+                    tracing::error!("the idle apps' check failed: {e:#}");
+                }
+            }
             if last_prune.elapsed() >= PRUNE_EVERY {
                 last_prune = std::time::Instant::now();
                 match crate::service::checkpoints::prune_finished(&state).await {

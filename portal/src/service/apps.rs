@@ -59,7 +59,18 @@ pub fn register(
         .url_for(&label)
         .ok_or_else(|| AppError::invalid("app", "this portal serves no web apps"))?;
     let port = i32::try_from(app.port).map_err(|_| AppError::invalid("app", "bad port"))?;
-    rows::insert(c, job, port, &label, &url)?;
+    let idle_minutes = app
+        .idle_minutes
+        .map(i32::try_from)
+        .transpose()
+        .map_err(|_| AppError::invalid("app.idle_minutes", "out of range"))?;
+    let new = rows::NewApp {
+        port,
+        host: &label,
+        url: &url,
+        idle_minutes,
+    };
+    rows::insert(c, job, &new)?;
     Ok(())
 }
 
@@ -217,8 +228,7 @@ pub async fn pass(ctx: &Ctx, label: String, creds: Credentials) -> Result<Pass, 
     let (node, attempt) = super::ssh::running_attempt(ctx, job)
         .await?
         .map_err(AppError::Unavailable)?;
-    let since = now - chrono::Duration::seconds(ACTIVITY_EVERY_S);
-    ctx.db.run(move |c| rows::touch(c, job, now, since)).await?;
+    touch(ctx, job).await?;
     Ok(Pass::Through {
         job,
         port: u16::try_from(app.port).unwrap_or(0),
@@ -242,6 +252,51 @@ pub async fn mark_ready(ctx: &Ctx, job: i64, attempt: Attempt) -> Result<(), App
         .db
         .run(move |c| rows::set_ready(c, job, attempt, now))
         .await?)
+}
+
+/// Notes use of `job`'s app now (written at most every 30 s; nothing for a job without
+/// an app).
+pub async fn touch(ctx: &Ctx, job: i64) -> Result<(), AppError> {
+    touch_within(ctx, job, ACTIVITY_EVERY_S).await
+}
+
+/// Notes use of `job`'s app now unless it was noted in the last `every_s` seconds.
+async fn touch_within(ctx: &Ctx, job: i64, every_s: i64) -> Result<(), AppError> {
+    let now = db::now();
+    let since = now - chrono::Duration::seconds(every_s);
+    Ok(ctx.db.run(move |c| rows::touch(c, job, now, since)).await?)
+}
+
+/// How often lasting use (an open WebSocket, an SSH session) is written down. Each tick
+/// writes (the throttle below it is shorter), so the idle clock of a job in use never
+/// lags more than this: well inside the shortest warning time (45 s of a 1-minute limit).
+/// A tick as long as the throttle would skip every other write (a 60 s gap).
+const IN_USE_EVERY_S: u64 = 20;
+
+/// Use of a job that lasts (an open WebSocket to its app, an SSH session into it): noted
+/// every 20 s for as long as this lives, so the idle rule never ends a job in use.
+pub struct InUse(tokio::task::JoinHandle<()>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Notes use of `job` now and then every 20 s until the returned guard is dropped.
+pub fn in_use(ctx: &Ctx, job: i64) -> InUse {
+    let ctx = ctx.clone();
+    InUse(tokio::spawn(async move {
+        let every = std::time::Duration::from_secs(IN_USE_EVERY_S);
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            // Half the tick: this tick's write is never throttled by the last one.
+            if let Err(e) = touch_within(&ctx, job, IN_USE_EVERY_S as i64 / 2).await {
+                tracing::debug!(job, "noting an app's use failed: {e}");
+            }
+        }
+    }))
 }
 
 /// Deletes expired codes and sessions.
@@ -301,7 +356,10 @@ mod tests {
 
     #[test]
     fn an_app_needs_apps_configured() {
-        let spec = AppSpec { port: 8888 };
+        let spec = AppSpec {
+            port: 8888,
+            idle_minutes: None,
+        };
         let e = check_offered(&AppsConfig::default(), Some(&spec)).unwrap_err();
         assert_eq!(e.field(), Some("app"));
         assert!(check_offered(&apps(), Some(&spec)).is_ok());

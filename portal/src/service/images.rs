@@ -111,7 +111,7 @@ pub async fn remove(state: &Ctx, actor: &Actor, id: i64) -> Result<(), AppError>
                     Some(l) if !actor.admin_of(l) => {
                         return Err(AppError::Forbidden(
                             "only the lab's admins (or operators) may remove its images".into(),
-                        ))
+                        ));
                     }
                     Some(_) => {}
                 }
@@ -297,6 +297,21 @@ pub fn pin_for_job(c: &mut DbConn, l: &Lab, image: &str) -> Result<ImageAllow, A
         ));
     }
     Ok(entry)
+}
+
+/// Checks that every lab's jobs may name `image`: a campus-wide entry (what a campus
+/// app preset needs), or 422 naming `image`.
+pub fn check_campus(c: &mut DbConn, image: &str) -> Result<(), AppError> {
+    let name = rules::job_image(image)?;
+    if q::campus(c, &name)?.is_none() {
+        return Err(AppError::invalid(
+            "image",
+            format!(
+                "{name} is not on the campus's image allow-list, so not every lab's jobs may                  run it: allow it campus-wide first (the Images page, POST /api/v1/images),                  or make the preset a lab's"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn views(c: &mut DbConn, entries: Vec<ImageAllow>) -> Result<Vec<ImageView>, AppError> {

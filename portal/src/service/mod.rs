@@ -12,6 +12,8 @@
 pub mod account;
 pub mod agent_link;
 pub mod agents;
+pub mod app_idle;
+pub mod app_presets;
 pub mod apps;
 pub mod arrays;
 pub mod attempts;

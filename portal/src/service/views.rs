@@ -81,8 +81,10 @@ struct Facts {
     gpus: BTreeMap<i64, GpuView>,
     lab_slugs: BTreeMap<i64, String>,
     checkpointed: BTreeMap<i64, NaiveDateTime>,
-    /// The app URLs of the running jobs that serve one.
-    apps: BTreeMap<i64, String>,
+    /// The apps of the running jobs that serve one.
+    apps: BTreeMap<i64, db::apps::AppRow>,
+    /// The running jobs whose app answered during their current attempt.
+    ready: std::collections::BTreeSet<i64>,
     /// Starting jobs whose inputs are being staged: how far.
     staging: BTreeMap<i64, commons_api::Staging>,
 }
@@ -144,18 +146,22 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
         .filter(|j| j.state == JobState::Running)
         .map(|j| j.id)
         .collect();
-    // An app's URL is shown once it answered during the job's current attempt.
     let apps = if running.is_empty() {
         BTreeMap::new()
     } else {
-        let ready = db::apps::ready_attempts(c, &running)?;
-        let attempts: BTreeMap<i64, i32> = jobs.iter().map(|j| (j.id, j.attempts)).collect();
         db::apps::of_jobs(c, &running)?
             .into_iter()
-            .filter(|a| {
-                ready.get(&a.job_id).is_some() && ready.get(&a.job_id) == attempts.get(&a.job_id)
-            })
-            .map(|a| (a.job_id, a.url))
+            .map(|a| (a.job_id, a))
+            .collect()
+    };
+    // An app's URL is shown once it answered during the job's current attempt.
+    let ready: std::collections::BTreeSet<i64> = if running.is_empty() {
+        Default::default()
+    } else {
+        let answered = db::apps::ready_attempts(c, &running)?;
+        jobs.iter()
+            .filter(|j| answered.get(&j.id) == Some(&j.attempts))
+            .map(|j| j.id)
             .collect()
     };
     let staging = staging_of(c, jobs, &last)?;
@@ -166,6 +172,7 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
         lab_slugs,
         checkpointed,
         apps,
+        ready,
         staging,
     };
     let now = db::now();
@@ -257,8 +264,24 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         finished_at: job.finished_at,
         last_checkpoint_at: facts.checkpointed.get(&job.id).copied(),
         time_left_s,
-        app_url: facts.apps.get(&job.id).cloned(),
+        app_url: facts
+            .apps
+            .get(&job.id)
+            .filter(|_| facts.ready.contains(&job.id))
+            .map(|a| a.url.clone()),
+        app_idle_ends_at: facts
+            .apps
+            .get(&job.id)
+            .and_then(|a| idle_ends_at(a, attempt)),
     }
+}
+
+/// When a warned idle app ends unless used (`service::app_idle`).
+fn idle_ends_at(app: &db::apps::AppRow, attempt: Option<&Attempt>) -> Option<NaiveDateTime> {
+    let limit_s = i64::from(app.idle_minutes?) * 60;
+    let since =
+        super::app_idle::idle_since(app.last_activity_at, attempt.and_then(|a| a.started_at))?;
+    super::app_idle::ends_at(since, limit_s, app.idle_warned_at)
 }
 
 #[cfg(test)]
@@ -323,11 +346,13 @@ mod tests {
         let (fifty, v50) = queries_for(50);
         assert_eq!(v1.len(), 1);
         assert_eq!(v50.len(), 50);
-        assert!(v50.iter().all(|v| v.node.as_deref() == Some("n1")
-            && v.gpus
-                .as_ref()
-                .is_some_and(|g| g.len() == 1 && g[0].uuid == "GPU-1")
-            && v.lab == "vision"));
+        assert!(v50.iter().all(|v| {
+            v.node.as_deref() == Some("n1")
+                && v.gpus
+                    .as_ref()
+                    .is_some_and(|g| g.len() == 1 && g[0].uuid == "GPU-1")
+                && v.lab == "vision"
+        }));
         assert_eq!(one, fifty, "queries do not grow with the number of jobs");
         assert!(one <= 5, "{one} queries");
     }

@@ -52,6 +52,8 @@ pub async fn session(state: AppState, login: Login, mut channel: Channel<Msg>) {
         }
     };
     tracing::info!(job = login.job, user = %login.user.username, what, "SSH channel open");
+    // A session is use of the job's web app too (its idle rule), while it stays open.
+    let _in_use = crate::service::apps::in_use(&state, login.job);
     pump(channel, pipe, false).await;
 }
 
@@ -102,7 +104,7 @@ async fn requested(channel: &mut Channel<Msg>) -> Result<Option<RelayTarget>, &'
                     command: None,
                     tty: tty.clone(),
                     env: env.clone(),
-                }))
+                }));
             }
             Some(ChannelMsg::Exec { command, .. }) => {
                 let command = String::from_utf8_lossy(&command).into_owned();
@@ -116,7 +118,7 @@ async fn requested(channel: &mut Channel<Msg>) -> Result<Option<RelayTarget>, &'
                 }));
             }
             Some(ChannelMsg::RequestSubsystem { name, .. }) if name == "sftp" => {
-                return Ok(Some(RelayTarget::Sftp))
+                return Ok(Some(RelayTarget::Sftp));
             }
             Some(ChannelMsg::Close) | None => return Ok(None),
             Some(_) => {}
@@ -129,6 +131,7 @@ pub async fn forward(state: AppState, login: Login, channel: Channel<Msg>, port:
     match open(&state, &login, RelayTarget::Forward { port }).await {
         Ok(pipe) => {
             tracing::info!(job = login.job, port, "SSH forward open");
+            let _in_use = crate::service::apps::in_use(&state, login.job);
             pump(channel, pipe, true).await
         }
         Err(message) => {

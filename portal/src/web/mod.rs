@@ -1,5 +1,6 @@
 //! The HTML UI: askama pages, each handler beside the view it renders.
 
+mod app_presets;
 mod apps;
 pub mod assets;
 mod charts;
@@ -12,6 +13,7 @@ mod job_form;
 mod job_list;
 mod jobs;
 mod labs;
+mod launch;
 mod login;
 mod nodes;
 mod overview;
@@ -33,6 +35,7 @@ use askama::Template;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.configure(overview::configure)
         .configure(apps::configure)
+        .configure(app_presets::configure)
         .configure(assets::configure)
         .configure(login::configure)
         .configure(cli_login::configure)
@@ -42,6 +45,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(job_list::configure)
         .configure(jobs::configure)
         .configure(labs::configure)
+        .configure(launch::configure)
         .configure(nodes::configure)
         .configure(settings::configure)
         .configure(ssh_keys::configure)

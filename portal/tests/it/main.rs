@@ -10,6 +10,7 @@ mod support;
 // `support::timeline` names it here, as the soak example (which includes both) has it.
 use support::cluster;
 
+mod app_presets;
 mod apps;
 mod apps_bench;
 mod apps_jupyter;

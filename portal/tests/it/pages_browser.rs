@@ -169,6 +169,8 @@ fn pages_for(c: &Campus, user: &str) -> Vec<String> {
         "/files".into(),
         "/tokens".into(),
         "/settings".into(),
+        "/launch".into(),
+        "/app-presets".into(),
     ];
     match user {
         "alice" => pages.push(format!("/jobs/{}", c.owner_job)),
@@ -186,6 +188,21 @@ fn pages_for(c: &Campus, user: &str) -> Vec<String> {
 async fn the_pages_work_on_a_phone_and_a_wide_screen_and_are_valid_html() {
     let c = campus(Backend::Sqlite).await;
     let p = &c.p;
+    // App presets, a campus one and a lab's, for the Launch page and the console.
+    for (token, lab, sets) in [
+        (&p.olga, None, vec!["gpus", "hours", "cpus", "memory_gb"]),
+        (&p.carol, Some("vision"), vec![]),
+    ] {
+        let preset = serde_json::json!({
+            "name": "jupyter", "title": "JupyterLab", "description": "Notebooks on a GPU",
+            "image": "commons-demo:latest", "port": 8888, "gpus": 1, "max_gpus": 4,
+            "hours": 4, "max_hours": 12, "cpus": 2, "max_cpus": 8, "memory_gb": 8,
+            "max_memory_gb": 64, "user_sets": sets, "idle_minutes": 60, "lab": lab,
+            "command": ["sh", "-c", "jupyter lab --ip=127.0.0.1 --port={port} --ServerApp.base_url={base_url} --IdentityProvider.token=''"],
+        });
+        let (status, body) = p.post_json(token, "/api/v1/app-presets", &preset).await;
+        assert_eq!(status, 201, "{body}");
+    }
     let mut html = Vec::new();
     for user in ["alice", "carol", "olga"] {
         let b = Browser::start().await;
