@@ -25,21 +25,20 @@ use std::collections::BTreeMap;
 /// written when any rule fails.
 pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<ArrayView, AppError> {
     let text = req.array.clone().unwrap_or_default();
-    // Not (yet) for arrays: a web app per task, and notifications (one message for the
-    // array, not one per task, is still to come).
+    // Not for arrays: a web app per task.
     if req.app.is_some() {
         return Err(AppError::invalid(
             "app",
             "an array's tasks cannot serve web apps; submit such jobs one by one",
         ));
     }
-    if req.notify.is_some() {
-        return Err(AppError::invalid(
-            "notify",
-            "notify is not yet taken for arrays (it would send one message per task); \
-             leave it out, or submit the jobs one by one",
-        ));
-    }
+    // The array's own list, kept with its first task: it chooses whether the array's
+    // one message (`array_finished`) is sent; its tasks send none of their own.
+    let notify = req
+        .notify
+        .as_deref()
+        .map(|n| commons_api::notify::events("notify", n))
+        .transpose()?;
     let valid = validate::job(req, &actor.lab_ids())?;
     let parsed = spec::parse(&text).map_err(commons_api::Invalid::from)?;
     let lab = super::jobs::charged_lab(actor, valid.lab_id)?;
@@ -49,13 +48,66 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<Array
         .db
         .run(move |c| {
             super::deps::check_may_wait_for(c, &waiter, &valid.after)?;
+            check_per_index(c, &valid.after, text.trim(), &parsed)?;
             super::files::inputs::check_for_submit(c, &waiter, &valid.inputs)?;
-            store(c, user, &lab, valid, text.trim(), &parsed)
+            let view = store(c, user, &lab, valid, text.trim(), &parsed)?;
+            if let Some(events) = &notify {
+                super::notify::set_job_events(c, view.first_job, events)?;
+            }
+            Ok::<_, AppError>(view)
         })
         .await?;
     tracing::info!(array = view.id, tasks = view.count, "array submitted");
     state.wake.notify_one();
     Ok(view)
+}
+
+/// Refuses (422, `after[i].per_index`) a per-index wait for an array whose indices are
+/// not this one's, saying both.
+fn check_per_index(
+    c: &mut DbConn,
+    after: &[commons_api::flows::After],
+    text: &str,
+    parsed: &spec::ArraySpec,
+) -> Result<(), AppError> {
+    let ids: Vec<i64> = after
+        .iter()
+        .filter(|a| a.per_index)
+        .filter_map(|a| a.array)
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let others: BTreeMap<i64, Array> = db::arrays::by_ids(c, &ids)?
+        .into_iter()
+        .map(|a| (a.id, a))
+        .collect();
+    let indices = |t: &str| t.split('%').next().unwrap_or_default().trim().to_string();
+    for (i, a) in after.iter().enumerate() {
+        let Some(other) = a
+            .array
+            .filter(|_| a.per_index)
+            .and_then(|id| others.get(&id))
+        else {
+            continue;
+        };
+        let same = spec::parse(&other.spec).is_ok_and(|o| o.indices == parsed.indices);
+        if !same {
+            return Err(AppError::invalid(
+                &format!("after[{i}].per_index"),
+                format!(
+                    "array {} has {} tasks ({}) but this array has {} ({}); a per-index \
+                     wait needs the same indices",
+                    other.id,
+                    other.task_count,
+                    indices(&other.spec),
+                    parsed.indices.len(),
+                    indices(text)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The image's pin (one read), then the array and its tasks (one transaction).
