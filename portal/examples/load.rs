@@ -19,6 +19,11 @@
 //!    [`seed_queue`]): the figure measured is the scheduler's round, not the submission
 //!    path, and filling 50,000 jobs through the API would take minutes.
 //!
+//! 6. With `--compare-array N`: the scheduler's round with N single jobs queued (seeded as
+//!    above), then, those cancelled, with one array of N tasks queued (submitted through
+//!    the API, its acceptance timed), and with `--array-throttle T` also one of N tasks
+//!    at most T at once: side by side in one run (see [`compare_array`]).
+//!
 //! ```sh
 //! ulimit -n 65536
 //! cargo build --release -p commons-portal
@@ -27,6 +32,10 @@
 //! # the scheduler's round at 1,000 nodes x 8 GPUs and 50,000 queued jobs:
 //! TEST_DATABASE_URL=... cargo run --release -p commons-portal --example load -- \
 //!   --agents 1000 --gpus 8 --idle-jobs 0 --submissions 0 --seed-queued 50000 --seed-run-s 30
+//! # a 10,000-task array against 10,000 single jobs, on a full campus:
+//! TEST_DATABASE_URL=... cargo run -p commons-portal --example load -- --agents 50 \
+//!   --gpus 8 --idle-jobs 0 --submissions 0 --compare-array 10000 --array-throttle 100 \
+//!   --seed-run-s 3600
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test program: a failure is a crash
@@ -121,6 +130,8 @@ async fn main() {
     let tick_s = arg("--tick-s", 30);
     let seed_queued = arg("--seed-queued", 0);
     let seed_run_s = arg("--seed-run-s", 30);
+    let compare = arg("--compare-array", 0);
+    let throttle = arg("--array-throttle", 0);
     // Submissions a second in phase 4 (open loop); 0: as fast as `--concurrency` allows.
     let rate = Some(arg("--rate", 0) as f64).filter(|r| *r > 0.0);
     let admin = std::env::var("TEST_DATABASE_URL")
@@ -363,7 +374,20 @@ async fn main() {
             began.elapsed().as_secs_f64()
         );
     }
-    scheduler_figures(&portal.url, tick_s, &campus, agents, gpus).await;
+    if compare > 0 {
+        let c = Compare {
+            url: &portal.url,
+            db_url: &url,
+            token: &user_tokens[0],
+            n: compare,
+            throttle,
+            run_s: seed_run_s,
+            tick_s,
+        };
+        compare_array(&c, &campus, agents, gpus).await;
+    } else {
+        scheduler_figures(&portal.url, tick_s, &campus, agents, gpus).await;
+    }
     let (_, rss) = usage(pid);
     println!("   portal RSS {rss:.0} MiB at the end");
     drop(portal);
@@ -578,6 +602,11 @@ fn by_window(s: &load::Submitted) -> String {
 /// SELECT`s and an `ANALYZE` (test setup, documented in
 /// docs/src/development/benchmarks.md). Returns how many were added.
 fn seed_queue(url: &str, template: i64, n: u64, run_s: u64) -> usize {
+    seed_queue_of(url, template, n, run_s, false)
+}
+
+/// [`seed_queue`], all for the template's user when `one_user`.
+fn seed_queue_of(url: &str, template: i64, n: u64, run_s: u64, one_user: bool) -> usize {
     use diesel::{Connection, RunQueryDsl};
     let mut c = diesel::PgConnection::establish(url).unwrap();
     #[derive(diesel::QueryableByName)]
@@ -594,7 +623,7 @@ fn seed_queue(url: &str, template: i64, n: u64, run_s: u64) -> usize {
     let before = last(&mut c);
     let added = diesel::sql_query(format!(
         "WITH m AS (SELECT user_id, lab_id, row_number() OVER (ORDER BY user_id) - 1 AS k, \
-                           count(*) OVER () AS n FROM memberships) \
+                           count(*) OVER () AS n FROM memberships {who}) \
          INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, gpu_models, \
              min_gpu_memory_mb, cpus, memory_mb, time_limit_s, kind, state, reason, \
              attempts, log_bytes, created_at, image_digest, image_signature) \
@@ -605,7 +634,12 @@ fn seed_queue(url: &str, template: i64, n: u64, run_s: u64) -> usize {
          FROM generate_series(0, {n} - 1) AS g(i) \
          JOIN m ON m.k = g.i % m.n \
          JOIN jobs t ON t.id = {template} \
-         ORDER BY g.i"
+         ORDER BY g.i",
+        who = if one_user {
+            format!("WHERE user_id = (SELECT user_id FROM jobs WHERE id = {template})")
+        } else {
+            String::new()
+        }
     ))
     .execute(&mut c)
     .unwrap();
@@ -623,4 +657,97 @@ fn seed_queue(url: &str, template: i64, n: u64, run_s: u64) -> usize {
         .execute(&mut c)
         .unwrap();
     added
+}
+
+/// What [`compare_array`] runs.
+struct Compare<'a> {
+    url: &'a str,
+    db_url: &'a str,
+    token: &'a str,
+    n: u64,
+    throttle: u64,
+    run_s: u64,
+    tick_s: u64,
+}
+
+/// Phase 6: the round with `n` single jobs queued, then with one array of `n` tasks
+/// (and one with a throttle), the previous queue cancelled in between (test setup,
+/// straight into the database) so that each case has the same number queued.
+async fn compare_array(c: &Compare<'_>, campus: &load::Campus, agents: usize, gpus: u32) {
+    let template = submit(
+        c.url,
+        &[c.token.to_string()],
+        1,
+        1,
+        job(Some(c.run_s as f64)),
+    )
+    .await;
+    let template = template
+        .jobs
+        .first()
+        .expect("the template job was refused")
+        .0;
+    let n = seed_queue(c.db_url, template, c.n, c.run_s);
+    println!("6. {n} single jobs queued (seeded):");
+    scheduler_figures(c.url, c.tick_s, campus, agents, gpus).await;
+    let mut specs = vec![(format!("0-{}", c.n - 1), "no throttle")];
+    if c.throttle > 0 {
+        specs.push((format!("0-{}%{}", c.n - 1, c.throttle), "with a throttle"));
+    }
+    for (spec, what) in specs {
+        let cancelled = cancel_queued(c.db_url);
+        let mut body = job(Some(c.run_s as f64));
+        body["array"] = serde_json::json!(spec);
+        let sent = Instant::now();
+        let r: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/api/v1/jobs", c.url))
+            .bearer_auth(c.token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let took = sent.elapsed();
+        assert!(
+            r["count"].as_u64() == Some(c.n),
+            "the array was refused: {r}"
+        );
+        analyze(c.db_url);
+        println!(
+            "6. one array of {} tasks ({spec}, {what}) accepted in {} ({cancelled} queued jobs \
+             cancelled first):",
+            c.n,
+            ms(took)
+        );
+        scheduler_figures(c.url, c.tick_s, campus, agents, gpus).await;
+    }
+    // Last, the singles again, all of the array's user (the same owner, and a check on
+    // the order of the cases).
+    let cancelled = cancel_queued(c.db_url);
+    let n = seed_queue_of(c.db_url, template, c.n, c.run_s, true);
+    println!("6. {n} single jobs of one user queued (seeded; {cancelled} cancelled first):");
+    scheduler_figures(c.url, c.tick_s, campus, agents, gpus).await;
+}
+
+/// Cancels every queued job (test setup between the cases); how many.
+fn cancel_queued(url: &str) -> usize {
+    use diesel::{Connection, RunQueryDsl};
+    let mut c = diesel::PgConnection::establish(url).unwrap();
+    diesel::sql_query(
+        "UPDATE jobs SET state = 'cancelled', reason = NULL, queue_position = NULL, \
+         estimated_start_at = NULL, finished_at = now() AT TIME ZONE 'UTC' \
+         WHERE state = 'queued'",
+    )
+    .execute(&mut c)
+    .unwrap()
+}
+
+fn analyze(url: &str) {
+    use diesel::{Connection, RunQueryDsl};
+    let mut c = diesel::PgConnection::establish(url).unwrap();
+    diesel::sql_query("ANALYZE jobs, job_events")
+        .execute(&mut c)
+        .unwrap();
 }
