@@ -72,11 +72,11 @@ pub fn states(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, JobState>, Db
     Ok(out)
 }
 
-/// The tasks of the arrays `arrays`, one query: `(array, index) -> (job id, state)`.
-pub fn task_states(
-    c: &mut DbConn,
-    arrays: &[i64],
-) -> Result<BTreeMap<(i64, i64), (i64, JobState)>, DbError> {
+/// Arrays' tasks: `(array, index) -> (job id, state)`.
+pub type TaskStates = BTreeMap<(i64, i64), (i64, JobState)>;
+
+/// The tasks of the arrays `arrays`, one query.
+pub fn task_states(c: &mut DbConn, arrays: &[i64]) -> Result<TaskStates, DbError> {
     if arrays.is_empty() {
         return Ok(BTreeMap::new());
     }
