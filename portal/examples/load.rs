@@ -22,7 +22,7 @@
 //! 6. With `--compare-array N`: the scheduler's round with N single jobs queued (seeded as
 //!    above), then, those cancelled, with one array of N tasks queued (submitted through
 //!    the API, its acceptance timed), and with `--array-throttle T` also one of N tasks
-//!    at most T at once: side by side in one run (see [`compare_array`]).
+//!    at most T at once: side by side in one run (see `compare.rs`).
 //!
 //! ```sh
 //! ulimit -n 65536
@@ -40,6 +40,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test program: a failure is a crash
 
+#[path = "load/compare.rs"]
+mod compare;
 #[path = "../tests/it/support/load.rs"]
 #[allow(dead_code)]
 mod load;
@@ -375,7 +377,7 @@ async fn main() {
         );
     }
     if compare > 0 {
-        let c = Compare {
+        let c = compare::Compare {
             url: &portal.url,
             db_url: &url,
             token: &user_tokens[0],
@@ -384,7 +386,7 @@ async fn main() {
             run_s: seed_run_s,
             tick_s,
         };
-        compare_array(&c, &campus, agents, gpus).await;
+        compare::compare_array(&c, &campus, agents, gpus).await;
     } else {
         scheduler_figures(&portal.url, tick_s, &campus, agents, gpus).await;
     }
@@ -657,97 +659,4 @@ fn seed_queue_of(url: &str, template: i64, n: u64, run_s: u64, one_user: bool) -
         .execute(&mut c)
         .unwrap();
     added
-}
-
-/// What [`compare_array`] runs.
-struct Compare<'a> {
-    url: &'a str,
-    db_url: &'a str,
-    token: &'a str,
-    n: u64,
-    throttle: u64,
-    run_s: u64,
-    tick_s: u64,
-}
-
-/// Phase 6: the round with `n` single jobs queued, then with one array of `n` tasks
-/// (and one with a throttle), the previous queue cancelled in between (test setup,
-/// straight into the database) so that each case has the same number queued.
-async fn compare_array(c: &Compare<'_>, campus: &load::Campus, agents: usize, gpus: u32) {
-    let template = submit(
-        c.url,
-        &[c.token.to_string()],
-        1,
-        1,
-        job(Some(c.run_s as f64)),
-    )
-    .await;
-    let template = template
-        .jobs
-        .first()
-        .expect("the template job was refused")
-        .0;
-    let n = seed_queue(c.db_url, template, c.n, c.run_s);
-    println!("6. {n} single jobs queued (seeded):");
-    scheduler_figures(c.url, c.tick_s, campus, agents, gpus).await;
-    let mut specs = vec![(format!("0-{}", c.n - 1), "no throttle")];
-    if c.throttle > 0 {
-        specs.push((format!("0-{}%{}", c.n - 1, c.throttle), "with a throttle"));
-    }
-    for (spec, what) in specs {
-        let cancelled = cancel_queued(c.db_url);
-        let mut body = job(Some(c.run_s as f64));
-        body["array"] = serde_json::json!(spec);
-        let sent = Instant::now();
-        let r: serde_json::Value = reqwest::Client::new()
-            .post(format!("{}/api/v1/jobs", c.url))
-            .bearer_auth(c.token)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let took = sent.elapsed();
-        assert!(
-            r["count"].as_u64() == Some(c.n),
-            "the array was refused: {r}"
-        );
-        analyze(c.db_url);
-        println!(
-            "6. one array of {} tasks ({spec}, {what}) accepted in {} ({cancelled} queued jobs \
-             cancelled first):",
-            c.n,
-            ms(took)
-        );
-        scheduler_figures(c.url, c.tick_s, campus, agents, gpus).await;
-    }
-    // Last, the singles again, all of the array's user (the same owner, and a check on
-    // the order of the cases).
-    let cancelled = cancel_queued(c.db_url);
-    let n = seed_queue_of(c.db_url, template, c.n, c.run_s, true);
-    println!("6. {n} single jobs of one user queued (seeded; {cancelled} cancelled first):");
-    scheduler_figures(c.url, c.tick_s, campus, agents, gpus).await;
-}
-
-/// Cancels every queued job (test setup between the cases); how many.
-fn cancel_queued(url: &str) -> usize {
-    use diesel::{Connection, RunQueryDsl};
-    let mut c = diesel::PgConnection::establish(url).unwrap();
-    diesel::sql_query(
-        "UPDATE jobs SET state = 'cancelled', reason = NULL, queue_position = NULL, \
-         estimated_start_at = NULL, finished_at = now() AT TIME ZONE 'UTC' \
-         WHERE state = 'queued'",
-    )
-    .execute(&mut c)
-    .unwrap()
-}
-
-fn analyze(url: &str) {
-    use diesel::{Connection, RunQueryDsl};
-    let mut c = diesel::PgConnection::establish(url).unwrap();
-    diesel::sql_query("ANALYZE jobs, job_events")
-        .execute(&mut c)
-        .unwrap();
 }
