@@ -158,8 +158,9 @@ impl When {
     }
 }
 
-/// A job this one waits for: `{"job": 41, "when": "ok"}`, or an array as a whole:
-/// `{"array": 3, "when": "ok"}`.
+/// A job this one waits for: `{"job": 41, "when": "ok"}`, an array as a whole:
+/// `{"array": 3, "when": "ok"}`, or, for the tasks of an array, each its own task of
+/// another array with the same indices: `{"array": 3, "when": "ok", "per_index": true}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -176,6 +177,14 @@ pub struct After {
     /// `ok` (the default): it must succeed; `fail`: fail; `any`: end, however.
     #[serde(default = "when_ok")]
     pub when: When,
+    /// With `array`, on an array's request only: task k waits for task k of that array
+    /// (which must have the same indices), with `when` applied per task.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub per_index: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn when_ok() -> When {
@@ -201,6 +210,25 @@ impl After {
             job,
             array: None,
             when,
+            per_index: false,
+        }
+    }
+
+    /// A wait for array `array` as a whole.
+    pub fn array(array: i64, when: When) -> After {
+        After {
+            job: 0,
+            array: Some(array),
+            when,
+            per_index: false,
+        }
+    }
+
+    /// A wait of each task for its own task of array `array` (the same index).
+    pub fn per_index(array: i64, when: When) -> After {
+        After {
+            per_index: true,
+            ..After::array(array, when)
         }
     }
 
@@ -210,6 +238,25 @@ impl After {
             Some(a) => format!("array {a}"),
             None => format!("job {}", self.job),
         }
+    }
+
+    /// What task `index` waits for: "task 3 of array 7" for a per-index wait, else as
+    /// [`After::what`].
+    pub fn what_for(&self, index: Option<i64>) -> String {
+        match (self.array, index) {
+            (Some(a), Some(i)) if self.per_index => format!("task {i} of array {a}"),
+            _ => self.what(),
+        }
+    }
+
+    /// "waiting for task 3 of array 7 to succeed" (per index) or "waiting for array 7 to
+    /// succeed"; a wait for a job reads as the scheduler's reasons do.
+    pub fn waiting_for(&self, index: Option<i64>) -> String {
+        format!(
+            "waiting for {} to {}",
+            self.what_for(index),
+            self.when.verb()
+        )
     }
 
     /// Whether the job it names ending so lets this one start.
@@ -224,14 +271,21 @@ impl After {
     /// Why a job must fail when this wait can no longer be met: "job 41 failed; this job
     /// needed it to succeed".
     pub fn unmet(&self, ended: Ended) -> String {
+        self.unmet_for(None, ended)
+    }
+
+    /// As [`After::unmet`], for task `index` of an array: a per-index wait reads "task 3
+    /// of array 7 failed; this task needed it to succeed".
+    pub fn unmet_for(&self, index: Option<i64>, ended: Ended) -> String {
         let how = match ended {
             Ended::Succeeded => "succeeded",
             Ended::Failed => "failed",
             Ended::Cancelled => "was cancelled",
         };
+        let this = if self.per_index { "task" } else { "job" };
         format!(
-            "{} {how}; this job needed it to {}",
-            self.what(),
+            "{} {how}; this {this} needed it to {}",
+            self.what_for(index),
             self.when.verb()
         )
     }
@@ -259,8 +313,10 @@ pub fn parse_after(s: &str) -> Result<After, Invalid> {
     Ok(After::job(job, when))
 }
 
-/// At most 64 jobs, each named once, with valid ids.
-pub fn after(list: &[After]) -> Result<(), Invalid> {
+/// At most 64 jobs, each named once, with valid ids; `per_index` only for an array
+/// (`is_array`: the request makes one) waiting for an array (the error names
+/// `after[i].per_index`).
+pub fn after(list: &[After], is_array: bool) -> Result<(), Invalid> {
     if list.len() > MAX_AFTER {
         return Err(Invalid::new(
             "after",
@@ -268,7 +324,18 @@ pub fn after(list: &[After]) -> Result<(), Invalid> {
         ));
     }
     let mut seen = std::collections::BTreeSet::new();
-    for a in list {
+    for (i, a) in list.iter().enumerate() {
+        if a.per_index && (a.array.is_none() || !is_array) {
+            return Err(Invalid::new(
+                &format!("after[{i}].per_index"),
+                if a.array.is_none() {
+                    "per_index waits for an array's tasks: name the array (\"array\": ID)"
+                } else {
+                    "per_index is for an array's tasks: give this request an array of the \
+                     same indices, or wait for the array as a whole"
+                },
+            ));
+        }
         match a.array {
             Some(_) if a.job != 0 => {
                 return Err(Invalid::new(
@@ -352,9 +419,9 @@ mod tests {
         let parsed: After = serde_json::from_str(r#"{"job": 3}"#).unwrap();
         assert_eq!(parsed.when, When::Ok, "ok is the default");
         assert!(serde_json::from_str::<After>(r#"{"job": 3, "when": "maybe"}"#).is_err());
-        assert_eq!(after(&[ok, ok]).unwrap_err().field, "after");
+        assert_eq!(after(&[ok, ok], false).unwrap_err().field, "after");
         assert_eq!(
-            after(&[After::job(0, When::Any)]).unwrap_err().field,
+            after(&[After::job(0, When::Any)], false).unwrap_err().field,
             "after"
         );
     }
@@ -371,14 +438,49 @@ mod tests {
             a.unmet(Ended::Failed),
             "array 3 failed; this job needed it to succeed"
         );
-        assert!(after(&[a, After::job(3, When::Ok)]).is_ok());
-        assert_eq!(after(&[a, a]).unwrap_err().field, "after");
+        assert!(after(&[a, After::job(3, When::Ok)], false).is_ok());
+        assert_eq!(after(&[a, a], false).unwrap_err().field, "after");
         let both: After = serde_json::from_str(r#"{"job": 1, "array": 3}"#).unwrap();
-        assert!(after(&[both]).unwrap_err().message.contains("not both"));
+        assert!(after(&[both], false)
+            .unwrap_err()
+            .message
+            .contains("not both"));
         let job: After = serde_json::from_str(r#"{"job": 41}"#).unwrap();
         assert_eq!(
             serde_json::to_string(&job).unwrap(),
             r#"{"job":41,"when":"ok"}"#
+        );
+    }
+
+    #[test]
+    fn a_per_index_wait_is_for_an_arrays_tasks_and_says_which_task() {
+        let a: After =
+            serde_json::from_str(r#"{"array": 7, "when": "ok", "per_index": true}"#).unwrap();
+        assert_eq!(a, After::per_index(7, When::Ok));
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            r#"{"array":7,"when":"ok","per_index":true}"#
+        );
+        assert_eq!(
+            a.waiting_for(Some(3)),
+            "waiting for task 3 of array 7 to succeed"
+        );
+        assert_eq!(
+            a.unmet_for(Some(3), Ended::Failed),
+            "task 3 of array 7 failed; this task needed it to succeed"
+        );
+        assert!(after(&[a], true).is_ok());
+        let e = after(&[After::job(1, When::Ok), a], false).unwrap_err();
+        assert_eq!(e.field, "after[1].per_index", "{}", e.message);
+        let on_job: After = serde_json::from_str(r#"{"job": 4, "per_index": true}"#).unwrap();
+        assert_eq!(
+            after(&[on_job], true).unwrap_err().field,
+            "after[0].per_index"
+        );
+        assert_eq!(
+            After::array(7, When::Any).waiting_for(Some(3)),
+            "waiting for array 7 to end",
+            "a wait for the whole array names no task"
         );
     }
 

@@ -180,7 +180,7 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
         crate::flows::name("name", n)?;
     }
     crate::flows::tags(&req.tags)?;
-    crate::flows::after(&req.after)?;
+    crate::flows::after(&req.after, req.array.is_some())?;
     if let Some(app) = &req.app {
         crate::web_app::check(app)?;
     }

@@ -7,14 +7,27 @@
 use crate::Invalid;
 use serde::{Deserialize, Serialize};
 
-/// The events, in the order a job meets them.
-pub const EVENTS: [&str; 5] = ["started", "preempted", "succeeded", "failed", "cancelled"];
+/// The events, in the order a job meets them: `ending` is an interactive job or app
+/// about to reach its time limit; `array_finished` the one message for an array whose
+/// last task ended (its tasks send none of their own).
+pub const EVENTS: [&str; 7] = [
+    "started",
+    "preempted",
+    "ending",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "array_finished",
+];
 
 /// Short names a job's `notify` list may use, Slurm's `--mail-type` style: `start`,
-/// `end` (any of succeeded, failed, cancelled), `fail`, `all`.
+/// `end` (any of succeeded, failed, cancelled, and an array finished), `fail`, `all`.
 pub const ALIASES: [(&str, &[&str]); 4] = [
     ("start", &["started"]),
-    ("end", &["succeeded", "failed", "cancelled"]),
+    (
+        "end",
+        &["succeeded", "failed", "cancelled", "array_finished"],
+    ),
     ("fail", &["failed"]),
     ("all", &EVENTS),
 ];
@@ -71,8 +84,8 @@ pub struct NotificationRequest {
     /// (unless the operator allows them).
     #[serde(default)]
     pub webhooks: Vec<WebhookRequest>,
-    /// Which events to send (`started`, `preempted`, `succeeded`, `failed`,
-    /// `cancelled`); left out: all of them.
+    /// Which events to send (`started`, `preempted`, `ending`, `succeeded`, `failed`,
+    /// `cancelled`, `array_finished`); left out: all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub events: Option<Vec<String>>,
 }
@@ -108,7 +121,8 @@ pub struct Delivery {
     /// The event's id, the same on every retry (`webhook-id`).
     pub event_id: String,
     pub job: i64,
-    /// `started`, `preempted`, ...
+    /// `started`, `preempted`, ... (for `array_finished`, `job` is the array's first
+    /// task)
     pub event: String,
     /// `email` or `webhook`.
     pub channel: String,
@@ -132,7 +146,7 @@ mod tests {
     #[test]
     fn aliases_expand_and_unknown_names_name_the_field() {
         let got = events("notify", &["end".into(), "fail".into()]).unwrap();
-        assert_eq!(got, ["succeeded", "failed", "cancelled"]);
+        assert_eq!(got, ["succeeded", "failed", "cancelled", "array_finished"]);
         assert_eq!(events("notify", &["all".into()]).unwrap(), EVENTS);
         let e = events("notify", &["finish".into()]).unwrap_err();
         assert_eq!(e.field, "notify");

@@ -29,6 +29,14 @@ pub struct RunFlows {
     /// Start after job ID has ended, however it ended.
     #[arg(long, value_name = "ID")]
     pub after_any: Vec<i64>,
+    /// Start only after every task of array ARRAY has succeeded; if one fails or is
+    /// cancelled, this job fails at once.
+    #[arg(long, value_name = "ARRAY")]
+    pub after_ok_array: Vec<i64>,
+    /// With --array: task k starts only after task k of array ARRAY (the same indices)
+    /// has succeeded, and fails at once if it failed or was cancelled.
+    #[arg(long, value_name = "ARRAY")]
+    pub after_ok_per_index: Vec<i64>,
     /// Make an array of tasks, e.g. 0-99%8 (at most 8 at once), 1,3,5-9 or 0-98:2; each
     /// task sees COMMONS_ARRAY_INDEX, and {index} in the command is replaced.
     #[arg(long, value_name = "SPEC")]
@@ -121,6 +129,13 @@ pub fn apply(f: &RunFlows, req: &mut JobRequest) -> Result<()> {
         req.after
             .extend(ids.iter().map(|&job| After::job(job, when)));
     }
+    req.after
+        .extend(f.after_ok_array.iter().map(|&a| After::array(a, When::Ok)));
+    req.after.extend(
+        f.after_ok_per_index
+            .iter()
+            .map(|&a| After::per_index(a, When::Ok)),
+    );
     Ok(())
 }
 
@@ -192,6 +207,8 @@ mod tests {
             after_ok: vec![41],
             after_fail: vec![],
             after_any: vec![40],
+            after_ok_array: vec![7],
+            after_ok_per_index: vec![8],
             array: Some("0-9%2".into()),
         };
         apply(&f, &mut req).unwrap();
@@ -201,7 +218,8 @@ mod tests {
         assert_eq!(req.tags["seed"], "3");
         assert_eq!(
             serde_json::to_value(&req.after).unwrap(),
-            serde_json::json!([{"job": 41, "when": "ok"}, {"job": 40, "when": "any"}])
+            serde_json::json!([{"job": 41, "when": "ok"}, {"job": 40, "when": "any"},
+                {"array": 7, "when": "ok"}, {"array": 8, "when": "ok", "per_index": true}])
         );
         let bad = RunFlows {
             name: None,
@@ -210,6 +228,8 @@ mod tests {
             after_ok: vec![],
             after_fail: vec![],
             after_any: vec![],
+            after_ok_array: vec![],
+            after_ok_per_index: vec![],
             array: None,
         };
         let e = apply(&bad, &mut req).unwrap_err();
@@ -221,6 +241,8 @@ mod tests {
             after_ok: vec![],
             after_fail: vec![],
             after_any: vec![],
+            after_ok_array: vec![],
+            after_ok_per_index: vec![],
             array: None,
         };
         let e = apply(&bad, &mut req).unwrap_err();

@@ -327,7 +327,7 @@ fn show_lines(j: &JobView, colour: bool) -> Vec<(&'static str, String)> {
         let after: Vec<String> = j
             .after
             .iter()
-            .map(|a| format!("job {} {}s", a.job, a.when.verb()))
+            .map(|a| format!("{} {}s", a.what_for(j.array_index), a.when.verb()))
             .collect();
         lines.push(("starts after", after.join(", ")));
     }

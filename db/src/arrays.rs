@@ -116,7 +116,7 @@ const TASK_COLUMNS_SQL: &str = "user_id, lab_id, image, gpus, gpu_models, min_gp
 type TaskColumns = (Vec<i64>, Vec<String>, Vec<String>, Vec<String>);
 
 fn task_columns(array: &Array, v: &ValidJob, tasks: &[Task]) -> Result<TaskColumns, DbError> {
-    let waiting = v.after.first().map(super::deps::waiting_text);
+    let waiting = v.after.first();
     let throttled = throttle_text(array.id, array.throttle.unwrap_or(0));
     let mut index = Vec::with_capacity(tasks.len());
     let mut command = Vec::with_capacity(tasks.len());
@@ -126,8 +126,8 @@ fn task_columns(array: &Array, v: &ValidJob, tasks: &[Task]) -> Result<TaskColum
         index.push(t.index);
         command.push(to_json(&t.command)?);
         env.push(to_json(&t.env)?);
-        reason.push(match (&waiting, array.throttle) {
-            (Some(w), _) => w.clone(),
+        reason.push(match (waiting, array.throttle) {
+            (Some(w), _) => super::deps::waiting_text(w, Some(t.index)),
             (None, Some(limit)) if position as i64 >= limit => throttled.clone(),
             _ => "waiting for the scheduler".to_string(),
         });

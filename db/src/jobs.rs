@@ -55,7 +55,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
     // A job that waits for others is held out of the queue until they have ended; it says
     // what it waits for from the start.
     let held = !v.after.is_empty();
-    let waiting_for = v.after.first().map(super::deps::waiting_text);
+    let waiting_for = v.after.first().map(|a| super::deps::waiting_text(a, None));
     let reason = waiting_for
         .as_deref()
         .unwrap_or("waiting for the scheduler");

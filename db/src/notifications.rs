@@ -59,6 +59,16 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    job_notices (job_id, attempt, reason) {
+        job_id -> BigInt,
+        attempt -> Integer,
+        reason -> Text,
+        ends_at -> Timestamp,
+        created_at -> Timestamp,
+    }
+}
+
 /// A user's stored settings (JSON columns as stored).
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable)]
 #[diesel(table_name = notification_settings)]
@@ -205,29 +215,36 @@ pub fn enqueue(
         if moved == 0 {
             return Ok(false);
         }
-        let t = now();
-        for d in deliveries {
-            let q = diesel::insert_into(notification_deliveries::table)
-                .values((
-                    notification_deliveries::event_id.eq(&d.event_id),
-                    notification_deliveries::user_id.eq(d.user_id),
-                    notification_deliveries::job_id.eq(d.job_id),
-                    notification_deliveries::event.eq(&d.event),
-                    notification_deliveries::channel.eq(&d.channel),
-                    notification_deliveries::target.eq(&d.target),
-                    notification_deliveries::payload.eq(&d.payload),
-                    notification_deliveries::status.eq("pending"),
-                    notification_deliveries::created_at.eq(t),
-                    notification_deliveries::next_at.eq(t),
-                ))
-                .on_conflict_do_nothing();
-            match c {
-                DbConn::Pg(c) => q.execute(c)?,
-                DbConn::Sqlite(c) => q.execute(c)?,
-            };
-        }
+        add_deliveries(c, deliveries)?;
         Ok(true)
     })
+}
+
+/// Queues `deliveries` (pending from now); one already queued (the same event id,
+/// channel and target) is left as it is.
+pub fn add_deliveries(c: &mut DbConn, deliveries: &[NewDelivery]) -> Result<(), DbError> {
+    let t = now();
+    for d in deliveries {
+        let q = diesel::insert_into(notification_deliveries::table)
+            .values((
+                notification_deliveries::event_id.eq(&d.event_id),
+                notification_deliveries::user_id.eq(d.user_id),
+                notification_deliveries::job_id.eq(d.job_id),
+                notification_deliveries::event.eq(&d.event),
+                notification_deliveries::channel.eq(&d.channel),
+                notification_deliveries::target.eq(&d.target),
+                notification_deliveries::payload.eq(&d.payload),
+                notification_deliveries::status.eq("pending"),
+                notification_deliveries::created_at.eq(t),
+                notification_deliveries::next_at.eq(t),
+            ))
+            .on_conflict_do_nothing();
+        match c {
+            DbConn::Pg(c) => q.execute(c)?,
+            DbConn::Sqlite(c) => q.execute(c)?,
+        };
+    }
+    Ok(())
 }
 
 /// Takes up to `limit` due deliveries for `lease_s` seconds; returns those this call
@@ -310,4 +327,80 @@ pub fn expire(c: &mut DbConn, before: NaiveDateTime) -> Result<usize, DbError> {
             .filter(notification_deliveries::created_at.lt(before)),
     )
     .execute(c)?)
+}
+
+/// Records that attempt `attempt` of `job` was told it ends at `ends_at` for `reason`;
+/// false (and nothing written) when it already was.
+pub fn insert_notice(
+    c: &mut DbConn,
+    job: i64,
+    attempt: i32,
+    reason: &str,
+    ends_at: NaiveDateTime,
+) -> Result<bool, DbError> {
+    let q = diesel::insert_into(job_notices::table)
+        .values((
+            job_notices::job_id.eq(job),
+            job_notices::attempt.eq(attempt),
+            job_notices::reason.eq(reason),
+            job_notices::ends_at.eq(ends_at),
+            job_notices::created_at.eq(now()),
+        ))
+        .on_conflict_do_nothing();
+    let n = match c {
+        DbConn::Pg(c) => q.execute(c)?,
+        DbConn::Sqlite(c) => q.execute(c)?,
+    };
+    Ok(n == 1)
+}
+
+/// A running job that an `ending` notice may be for: its current attempt, when that
+/// attempt started running, and its time limit.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable)]
+pub struct Running {
+    pub job: i64,
+    pub attempt: i32,
+    pub started_at: Option<NaiveDateTime>,
+    pub time_limit_s: i64,
+}
+
+/// The running interactive jobs and jobs with a web app, with their current attempt's
+/// start, that have no notice for `reason` yet for that attempt (two queries).
+pub fn running_without_notice(c: &mut DbConn, reason: &str) -> Result<Vec<Running>, DbError> {
+    use super::domain::JobKind;
+    use super::models::JobState;
+    use super::schema::{job_apps, job_attempts, jobs};
+    let apps = job_apps::table.select(job_apps::job_id);
+    let rows: Vec<Running> = jobs::table
+        .inner_join(job_attempts::table)
+        .filter(jobs::state.eq(JobState::Running))
+        .filter(job_attempts::attempt.eq(jobs::attempts))
+        .filter(
+            jobs::kind
+                .eq(JobKind::Interactive)
+                .or(jobs::id.eq_any(apps)),
+        )
+        .order(jobs::id)
+        .select((
+            jobs::id,
+            jobs::attempts,
+            job_attempts::started_at,
+            jobs::time_limit_s,
+        ))
+        .load(c)?;
+    if rows.is_empty() {
+        return Ok(rows);
+    }
+    let ids: Vec<i64> = rows.iter().map(|r| r.job).collect();
+    let told: std::collections::BTreeSet<(i64, i32)> = job_notices::table
+        .filter(job_notices::job_id.eq_any(&ids))
+        .filter(job_notices::reason.eq(reason))
+        .select((job_notices::job_id, job_notices::attempt))
+        .load::<(i64, i32)>(c)?
+        .into_iter()
+        .collect();
+    Ok(rows
+        .into_iter()
+        .filter(|r| !told.contains(&(r.job, r.attempt)))
+        .collect())
 }

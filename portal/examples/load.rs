@@ -19,6 +19,11 @@
 //!    [`seed_queue`]): the figure measured is the scheduler's round, not the submission
 //!    path, and filling 50,000 jobs through the API would take minutes.
 //!
+//! 6. With `--compare-array N`: the scheduler's round with N single jobs queued (seeded as
+//!    above), then, those cancelled, with one array of N tasks queued (submitted through
+//!    the API, its acceptance timed), and with `--array-throttle T` also one of N tasks
+//!    at most T at once: side by side in one run (see `compare.rs`).
+//!
 //! ```sh
 //! ulimit -n 65536
 //! cargo build --release -p commons-portal
@@ -27,10 +32,16 @@
 //! # the scheduler's round at 1,000 nodes x 8 GPUs and 50,000 queued jobs:
 //! TEST_DATABASE_URL=... cargo run --release -p commons-portal --example load -- \
 //!   --agents 1000 --gpus 8 --idle-jobs 0 --submissions 0 --seed-queued 50000 --seed-run-s 30
+//! # a 10,000-task array against 10,000 single jobs, on a full campus:
+//! TEST_DATABASE_URL=... cargo run -p commons-portal --example load -- --agents 50 \
+//!   --gpus 8 --idle-jobs 0 --submissions 0 --compare-array 10000 --array-throttle 100 \
+//!   --seed-run-s 3600
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test program: a failure is a crash
 
+#[path = "load/compare.rs"]
+mod compare;
 #[path = "../tests/it/support/load.rs"]
 #[allow(dead_code)]
 mod load;
@@ -121,6 +132,8 @@ async fn main() {
     let tick_s = arg("--tick-s", 30);
     let seed_queued = arg("--seed-queued", 0);
     let seed_run_s = arg("--seed-run-s", 30);
+    let compare = arg("--compare-array", 0);
+    let throttle = arg("--array-throttle", 0);
     // Submissions a second in phase 4 (open loop); 0: as fast as `--concurrency` allows.
     let rate = Some(arg("--rate", 0) as f64).filter(|r| *r > 0.0);
     let admin = std::env::var("TEST_DATABASE_URL")
@@ -363,7 +376,20 @@ async fn main() {
             began.elapsed().as_secs_f64()
         );
     }
-    scheduler_figures(&portal.url, tick_s, &campus, agents, gpus).await;
+    if compare > 0 {
+        let c = compare::Compare {
+            url: &portal.url,
+            db_url: &url,
+            token: &user_tokens[0],
+            n: compare,
+            throttle,
+            run_s: seed_run_s,
+            tick_s,
+        };
+        compare::compare_array(&c, &campus, agents, gpus).await;
+    } else {
+        scheduler_figures(&portal.url, tick_s, &campus, agents, gpus).await;
+    }
     let (_, rss) = usage(pid);
     println!("   portal RSS {rss:.0} MiB at the end");
     drop(portal);
@@ -578,6 +604,11 @@ fn by_window(s: &load::Submitted) -> String {
 /// SELECT`s and an `ANALYZE` (test setup, documented in
 /// docs/src/development/benchmarks.md). Returns how many were added.
 fn seed_queue(url: &str, template: i64, n: u64, run_s: u64) -> usize {
+    seed_queue_of(url, template, n, run_s, false)
+}
+
+/// [`seed_queue`], all for the template's user when `one_user`.
+fn seed_queue_of(url: &str, template: i64, n: u64, run_s: u64, one_user: bool) -> usize {
     use diesel::{Connection, RunQueryDsl};
     let mut c = diesel::PgConnection::establish(url).unwrap();
     #[derive(diesel::QueryableByName)]
@@ -594,7 +625,7 @@ fn seed_queue(url: &str, template: i64, n: u64, run_s: u64) -> usize {
     let before = last(&mut c);
     let added = diesel::sql_query(format!(
         "WITH m AS (SELECT user_id, lab_id, row_number() OVER (ORDER BY user_id) - 1 AS k, \
-                           count(*) OVER () AS n FROM memberships) \
+                           count(*) OVER () AS n FROM memberships {who}) \
          INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, gpu_models, \
              min_gpu_memory_mb, cpus, memory_mb, time_limit_s, kind, state, reason, \
              attempts, log_bytes, created_at, image_digest, image_signature) \
@@ -605,7 +636,12 @@ fn seed_queue(url: &str, template: i64, n: u64, run_s: u64) -> usize {
          FROM generate_series(0, {n} - 1) AS g(i) \
          JOIN m ON m.k = g.i % m.n \
          JOIN jobs t ON t.id = {template} \
-         ORDER BY g.i"
+         ORDER BY g.i",
+        who = if one_user {
+            format!("WHERE user_id = (SELECT user_id FROM jobs WHERE id = {template})")
+        } else {
+            String::new()
+        }
     ))
     .execute(&mut c)
     .unwrap();

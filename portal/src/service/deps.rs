@@ -24,9 +24,11 @@ use crate::error::AppError;
 use commons_api::flows::{After, Ended};
 use std::collections::BTreeMap;
 
-/// What a job waiting for `a` says while it waits ("waiting for job 41 to succeed").
-pub fn waiting_text(a: &After) -> String {
-    db::deps::waiting_text(a)
+/// What a job waiting for `a` says while it waits ("waiting for job 41 to succeed";
+/// `index`: the task's, for a per-index wait: "waiting for task 3 of array 7 to
+/// succeed").
+pub fn waiting_text(a: &After, index: Option<i64>) -> String {
+    db::deps::waiting_text(a, index)
 }
 
 /// Refuses (422, `after`) a wait for a job that does not exist or that is neither the
@@ -110,29 +112,43 @@ pub enum Verdict {
     Wait(String),
 }
 
-/// Judges one held job. A job it waits for that no longer exists cannot be waited for.
-pub fn verdict(
-    after: &[After],
-    states: &BTreeMap<i64, JobState>,
-    arrays: &BTreeMap<i64, BTreeMap<JobState, i64>>,
-) -> Verdict {
+/// What the held jobs wait for, as one round read it.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// Jobs by id (those named by a wait, and the tasks of arrays waited for per index).
+    pub states: BTreeMap<i64, JobState>,
+    /// Arrays waited for as a whole: their tasks' counts by state.
+    pub arrays: BTreeMap<i64, BTreeMap<JobState, i64>>,
+    /// Arrays waited for per index: `(array, index) -> job id`.
+    pub tasks: BTreeMap<(i64, i64), i64>,
+}
+
+/// Judges one held job (`index`: its index, if it is an array's task). A job it waits
+/// for that no longer exists cannot be waited for.
+pub fn verdict(after: &[After], index: Option<i64>, seen: &Seen) -> Verdict {
     let mut first_open = None;
     for a in after {
-        let end = match a.array {
-            Some(id) => arrays.get(&id).map(|counts| array_ended(a, counts)),
-            None => states.get(&a.job).copied().map(ended),
+        let end = match (a.array, index) {
+            (Some(id), Some(i)) if a.per_index => seen
+                .tasks
+                .get(&(id, i))
+                .and_then(|job| seen.states.get(job))
+                .copied()
+                .map(ended),
+            (Some(id), _) => seen.arrays.get(&id).map(|counts| array_ended(a, counts)),
+            (None, _) => seen.states.get(&a.job).copied().map(ended),
         };
         match end {
-            None => return Verdict::Fail(format!("{} no longer exists", a.what())),
+            None => return Verdict::Fail(format!("{} no longer exists", a.what_for(index))),
             Some(Some(e)) if a.met_by(e) => {}
-            Some(Some(e)) => return Verdict::Fail(a.unmet(e)),
+            Some(Some(e)) => return Verdict::Fail(a.unmet_for(index, e)),
             Some(None) => {
                 first_open.get_or_insert(a);
             }
         }
     }
     match first_open {
-        Some(a) => Verdict::Wait(waiting_text(a)),
+        Some(a) => Verdict::Wait(waiting_text(a, index)),
         None => Verdict::Release,
     }
 }
@@ -144,48 +160,87 @@ pub struct Settled {
     pub failed: usize,
 }
 
+fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Reads what the held jobs wait for: the jobs they name (one query per few thousand),
+/// the arrays they wait for whole (one), and the tasks of those they wait for per index
+/// (one).
+fn read_seen(c: &mut DbConn, held: &[db::deps::Held]) -> Result<Seen, AppError> {
+    let waits = || held.iter().flat_map(|h| h.after.iter());
+    let ids = sorted(
+        waits()
+            .filter(|a| a.array.is_none())
+            .map(|a| a.job)
+            .collect(),
+    );
+    let whole = sorted(
+        waits()
+            .filter(|a| !a.per_index)
+            .filter_map(|a| a.array)
+            .collect(),
+    );
+    let per_index = sorted(
+        waits()
+            .filter(|a| a.per_index)
+            .filter_map(|a| a.array)
+            .collect(),
+    );
+    let mut seen = Seen {
+        states: db::deps::states(c, &ids)?,
+        arrays: db::arrays::counts_of(c, &whole)?,
+        tasks: BTreeMap::new(),
+    };
+    for (key, (id, state)) in db::deps::task_states(c, &per_index)? {
+        seen.tasks.insert(key, id);
+        seen.states.insert(id, state);
+    }
+    Ok(seen)
+}
+
 /// Settles every held job (one transaction): releases those whose waits are met, fails
 /// those whose waits can no longer be met, and updates what the others say they wait
-/// for. A job always waits for older ones, so going in id order with the states updated
-/// as jobs fail settles a whole chain in one round.
+/// for.
+///
+/// 1. Read the held jobs and what they wait for ([`read_seen`]): a few queries whatever
+///    their number.
+/// 2. Judge each in id order. A job always waits for older ones, so with the states
+///    updated as jobs are judged, a whole chain settles in one round (a task of an array
+///    that waits per index for another array's task is younger than it too).
+/// 3. Apply the verdicts in bulk: one statement per few thousand jobs for each kind of
+///    change, so a 10,000-task array waiting per index settles in a handful of them.
 pub fn settle(c: &mut DbConn) -> Result<Settled, AppError> {
     db::transaction(c, |c| {
         let held = db::deps::held(c)?;
         if held.is_empty() {
             return Ok(Settled::default());
         }
-        let waits = || held.iter().flat_map(|h| h.after.iter());
-        let mut ids: Vec<i64> = waits()
-            .filter(|a| a.array.is_none())
-            .map(|a| a.job)
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let mut states = db::deps::states(c, &ids)?;
-        let mut arrays: Vec<i64> = waits().filter_map(|a| a.array).collect();
-        arrays.sort_unstable();
-        arrays.dedup();
-        let arrays = db::arrays::counts_of(c, &arrays)?;
-        let mut done = Settled::default();
+        let mut seen = read_seen(c, &held)?;
+        let (mut release, mut fail, mut reasons) = (Vec::new(), Vec::new(), Vec::new());
         for h in &held {
-            match verdict(&h.after, &states, &arrays) {
+            match verdict(&h.after, h.array_index, &seen) {
                 Verdict::Release => {
-                    db::deps::release(c, h.id, "waiting for the scheduler")?;
-                    states.insert(h.id, JobState::Queued);
-                    done.released += 1;
+                    release.push(h.id);
+                    seen.states.insert(h.id, JobState::Queued);
                 }
                 Verdict::Fail(why) => {
-                    db::deps::fail(c, h.id, &why)?;
-                    states.insert(h.id, JobState::Failed);
-                    done.failed += 1;
+                    fail.push((h.id, why));
+                    seen.states.insert(h.id, JobState::Failed);
                 }
                 Verdict::Wait(why) if h.reason.as_deref() != Some(why.as_str()) => {
-                    db::deps::set_reason(c, h.id, &why)?;
+                    reasons.push((h.id, why));
                 }
                 Verdict::Wait(_) => {}
             }
         }
-        Ok(done)
+        db::deps::set_reasons(c, &reasons)?;
+        Ok(Settled {
+            released: db::deps::release(c, &release, "waiting for the scheduler")?,
+            failed: db::deps::fail(c, &fail)?,
+        })
     })
 }
 
@@ -217,12 +272,13 @@ mod tests {
             ),
             (9, BTreeMap::from([(JobState::Succeeded, 3)])),
         ]);
-        let v = |a: &[After]| verdict(a, &states, &arrays);
-        let array = |id: i64, when: When| After {
-            job: 0,
-            array: Some(id),
-            when,
+        let seen = Seen {
+            states,
+            arrays,
+            tasks: BTreeMap::new(),
         };
+        let v = |a: &[After]| verdict(a, None, &seen);
+        let array = After::array;
         assert_eq!(v(&[array(9, When::Ok)]), Verdict::Release);
         assert_eq!(
             v(&[array(7, When::Ok)]),
@@ -263,6 +319,50 @@ mod tests {
         assert_eq!(
             v(&[after(9, When::Any)]),
             Verdict::Fail("job 9 no longer exists".into())
+        );
+    }
+
+    #[test]
+    fn a_task_waiting_per_index_looks_at_its_own_task_only() {
+        // Array 7: task 0 succeeded, 1 failed, 2 runs, 3 was cancelled (jobs 70..73).
+        let states = [
+            JobState::Succeeded,
+            JobState::Failed,
+            JobState::Running,
+            JobState::Cancelled,
+        ];
+        let seen = Seen {
+            states: (0..4).map(|i| (70 + i, states[i as usize])).collect(),
+            arrays: BTreeMap::new(),
+            tasks: (0..4).map(|i| ((7, i), 70 + i)).collect(),
+        };
+        let ok = [After::per_index(7, When::Ok)];
+        let v = |a: &[After], i: i64| verdict(a, Some(i), &seen);
+        assert_eq!(v(&ok, 0), Verdict::Release);
+        assert_eq!(
+            v(&ok, 1),
+            Verdict::Fail("task 1 of array 7 failed; this task needed it to succeed".into())
+        );
+        assert_eq!(
+            v(&ok, 2),
+            Verdict::Wait("waiting for task 2 of array 7 to succeed".into())
+        );
+        assert_eq!(
+            v(&ok, 3),
+            Verdict::Fail("task 3 of array 7 was cancelled; this task needed it to succeed".into())
+        );
+        assert_eq!(
+            v(&ok, 4),
+            Verdict::Fail("task 4 of array 7 no longer exists".into())
+        );
+        let fail = [After::per_index(7, When::Fail)];
+        assert_eq!(v(&fail, 1), Verdict::Release);
+        assert!(matches!(v(&fail, 0), Verdict::Fail(_)));
+        let any = [After::per_index(7, When::Any)];
+        assert_eq!(v(&any, 3), Verdict::Release);
+        assert_eq!(
+            v(&any, 2),
+            Verdict::Wait("waiting for task 2 of array 7 to end".into())
         );
     }
 }

@@ -32,9 +32,11 @@ struct PreferencesForm {
     email: Option<String>,
     started: Option<String>,
     preempted: Option<String>,
+    ending: Option<String>,
     succeeded: Option<String>,
     failed: Option<String>,
     cancelled: Option<String>,
+    array_finished: Option<String>,
 }
 
 impl PreferencesForm {
@@ -42,9 +44,11 @@ impl PreferencesForm {
         let on = [
             &self.started,
             &self.preempted,
+            &self.ending,
             &self.succeeded,
             &self.failed,
             &self.cancelled,
+            &self.array_finished,
         ];
         let chosen: Vec<String> = EVENTS
             .iter()

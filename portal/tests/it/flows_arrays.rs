@@ -161,10 +161,11 @@ per_backend! {
         let (status, v) = p.post_json(&p.alice, "/api/v1/jobs", &array("true", "0-100000")).await;
         assert!(status == 422 && v["message"].as_str().unwrap().contains("100001"),
             "[{backend:?}] says how many: {v}");
-        // Fields an array does not take yet, and an input that is not there, are named.
+        // A field an array does not take, an unknown event (arrays take `notify`: their one
+        // message), and an input that is not there, are named.
         for (field, value) in [
             ("app", json!({"port": 8888})),
-            ("notify", json!(["end"])),
+            ("notify", json!(["end", "sometimes"])),
             ("inputs", json!(["no/such/file"])),
         ] {
             let mut body = array("true", "0-3");

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(90);
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// One call the receiver got.
 #[derive(Debug, Clone)]
@@ -172,7 +172,7 @@ async fn restart(p: &mut TestPortal) {
         .expect("portal starts again");
 }
 
-fn test_portal(
+pub(crate) fn test_portal(
     backend: crate::support::harness::Backend,
 ) -> crate::support::harness::TestPortalBuilder<'static> {
     TestPortal::builder(backend).config(|c| {
@@ -315,14 +315,14 @@ per_backend! {
 }
 
 /// aiosmtpd on a free port, writing each message into a maildir.
-struct SmtpServer {
+pub(crate) struct SmtpServer {
     child: std::process::Child,
-    port: u16,
+    pub(crate) port: u16,
     dir: tempfile::TempDir,
 }
 
 impl SmtpServer {
-    fn start() -> SmtpServer {
+    pub(crate) fn start() -> SmtpServer {
         let python = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../target/test-venv/bin/python");
         let ok = std::process::Command::new(&python)
@@ -354,7 +354,7 @@ impl SmtpServer {
     }
 
     /// The messages received so far, as text.
-    fn messages(&self) -> Vec<String> {
+    pub(crate) fn messages(&self) -> Vec<String> {
         let new = self.dir.path().join("mail/new");
         std::fs::read_dir(new)
             .map(|d| {

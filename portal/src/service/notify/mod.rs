@@ -10,12 +10,18 @@
 //!    cancelled) it queues one delivery per channel of the job's owner whose events
 //!    include it (the job's own `notify` list replaces the owner's), with the stable id
 //!    `evt_<row id>`, and moves the cursor, in one transaction.
+//!    An array's tasks are the exception: they send nothing of their own, and the
+//!    array sends one `array_finished` when its last task ends ([`array_done`]).
+//!    Interactive jobs and apps near their time limit get `ending` ([`ending`]), from a
+//!    check the same background task makes every 2 seconds.
 //! 3. Due deliveries are claimed for a minute (so one replica sends each) and sent;
 //!    a failure is retried with doubling delays for 24 h.
 //!
 //! Invariants: a webhook's secret never leaves the portal except as the HMAC it makes;
 //! settings are checked whole before anything is stored.
 
+pub mod array_done;
+pub mod ending;
 pub mod queue;
 pub mod send;
 pub mod sign;

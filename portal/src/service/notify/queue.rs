@@ -85,10 +85,20 @@ pub fn pass(c: &mut DbConn, email_on: bool) -> Result<usize, AppError> {
         .filter_map(|(j, e)| Some((j, serde_json::from_str(&e).ok()?)))
         .collect();
     let mut out = Vec::new();
+    // Arrays whose tasks ended in this batch: when each task ended last.
+    let mut arrays: BTreeMap<i64, NaiveDateTime> = BTreeMap::new();
     for e in notified {
         let (Some(job), Some(event)) = (jobs.get(&e.job_id), event_of(e.state)) else {
             continue;
         };
+        // An array's tasks send nothing of their own: the array sends one message.
+        if let Some(a) = job.array_id {
+            if e.state.is_final() {
+                let t = arrays.entry(a).or_insert(e.at);
+                *t = (*t).max(e.at);
+            }
+            continue;
+        }
         let Some(s) = settings.get(&job.user_id) else {
             continue;
         };
@@ -100,6 +110,9 @@ pub fn pass(c: &mut DbConn, email_on: bool) -> Result<usize, AppError> {
         }
         out.extend(deliveries(c, e, event, job, s, email_on)?);
     }
+    out.extend(super::array_done::deliveries(
+        c, &arrays, &settings, email_on,
+    )?);
     let n = events.len();
     if store::enqueue(c, from, to, &out)? {
         if !out.is_empty() {

@@ -26,6 +26,8 @@ const CLAIM_S: i64 = 60;
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest wait between two tries.
 const MAX_DELAY_S: u64 = 3600;
+/// How often running interactive and app jobs are checked for a near time limit.
+const ENDING_EVERY: Duration = Duration::from_secs(2);
 /// How long finished deliveries stay in the log, in days.
 pub const KEEP_DAYS: i64 = 30;
 
@@ -89,11 +91,24 @@ impl Sender {
     }
 }
 
-/// The background task: forever, queue new events' deliveries, then send the due ones.
+/// The background task: forever, queue new events' deliveries (and, every few seconds,
+/// the notices of jobs near their time limit), then send the due ones.
 pub async fn run(ctx: Ctx, sender: Arc<Sender>) {
     let poll = Duration::from_millis(sender.cfg.poll_ms.max(50));
     let mut expired_at: Option<std::time::Instant> = None;
+    let mut ending_at: Option<std::time::Instant> = None;
     loop {
+        if ending_at.is_none_or(|t| t.elapsed() >= ENDING_EVERY) {
+            ending_at = Some(std::time::Instant::now());
+            let email_on = sender.mailer.is_some();
+            if let Err(e) = ctx
+                .db
+                .run(move |c| super::ending::check_time_limits(c, email_on))
+                .await
+            {
+                tracing::warn!("notifications: checking time limits: {e}");
+            }
+        }
         if expired_at.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
             expired_at = Some(std::time::Instant::now());
             let before = db::now() - chrono::Duration::days(KEEP_DAYS);
