@@ -204,9 +204,10 @@ fn warn(
             ends_at.format("%H:%M")
         );
         db::jobs::add_event(c, job, db::models::JobState::Running, &message)?;
-        // notify: ending (idle) — the one place an idle app's owner is told it is about
-        // to end: `super::notify::ending::queue_ending(c, job, &message, ends_at)` is
-        // called here, in this transaction, once that module exists.
+        // The owner hears of it too (e-mail, webhooks), once per idle stretch: the
+        // reason names when it began, so a later stretch is a notice of its own.
+        let reason = format!("no use of the app since {} UTC", since.format("%H:%M"));
+        super::notify::ending::queue_ending(c, job, &reason, ends_at)?;
         Ok(true)
     })
 }

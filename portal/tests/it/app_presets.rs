@@ -27,6 +27,8 @@ async fn portal_with(
         .config(move |c| {
             c.apps.url = Some(format!("http://{{host}}.apps.localhost:{apps_port}"));
             c.apps.listen = Some(format!("127.0.0.1:{apps_port}"));
+            // The idle notice's webhook receiver listens on loopback.
+            c.notify.allow_private_targets = true;
             if let Some((port, key)) = ssh {
                 c.ssh.listen = Some(format!("127.0.0.1:{port}"));
                 c.ssh.host_key_file = Some(key);
@@ -308,6 +310,17 @@ async fn a_launched_app_left_alone_is_warned_then_ended_and_open_websockets_or_s
         Some((ssh_port, dir.path().join("host_key"))),
     )
     .await;
+    // Alice hears of an app about to end by webhook.
+    let rx = crate::notifications::Receiver::start(0);
+    let (status, v) = p
+        .put_json(
+            &p.alice,
+            "/api/v1/me/notifications",
+            &json!({"webhooks": [{"url": rx.url, "secret": crate::notifications::SECRET}],
+                    "events": ["ending"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
     let _agent = p.agent("vision", "fake:3xA100-80GB").await;
     let mut ids = Vec::new();
     for (name, script) in [("web", HTTPD), ("echo", ECHO)] {
@@ -335,10 +348,7 @@ async fn a_launched_app_left_alone_is_warned_then_ended_and_open_websockets_or_s
     let kept: i64 = r.stdout.trim().parse().unwrap();
     p.wait_state(&p.alice, kept, &["running"], Duration::from_secs(120))
         .await;
-    let kept_url = p.job(&p.alice, kept).await["app_url"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let kept_url = crate::apps::wait_app_url(&p, kept).await;
     let kept_host = kept_url
         .strip_prefix("http://")
         .and_then(|r| r.split(':').next())
@@ -383,6 +393,20 @@ async fn a_launched_app_left_alone_is_warned_then_ended_and_open_websockets_or_s
     let html = alice.page(&format!("/jobs/{idle}")).await;
     assert!(html.contains("id=\"app-idle-warning\""), "{html}");
     let warned_page = html;
+    // ... and by webhook, once, with the same end.
+    let calls = rx
+        .wait("the idle app's ending notice", |c| !c.is_empty())
+        .await;
+    let e: serde_json::Value = serde_json::from_str(&calls[0].body).unwrap();
+    assert_eq!(e["type"], "job.ending", "{e}");
+    assert_eq!(e["data"]["job"]["id"], idle, "{e}");
+    assert!(
+        e["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("no use of the app since "),
+        "{e}"
+    );
     p.wait_state(&p.alice, idle, &["cancelled"], Duration::from_secs(120))
         .await;
     let view = p.job(&p.alice, idle).await;
