@@ -183,58 +183,58 @@ pub enum Pass {
 /// app, 403 for anyone but the owner, 503 while the job does not run.
 pub async fn pass(ctx: &Ctx, label: String, creds: Credentials) -> Result<Pass, AppError> {
     let now = db::now();
-    let app: AppRow = {
-        let label = label.clone();
-        ctx.db
-            .run(move |c| rows::by_host(c, &label))
-            .await?
-            .ok_or(AppError::NotFound("app"))?
-    };
-    let job = app.job_id;
-    let user = match creds.bearer {
-        Some(token) => Some(
-            super::identity::caller(ctx, Some(token), None)
-                .await?
-                .0
-                .user
-                .id,
-        ),
-        None => {
-            // At most a few: a browser sends each cookie of a name once per domain.
-            let sessions: Vec<String> = creds.sessions.into_iter().take(8).collect();
-            ctx.db
-                .run(move |c| {
-                    for s in &sessions {
-                        if let Some((j, u)) = rows::session(c, &sha(s), now)? {
-                            if j == job {
-                                return Ok(Some(u));
-                            }
-                        }
-                    }
-                    Ok::<_, AppError>(None)
-                })
-                .await?
-        }
-    };
-    let Some(user) = user else {
-        return Ok(Pass::SignIn);
-    };
-    let owner = ctx.db.run(move |c| db::jobs::get(c, job)).await?.user_id;
-    if owner != user {
-        return Err(AppError::Forbidden(format!(
-            "job {job}'s app is its owner's alone"
-        )));
+    let since = now - chrono::Duration::seconds(ACTIVITY_EVERY_S);
+    // One trip to the database for the whole decision: it is made for every request.
+    let decided = ctx
+        .db
+        .run(move |c| {
+            let app: AppRow = rows::by_host(c, &label)?.ok_or(AppError::NotFound("app"))?;
+            let job = app.job_id;
+            let Some(user) = user_of(c, job, creds, now)? else {
+                return Ok(None);
+            };
+            let j = db::jobs::get(c, job)?;
+            if j.user_id != user {
+                return Err(AppError::Forbidden(format!(
+                    "job {job}'s app is its owner's alone"
+                )));
+            }
+            let (node, attempt) = super::ssh::attempt_of(&j).map_err(AppError::Unavailable)?;
+            rows::touch(c, job, now, since)?;
+            Ok::<_, AppError>(Some(Pass::Through {
+                job,
+                port: u16::try_from(app.port).unwrap_or(0),
+                node,
+                attempt,
+            }))
+        })
+        .await?;
+    Ok(decided.unwrap_or(Pass::SignIn))
+}
+
+/// Who the request's credentials say it is, for `job`'s origin: the token's holder, or
+/// the user of one of the origin's sessions (of this job); none without either.
+fn user_of(
+    c: &mut DbConn,
+    job: i64,
+    creds: Credentials,
+    now: chrono::NaiveDateTime,
+) -> Result<Option<i64>, AppError> {
+    if let Some(token) = creds.bearer {
+        let (user, _, _) = db::users::token_holder(c, &token)?.ok_or_else(|| {
+            AppError::Unauthenticated("the access token is unknown, expired or revoked".into())
+        })?;
+        return Ok(Some(user.id));
     }
-    let (node, attempt) = super::ssh::running_attempt(ctx, job)
-        .await?
-        .map_err(AppError::Unavailable)?;
-    touch(ctx, job).await?;
-    Ok(Pass::Through {
-        job,
-        port: u16::try_from(app.port).unwrap_or(0),
-        node,
-        attempt,
-    })
+    // At most a few: a browser sends each cookie of a name once per domain.
+    for s in creds.sessions.iter().take(8) {
+        if let Some((j, u)) = rows::session(c, &sha(s), now)? {
+            if j == job {
+                return Ok(Some(u));
+            }
+        }
+    }
+    Ok(None)
 }
 
 pub use crate::db::apps::ToProbe;

@@ -121,7 +121,13 @@ pub async fn running_attempt(
     job: i64,
 ) -> Result<Result<(i64, Attempt), String>, AppError> {
     let j: Job = ctx.db.run(move |c| jobs::get(c, job)).await?;
-    Ok(match (j.state(), j.node_id) {
+    Ok(attempt_of(&j))
+}
+
+/// Where job `j` runs now (its node and attempt), or why there is nothing to connect to.
+pub fn attempt_of(j: &Job) -> Result<(i64, Attempt), String> {
+    let job = j.id;
+    match (j.state(), j.node_id) {
         (JobState::Running, Some(node)) => Ok((node, j.attempts)),
         (JobState::Queued, _) => Err(format!(
             "job {job} is queued{}: SSH works while it runs; try again then",
@@ -137,7 +143,7 @@ pub async fn running_attempt(
         (state, _) => Err(format!(
             "job {job} has ended ({state}): there is nothing to connect to"
         )),
-    })
+    }
 }
 
 pub use commons_api::ssh::GatewayInfo;
