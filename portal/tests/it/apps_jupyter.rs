@@ -157,6 +157,10 @@ async fn jupyter_runs_a_kernel_through_the_proxy_and_jupyterlab_loads_in_chromiu
     let kernel_id = kernel["id"].as_str().expect("a kernel id").to_string();
     let printed = execute(&host, apps_port, &kernel_id, &p.alice, "print(6*7)").await;
     assert_eq!(printed, "42\n");
+    // A cell sees the job's GPUs (the agent's fake ones here).
+    let code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])";
+    let gpus = execute(&host, apps_port, &kernel_id, &p.alice, code).await;
+    assert!(gpus.starts_with("GPU-fake-"), "the kernel's GPUs: {gpus:?}");
     // Bob's token does not pass.
     let r = app
         .get(format!("{url}/api/contents"))
@@ -200,5 +204,116 @@ async fn jupyter_runs_a_kernel_through_the_proxy_and_jupyterlab_loads_in_chromiu
     // The launcher shows once the lab has loaded its settings and kernel specs.
     let errors = b.console_errors().await;
     assert!(errors.is_empty(), "console errors: {errors:?}");
+    b.close().await;
+}
+
+/// Writes the web apps' screenshots for the book (docs/screenshots/launch.png,
+/// app-job.png, jupyterlab.png) by the way a user goes: a JupyterLab preset, the Launch
+/// page, the job page's Open, the lab.
+/// Run: `cargo test -p commons-portal --test it apps_jupyter::screenshots -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes docs/screenshots/; run by hand"]
+async fn screenshots() {
+    image_is_built();
+    let out = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/screenshots");
+    let apps_port = free_port();
+    let p = TestPortal::builder(Backend::Sqlite)
+        .config(move |c| {
+            c.apps.url = Some(format!("http://{{host}}.apps.localhost:{apps_port}"));
+            c.apps.listen = Some(format!("127.0.0.1:{apps_port}"));
+        })
+        .start()
+        .await;
+    let (status, body) = p
+        .post_json(
+            &p.olga,
+            "/api/v1/images",
+            &json!({"name_tag": IMAGE, "description": "JupyterLab 4.6"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let command = jupyter_job()["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().replace("8888", "{port}"))
+        .collect::<Vec<_>>();
+    let (status, body) = p
+        .post_json(
+            &p.olga,
+            "/api/v1/app-presets",
+            &json!({"name": "jupyterlab", "title": "JupyterLab",
+                    "description": "Notebooks on a campus GPU", "colour": "#f37726",
+                    "image": IMAGE, "command": command, "port": 8888,
+                    "gpus": 1, "max_gpus": 2, "hours": 2, "max_hours": 8,
+                    "user_sets": ["gpus", "hours"], "idle_minutes": 60}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let preset = body["id"].as_i64().unwrap();
+    let _agent = p.agent("vision", "fake:2xA100-80GB").await;
+    let b = Browser::start().await;
+    browser_login(&b, &p, "alice").await;
+    b.client.set_window_size(1280, 900).await.unwrap();
+    b.client.goto(&format!("{}/launch", p.url)).await.unwrap();
+    let png = b.client.screenshot().await.unwrap();
+    std::fs::write(out.join("launch.png"), png).unwrap();
+    b.client
+        .find(fantoccini::Locator::Id(&format!("launch-{preset}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let shown: Value = b
+            .client
+            .execute("return !!document.getElementById('app-open');", vec![])
+            .await
+            .unwrap();
+        if shown == Value::Bool(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Open button; at {}",
+            b.url().await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let png = b.client.screenshot().await.unwrap();
+    std::fs::write(out.join("app-job.png"), png).unwrap();
+    let url: Value = b
+        .client
+        .execute("return document.getElementById('app-open').href;", vec![])
+        .await
+        .unwrap();
+    b.client
+        .goto(&format!("{}lab", url.as_str().unwrap()))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let shown: Value = b
+            .client
+            .execute(
+                "return !!document.querySelector('.jp-LabShell .jp-LauncherCard');",
+                vec![],
+            )
+            .await
+            .unwrap();
+        if shown == Value::Bool(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no JupyterLab at {}",
+            b.url().await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let png = b.client.screenshot().await.unwrap();
+    std::fs::write(out.join("jupyterlab.png"), png).unwrap();
     b.close().await;
 }
