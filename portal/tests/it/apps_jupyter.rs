@@ -19,7 +19,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 const IMAGE: &str = "commons-jupyter:test";
 
-fn image_is_built() {
+pub fn image_is_built() {
     let out = std::process::Command::new("docker")
         .args(["image", "inspect", IMAGE, "--format", "{{.Id}}"])
         .output()

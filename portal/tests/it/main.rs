@@ -14,6 +14,7 @@ mod app_presets;
 mod apps;
 mod apps_bench;
 mod apps_jupyter;
+mod apps_stream;
 mod checkpoints;
 mod cli;
 mod cli_login;
