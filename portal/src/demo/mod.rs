@@ -40,6 +40,51 @@ pub struct DemoArgs {
     /// Tell the scripted story faster (a 3 s grace period, shorter jobs); for tests.
     #[arg(long)]
     pub fast: bool,
+    /// Address the jobs' web apps are served on (each app at
+    /// `http://<label>.apps.localhost:<port>`); default: the portal's port plus one.
+    #[arg(long)]
+    pub apps_listen: Option<String>,
+}
+
+/// Where the demo serves web apps: `--apps-listen`, or the portal's host at its port + 1.
+fn apps_listen(args: &DemoArgs) -> anyhow::Result<String> {
+    if let Some(a) = &args.apps_listen {
+        return Ok(a.clone());
+    }
+    let addr: std::net::SocketAddr = args
+        .listen
+        .parse()
+        .with_context(|| format!("--listen {}: give HOST:PORT", args.listen))?;
+    Ok(std::net::SocketAddr::new(addr.ip(), addr.port().wrapping_add(1)).to_string())
+}
+
+/// A web-app preset anyone can launch in the demo: busybox's httpd serving a page that
+/// names the job's GPUs (the demo image has no Jupyter).
+async fn add_demo_preset(ctx: &crate::service::Ctx) -> anyhow::Result<()> {
+    use crate::service::{app_presets, identity};
+    let op = ctx
+        .db
+        .run(|c| crate::db::users::user_by_name(c, campus::OPERATOR))
+        .await?
+        .context("the demo's operator is missing")?;
+    let (actor, _) = identity::caller(ctx, None, Some(op.id)).await?;
+    if app_presets::list(ctx, &actor)
+        .await?
+        .iter()
+        .any(|p| p.spec.name == "hello-web")
+    {
+        return Ok(());
+    }
+    let script = "mkdir -p /tmp/www && echo \"<h1>Hello from a campus GPU</h1><p>GPUs:                   $CUDA_VISIBLE_DEVICES</p>\" > /tmp/www/index.html && exec httpd -f -p                   127.0.0.1:{port} -h /tmp/www";
+    let req: commons_api::app_preset::PresetRequest = serde_json::from_value(serde_json::json!({
+        "name": "hello-web", "title": "Hello web",
+        "description": "A tiny web page served from your job (busybox httpd)",
+        "image": DEMO_IMAGE, "command": ["sh", "-c", script], "port": 8888,
+        "gpus": 1, "max_gpus": 2, "hours": 1, "max_hours": 4, "cpus": 0.5, "memory_gb": 0.25,
+        "user_sets": ["gpus", "hours"], "idle_minutes": 30
+    }))?;
+    app_presets::create(ctx, &actor, req).await?;
+    Ok(())
 }
 
 /// The script that builds the demo image, from the source tree.
@@ -181,6 +226,10 @@ fn banner(url: &str, data_dir: &Path, quiet: bool) {
         println!("alice needs them, wait (and why), and resume from their checkpoints;");
         println!("as alice to see her job get her lab's GPUs back; as admin for every lab.");
     }
+    println!("Web apps: the Launch page has a Hello web preset; its Open button goes to");
+    println!(
+        "  http://<label>.apps.localhost:<port>/ (browsers send *.localhost to this machine)."
+    );
     println!("Data in {}. Stop with Ctrl-C.", data_dir.display());
     println!();
 }
@@ -209,6 +258,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..Config::default()
     };
     config.policy.default_grace_s = pace.grace_s;
+    let apps_at = apps_listen(&args)?;
+    let apps_port = apps_at
+        .rsplit_once(':')
+        .map(|(_, p)| p.to_string())
+        .unwrap_or_default();
+    config.apps.url = Some(format!("http://{{host}}.apps.localhost:{apps_port}"));
+    config.apps.listen = Some(apps_at);
     // Installed before anything runs that must be stopped, so no signal is missed.
     let stop = stop_requested()?;
     tokio::pin!(stop);
@@ -216,6 +272,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     campus::seed(&portal.state).await?;
     let db = portal.state.db.clone();
     tokio::task::spawn_blocking(move || allow_demo_image(&db)).await??;
+    add_demo_preset(&portal.state).await?;
     let url = portal.url();
     let mut servers = campus::Servers::start(&agent_bin, &portal.state, &url, &data_dir).await?;
     banner(&url, &data_dir, args.quiet);

@@ -93,6 +93,7 @@ async fn the_demo_tells_its_story_and_leaves_nothing_behind() {
     let stderr = std::fs::File::create(dir.path().join("stderr")).unwrap();
     let mut demo = Command::new(&portal)
         .args(["demo", "--listen", &format!("127.0.0.1:{port}"), "--fast"])
+        .args(["--apps-listen", &format!("127.0.0.1:{}", free_port())])
         .arg("--data-dir")
         .arg(&data)
         // Not under cargo: the demo would build the agent first (a no-op here).
