@@ -160,6 +160,28 @@ pub fn to_probe(c: &mut DbConn) -> Result<Vec<ToProbe>, DbError> {
         .collect())
 }
 
+/// `user`'s running jobs whose app answered during their current attempt: (job, its
+/// name, the app's URL), newest first.
+pub fn answered_of_user(
+    c: &mut DbConn,
+    user: i64,
+) -> Result<Vec<(i64, Option<String>, String)>, DbError> {
+    let running: Vec<(i64, Option<String>, String, i32)> = job_apps::table
+        .inner_join(jobs::table)
+        .filter(jobs::user_id.eq(user))
+        .filter(jobs::state.eq(JobState::Running))
+        .order(jobs::id.desc())
+        .select((job_apps::job_id, jobs::name, job_apps::url, jobs::attempts))
+        .load(c)?;
+    let ids: Vec<i64> = running.iter().map(|r| r.0).collect();
+    let ready = ready_attempts(c, &ids)?;
+    Ok(running
+        .into_iter()
+        .filter(|(job, _, _, attempt)| ready.get(job) == Some(attempt))
+        .map(|(job, name, url, _)| (job, name, url))
+        .collect())
+}
+
 /// The attempt during which each of `jobs`' apps last answered.
 pub fn ready_attempts(
     c: &mut DbConn,

@@ -237,6 +237,23 @@ fn user_of(
     Ok(None)
 }
 
+/// One of a user's apps that is up: its job, the job's name, where it is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenApp {
+    pub job: i64,
+    pub name: Option<String>,
+    pub url: String,
+}
+
+/// `user`'s running apps that answered during their current attempt (the overview's
+/// Open buttons), newest first.
+pub fn open_apps_of(c: &mut DbConn, user: i64) -> Result<Vec<OpenApp>, AppError> {
+    Ok(rows::answered_of_user(c, user)?
+        .into_iter()
+        .map(|(job, name, url)| OpenApp { job, name, url })
+        .collect())
+}
+
 pub use crate::db::apps::ToProbe;
 
 /// The running jobs' apps that have not answered during their current attempt (see

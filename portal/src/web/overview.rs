@@ -26,6 +26,8 @@ struct OverviewPage {
     legend: Vec<CellState>,
     /// The viewer's use in each lab: (lab, GPUs bar, GPU-hours bar).
     mine: Vec<(String, UseBar, UseBar)>,
+    /// The viewer's web apps that are up, each with its Open button.
+    apps: Vec<crate::service::apps::OpenApp>,
 }
 
 /// The overview for a signed-in user; the login page for anyone else.
@@ -41,9 +43,15 @@ async fn index(
     };
     let banner = Banner::new(&state, &session, Some(&user));
     let offset = state.config.policy.utc_offset_s;
-    let ov = state
+    let me = user.user.id;
+    let (ov, apps) = state
         .db
-        .run(move |c| overview::overview(c, &user, offset))
+        .run(move |c| {
+            Ok::<_, crate::error::AppError>((
+                overview::overview(c, &user, offset)?,
+                crate::service::apps::open_apps_of(c, me)?,
+            ))
+        })
         .await?;
     let labs = ov
         .labs
@@ -74,6 +82,7 @@ async fn index(
         .collect();
     let page = OverviewPage {
         mine,
+        apps,
         banner,
         typical_wait: ov
             .typical_wait_s

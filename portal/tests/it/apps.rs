@@ -171,12 +171,17 @@ async fn a_jobs_app_is_served_to_its_owner_alone_on_an_origin_of_its_own() {
     let alice = BrowserSession::login(&p, "alice").await;
     // The job list has an Open button for each app that answered.
     let list = alice.page("/jobs").await;
+    let overview = alice.page("/").await;
     for (u, _) in &served {
-        assert!(
-            list.contains(&format!("class=\"button app-open\" href=\"{u}\"")),
-            "no Open for {u} in the job list"
-        );
+        let open = format!("class=\"button app-open\" href=\"{u}\"");
+        assert!(list.contains(&open), "no Open for {u} in the job list");
+        assert!(overview.contains(&open), "no Open for {u} on the overview");
     }
+    let bobs = BrowserSession::login(&p, "bob").await.page("/").await;
+    assert!(
+        !bobs.contains("app-open"),
+        "bob's overview shows alice's apps"
+    );
     let r = app
         .get(format!("{url}/"))
         .header("cookie", alice.cookie())
