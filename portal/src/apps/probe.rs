@@ -35,7 +35,12 @@ pub async fn run(state: AppState) {
             }
         };
         for app in due {
-            if !state.agents.is_connected(app.node_id) || !busy.lock().unwrap().insert(app.job_id) {
+            if !state.agents.is_connected(app.node_id)
+                || !busy
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(app.job_id)
+            {
                 continue;
             }
             let state = state.clone();
@@ -54,7 +59,7 @@ pub async fn run(state: AppState) {
                     }
                     Err(why) => tracing::debug!(job, "app not up yet: {why}"),
                 }
-                busy.lock().unwrap().remove(&job);
+                busy.lock().unwrap_or_else(|p| p.into_inner()).remove(&job);
             });
         }
     }

@@ -214,6 +214,7 @@ async fn apps_bench_proxy_against_an_ssh_tunnel() {
     )
     .await;
     let _ = tunnel.kill();
+    let _ = tunnel.wait();
     println!("| through | small GET p50 | p99 | 32 MiB download | round trip p50 | p99 |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     for (name, f) in [("the apps' proxy", &proxy), ("ssh -L (gateway)", &ssh)] {
