@@ -34,6 +34,9 @@ pub struct Checkpoint {
     pub sha256: String,
     pub parts: i32,
     pub created_at: NaiveDateTime,
+    /// How long it took to write (pack and upload), in milliseconds, as its agent
+    /// measured it; `None` when the agent did not say.
+    pub write_ms: Option<i64>,
 }
 
 /// The states of a job that ended for good.
@@ -52,6 +55,8 @@ pub struct NewCheckpoint<'a> {
     pub sha256: &'a str,
     pub parts: i32,
     pub created_at: NaiveDateTime,
+    /// See [`Checkpoint::write_ms`].
+    pub write_ms: Option<i64>,
 }
 
 pub fn insert(c: &mut DbConn, new: &NewCheckpoint<'_>) -> Result<Checkpoint, DbError> {
@@ -68,6 +73,7 @@ pub fn insert(c: &mut DbConn, new: &NewCheckpoint<'_>) -> Result<Checkpoint, DbE
             checkpoints::sha256.eq(new.sha256),
             checkpoints::parts.eq(new.parts),
             checkpoints::created_at.eq(new.created_at),
+            checkpoints::write_ms.eq(new.write_ms),
         )),
         checkpoints::id
     )?;
@@ -148,26 +154,57 @@ pub fn latest_at_for_jobs(
         .collect())
 }
 
-/// When each of the given attempts (job, attempt) last stored a checkpoint (one query).
-pub fn latest_at_for_attempts(
+/// What the scheduler knows of a running attempt's checkpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttemptCheckpoints {
+    /// When this attempt last stored a checkpoint (`None`: it has not).
+    pub latest_at: Option<NaiveDateTime>,
+    /// How long the job's latest checkpoint with a known write time took to write, in
+    /// milliseconds: of this attempt or an earlier one (`None`: none is known).
+    pub write_ms: Option<i64>,
+}
+
+/// A checkpoint of a job as [`for_attempts`] reads it: attempt, seq, when, write time.
+type OfJob = (i32, i32, NaiveDateTime, Option<i64>);
+
+/// For each of the given attempts (job, attempt): when it last stored a checkpoint and
+/// the job's latest known write time (one query).
+pub fn for_attempts(
     c: &mut DbConn,
     attempts: &[(i64, i32)],
-) -> Result<BTreeMap<(i64, i32), NaiveDateTime>, DbError> {
+) -> Result<BTreeMap<(i64, i32), AttemptCheckpoints>, DbError> {
     let jobs: BTreeSet<i64> = attempts.iter().map(|(j, _)| *j).collect();
-    let wanted: BTreeSet<(i64, i32)> = attempts.iter().copied().collect();
-    let rows: Vec<(i64, i32, NaiveDateTime)> = checkpoints::table
+    let rows: Vec<(i64, i32, i32, NaiveDateTime, Option<i64>)> = checkpoints::table
         .filter(checkpoints::job_id.eq_any(jobs))
         .select((
             checkpoints::job_id,
             checkpoints::attempt,
+            checkpoints::seq,
             checkpoints::created_at,
+            checkpoints::write_ms,
         ))
         .load(c)?;
-    let mut out: BTreeMap<(i64, i32), NaiveDateTime> = BTreeMap::new();
-    for (job, attempt, at) in rows {
-        if wanted.contains(&(job, attempt)) {
-            let e = out.entry((job, attempt)).or_insert(at);
-            *e = (*e).max(at);
+    // Per job, its checkpoints (attempt, seq, created_at, write_ms) newest first.
+    let mut by_job: BTreeMap<i64, Vec<OfJob>> = BTreeMap::new();
+    for (job, attempt, seq, at, ms) in rows {
+        by_job.entry(job).or_default().push((attempt, seq, at, ms));
+    }
+    for ks in by_job.values_mut() {
+        ks.sort_unstable_by_key(|k| std::cmp::Reverse((k.0, k.1)));
+    }
+    let mut out = BTreeMap::new();
+    for &(job, attempt) in attempts {
+        let ks = by_job.get(&job).map(Vec::as_slice).unwrap_or_default();
+        let latest_at = ks.iter().filter(|k| k.0 == attempt).map(|k| k.2).max();
+        let write_ms = ks.iter().filter(|k| k.0 <= attempt).find_map(|k| k.3);
+        if latest_at.is_some() || write_ms.is_some() {
+            out.insert(
+                (job, attempt),
+                AttemptCheckpoints {
+                    latest_at,
+                    write_ms,
+                },
+            );
         }
     }
     Ok(out)

@@ -237,6 +237,7 @@ diesel::table! {
         sha256 -> Text,
         parts -> Integer,
         created_at -> Timestamp,
+        write_ms -> Nullable<BigInt>,
     }
 }
 

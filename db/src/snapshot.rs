@@ -129,8 +129,8 @@ struct Rows {
     labs: Vec<Lab>,
     members: Vec<(i64, i64, super::types::Json<Quota>)>,
     job_of: BTreeMap<i64, JobOf>,
-    /// When each running attempt last stored a checkpoint.
-    checkpointed: BTreeMap<(i64, i32), chrono::NaiveDateTime>,
+    /// Each running attempt's latest checkpoint and the job's latest known write time.
+    checkpointed: BTreeMap<(i64, i32), super::checkpoints::AttemptCheckpoints>,
 }
 
 impl Rows {
@@ -193,7 +193,7 @@ impl Rows {
             .load(c)?;
         let job_of = jobs_of_attempts(c, &active)?;
         let pairs: Vec<(i64, i32)> = active.iter().map(|a| (a.job_id, a.attempt)).collect();
-        let checkpointed = super::checkpoints::latest_at_for_attempts(c, &pairs)?;
+        let checkpointed = super::checkpoints::for_attempts(c, &pairs)?;
         laps.lap("running jobs and checkpoints");
         Ok(Rows {
             nodes,
@@ -370,6 +370,11 @@ fn running_jobs(rows: &Rows) -> Vec<commons_sched::RunningJob> {
         .map(|a| {
             let (lab, user, limit, cpus, memory_mb) =
                 rows.job_of.get(&a.job_id).copied().unwrap_or_default();
+            let k = rows
+                .checkpointed
+                .get(&(a.job_id, a.attempt))
+                .copied()
+                .unwrap_or_default();
             // An attempt still starting has no started_at yet: count from creation.
             commons_sched::RunningJob {
                 id: a.job_id,
@@ -380,16 +385,11 @@ fn running_jobs(rows: &Rows) -> Vec<commons_sched::RunningJob> {
                 started_at: secs(a.started_at.unwrap_or(a.created_at)),
                 time_limit_s: limit,
                 preempting: a.status() == super::models::AttemptStatus::Stopping,
-                last_checkpoint_at: rows
-                    .checkpointed
-                    .get(&(a.job_id, a.attempt))
-                    .copied()
-                    .map(secs),
+                last_checkpoint_at: k.latest_at.map(secs),
                 cpus,
                 memory_mb: memory_mb.max(0) as u64,
-                // Not recorded yet: agents do not report how long a checkpoint took, so
-                // victims and grace periods ignore write times here.
-                checkpoint_write_s: None,
+                // As the agent measured it, in whole seconds rounded up.
+                checkpoint_write_s: k.write_ms.map(|ms| (ms.max(0) + 999) / 1000),
             }
         })
         .collect()

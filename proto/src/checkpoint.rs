@@ -72,6 +72,14 @@ pub struct CheckpointCommit {
     pub bytes: u64,
     /// SHA-256 of the whole archive (the parts concatenated), lowercase hex.
     pub sha256: String,
+    /// How long the checkpoint took to write, in milliseconds: from the start of packing
+    /// the archive to its last part uploaded, on the agent's clock. Older agents omit it
+    /// (and an agent resuming an earlier try's archive does not know it); the scheduler
+    /// gives a guest whose last checkpoint took longer than its node's grace a longer one.
+    /// A portal that predates it refuses the field (400): the agent sends the commit
+    /// again without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_ms: Option<u64>,
 }
 
 /// The answer to a commit: the checkpoint's id and when it was stored (RFC 3339, UTC).

@@ -359,6 +359,15 @@ mod tests {
         let c: CheckpointCommit =
             serde_json::from_str(r#"{"parts":3,"bytes":10,"sha256":"ab"}"#).unwrap();
         assert_eq!(c.parts, 3);
+        assert_eq!(c.write_ms, None, "older agents omit it");
+        assert_eq!(
+            serde_json::to_string(&c).unwrap(),
+            r#"{"parts":3,"bytes":10,"sha256":"ab"}"#
+        );
+        let timed: CheckpointCommit =
+            serde_json::from_str(r#"{"parts":3,"bytes":10,"sha256":"ab","write_ms":61001}"#)
+                .unwrap();
+        assert_eq!(timed.write_ms, Some(61_001));
         assert!(serde_json::from_str::<CheckpointCommit>(
             r#"{"parts":3,"bytes":10,"sha256":"ab","x":1}"#
         )

@@ -279,6 +279,26 @@ impl CheckpointClient {
         attempt: Attempt,
         commit: &CheckpointCommit,
     ) -> Result<CheckpointCommitted, ApiError> {
+        match self.commit_once(job, attempt, commit).await {
+            // A portal that predates `write_ms` refuses unknown fields (400): the same
+            // commit without it.
+            Err(e) if e.status() == Some(400) && commit.write_ms.is_some() => {
+                let plain = CheckpointCommit {
+                    write_ms: None,
+                    ..commit.clone()
+                };
+                self.commit_once(job, attempt, &plain).await
+            }
+            done => done,
+        }
+    }
+
+    async fn commit_once(
+        &self,
+        job: JobId,
+        attempt: Attempt,
+        commit: &CheckpointCommit,
+    ) -> Result<CheckpointCommitted, ApiError> {
         let resp = self
             .request(reqwest::Method::POST, &checkpoint_commit_path(job, attempt))
             .timeout(self.policy.request_timeout)

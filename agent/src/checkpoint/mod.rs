@@ -149,6 +149,11 @@ pub struct UploadFile {
     /// upload that finds no parts commits again before sending any.
     #[serde(default)]
     pub commit_sent: bool,
+    /// When this agent began packing the archive, to tell the portal how long the
+    /// checkpoint took to write. Not kept in the file: an archive left by an earlier try
+    /// (another journey, perhaps another run of the agent) has no known start.
+    #[serde(skip)]
+    pub packing_started: Option<std::time::Instant>,
 }
 
 /// Creates the attempt's checkpoint directory if it is missing and hands it to the job's

@@ -21,6 +21,8 @@
 //! 3. One round: list the parts the portal has (and its part size), send each missing
 //!    or different part, then commit. A round that finds no parts after a commit was
 //!    sent commits first: that commit's answer was lost, and the portal recognises it.
+//!    The commit says how long the checkpoint took to write (`write_ms`: from the start
+//!    of packing to the commit, retries included), when this journey packed the archive.
 //! 4. Repeat rounds after failures that may heal, with back-off, until committed, a final
 //!    refusal, or the [`Budget`] is spent; progress (a part or a commit accepted) resets
 //!    the count. A commit records the fingerprint as `stored` and deletes the archive.
@@ -326,12 +328,14 @@ fn prepare_archive(
     }
     // No upload.json may name an archive being rewritten.
     remove_file(&upload)?;
+    let packing_started = Some(std::time::Instant::now());
     let packed = archive::pack(&src, &archive, cap, cancel)?;
     let up = UploadFile {
         fingerprint: fp,
         bytes: packed.bytes,
         sha256: packed.sha256,
         commit_sent: false,
+        packing_started,
     };
     write_json(&upload, &up).map_err(|e| ArchiveError::Io(std::io::Error::other(e)))?;
     Ok(Prepared::Archive(up, packed.skipped))
@@ -376,10 +380,14 @@ async fn round(
     cancel: &AtomicBool,
     alive: Alive<'_>,
 ) -> Result<(), RoundError> {
+    // Measured when each commit is sent: packing, then every round's parts.
     let commit = |up: &UploadFile, parts| CheckpointCommit {
         parts,
         bytes: up.bytes,
         sha256: up.sha256.clone(),
+        write_ms: up
+            .packing_started
+            .map(|t| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)),
     };
     let save = |up: &UploadFile| {
         write_json(&attempt_dir.join(UPLOAD_FILE), up)

@@ -383,8 +383,55 @@ async fn an_interrupted_upload_resumes_after_an_agent_restart_without_resending_
     let commits = portal.commits();
     assert_eq!(commits.len(), 1);
     assert_eq!(files_of(&commits[0].archive)["state.bin"], data);
+    assert_eq!(
+        commits[0].write_ms, None,
+        "packed by the agent before its restart: how long it took is not known"
+    );
     assert!(!attempt_dir.join(checkpoint::UPLOAD_FILE).exists());
     assert!(ev.logs_of(8).contains("checkpoint stored"));
+}
+
+/// Stops job `job` with a checkpoint of `len` bytes and waits for the final report.
+async fn stop_with_checkpoint(ck: &mut Ck, job: i64, len: usize) {
+    let host = run(ck, job, launch(None, false)).await;
+    std::fs::write(host.join("state.bin"), noise(len)).unwrap();
+    ck.exec.stop(job, 1, 5, StopReason::Preempted, None);
+    let end = ck.ev.final_of(job).await;
+    assert_eq!(end.stop, Some(StopReason::Preempted));
+}
+
+#[tokio::test]
+async fn a_commit_says_how_long_the_checkpoint_took_to_write() {
+    // Five parts of 4 KiB, each answered after 200 ms: at least a second to write.
+    let mut ck = ck_setup(policy(), 4096).await;
+    ck.portal
+        .with(|s| s.part_delay = Duration::from_millis(200));
+    stop_with_checkpoint(&mut ck, 10, 20_000).await;
+    let commits = ck.portal.commits();
+    assert_eq!(commits.len(), 1, "{:?}", ck.portal.seen());
+    let ms = commits[0].write_ms.expect("the commit carries write_ms");
+    assert!(
+        (1_000..60_000).contains(&ms),
+        "packing and five slow parts took {ms} ms"
+    );
+}
+
+#[tokio::test]
+async fn a_portal_that_predates_write_ms_gets_the_commit_without_it() {
+    let mut ck = ck_setup(policy(), 1 << 20).await;
+    ck.portal.with(|s| s.before_write_ms = true);
+    stop_with_checkpoint(&mut ck, 11, 5_000).await;
+    let commits = ck.portal.commits();
+    assert_eq!(commits.len(), 1, "{:?}", ck.portal.seen());
+    assert_eq!(commits[0].write_ms, None);
+    let statuses: Vec<u16> = ck
+        .portal
+        .seen()
+        .iter()
+        .filter(|s| s.path.ends_with("/commit"))
+        .map(|s| s.status)
+        .collect();
+    assert_eq!(statuses, [400, 200], "refused with write_ms, taken without");
 }
 
 #[tokio::test]

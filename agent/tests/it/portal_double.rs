@@ -31,6 +31,8 @@ pub(crate) struct Committed {
     pub job: i64,
     pub attempt: i32,
     pub archive: Vec<u8>,
+    /// How long the agent said the checkpoint took to write.
+    pub write_ms: Option<u64>,
 }
 
 #[derive(Default)]
@@ -49,6 +51,11 @@ pub(crate) struct State {
     pub cap: bool,
     /// Commits take this long to answer.
     pub commit_delay: Duration,
+    /// Parts take this long to answer.
+    pub part_delay: Duration,
+    /// As a portal that predates `write_ms`: a commit with a field it does not know is
+    /// refused (400).
+    pub before_write_ms: bool,
     /// The inputs API: the files listed (path, contents, announced SHA-256).
     pub inputs: Vec<(String, Vec<u8>, String)>,
     /// GETs of an input file fail with 503 this many more times, by path.
@@ -178,12 +185,15 @@ async fn serve(mut conn: TcpStream, state: Arc<Mutex<State>>) {
     let Some(req) = read_request(&mut conn).await else {
         return;
     };
-    let (delay, input_delay) = {
+    let (delay, part_delay, input_delay) = {
         let s = state.lock().unwrap();
-        (s.commit_delay, s.input_delay)
+        (s.commit_delay, s.part_delay, s.input_delay)
     };
     if req.path.ends_with("/commit") && !delay.is_zero() {
         tokio::time::sleep(delay).await;
+    }
+    if req.method == "PUT" && req.path.contains("/parts/") && !part_delay.is_zero() {
+        tokio::time::sleep(part_delay).await;
     }
     let file = req.path.strip_prefix(commons_proto::INPUTS_PATH);
     if file.is_some_and(|f| f.matches('/').count() >= 3) {
@@ -316,6 +326,13 @@ fn inputs(s: &mut State, rest: &str) -> Answer {
 fn commit(s: &mut State, job: &str, attempt: &str, body: &[u8]) -> Answer {
     let key: (i64, i32) = (job.parse().unwrap(), attempt.parse().unwrap());
     let c: CheckpointCommit = serde_json::from_slice(body).unwrap();
+    if s.before_write_ms && c.write_ms.is_some() {
+        return error(
+            400,
+            "bad_request",
+            "the body is not a commit {parts, bytes, sha256}: unknown field `write_ms`",
+        );
+    }
     if s.cap {
         return error(
             409,
@@ -354,6 +371,7 @@ fn commit(s: &mut State, job: &str, attempt: &str, body: &[u8]) -> Answer {
         job: key.0,
         attempt: key.1,
         archive,
+        write_ms: c.write_ms,
     });
     json(CheckpointCommitted {
         id: s.commits.len() as i64,

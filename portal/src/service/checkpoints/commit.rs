@@ -140,6 +140,8 @@ pub async fn commit(
     let limits = ctx.checkpoints.limits();
     let key = prefix.to_string();
     let (lab, seq, parts_n) = (up.lab, up.seq, req.parts as i32);
+    // Beyond i64 is no write time anyone measured: dropped rather than stored wrapped.
+    let write_ms = req.write_ms.and_then(|ms| i64::try_from(ms).ok());
     let done = ctx
         .db
         .run(move |c| {
@@ -154,6 +156,7 @@ pub async fn commit(
                 sha256: &want,
                 parts: parts_n,
                 created_at: at,
+                write_ms,
             };
             record(c, limits, &new)
         })
@@ -164,6 +167,7 @@ pub async fn commit(
         attempt,
         seq,
         bytes,
+        write_ms,
         pruned = done.pruned.len(),
         "checkpoint stored"
     );

@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 mod caps;
 pub(crate) mod moto;
+mod write_time;
 
 use moto::Moto;
 
