@@ -10,6 +10,7 @@ pub mod load;
 pub mod oidc_provider;
 pub mod screenshot_data;
 pub mod session;
+pub mod ssh_rig;
 pub mod timeline;
 
 /// A test run once per database backend, as two tests named `NAME::sqlite` and
