@@ -137,8 +137,7 @@ fn for_array(
         target: String::new(),
         payload: String::new(),
     };
-    let mut out = Vec::new();
-    if s.email && email_on {
+    let email = if s.email && email_on {
         let user = db::users::user_by_id(c, a.user_id)?;
         let mail = super::send::Mail {
             subject: format!("[GPU Commons] {message}"),
@@ -148,22 +147,11 @@ fn for_array(
                 a.id
             ),
         };
-        out.push(NewDelivery {
-            channel: "email".into(),
-            target: user.email,
-            payload: serde_json::to_string(&mail).map_err(db::DbError::from)?,
-            ..base.clone()
-        });
-    }
-    for w in &s.webhooks {
-        out.push(NewDelivery {
-            channel: "webhook".into(),
-            target: w.id.clone(),
-            payload: body.clone(),
-            ..base.clone()
-        });
-    }
-    Ok(out)
+        Some((user.email, mail))
+    } else {
+        None
+    };
+    super::queue::per_channel(&base, email, &s.webhooks, &body)
 }
 
 #[cfg(test)]

@@ -137,30 +137,18 @@ fn deliveries(
         target: String::new(),
         payload: String::new(),
     };
-    let mut out = Vec::new();
-    if s.email && email_on {
+    let email = if s.email && email_on {
         let user = db::users::user_by_id(c, job.user_id)?;
         let mut mail = super::send::email_text(job, EVENT, &message, None);
         mail.text.push_str(
             "\nSave what you need now; an interactive job can be extended from its page \
              (Extend) or with POST /api/v1/jobs/{id}/extend.\n",
         );
-        out.push(NewDelivery {
-            channel: "email".into(),
-            target: user.email,
-            payload: serde_json::to_string(&mail).map_err(db::DbError::from)?,
-            ..base.clone()
-        });
-    }
-    for w in &s.webhooks {
-        out.push(NewDelivery {
-            channel: "webhook".into(),
-            target: w.id.clone(),
-            payload: body.clone(),
-            ..base.clone()
-        });
-    }
-    Ok(out)
+        Some((user.email, mail))
+    } else {
+        None
+    };
+    super::queue::per_channel(&base, email, &s.webhooks, &body)
 }
 
 #[cfg(test)]

@@ -159,25 +159,39 @@ fn deliveries(
         target: String::new(),
         payload: String::new(),
     };
-    let mut out = Vec::new();
-    if s.email && email_on {
+    let email = if s.email && email_on {
         let user = db::users::user_by_id(c, job.user_id)?;
         let mail = super::send::email_text(job, event, &e.message, deadline);
+        Some((user.email, mail))
+    } else {
+        None
+    };
+    per_channel(&base, email, &s.webhooks, &body)
+}
+
+/// One delivery of `base` per channel: to `email` (the address and the message), when
+/// given, and to each of `webhooks` with `body`.
+pub fn per_channel(
+    base: &NewDelivery,
+    email: Option<(String, super::send::Mail)>,
+    webhooks: &[super::Webhook],
+    body: &str,
+) -> Result<Vec<NewDelivery>, AppError> {
+    let mut out = Vec::new();
+    if let Some((address, mail)) = email {
         out.push(NewDelivery {
             channel: "email".into(),
-            target: user.email,
+            target: address,
             payload: serde_json::to_string(&mail).map_err(db::DbError::from)?,
             ..base.clone()
         });
     }
-    for w in &s.webhooks {
-        out.push(NewDelivery {
-            channel: "webhook".into(),
-            target: w.id.clone(),
-            payload: body.clone(),
-            ..base.clone()
-        });
-    }
+    out.extend(webhooks.iter().map(|w| NewDelivery {
+        channel: "webhook".into(),
+        target: w.id.clone(),
+        payload: body.to_string(),
+        ..base.clone()
+    }));
     Ok(out)
 }
 
