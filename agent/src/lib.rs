@@ -28,6 +28,7 @@ pub mod atomic;
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod datasets;
 pub mod deadline;
 pub mod disk;
 pub mod executor;
