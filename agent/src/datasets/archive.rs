@@ -145,12 +145,15 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Removes a download that did not finish.
-struct Part(Option<PathBuf>);
+struct Part {
+    path: PathBuf,
+    done: bool,
+}
 
 impl Drop for Part {
     fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            let _ = std::fs::remove_file(path);
+        if !self.done {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 }
@@ -186,7 +189,7 @@ async fn download(
     let local = |e: io::Error| Failed::Final(format!("cannot write it to {}: {e}", work.display()));
     let path = work.join(format!("archive-{:016x}.part", rand::random::<u64>()));
     let mut file = tokio::fs::File::create(&path).await.map_err(local)?;
-    let part = Part(Some(path));
+    let mut part = Part { path, done: false };
     let mut hash = Sha256::new();
     let mut got = 0u64;
     let mut body = resp.bytes_stream();
@@ -207,8 +210,8 @@ async fn download(
             "its SHA-256 is {have}, not {want} as published (a changed or damaged archive)"
         )));
     }
-    let mut part = part;
-    Ok(part.0.take().expect("download path"))
+    part.done = true;
+    Ok(part.path.clone())
 }
 
 /// Unpacks a `.tar.gz`, `.tgz` or `.tar` (told apart by their first bytes) into `into`,

@@ -34,7 +34,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// One dataset the cache holds, as the portal's placement sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,7 +130,7 @@ impl Cache {
 
     /// What the cache holds now, sorted by key and version.
     pub fn held(&self) -> Vec<Held> {
-        let state = self.state.lock().expect("dataset cache state");
+        let state = self.state();
         let mut held: Vec<Held> = state.entries.values().map(|e| e.held.clone()).collect();
         held.sort_by(|a, b| (&a.key, &a.version).cmp(&(&b.key, &b.version)));
         held
@@ -139,7 +139,7 @@ impl Cache {
     /// Drops `user`'s pins (called when an attempt is cleaned up; pins whose attempt
     /// directory is gone are ignored on their own too).
     pub fn release(&self, user: &Path) {
-        let state = self.state.lock().expect("dataset cache state");
+        let state = self.state();
         let name = pin_name(user);
         for id in state.entries.keys() {
             let pin = self.entry_dir(id).join("pins").join(&name);
@@ -169,7 +169,7 @@ impl Cache {
         check_names(key, version)?;
         let id = entry_id(key, version);
         let lock = {
-            let mut fills = self.fills.lock().expect("dataset fill locks");
+            let mut fills = self.fills.lock().unwrap_or_else(PoisonError::into_inner);
             fills.entry(id.clone()).or_default().clone()
         };
         let _one_fill = lock.lock().await;
@@ -207,13 +207,19 @@ impl Cache {
         Ok(path)
     }
 
+    /// The state: every change to it is whole before its lock is let go, so a panic
+    /// elsewhere leaves nothing half done.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn entry_dir(&self, id: &str) -> PathBuf {
         self.root.join("entries").join(id)
     }
 
     /// Step 2: the entry's `data/`, pinned and stamped, when it is held.
     fn hit(&self, id: &str, user: &Path) -> Result<Option<PathBuf>, String> {
-        let mut state = self.state.lock().expect("dataset cache state");
+        let mut state = self.state();
         let Some(key) = state.entries.get(id).map(|e| e.held.key.clone()) else {
             return Ok(None);
         };
@@ -226,7 +232,7 @@ impl Cache {
     /// Steps 3 and 4: refuses what cannot fit, evicts for what is expected, reserves it,
     /// and says the fill's byte cap.
     fn reserve(&self, key: &str, id: &str, n: u64, expected: Option<u64>) -> Result<u64, String> {
-        let mut state = self.state.lock().expect("dataset cache state");
+        let mut state = self.state();
         if self.cap == 0 {
             state.reserved.insert(n, expected.unwrap_or(0));
             return Ok(u64::MAX);
@@ -260,7 +266,7 @@ impl Cache {
     ) -> Result<PathBuf, String> {
         let key = held.key.clone();
         let failed = |e: io::Error| format!("dataset {key}: cannot keep it in the cache: {e}");
-        let mut state = self.state.lock().expect("dataset cache state");
+        let mut state = self.state();
         state.reserved.remove(&filling.n);
         let gone = self.evict(&mut state, held.bytes, id);
         if self.cap != 0 && state.used_bytes() + held.bytes > self.cap {
@@ -275,7 +281,9 @@ impl Cache {
                 size_text(busy)
             ));
         }
-        let meta = serde_json::to_vec(&held).expect("dataset meta");
+        let meta = serde_json::to_vec(&held)
+            .map_err(io::Error::other)
+            .map_err(failed)?;
         crate::atomic::write(&filling.dir.join("meta.json"), &meta, 0o644).map_err(failed)?;
         pin(&filling.dir, user).map_err(failed)?;
         let dir = self.entry_dir(id);
@@ -367,9 +375,7 @@ struct Filling<'a> {
 
 impl Drop for Filling<'_> {
     fn drop(&mut self) {
-        if let Ok(mut state) = self.cache.state.lock() {
-            state.reserved.remove(&self.n);
-        }
+        self.cache.state().reserved.remove(&self.n);
         if !self.done {
             remove_later(vec![self.dir.clone()]);
         }

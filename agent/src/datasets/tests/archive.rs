@@ -24,7 +24,10 @@ fn raw(b: &mut tar::Builder<Vec<u8>>, name: &str, kind: tar::EntryType, link: &s
     b.append(&h, data).expect("append");
 }
 
-fn tar_of(entries: &[(&str, tar::EntryType, &str, &[u8])]) -> Vec<u8> {
+/// An entry: name, type, link target, content.
+type Raw<'a> = (&'a str, tar::EntryType, &'a str, &'a [u8]);
+
+fn tar_of(entries: &[Raw]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (name, kind, link, data) in entries {
         raw(&mut b, name, *kind, link, data);
@@ -87,7 +90,7 @@ async fn unpacks_files_dirs_and_inside_links_read_only() {
 
 #[tokio::test]
 async fn refuses_what_could_leave_the_dataset() {
-    let cases: [(&[(&str, T, &str, &[u8])], &str); 8] = [
+    let cases: [(&[Raw], &str); 8] = [
         (
             &[("../evil", T::Regular, "", b"x")],
             "entry ../evil: a path with .. is not allowed",
