@@ -274,3 +274,44 @@ async fn https_with_the_dataset_ca() {
     .expect_err("bad CA file");
     assert!(err.contains("dataset CA file"), "{err}");
 }
+
+/// The whole journey as the executor would run it: fetch into the cache's scratch
+/// directory, unpack into the fill's directory, and later evict the read-only tree.
+#[tokio::test]
+async fn a_dataset_fills_the_cache_from_https() {
+    let archive = gz(&tar_of(&[("images/1.png", T::Regular, "", b"png")]));
+    let server = Server::start(vec![Reply::Body(archive.clone())], true).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cache = crate::datasets::Cache::open(tmp.path().join("cache"), 1000).expect("open");
+    let user = tmp.path().join("attempts/1-1");
+    std::fs::create_dir_all(&user).expect("attempt");
+    let (url, sha256, scratch) = (server.url.clone(), sha(&archive), cache.scratch());
+    let data = cache
+        .acquire(
+            "vision/tiny",
+            &sha(&archive),
+            &user,
+            None,
+            |dir, cap| async move {
+                let file = fetch(&url, &sha256, Some(CA_PEM), &scratch, cap).await?;
+                let bytes = unpack(&file, &dir, cap).await;
+                let _ = tokio::fs::remove_file(&file).await;
+                bytes
+            },
+        )
+        .await
+        .expect("filled");
+    assert_eq!(
+        std::fs::read(data.join("images/1.png")).expect("file"),
+        b"png"
+    );
+    assert_eq!(mode(&data), 0o555);
+    std::fs::remove_dir(&user).expect("attempt gone");
+    cache
+        .acquire("other", "v1", tmp.path(), Some(1000), |_, _| async {
+            Ok(0)
+        })
+        .await
+        .expect("other");
+    assert!(!data.exists(), "the read-only tree was evicted");
+}

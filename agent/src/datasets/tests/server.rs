@@ -21,6 +21,7 @@ pub enum Reply {
 pub struct Server {
     pub url: String,
     requests: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
 }
 
 impl Server {
@@ -32,11 +33,14 @@ impl Server {
         let script = Arc::new(Mutex::new(replies));
         let acceptor = tls.then(acceptor);
         let seen = requests.clone();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = connections.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     return;
                 };
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let reply = {
                     let mut script = script.lock().expect("script");
                     if script.len() > 1 {
@@ -63,11 +67,18 @@ impl Server {
         Server {
             url: format!("{scheme}://127.0.0.1:{port}/datasets/imagenet.tar.gz?token=secret"),
             requests,
+            connections,
         }
     }
 
+    /// Requests read (over TLS: only after a handshake that succeeded).
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted, handshakes that failed included.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 
