@@ -258,9 +258,10 @@ async fn https_with_the_dataset_ca() {
         .await
         .expect_err("untrusted");
     assert!(err.contains("certificate"), "{err}");
+    assert_eq!(server.requests(), 1);
     assert_eq!(
-        server.requests(),
-        1,
+        server.connections(),
+        2,
         "an untrusted server is not tried again"
     );
     let err = fetch(
