@@ -42,6 +42,9 @@ pub struct AgentConfig {
     /// Jobs' disk caps and the free-space floor (`--max-job-disk-gb`, `--min-free-disk`,
     /// `--job-disk`; see `disk`).
     pub disk: crate::disk::DiskPolicy,
+    /// Exported datasets and the dataset cache (`--data`, `--dataset-cache-gb`,
+    /// `--dataset-ca`; see `datasets`).
+    pub datasets: crate::datasets::DatasetsConfig,
 }
 
 /// What the agent reports as the server's CPUs and memory.
@@ -217,6 +220,7 @@ mod tests {
             fake_busy_util: 0,
             log_limit: Default::default(),
             disk: Default::default(),
+            datasets: Default::default(),
         };
         let shown = format!("{c:?}");
         assert!(

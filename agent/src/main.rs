@@ -211,6 +211,20 @@ struct RunArgs {
     /// `auto` (image when a test image mounts at start, else watch).
     #[arg(long, env = "COMMONS_JOB_DISK", default_value = "auto")]
     job_disk: commons_agent::disk::CapMode,
+    /// Export a folder of this server as dataset NAME (`NAME=/mnt/imagenet`;
+    /// repeatable): a lab admin registers it as `node:NAME`, and jobs that mount it run
+    /// only on servers that export it, reading it in place (read-only). No other host
+    /// path ever reaches a job.
+    #[arg(long = "data", value_name = "NAME=/path",
+          value_parser = commons_agent::datasets::parse_export)]
+    data: Vec<(String, std::path::PathBuf)>,
+    /// The most GB (10^9 bytes) of downloaded datasets kept here (under the state dir),
+    /// least recently used first out; never one a running job mounts. 0: no cap.
+    #[arg(long, env = "COMMONS_DATASET_CACHE_GB", default_value_t = 100)]
+    dataset_cache_gb: u64,
+    /// PEM certificates to trust for `https:` datasets besides the usual roots.
+    #[arg(long, env = "COMMONS_DATASET_CA")]
+    dataset_ca: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -373,6 +387,11 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             max_job_gb: args.max_job_disk_gb,
             floor: args.min_free_disk,
             mode: args.job_disk,
+        },
+        datasets: commons_agent::datasets::DatasetsConfig {
+            exports: args.data.into_iter().collect(),
+            cache_gb: args.dataset_cache_gb,
+            ca_file: args.dataset_ca,
         },
     })
 }

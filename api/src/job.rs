@@ -127,6 +127,12 @@ pub struct JobRequest {
     /// submitted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<String>,
+    /// Lab datasets mounted read-only: `[{"lab": "vision", "name": "imagenet", "mount":
+    /// "/datasets/imagenet"}]` (`mount` defaults to `/datasets/NAME`). At most 16; each
+    /// must be registered and visible to the owner when the job is submitted and when it
+    /// starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<crate::datasets::JobDataset>,
 }
 
 /// The least CPU share the Docker Engine accepts.
@@ -157,6 +163,7 @@ impl JobRequest {
             after: Vec::new(),
             app: None,
             inputs: Vec::new(),
+            datasets: Vec::new(),
         }
     }
 }
@@ -185,6 +192,7 @@ pub fn check(req: &JobRequest) -> Result<(), Invalid> {
         crate::web_app::check(app)?;
     }
     crate::files::check_inputs(&req.inputs)?;
+    crate::datasets::check_job_datasets(&req.datasets)?;
     Ok(())
 }
 

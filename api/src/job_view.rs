@@ -152,6 +152,9 @@ pub struct JobView {
     /// The files and folders it reads under `/inputs`, as submitted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<String>,
+    /// The datasets it mounts read-only, as submitted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<crate::datasets::JobDataset>,
     /// While its inputs are being copied to the server (before its container starts):
     /// how far.
     #[serde(default, skip_serializing_if = "Option::is_none")]

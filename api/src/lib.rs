@@ -15,6 +15,7 @@ pub mod account;
 pub mod app_preset;
 pub mod array;
 pub mod cli_login;
+pub mod datasets;
 pub mod error;
 pub mod files;
 pub mod flows;

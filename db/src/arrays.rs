@@ -102,6 +102,7 @@ macro_rules! bind_same {
             .bind::<Bool, _>(!v.after.is_empty())
             .bind::<BigInt, _>($array.id)
             .bind::<Text, _>(to_json(&v.inputs)?)
+            .bind::<Text, _>(to_json(&v.datasets)?)
     }};
 }
 
@@ -109,7 +110,7 @@ macro_rules! bind_same {
 const TASK_COLUMNS_SQL: &str = "user_id, lab_id, image, gpus, gpu_models, min_gpu_memory_mb, \
     cpus, memory_mb, time_limit_s, checkpoint_interval_s, shm_mb, disk_gb, image_digest, \
     image_signature, image_campus, kind, created_at, name, tags, after_jobs, held, array_id, \
-    inputs, state, array_index, command, env, reason";
+    inputs, datasets, state, array_index, command, env, reason";
 
 /// What differs between an array's tasks, column by column: index, command,
 /// environment (as JSON) and reason (tasks beyond the throttle say so from the start).
@@ -151,15 +152,15 @@ pub fn insert_tasks(
 ) -> Result<Vec<i64>, DbError> {
     let (index, command, env, reason) = task_columns(array, v, tasks)?;
     let queued = JobState::Queued.as_str();
-    // The same for every task: $1..$22 (PostgreSQL) or the first 22 `?` (SQLite).
+    // The same for every task: $1..$24 (PostgreSQL) or the first 24 `?` (SQLite).
     let same = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                $18, $19, $20, $21, $22, $23";
+                $18, $19, $20, $21, $22, $23, $24";
     match c {
         DbConn::Pg(pg) => {
             let q = diesel::sql_query(format!(
                 "INSERT INTO jobs ({TASK_COLUMNS_SQL}) \
                  SELECT {same}, '{queued}', t.i, t.c, t.e, t.r \
-                 FROM unnest($24::bigint[], $25::text[], $26::text[], $27::text[]) \
+                 FROM unnest($25::bigint[], $26::text[], $27::text[], $28::text[]) \
                    WITH ORDINALITY AS t(i, c, e, r, n) ORDER BY t.n"
             ));
             bind_same!(q, user, array, v)

@@ -176,6 +176,8 @@ pub struct ValidJob {
     pub after: Vec<commons_api::flows::After>,
     /// Its inputs as written; checked by the portal (they exist, the user may read them).
     pub inputs: Vec<String>,
+    /// The datasets it mounts; checked by the portal (registered, visible to the user).
+    pub datasets: Vec<commons_api::datasets::JobDataset>,
 }
 
 /// A key that passed every check, ready to store.

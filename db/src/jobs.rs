@@ -51,6 +51,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
     let tags = to_json(&v.tags)?;
     let after = to_json(&v.after)?;
     let inputs = to_json(&v.inputs)?;
+    let datasets = to_json(&v.datasets)?;
     let created_at = now();
     // A job that waits for others is held out of the queue until they have ended; it says
     // what it waits for from the start.
@@ -67,9 +68,9 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             "WITH j AS (INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, \
                  gpu_models, min_gpu_memory_mb, cpus, memory_mb, time_limit_s, \
                  checkpoint_interval_s, shm_mb, image_digest, image_signature, image_campus, kind, \
-                 state, reason, created_at, disk_gb, name, tags, after_jobs, held, inputs) \
+                 state, reason, created_at, disk_gb, name, tags, after_jobs, held, inputs, datasets) \
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                 $16, $17, '{queued}', $18, $19, $20, $21, $22, $23, $24, $25) RETURNING *), \
+                 $16, $17, '{queued}', $18, $19, $20, $21, $22, $23, $24, $25, $26) RETURNING *), \
              e AS (INSERT INTO job_events (job_id, at, state, message) \
                SELECT id, created_at, state, 'submitted' FROM j) \
              SELECT * FROM j",
@@ -100,6 +101,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
         .bind::<Text, _>(&after)
         .bind::<Bool, _>(held)
         .bind::<Text, _>(&inputs)
+        .bind::<Text, _>(&datasets)
         .get_result::<Job>(pg)?);
     }
     c.transaction(|c| {
@@ -130,6 +132,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             jobs::after_jobs.eq(&after),
             jobs::held.eq(held),
             jobs::inputs.eq(&inputs),
+            jobs::datasets.eq(&datasets),
         ));
         // The stored row comes back with the insert: no second read.
         let job: Job = match c {

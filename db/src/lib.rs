@@ -23,6 +23,7 @@ pub mod checkpoint_parts;
 pub mod checkpoints;
 pub mod cli_logins;
 pub mod copy;
+pub mod datasets;
 pub mod deps;
 pub mod domain;
 pub mod files;

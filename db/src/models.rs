@@ -106,6 +106,9 @@ pub struct Node {
     /// It reports more GPUs, or other models, than its baseline: no guests until its
     /// lab admin approves.
     pub inventory_unapproved: bool,
+    /// What its agent last said it offers for datasets (exports, cache).
+    #[serde(skip)]
+    pub datasets: Json<commons_proto::NodeDatasets>,
 }
 
 impl Node {
@@ -220,6 +223,8 @@ pub struct Job {
     pub held: bool,
     /// Its inputs as submitted (`commons_api::files::parse_input` reads each).
     pub inputs: Json<Vec<String>>,
+    /// The datasets it mounts, as submitted.
+    pub datasets: Json<Vec<commons_api::datasets::JobDataset>>,
     /// The array it is a task of, and its index there.
     pub array_id: Option<i64>,
     pub array_index: Option<i64>,

@@ -101,6 +101,7 @@ diesel::table! {
         shared_refused_from -> Nullable<Text>,
         gpu_baseline -> Nullable<Text>,
         inventory_unapproved -> Bool,
+        datasets -> Text,
     }
 }
 
@@ -170,6 +171,7 @@ diesel::table! {
         after_jobs -> Text,
         held -> Bool,
         inputs -> Text,
+        datasets -> Text,
         array_id -> Nullable<BigInt>,
         array_index -> Nullable<BigInt>,
     }
@@ -449,7 +451,21 @@ diesel::table! {
 
 diesel::joinable!(job_apps -> jobs (job_id));
 diesel::joinable!(app_ready -> jobs (job_id));
+diesel::table! {
+    datasets (id) {
+        id -> BigInt,
+        lab_id -> BigInt,
+        name -> Text,
+        source -> Text,
+        description -> Text,
+        visibility -> Text,
+        created_by -> Text,
+        created_at -> Timestamp,
+    }
+}
+
 diesel::joinable!(app_presets -> labs (lab_id));
+diesel::joinable!(datasets -> labs (lab_id));
 diesel::joinable!(job_logs -> jobs (job_id));
 diesel::joinable!(checkpoints -> jobs (job_id));
 diesel::joinable!(checkpoint_parts -> jobs (job_id));
@@ -474,6 +490,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     app_grants,
     app_ready,
     app_presets,
+    datasets,
     job_apps,
     arrays,
     labs,

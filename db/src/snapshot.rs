@@ -52,6 +52,8 @@ struct QueuedRow {
     queue_position: Option<i32>,
     estimated_start_at: Option<chrono::NaiveDateTime>,
     array_id: Option<i64>,
+    /// JSON; read only when not `[]` (almost every job names no dataset).
+    datasets: String,
 }
 
 /// The snapshot, and what each queued job shows now (its reason, place and estimated
@@ -131,6 +133,8 @@ struct Rows {
     job_of: BTreeMap<i64, JobOf>,
     /// Each running attempt's latest checkpoint and the job's latest known write time.
     checkpointed: BTreeMap<(i64, i32), super::checkpoints::AttemptCheckpoints>,
+    /// `LAB/NAME` of every `node:` dataset, with its lab and the export name.
+    exported: Vec<(String, i64, String)>,
 }
 
 impl Rows {
@@ -194,6 +198,13 @@ impl Rows {
         let job_of = jobs_of_attempts(c, &active)?;
         let pairs: Vec<(i64, i32)> = active.iter().map(|a| (a.job_id, a.attempt)).collect();
         let checkpointed = super::checkpoints::for_attempts(c, &pairs)?;
+        let exported = super::datasets::all(c)?
+            .into_iter()
+            .filter_map(|(d, slug)| {
+                let name = d.source.strip_prefix("node:")?.to_string();
+                Some((format!("{slug}/{}", d.name), d.lab_id, name))
+            })
+            .collect();
         laps.lap("running jobs and checkpoints");
         Ok(Rows {
             nodes,
@@ -206,6 +217,7 @@ impl Rows {
             members,
             job_of,
             checkpointed,
+            exported,
         })
     }
 }
@@ -341,6 +353,13 @@ fn sched_nodes(rows: &Rows, return_rates: &BTreeMap<i64, Vec<f64>>) -> Vec<commo
             low_disk: n.disk_low.is_some(),
             // New GPUs await the lab admin: no guests until approved.
             inventory_unapproved: n.inventory_unapproved,
+            exports: rows
+                .exported
+                .iter()
+                .filter(|(_, lab, name)| *lab == n.lab_id && n.datasets.exports.contains(name))
+                .map(|(key, ..)| key.clone())
+                .collect(),
+            cached: n.datasets.cached.iter().map(|d| d.key.clone()).collect(),
             gpus: on_node
                 .get(&n.id)
                 .into_iter()
@@ -417,10 +436,30 @@ fn queued_jobs(rows: &Rows, policy: &Policy) -> Vec<commons_sched::QueuedJob> {
                 disk_gb: effective_disk_gb(j.disk_gb, policy),
                 take_backs,
                 taken_back_at,
-                ..Default::default()
+                ..dataset_needs(j, &rows.exported)
             }
         })
         .collect()
+}
+
+/// What a queued job's datasets ask of a node: the `node:` ones it needs exported, and
+/// all of them for the cache preference (the rest of the job left to its defaults).
+fn dataset_needs(j: &QueuedRow, exported: &[(String, i64, String)]) -> commons_sched::QueuedJob {
+    if j.datasets == "[]" {
+        return commons_sched::QueuedJob::default();
+    }
+    let named: Vec<commons_api::datasets::JobDataset> =
+        serde_json::from_str(&j.datasets).unwrap_or_default();
+    let keys: Vec<String> = named.iter().map(|d| d.key()).collect();
+    commons_sched::QueuedJob {
+        needs_exports: keys
+            .iter()
+            .filter(|k| exported.iter().any(|(e, ..)| e == *k))
+            .cloned()
+            .collect(),
+        datasets: keys,
+        ..Default::default()
+    }
 }
 
 /// A job's disk in GiB: its own `disk_gb`, or the campus default.

@@ -142,5 +142,6 @@ pub fn demo_job(lab_id: i64) -> ValidJob {
         tags: Default::default(),
         after: Vec::new(),
         inputs: Vec::new(),
+        datasets: Vec::new(),
     }
 }

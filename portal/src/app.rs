@@ -242,6 +242,7 @@ fn http_server(
             .configure(crate::broker::checkpoints::configure)
             .configure(crate::broker::control::configure)
             .configure(crate::broker::inputs::configure)
+            .configure(crate::broker::datasets::configure)
             .configure(crate::broker::outputs::configure)
             .configure(crate::broker::relay::configure)
             .configure(crate::api::configure)

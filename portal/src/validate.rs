@@ -86,6 +86,7 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         tags: req.tags,
         after: req.after,
         inputs: req.inputs,
+        datasets: req.datasets,
     })
 }
 

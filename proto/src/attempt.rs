@@ -172,6 +172,10 @@ pub struct JobSpec {
     /// through the inputs API (`inputs::INPUTS_PATH`). Absent: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<String>,
+    /// The lab datasets the job mounts read-only, in the order its owner named them
+    /// (their index is their place in the datasets API). Absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<crate::DatasetMount>,
 }
 
 fn is_false(b: &bool) -> bool {

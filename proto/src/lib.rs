@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 pub mod attempt;
 pub mod checkpoint;
 pub mod control;
+pub mod datasets;
 pub mod inputs;
 pub mod outputs;
 pub mod relay;
@@ -44,6 +45,10 @@ pub use attempt::*;
 pub use checkpoint::*;
 pub use control::{
     NodeCapacity, NodeCommand, NodeControlAnswer, NodeDisk, NodeState, NODE_CONTROL_PATH,
+};
+pub use datasets::{
+    dataset_file_path, dataset_path, CachedDataset, DatasetListing, DatasetMount, DatasetSource,
+    NodeDatasets, DATASETS_PATH,
 };
 pub use inputs::{
     input_file_path, inputs_path, staging_path, InputFile, Staging, INPUTS_PATH, STAGING_PATH,
@@ -60,7 +65,11 @@ pub use relay::RelayOpen;
 /// 4: `JobSpec::image_campus` (a lab's own allow-list entry runs from a local image on
 /// that lab's servers only) and the hardening round's other fields; an agent of protocol
 /// 3 would run another lab's private local image for a guest, so it is refused.
-pub const PROTOCOL_VERSION: u32 = 4;
+///
+/// 5: `JobSpec::inputs` and `JobSpec::datasets` (staged or mounted read-only before the
+/// container starts) and `NodeDatasets` in `Hello`/`Heartbeat`; an agent of protocol 4
+/// would start such a job without its data, so it is refused.
+pub const PROTOCOL_VERSION: u32 = 5;
 /// One-time enrolment: `POST` an [`EnrolRequest`], get an [`EnrolResponse`].
 pub const ENROL_PATH: &str = "/api/agent/v1/enrol";
 /// The agent's WebSocket, authenticated with `Authorization: Bearer <node credential>`.
@@ -147,6 +156,9 @@ pub enum AgentMsg {
         /// predate it: no limit is placed there).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         disk: Option<NodeDisk>,
+        /// Its exported datasets and dataset cache.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        datasets: Option<NodeDatasets>,
     },
     Heartbeat {
         /// Increases with every `Hello` and `Heartbeat` of the agent process.
@@ -159,6 +171,9 @@ pub enum AgentMsg {
         /// As in `Hello`, when it changed since the last one sent on this connection.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         disk: Option<NodeDisk>,
+        /// As in `Hello`, when it changed since the last one sent on this connection.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        datasets: Option<NodeDatasets>,
     },
     /// An attempt changed state.
     AttemptEvent {

@@ -81,6 +81,11 @@ pub struct Node {
     /// Its agent's disk is under its free-space floor: it takes no new guest (owner
     /// jobs still start; running guests stay).
     pub low_disk: bool,
+    /// The datasets (`LAB/NAME`) this server provides from a folder its owner exports
+    /// ([`QueuedJob::needs_exports`]).
+    pub exports: Vec<String>,
+    /// The datasets (`LAB/NAME`) its dataset cache holds now.
+    pub cached: Vec<String>,
     /// Its agent reports more GPUs, or other models, than the node enrolled with, and its
     /// lab admin has not approved them yet: no guest is placed here (its own lab's jobs
     /// may run). Guests already running stay.
@@ -150,6 +155,12 @@ pub struct QueuedJob {
     pub take_backs: u32,
     /// When the last of those take-backs ended (0: unknown or none).
     pub taken_back_at: Time,
+    /// Datasets only some servers provide (a folder their owner exports, `LAB/NAME`):
+    /// placed only on a node whose [`Node::exports`] has every one.
+    pub needs_exports: Vec<String>,
+    /// Every dataset it mounts (`LAB/NAME`): among otherwise equal nodes, one whose
+    /// [`Node::cached`] holds more of them wins (it starts without fetching them).
+    pub datasets: Vec<String>,
 }
 
 /// A job that holds GPUs now (starting, running or preempting).

@@ -144,11 +144,12 @@ pub(crate) struct Search {
 /// 2. Every node that fits is scored by how often its owner is expected to take it
 ///    back within the job's time limit, in classes of
 ///    [`crate::Policy::return_risk_step`] ([`risk_class`], 0 when the policy or the
-///    node has no return rates), then by the free GPUs it keeps; the lowest wins.
+///    node has no return rates), then by how many of the job's datasets it would
+///    have to fetch, then by the free GPUs it keeps; the lowest wins.
 /// 3. Refusals keep the most hopeful verdict, for the job's reason; a `Busy` node is as
 ///    hopeful as it gets, so a full search that finds no fit stops there.
 pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
-    let mut fit: Option<((u32, u32), usize, Vec<usize>)> = None;
+    let mut fit: Option<((u32, u32, u32), usize, Vec<usize>)> = None;
     let mut best: Option<(Verdict, usize)> = None;
     for n in 0..world.nodes.len() {
         if !full && world.nodes[n].free < job.gpus {
@@ -164,7 +165,7 @@ pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
                     world.policy,
                 );
                 let class = risk / world.policy.return_risk_step_tenths();
-                let left = (class, nw.free - job.gpus);
+                let left = (class, nw.uncached(job) as u32, nw.free - job.gpus);
                 if fit.as_ref().is_none_or(|(l, _, _)| left < *l) {
                     fit = Some((left, n, gpus));
                 }

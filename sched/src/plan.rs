@@ -299,6 +299,21 @@ fn no_fit(world: &World, job: &QueuedJob) -> Reason {
         })
         .collect();
     let gpus_somewhere = !holders.is_empty();
+    if let Some(d) = job
+        .needs_exports
+        .iter()
+        .find(|d| !holders.iter().any(|nw| nw.node.exports.contains(d)))
+    {
+        return Reason::NeedsDataset {
+            dataset: d.clone(),
+            exporters: world
+                .nodes
+                .iter()
+                .filter(|nw| nw.node.exports.contains(d))
+                .map(|nw| nw.node.name.clone())
+                .collect(),
+        };
+    }
     let roomy: Vec<_> = holders
         .iter()
         .filter(|nw| nw.has_cpus_and_memory_for(job))

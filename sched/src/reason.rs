@@ -44,6 +44,13 @@ pub enum Reason {
     },
     /// The servers that have the GPUs (and CPUs and memory) it needs give a job less disk
     /// than it asks for (`disk_gb`, above their agents' `--max-job-disk-gb`).
+    /// No server that could hold it exports a dataset it needs (a `node:` dataset).
+    NeedsDataset {
+        /// `LAB/NAME`.
+        dataset: String,
+        /// The servers that export it (none when no server does now).
+        exporters: Vec<String>,
+    },
     NoNodeDisk {
         /// GiB it asks for.
         disk_gb: u64,
@@ -170,6 +177,16 @@ impl fmt::Display for Reason {
             Reason::NoNodeCapacity { detail } => write!(
                 f,
                 "no server on campus with the GPUs it needs has {detail}; ask for fewer CPUs or less memory"
+            ),
+            Reason::NeedsDataset { dataset, exporters } if exporters.is_empty() => write!(
+                f,
+                "needs dataset {dataset}, which no server exports now (its lab's servers \
+                 export it with commons-agent run --data)"
+            ),
+            Reason::NeedsDataset { dataset, exporters } => write!(
+                f,
+                "needs dataset {dataset}, exported by {} only",
+                exporters.join(", ")
             ),
             Reason::NoNodeDisk {
                 disk_gb,

@@ -22,6 +22,7 @@ pub(crate) type Shape<'a> = (
     i64,
     (u64, u64, u64),
     bool,
+    (&'a [String], &'a [String]),
 );
 
 pub(crate) fn shape<'a>(job: &'a QueuedJob, policy: &Policy, now: Time) -> Shape<'a> {
@@ -34,6 +35,7 @@ pub(crate) fn shape<'a>(job: &'a QueuedJob, policy: &Policy, now: Time) -> Shape
         job.time_limit_s,
         (job.cpus.to_bits(), job.memory_mb, job.disk_gb),
         crate::risk::taken_back_rule_applies(job, now, policy),
+        (&job.needs_exports, &job.datasets),
     )
 }
 

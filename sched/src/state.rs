@@ -70,6 +70,22 @@ impl NodeW<'_> {
                 .sum::<u32>()
                 >= job.gpus
             && self.has_capacity_for(job)
+            && self.exports_all(job)
+    }
+
+    /// Whether the server provides every exported dataset the job needs.
+    pub fn exports_all(&self, job: &QueuedJob) -> bool {
+        job.needs_exports
+            .iter()
+            .all(|d| self.node.exports.contains(d))
+    }
+
+    /// How many of the job's datasets the server would have to fetch.
+    pub fn uncached(&self, job: &QueuedJob) -> usize {
+        job.datasets
+            .iter()
+            .filter(|d| !self.node.cached.contains(d))
+            .count()
     }
 
     /// Whether the server has the CPUs, memory and disk the job asks for at all, busy or

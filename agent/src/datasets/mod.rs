@@ -22,11 +22,13 @@
 
 pub mod archive;
 pub mod cache;
+pub mod here;
 
 #[cfg(test)]
 mod tests;
 
 pub use cache::{Cache, Held};
+pub use here::{parse_export, DatasetsConfig, Here};
 
 /// A size as people read it: `12.0 GB`, `3.1 MB`, `512 bytes` (powers of 1000).
 pub fn size_text(n: u64) -> String {

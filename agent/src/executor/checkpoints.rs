@@ -175,6 +175,11 @@ pub(super) async fn prepare<R: ContainerRuntime>(
         Ok(d) => d,
         Err(e) => return Some(Err(e)),
     };
+    let datasets =
+        match super::datasets::prepare(weak, client.as_ref(), &events, key, &dir, launch).await? {
+            Ok(d) => d,
+            Err(e) => return Some(Err(e)),
+        };
     if let Err(e) = file.write(&dir) {
         tracing::error!(
             job,
@@ -187,6 +192,7 @@ pub(super) async fn prepare<R: ContainerRuntime>(
         resumed: file.resumed,
         outputs_dir: crate::outputs::host_dir(&dir),
         inputs_dir,
+        datasets,
     }))
 }
 

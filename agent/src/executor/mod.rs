@@ -46,6 +46,7 @@
 mod active;
 mod apply;
 mod checkpoints;
+mod datasets;
 mod inputs;
 mod outputs;
 mod restore;
@@ -95,6 +96,8 @@ struct Inner<R> {
     checkpoints: Option<CheckpointClient>,
     /// Jobs' disk caps and the free-space floor (`disk`).
     disk: DiskPolicy,
+    /// Exported datasets and the dataset cache, once the session sets them.
+    datasets: std::sync::OnceLock<Arc<crate::datasets::Here>>,
     boot_id: String,
     table: Mutex<Table>,
 }
@@ -167,6 +170,7 @@ impl<R: ContainerRuntime> Executor<R> {
             store,
             checkpoints,
             disk,
+            datasets: std::sync::OnceLock::new(),
             boot_id: clock::boot_id(),
             table: Mutex::new(Table {
                 want: BTreeMap::new(),
@@ -190,6 +194,17 @@ impl<R: ContainerRuntime> Executor<R> {
             }
         });
         Self { inner }
+    }
+
+    /// Gives the executor this server's exports and dataset cache (once; later calls
+    /// change nothing).
+    pub fn set_datasets(&self, here: Arc<crate::datasets::Here>) {
+        let _ = self.inner.datasets.set(here);
+    }
+
+    /// What this server offers for datasets, once set.
+    pub fn datasets_offer(&self) -> Option<commons_proto::NodeDatasets> {
+        self.inner.datasets.get().map(|h| h.offer())
     }
 
     /// The container runtime the executor applies its actions through (the SSH relays
@@ -225,6 +240,7 @@ impl<R: ContainerRuntime> Executor<R> {
             attempts: reports_of(&t),
             capacity: None,
             disk: None,
+            datasets: None,
         }
     }
 
@@ -238,6 +254,7 @@ impl<R: ContainerRuntime> Executor<R> {
             attempts: reports_of(&t),
             capacity: None,
             disk: None,
+            datasets: None,
         }
     }
 

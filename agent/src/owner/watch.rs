@@ -214,6 +214,7 @@ mod tests {
     fn spec(guest: bool, interactive: bool) -> JobSpec {
         JobSpec {
             inputs: Vec::new(),
+            datasets: Vec::new(),
             image: "i".into(),
             command: vec![],
             env: Default::default(),

@@ -157,6 +157,12 @@ fn mounts(ckpt: &CheckpointMount) -> Vec<Mount> {
             ..bind(crate::inputs::CONTAINER_DIR, dir)
         });
     }
+    for (at, dir) in &ckpt.datasets {
+        m.push(Mount {
+            read_only: Some(true),
+            ..bind(at, dir)
+        });
+    }
     m
 }
 
@@ -207,6 +213,7 @@ mod tests {
     fn spec() -> JobSpec {
         JobSpec {
             inputs: Vec::new(),
+            datasets: Vec::new(),
             image: "commons-demo:latest".into(),
             command: vec!["sh".into(), "-c".into(), "echo hi".into()],
             env: [
@@ -238,6 +245,7 @@ mod tests {
             resumed,
             outputs_dir: "/var/lib/commons-agent/attempts/42-2/outputs".into(),
             inputs_dir: None,
+            datasets: Vec::new(),
         }
     }
 

@@ -146,6 +146,7 @@ mod tests {
     fn pins_and_signatures_are_required_as_configured() {
         let mut spec = JobSpec {
             inputs: Vec::new(),
+            datasets: Vec::new(),
             image: "x:1".into(),
             command: vec![],
             env: Default::default(),
@@ -197,6 +198,7 @@ mod tests {
     fn local_copies_serve_campus_pins_and_the_servers_own_lab_only() {
         let mut spec = JobSpec {
             inputs: Vec::new(),
+            datasets: Vec::new(),
             image: "x:1".into(),
             command: vec![],
             env: Default::default(),

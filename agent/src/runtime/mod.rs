@@ -101,6 +101,9 @@ pub struct CheckpointMount {
     /// The staged inputs on the host (beside `host_dir`, in the same volume),
     /// bind-mounted read-only at `/inputs`; none when the job names no inputs.
     pub inputs_dir: Option<PathBuf>,
+    /// The job's datasets: (mount in the container, directory on the host), each
+    /// bind-mounted read-only.
+    pub datasets: Vec<(String, PathBuf)>,
 }
 
 /// A container of ours found on the engine.

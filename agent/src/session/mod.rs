@@ -118,6 +118,9 @@ async fn serve(
     };
     let (tx, mut rx) = outbox::channel(config.log_limit);
     let exec = Executor::with_disk(runtime, tx, store, Some(checkpoints), config.disk);
+    let here = crate::datasets::Here::open(&config.datasets, &config.state_dir)
+        .context("opening the dataset cache")?;
+    exec.set_datasets(std::sync::Arc::new(here));
     exec.adopt().await?;
     let owner = OwnerState::new(owner::IdleRule {
         after: config.idle_guest,
@@ -375,10 +378,18 @@ async fn connect_once(parts: &Parts, rx: &mut OutboxRx) -> anyhow::Result<()> {
     let mut hello = exec.hello(AGENT_VERSION, parts.inventory.clone());
     // The disk report goes in every Hello, and in a heartbeat when it changed.
     let mut disk_sent = owner_disk(config);
-    if let AgentMsg::Hello { capacity, disk, .. } = &mut hello {
+    if let AgentMsg::Hello {
+        capacity,
+        disk,
+        datasets,
+        ..
+    } = &mut hello
+    {
         *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
         *disk = Some(disk_sent);
+        *datasets = exec.datasets_offer();
     }
+    let mut offer_sent = exec.datasets_offer();
     sink.send(encode(&hello)?).await?;
     parts.owner.set_link(true, None);
     tracing::info!("connected to {}", config.portal);
@@ -393,7 +404,7 @@ async fn connect_once(parts: &Parts, rx: &mut OutboxRx) -> anyhow::Result<()> {
         tokio::select! {
             biased;
             _ = heartbeat.tick() => {
-                let beat = heartbeat_msg(parts, fake, &mut disk_sent).await;
+                let beat = heartbeat_msg(parts, fake, &mut disk_sent, &mut offer_sent).await;
                 sink.send(encode(&beat)?).await?;
             }
             msg = stream.next() => {
@@ -427,7 +438,12 @@ fn encode(m: &AgentMsg) -> Result<Message, serde_json::Error> {
 
 /// This heartbeat: the GPUs' readings, the capacity, and the disk when it changed since
 /// `disk_sent`.
-async fn heartbeat_msg(parts: &Parts, fake: bool, disk_sent: &mut NodeDisk) -> AgentMsg {
+async fn heartbeat_msg(
+    parts: &Parts,
+    fake: bool,
+    disk_sent: &mut NodeDisk,
+    offer_sent: &mut Option<commons_proto::NodeDatasets>,
+) -> AgentMsg {
     let config = &parts.config;
     let gpu_stats = match parts.exec.gpu_stats(&*parts.gpus).await {
         Ok(s) => s,
@@ -438,7 +454,18 @@ async fn heartbeat_msg(parts: &Parts, fake: bool, disk_sent: &mut NodeDisk) -> A
     };
     METRICS.gpus(&parts.inventory, &gpu_stats);
     let mut beat = parts.exec.heartbeat(gpu_stats);
-    if let AgentMsg::Heartbeat { capacity, disk, .. } = &mut beat {
+    if let AgentMsg::Heartbeat {
+        capacity,
+        disk,
+        datasets,
+        ..
+    } = &mut beat
+    {
+        let offer = parts.exec.datasets_offer();
+        if offer != *offer_sent {
+            datasets.clone_from(&offer);
+            *offer_sent = offer;
+        }
         *capacity = owner::capacity::report(config.capacity, fake, &config.state_dir);
         let now = owner_disk(config);
         if now != *disk_sent {

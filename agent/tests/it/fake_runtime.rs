@@ -422,6 +422,7 @@ pub(crate) fn agent(rt: &FakeRuntime, dir: &Path) -> (Executor<FakeRuntime>, Eve
 pub(crate) fn spec(image: &str, time_limit_s: u64) -> JobSpec {
     JobSpec {
         inputs: Vec::new(),
+        datasets: Vec::new(),
         image: image.into(),
         command: vec!["train".into()],
         env: Default::default(),

@@ -73,6 +73,7 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
     demo_image();
     JobSpec {
         inputs: Vec::new(),
+        datasets: Vec::new(),
         image_digest: Some(local_id("commons-demo:latest")),
         image_signature: None,
         image_campus: true,

@@ -22,6 +22,7 @@ fn launch() -> Arc<Launch> {
     Arc::new(Launch {
         spec: JobSpec {
             inputs: Vec::new(),
+            datasets: Vec::new(),
             image: "commons-demo:latest".into(),
             command: vec!["true".into()],
             env: Default::default(),

@@ -4,6 +4,7 @@ mod account;
 mod app_presets;
 mod arrays;
 mod cli_login;
+mod datasets;
 mod files;
 mod images;
 mod jobs;
@@ -44,6 +45,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .configure(app_presets::configure)
             .configure(arrays::configure)
             .configure(cli_login::configure)
+            .configure(datasets::configure)
             .configure(files::configure)
             .configure(images::configure)
             .configure(jobs::configure)

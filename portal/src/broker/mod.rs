@@ -9,6 +9,7 @@ mod agent_conn;
 mod attempt_path;
 pub mod checkpoints;
 pub mod control;
+pub mod datasets;
 pub mod inputs;
 pub mod limits;
 pub mod outputs;

@@ -124,6 +124,7 @@ fn handle(
             attempts,
             capacity,
             disk,
+            datasets,
             ..
         } => {
             let report = HelloReport {
@@ -137,6 +138,7 @@ fn handle(
                 node,
                 capacity: &capacity,
                 disk: &disk,
+                datasets: &datasets,
             };
             hello(c, set, addr, node, report).map(|r| (r, true))
         }
@@ -146,6 +148,7 @@ fn handle(
             attempts,
             capacity,
             disk,
+            datasets,
         } => {
             let session =
                 session.ok_or_else(|| AppError::BadRequest("a heartbeat before Hello".into()))?;
@@ -153,6 +156,7 @@ fn handle(
                 node,
                 capacity: &capacity,
                 disk: &disk,
+                datasets: &datasets,
             };
             let beat = BeatReport {
                 session,
@@ -257,6 +261,7 @@ struct NodeReport<'a> {
     node: i64,
     capacity: &'a Option<NodeCapacity>,
     disk: &'a Option<NodeDisk>,
+    datasets: &'a Option<commons_proto::NodeDatasets>,
 }
 
 impl NodeReport<'_> {
@@ -269,7 +274,10 @@ impl NodeReport<'_> {
         if let Some(d) = self.disk {
             nodes::set_disk(c, self.node, d)?;
         }
-        Ok(self.disk.is_some())
+        if let Some(d) = self.datasets {
+            crate::db::datasets::set_node(c, self.node, d)?;
+        }
+        Ok(self.disk.is_some() || self.datasets.is_some())
     }
 }
 

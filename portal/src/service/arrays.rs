@@ -50,6 +50,7 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<Array
             super::deps::check_may_wait_for(c, &waiter, &valid.after)?;
             check_per_index(c, &valid.after, text.trim(), &parsed)?;
             super::files::inputs::check_for_submit(c, &waiter, &valid.inputs)?;
+            super::datasets::check_for_submit(c, &waiter, &valid.datasets)?;
             let view = store(c, user, &lab, valid, text.trim(), &parsed)?;
             if let Some(events) = &notify {
                 super::notify::set_job_events(c, view.first_job, events)?;

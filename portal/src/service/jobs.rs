@@ -40,6 +40,7 @@ pub async fn submit(state: &Ctx, actor: &Actor, req: JobRequest) -> Result<JobVi
         .run(move |c| {
             super::deps::check_may_wait_for(c, &waiter, &valid.after)?;
             super::files::inputs::check_for_submit(c, &waiter, &valid.inputs)?;
+            super::datasets::check_for_submit(c, &waiter, &valid.datasets)?;
             let view = store(c, user, &lab, valid)?;
             if let Some(events) = &notify {
                 super::notify::set_job_events(c, view.id, events)?;

@@ -19,6 +19,7 @@ pub mod arrays;
 pub mod attempts;
 pub mod checkpoints;
 pub mod cli_login;
+pub mod datasets;
 pub mod deps;
 pub mod extend;
 pub mod files;

@@ -236,6 +236,7 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         tags: job.tags.0.clone(),
         after: job.after_jobs.0.clone(),
         inputs: job.inputs.0.clone(),
+        datasets: job.datasets.0.clone(),
         staging: facts.staging.get(&job.id).copied(),
         state: api_state(job.state),
         reason: job.reason.clone(),

@@ -63,6 +63,9 @@ pub struct JobForm {
     /// Inputs staged under /inputs, one per line (`data/train.tar`, `lab:vision/code/`).
     #[serde(default)]
     inputs: String,
+    /// Datasets, one per line (`vision/imagenet`, `vision/coco:/data/coco`).
+    #[serde(default)]
+    datasets: String,
     /// "Save as template": the name, and the button (present when pressed).
     #[serde(default, skip_serializing)]
     template_name: String,
@@ -91,6 +94,7 @@ impl Default for JobForm {
             tags: String::new(),
             after: String::new(),
             inputs: String::new(),
+            datasets: String::new(),
             template_name: String::new(),
             save_template: None,
         }
@@ -174,6 +178,13 @@ impl JobForm {
                 .collect::<Vec<_>>()
                 .join(" "),
             inputs: job.inputs.0.join("\n"),
+            datasets: job
+                .datasets
+                .0
+                .iter()
+                .map(commons_api::datasets::written)
+                .collect::<Vec<_>>()
+                .join("\n"),
             template_name: String::new(),
             save_template: None,
         }
@@ -241,6 +252,13 @@ impl JobForm {
                 .filter(|l| !l.is_empty())
                 .map(String::from)
                 .collect(),
+            datasets: self
+                .datasets
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(commons_api::datasets::parse_written)
+                .collect::<Result<_, _>>()?,
         })
     }
 }

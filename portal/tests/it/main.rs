@@ -20,6 +20,7 @@ mod cli;
 mod cli_login;
 mod cli_ssh;
 mod console;
+mod datasets;
 mod demo;
 mod disk;
 mod estimates;

@@ -310,6 +310,7 @@ impl RawAgent {
             attempts: Vec::new(),
             capacity: None,
             disk: None,
+            datasets: None,
         }))
         .unwrap();
         let running: Arc<Mutex<Option<(i64, i32)>>> = Arc::default();
@@ -336,6 +337,7 @@ impl RawAgent {
                     attempts,
                     capacity: None,
                     disk: None,
+                    datasets: None,
                 };
                 if beats.send(text(&beat)).is_err() {
                     return;
@@ -495,6 +497,7 @@ async fn a_flood_of_output_chunks_is_dropped_not_refused_but_refusals_still_disc
         attempts: Vec::new(),
         capacity: None,
         disk: None,
+        datasets: None,
     };
     for _ in 0..1100 {
         let _ = agent.tx.send(text(&bad));

@@ -197,6 +197,7 @@ impl HandAgent {
                 attempts: vec![],
                 capacity: None,
                 disk: None,
+                datasets: None,
             })
             .await;
         rogue
@@ -239,6 +240,7 @@ impl HandAgent {
             attempts,
             capacity: None,
             disk: None,
+            datasets: None,
         })
         .await;
         self.until(

@@ -30,6 +30,7 @@
 //! - Rows go before objects on delete and replace: a failure in between leaves an object
 //!   no row names, which [`sweep`] removes later.
 
+pub mod datasets;
 mod download;
 pub mod inputs;
 pub mod outputs;

@@ -227,11 +227,14 @@ pub(crate) struct StartFacts {
     /// Jobs with a committed checkpoint (their next attempt resumes).
     checkpointed: BTreeSet<i64>,
     nodes: BTreeMap<i64, Node>,
+    /// The mounts of the jobs that name datasets (checked again now).
+    datasets: BTreeMap<i64, Vec<commons_proto::DatasetMount>>,
 }
 
 impl StartFacts {
     /// Four queries whatever the number of jobs (the nodes of the GPUs are added by the
-    /// caller, or read in [`StartFacts::with_nodes`]).
+    /// caller, or read in [`StartFacts::with_nodes`]), and a few more for each job that
+    /// names datasets.
     pub(crate) fn read<'a>(
         c: &mut DbConn,
         jobs: impl Iterator<Item = &'a Job>,
@@ -243,6 +246,7 @@ impl StartFacts {
                 usernames: BTreeMap::new(),
                 checkpointed: BTreeSet::new(),
                 nodes: BTreeMap::new(),
+                datasets: BTreeMap::new(),
             });
         }
         let labs: Vec<i64> = jobs.iter().map(|j| j.lab_id).collect();
@@ -253,6 +257,7 @@ impl StartFacts {
             usernames: db::users::usernames(c, &users)?,
             checkpointed: db::checkpoints::jobs_with_any(c, &ids)?,
             nodes: BTreeMap::new(),
+            datasets: dataset_mounts(c, &jobs)?,
         })
     }
 
@@ -263,6 +268,35 @@ impl StartFacts {
         }
         Ok(self)
     }
+}
+
+/// The dataset mounts of the jobs that name any; a dataset a job may no longer use goes
+/// as [`commons_proto::DatasetSource::Refused`], and its agent fails the attempt.
+fn dataset_mounts(
+    c: &mut DbConn,
+    jobs: &[&Job],
+) -> Result<BTreeMap<i64, Vec<commons_proto::DatasetMount>>, AppError> {
+    let mut out = BTreeMap::new();
+    for j in jobs.iter().filter(|j| !j.datasets.0.is_empty()) {
+        let mounts = match super::datasets::mounts_for_start(c, j.user_id, &j.datasets.0) {
+            Ok(m) => m,
+            Err(AppError::Invalid { message, .. }) => j
+                .datasets
+                .0
+                .iter()
+                .map(|d| commons_proto::DatasetMount {
+                    key: d.key(),
+                    mount: d.mount_or_default(),
+                    source: commons_proto::DatasetSource::Refused {
+                        why: message.clone(),
+                    },
+                })
+                .collect(),
+            Err(e) => return Err(e),
+        };
+        out.insert(j.id, mounts);
+    }
+    Ok(out)
 }
 
 /// The `Start` for an attempt of `job` on `gpus`.
@@ -302,6 +336,7 @@ pub(crate) fn start_msg(
             image_signature: job.image_signature.clone(),
             image_campus: job.image_campus,
             inputs: job.inputs.0.clone(),
+            datasets: facts.datasets.get(&job.id).cloned().unwrap_or_default(),
             disk_gb: Some(
                 job.disk_gb
                     .map_or(timing.default_disk_gb, |g| g.max(1) as u64),

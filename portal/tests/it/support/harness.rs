@@ -519,6 +519,7 @@ fn agent_config(
             floor: commons_agent::disk::Floor::Percent(0),
             ..Default::default()
         },
+        datasets: Default::default(),
     }
 }
 

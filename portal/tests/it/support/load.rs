@@ -121,6 +121,7 @@ async fn agent(
         attempts: Vec::new(),
         capacity: None,
         disk: None,
+        datasets: None,
     }))
     .await?;
     campus.connected.fetch_add(1, Ordering::SeqCst);
@@ -196,7 +197,7 @@ async fn agent(
                     stop: None,
                     reason: None,
                 }).collect();
-                sink.send(text(&AgentMsg::Heartbeat { seq, gpu_stats, attempts, capacity: None, disk: None })).await?;
+                sink.send(text(&AgentMsg::Heartbeat { seq, gpu_stats, attempts, capacity: None, disk: None, datasets: None })).await?;
             }
             _ = sleep_until(next.into()) => {
                 let now = Instant::now();
