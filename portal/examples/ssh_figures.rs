@@ -5,9 +5,10 @@
 //!
 //! - the time from nothing to a command's first output: `ssh job-N@gateway 'echo ready'`
 //!   (a new connection each time: handshake, login, relay, exec) against `docker exec
-//!   CONTAINER echo ready` on the same machine;
-//! - the throughput of a 100 MiB copy into the container: `scp` through the gateway (SFTP
-//!   underneath) against `docker cp`.
+//!   CONTAINER echo ready` on the same machine, to the first byte and to the end;
+//! - the time of a 100 MiB copy into the container's `/tmp`: `scp` through the gateway
+//!   (SFTP underneath) against the same bytes streamed by `docker exec -i CONTAINER sh -c
+//!   'cat > FILE'` into the same folder (`docker cp` cannot write into a read-only root).
 //!
 //! ```sh
 //! cargo run --release -p commons-portal --example ssh_figures -- --runs 10
@@ -23,6 +24,7 @@ mod cluster;
 
 use cluster::{remove_containers, AgentProcess, Api, Host, PortalOpts, PortalProcess};
 use serde_json::json;
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -36,8 +38,13 @@ fn arg(name: &str, default: usize) -> usize {
 }
 
 fn timed(mut c: Command) -> Duration {
+    c.stdin(Stdio::null());
+    timed_with_stdin(c)
+}
+
+fn timed_with_stdin(mut c: Command) -> Duration {
     let t = Instant::now();
-    let out = c.stdin(Stdio::null()).output().unwrap();
+    let out = c.output().unwrap();
     let d = t.elapsed();
     assert!(
         out.status.success(),
@@ -45,6 +52,28 @@ fn timed(mut c: Command) -> Duration {
         String::from_utf8_lossy(&out.stderr)
     );
     d
+}
+
+/// The time to the command's first output byte, and to its end.
+fn first_output(mut c: Command) -> (Duration, Duration) {
+    let t = Instant::now();
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let n = child.stdout.as_mut().unwrap().read(&mut byte).unwrap();
+    let first = t.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let end = t.elapsed();
+    assert!(
+        n == 1 && out.status.success(),
+        "{c:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (first, end)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -137,13 +166,18 @@ async fn main() {
     };
     timed(ssh_echo());
     timed(docker_echo());
-    let mut gw = Vec::new();
-    let mut de = Vec::new();
+    let (mut gw, mut gw_end) = (Vec::new(), Vec::new());
+    let (mut de, mut de_end) = (Vec::new(), Vec::new());
     for _ in 0..runs {
-        gw.push(timed(ssh_echo()));
-        de.push(timed(docker_echo()));
+        let (first, end) = first_output(ssh_echo());
+        gw.push(first);
+        gw_end.push(end);
+        let (first, end) = first_output(docker_echo());
+        de.push(first);
+        de_end.push(end);
     }
     let (gw, de) = (median(gw), median(de));
+    let (gw_end, de_end) = (median(gw_end), median(de_end));
 
     let file = dir.path().join("100m.bin");
     let data: Vec<u8> = (0..100 * 1024 * 1024u32)
@@ -160,10 +194,16 @@ async fn main() {
             .arg(format!("job-{job}@127.0.0.1:/tmp/100m.bin"));
         scp.push(timed(c));
         let mut c = Command::new("docker");
-        c.arg("cp")
-            .arg(&file)
-            .arg(format!("{container}:/tmp/100m-cp.bin"));
-        cp.push(timed(c));
+        c.args([
+            "exec",
+            "-i",
+            &container,
+            "sh",
+            "-c",
+            "cat > /tmp/100m-exec.bin",
+        ])
+        .stdin(std::fs::File::open(&file).unwrap());
+        cp.push(timed_with_stdin(c));
     }
     let (scp, cp) = (median(scp), median(cp));
     let mibps = |d: Duration| 100.0 / d.as_secs_f64();
@@ -171,17 +211,26 @@ async fn main() {
     println!("SSH gateway figures ({runs} runs, medians; one machine, side by side)");
     println!("| measure | through the gateway | direct | ratio |");
     println!("| --- | ---: | ---: | ---: |");
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "| new connection to a command's output (`echo ready`) | {:.0} ms | {:.0} ms (`docker exec`) | {:.1}x |",
-        gw.as_secs_f64() * 1e3,
-        de.as_secs_f64() * 1e3,
-        gw.as_secs_f64() / de.as_secs_f64()
+        "| new connection to a command's first output (`echo ready`) | {:.0} ms | {:.0} ms (`docker exec`) | {:.2}x |",
+        ms(gw),
+        ms(de),
+        ms(gw) / ms(de)
     );
     println!(
-        "| 100 MiB into the container | {:.0} MiB/s (`scp`) | {:.0} MiB/s (`docker cp`) | {:.2}x |",
+        "| the same, to the command's end | {:.0} ms | {:.0} ms (`docker exec`) | {:.2}x |",
+        ms(gw_end),
+        ms(de_end),
+        ms(gw_end) / ms(de_end)
+    );
+    println!(
+        "| 100 MiB into the container's /tmp ({copies} copies) | {:.0} MiB/s, {:.2} s (`scp`) | {:.0} MiB/s, {:.2} s (`docker exec -i ... cat`) | {:.2}x the time |",
         mibps(scp),
+        scp.as_secs_f64(),
         mibps(cp),
-        mibps(scp) / mibps(cp)
+        cp.as_secs_f64(),
+        scp.as_secs_f64() / cp.as_secs_f64()
     );
     remove_containers(&[job]);
     drop(portal);

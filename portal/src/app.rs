@@ -249,6 +249,8 @@ fn http_server(
             .configure(crate::web::configure)
     })
     .workers(2)
+    // No Nagle: an SSH relay's small frames (keystrokes, SFTP requests) go out at once.
+    .tcp_nodelay(true)
     .disable_signals()
     .listen(listener)?
     .run())

@@ -31,36 +31,52 @@ type Sink = SplitSink<Ws, Message>;
 /// How long a process has between the hang-up and the kill, once the user is gone.
 const HANGUP_GRACE: Duration = Duration::from_secs(2);
 
-/// Runs `cmd` in `container` and relays it over `ws` until it ends, the user leaves, or
-/// `closed` says the job stops.
-pub async fn run<R: ContainerRuntime>(
-    rt: Arc<R>,
+/// An exec created in the job's container, not started yet: made while the relay is
+/// being dialled, so the engine's work and the dial overlap.
+pub struct Prepared {
+    id: String,
+    tty: Option<Tty>,
+}
+
+/// Creates the exec for `cmd` in `container` (the job's environment read first), or the
+/// words for the user when it cannot. Nothing runs until [`run`] starts it; an exec never
+/// started goes with its container.
+pub async fn prepare<R: ContainerRuntime>(
+    rt: &R,
     container: &str,
     cmd: Vec<String>,
     tty: Option<Tty>,
     env: BTreeMap<String, String>,
+) -> Result<Prepared, String> {
+    let job_env = rt
+        .env(container)
+        .await
+        .map_err(|e| format!("cannot read the job's environment: {e}"))?;
+    let req = request(cmd, tty.as_ref(), env, &job_env);
+    let id = rt
+        .exec_create(container, &req)
+        .await
+        .map_err(|e| format!("cannot start a process in the job's container: {e}"))?;
+    Ok(Prepared { id, tty })
+}
+
+/// Starts a prepared exec and relays it over `ws` until it ends, the user leaves, or
+/// `closed` says the job stops.
+pub async fn run<R: ContainerRuntime>(
+    rt: Arc<R>,
+    prepared: Result<Prepared, String>,
     ws: Ws,
     mut closed: watch::Receiver<Option<String>>,
 ) -> anyhow::Result<()> {
     let (mut sink, stream) = ws.split();
-    let job_env = match rt.env(container).await {
-        Ok(e) => e,
-        Err(e) => {
-            let message = format!("cannot read the job's environment: {e}");
+    let Prepared { id, tty } = match prepared {
+        Ok(p) => p,
+        Err(message) => {
             send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
             return Ok(());
         }
     };
-    let req = request(cmd, tty.as_ref(), env, &job_env);
-    let id = match rt.exec_create(container, &req).await {
-        Ok(id) => id,
-        Err(e) => {
-            let message = format!("cannot start a process in the job's container: {e}");
-            send_ctl(&mut sink, &RelayCtl::Closed { message }).await?;
-            return Ok(());
-        }
-    };
-    let io = rt.exec_start(&id, req.tty).await?;
+    let io = rt.exec_start(&id, tty.is_some()).await?;
     if let Some(t) = &tty {
         resize(&*rt, &id, t.cols, t.rows).await;
     }

@@ -100,13 +100,27 @@ async fn serve<R: ContainerRuntime>(
     open: RelayOpen,
     container: Result<String, String>,
 ) -> anyhow::Result<()> {
-    let base = open.relay_url.as_deref().unwrap_or(&ctx.portal);
-    let mut req = relay_ws_url(base, &open.ticket).into_client_request()?;
-    req.headers_mut().insert(
-        "authorization",
-        format!("Bearer {}", ctx.credential).parse()?,
-    );
-    let (ws, _) = tokio_tungstenite::connect_async(req).await?;
+    // An exec's engine work (the job's environment, the exec's creation) overlaps the
+    // dial: both are on the way to the first output.
+    let exec_cmd = match &open.target {
+        RelayTarget::Exec { command, tty, env } => {
+            let cmd = match command {
+                Some(c) => vec!["/bin/sh".to_string(), "-c".to_string(), c.clone()],
+                None => login_shell(),
+            };
+            Some((cmd, tty.clone(), env.clone()))
+        }
+        RelayTarget::Sftp => Some((sftp_server(), None, Default::default())),
+        RelayTarget::Forward { .. } => None,
+    };
+    let prepare = async {
+        match (&container, exec_cmd) {
+            (Ok(c), Some((cmd, tty, env))) => Some(exec::prepare(&*rt, c, cmd, tty, env).await),
+            _ => None,
+        }
+    };
+    let (ws, prepared) = tokio::join!(dial(&ctx, &open), prepare);
+    let ws = ws?;
     let container = match container {
         Ok(c) => c,
         Err(message) => return close(ws, message).await,
@@ -114,33 +128,30 @@ async fn serve<R: ContainerRuntime>(
     let key = (open.job, open.attempt);
     let (id, closed) = ctx.relays.register(key);
     tracing::info!(job = open.job, attempt = open.attempt, target = ?open.target, "SSH relay open");
-    let result = match open.target {
-        RelayTarget::Exec { command, tty, env } => {
-            let cmd = match command {
-                Some(c) => vec!["/bin/sh".to_string(), "-c".to_string(), c],
-                None => login_shell(),
-            };
-            exec::run(rt, &container, cmd, tty, env, ws, closed).await
-        }
-        RelayTarget::Sftp => {
-            exec::run(
-                rt,
-                &container,
-                sftp_server(),
-                None,
-                Default::default(),
-                ws,
-                closed,
-            )
-            .await
-        }
-        RelayTarget::Forward { port } => {
+    let result = match (open.target, prepared) {
+        (RelayTarget::Forward { port }, _) => {
             forward::run(&*rt, &container, open.job, port, ws, closed).await
         }
+        (_, Some(prepared)) => exec::run(rt, prepared, ws, closed).await,
+        (_, None) => Ok(()),
     };
     ctx.relays.unregister(key, id);
     tracing::info!(job = open.job, attempt = open.attempt, "SSH relay closed");
     result
+}
+
+/// Dials the relay WebSocket the portal named, with the node's credential.
+async fn dial(ctx: &RelayContext, open: &RelayOpen) -> anyhow::Result<Ws> {
+    let base = open.relay_url.as_deref().unwrap_or(&ctx.portal);
+    let mut req = relay_ws_url(base, &open.ticket).into_client_request()?;
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", ctx.credential).parse()?,
+    );
+    // No Nagle: a relay's small frames (a prompt, an exit status, an SFTP reply) go out
+    // at once instead of waiting for the previous frame's acknowledgement.
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, None, true).await?;
+    Ok(ws)
 }
 
 /// Says why the relay ends and closes it.
