@@ -62,6 +62,8 @@ pub enum Command {
     SshKey(SshKeyCommand),
     /// The campus's servers: their GPUs, owner lab and what they lend.
     Nodes(JsonFlag),
+    /// The lab datasets you may mount (`--dataset LAB/NAME` for `commons run`).
+    Datasets(JsonFlag),
     /// GPU-hours by week: yours, or a whole lab's (its admins).
     Usage(UsageArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -131,6 +133,10 @@ pub struct RunArgs {
     /// for a lab's, under /inputs/lab/SLUG/ (repeat for several, at most 64).
     #[arg(long = "input", value_name = "PATH")]
     pub inputs: Vec<String>,
+    /// A lab dataset to mount read-only: LAB/NAME (at /datasets/NAME) or
+    /// LAB/NAME:/MOUNT (repeat for several; `commons datasets` lists them).
+    #[arg(long = "dataset", value_name = "LAB/NAME[:/MOUNT]")]
+    pub datasets: Vec<String>,
     #[command(flatten)]
     pub flows: Box<crate::flows::RunFlows>,
     #[command(flatten)]

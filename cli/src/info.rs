@@ -135,6 +135,46 @@ pub fn nodes(a: JsonFlag) -> Result<u8> {
     Ok(0)
 }
 
+/// `commons datasets`: the lab datasets the user may mount.
+pub fn datasets(a: JsonFlag) -> Result<u8> {
+    let client = Client::signed_in()?;
+    let v: Value = client.get("/api/v1/datasets")?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(0);
+    }
+    let sets: Vec<commons_api::datasets::DatasetView> = client.parse(v)?;
+    if sets.is_empty() {
+        eprintln!("no datasets shared with your labs yet");
+        return Ok(0);
+    }
+    let rows = sets
+        .iter()
+        .map(|d| {
+            let place = if d.exported_by.is_empty() {
+                format!("cached on {}", d.cached_on)
+            } else {
+                format!("on {}", d.exported_by.join(", "))
+            };
+            vec![
+                Cell::from(format!("{}/{}", d.lab, d.name)),
+                Cell::from(d.source.clone()),
+                Cell::from(place),
+                Cell::from(d.description.clone()),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        output::table(
+            &["DATASET", "SOURCE", "WHERE", "DESCRIPTION"],
+            rows,
+            output::colour_stdout()
+        )
+    );
+    Ok(0)
+}
+
 /// One server's line: id, name, lab, state, GPUs by model, owner use, lending rules.
 fn node_row(n: &NodeView) -> Vec<Cell> {
     let state = match (n.online, n.draining) {

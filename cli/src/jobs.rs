@@ -97,6 +97,11 @@ pub fn run_request(a: &RunArgs) -> Result<JobRequest> {
     req.checkpoint_minutes = a.checkpoint_minutes;
     req.disk_gb = a.disk;
     req.inputs = a.inputs.clone();
+    req.datasets = a
+        .datasets
+        .iter()
+        .map(|d| commons_api::datasets::parse_written(d))
+        .collect::<std::result::Result<_, _>>()?;
     req.kind = if a.interactive {
         JobKind::Interactive
     } else {
@@ -355,6 +360,10 @@ fn show_lines(j: &JobView, colour: bool) -> Vec<(&'static str, String)> {
     }
     if !j.inputs.is_empty() {
         lines.push(("inputs", j.inputs.join(" ")));
+    }
+    if !j.datasets.is_empty() {
+        let ds: Vec<String> = j.datasets.iter().map(commons_api::datasets::written).collect();
+        lines.push(("datasets", ds.join(" ")));
     }
     lines.push(("lab", j.lab.clone()));
     lines.push(("gpus", gpu_text(j)));

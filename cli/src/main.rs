@@ -56,6 +56,7 @@ fn dispatch(command: Command) -> Result<u8> {
         Command::Get(a) => files::get(a),
         Command::SshKey(c) => ssh::ssh_key(c),
         Command::Nodes(a) => info::nodes(a),
+        Command::Datasets(a) => info::datasets(a),
         Command::Usage(a) => info::usage(a),
         Command::Completions(a) => {
             let shell = match a.shell {
@@ -117,6 +118,8 @@ mod tests {
             "data/a.tar",
             "--input",
             "lab:vision/code/",
+            "--dataset",
+            "vision/imagenet:/data/in",
             "--",
             "sh",
             "-c",
@@ -134,5 +137,7 @@ mod tests {
         assert_eq!(req.gpu_models, vec!["A100".to_string()]);
         assert_eq!(req.command, vec!["sh", "-c", "echo hi"]);
         assert_eq!(req.inputs, ["data/a.tar", "lab:vision/code/"]);
+        assert_eq!(req.datasets[0].key(), "vision/imagenet");
+        assert_eq!(req.datasets[0].mount.as_deref(), Some("/data/in"));
     }
 }

@@ -19,6 +19,7 @@ mod nodes;
 mod overview;
 mod settings;
 mod ssh_keys;
+mod datasets;
 mod tokens;
 mod usage;
 
@@ -49,6 +50,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(nodes::configure)
         .configure(settings::configure)
         .configure(ssh_keys::configure)
+        .configure(datasets::configure)
         .configure(tokens::configure)
         .configure(usage::configure);
 }
