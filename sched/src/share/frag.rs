@@ -112,19 +112,73 @@ pub(crate) fn fragment_for(node: &ShareNode, class: &ShareRequest) -> u64 {
     }
 }
 
+/// The free GPU share of `node` that requests of shape `class` cannot use once the
+/// node's CPU and memory are counted as well: if the CPU or memory left runs out
+/// after `n` such requests while its GPUs could take `i > n`, only `n / i` of the
+/// share they could use counts as usable. (Plain FGD counts CPU only when not even
+/// one request fits; on servers with few CPUs per GPU this sees GPUs stranded earlier.)
+pub(crate) fn fragment_with_cpu(node: &ShareNode, class: &ShareRequest) -> f64 {
+    let free = node.free_gpu_milli() as f64;
+    let plain = fragment_for(node, class) as f64;
+    let usable = free - plain;
+    if usable <= 0.0 {
+        return plain;
+    }
+    let instances: u64 = match class.gpu {
+        GpuAsk::None => return plain,
+        GpuAsk::Share { .. } => node
+            .gpus
+            .iter()
+            .filter(|g| class.model_ok(g))
+            .filter_map(|g| {
+                g.fits(&class.gpu)
+                    .map(|(m, _)| u64::from(g.free_milli / m.max(1)))
+            })
+            .sum(),
+        GpuAsk::Whole { count } => {
+            let empty = node
+                .gpus
+                .iter()
+                .filter(|g| class.model_ok(g) && g.is_empty())
+                .count();
+            empty as u64 / u64::from(count.max(1))
+        }
+    };
+    let by = |free: u64, each: u64| if each == 0 { u64::MAX } else { free / each };
+    let hosted =
+        by(node.free_cpu_milli, class.cpu_milli).min(by(node.free_memory_mib, class.memory_mib));
+    if instances == 0 || hosted >= instances {
+        return plain;
+    }
+    plain + usable * (1.0 - hosted as f64 / instances as f64)
+}
+
+/// How a node's fragment is measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FragmentRule {
+    /// Multiplies the weight of whole-GPU shapes (1: as often as they arrive).
+    pub whole_weight: f64,
+    /// Count GPUs that the node's CPU and memory strand ([`fragment_with_cpu`]).
+    pub cpu_aware: bool,
+}
+
 /// The expected fragment of `node` (milli-GPU) against the weighted `classes`
-/// ([`ShapeMix::classes`]); `whole_boost` multiplies the weight of whole-GPU shapes
-/// (1 is plain FGD).
-pub fn node_fragment(node: &ShareNode, classes: &[(ShareRequest, f64)], whole_boost: f64) -> f64 {
+/// ([`ShapeMix::classes`]) under `rule` (plain FGD: boost 1, not CPU-aware).
+pub fn node_fragment(node: &ShareNode, classes: &[(ShareRequest, f64)], rule: FragmentRule) -> f64 {
     classes
         .iter()
         .map(|(c, w)| {
             let w = if matches!(c.gpu, GpuAsk::Whole { .. }) {
-                w * whole_boost
+                w * rule.whole_weight
             } else {
                 *w
             };
-            w * fragment_for(node, c) as f64
+            let f = if rule.cpu_aware {
+                fragment_with_cpu(node, c)
+            } else {
+                fragment_for(node, c) as f64
+            };
+            w * f
         })
         .sum()
 }

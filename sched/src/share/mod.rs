@@ -18,7 +18,7 @@ mod place;
 #[cfg(test)]
 mod tests;
 
-pub use frag::{node_fragment, ShapeMix};
+pub use frag::{node_fragment, FragmentRule, ShapeMix};
 pub use place::{place, Placement, SharePolicy, ShareTuning};
 
 use serde::{Deserialize, Serialize};
