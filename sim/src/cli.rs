@@ -58,7 +58,8 @@ pub struct ReplayArgs {
     /// Write the figures as JSON to this file ("-" or no value: stdout).
     #[arg(long, num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
-    /// Write an HTML report with SVG plots into this directory.
+    /// Write an HTML report with SVG plots into this directory (openb: the plot
+    /// `openb-unallocated.svg`, unallocated GPUs against the arrived demand).
     #[arg(long)]
     pub report: Option<PathBuf>,
     /// Replay only the first N jobs of the trace (of the window, with --from-s/--until-s).

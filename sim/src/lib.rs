@@ -23,6 +23,7 @@ pub mod engine;
 pub mod limits;
 pub mod metrics;
 pub mod openb;
+pub mod openb_plot;
 pub mod policy;
 pub mod replay;
 pub mod report;

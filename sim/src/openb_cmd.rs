@@ -75,6 +75,15 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", p.display()))?,
         None => {}
     }
+    if let Some(dir) = &args.report {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join("openb-unallocated.svg");
+        std::fs::write(&path, commons_sim::openb_plot::curve_svg(&summary)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        if !args.quiet {
+            eprintln!("plot: {}", path.display());
+        }
+    }
     Ok(())
 }
 

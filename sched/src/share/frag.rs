@@ -144,7 +144,7 @@ pub(crate) fn fragment_with_cpu(node: &ShareNode, class: &ShareRequest) -> f64 {
             empty as u64 / u64::from(count.max(1))
         }
     };
-    let by = |free: u64, each: u64| if each == 0 { u64::MAX } else { free / each };
+    let by = |free: u64, each: u64| free.checked_div(each).unwrap_or(u64::MAX);
     let hosted =
         by(node.free_cpu_milli, class.cpu_milli).min(by(node.free_memory_mib, class.memory_mib));
     if instances == 0 || hosted >= instances {
