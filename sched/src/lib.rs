@@ -52,6 +52,7 @@ mod quota;
 mod reason;
 mod request;
 mod risk;
+pub mod share;
 mod state;
 mod world;
 

@@ -3,6 +3,10 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+/// The philly replay's policies when `--policies` is not given.
+pub const PHILLY_POLICIES: &str =
+    "isolated,share-fifo,share-backfill,share-fairshare,commons,commons-old,commons-nockpt";
+
 /// Trace-driven simulator of GPU Commons over the real scheduler.
 #[derive(Debug, Parser)]
 #[command(name = "commons-sim", version)]
@@ -27,24 +31,35 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
-    /// Job trace CSV (job_id,submit_time_s,submit_timestamp,duration_s,num_gpus,vc,src_row).
+    /// The trace's format: "philly" (a job trace replayed in time on a campus file) or
+    /// "openb" (the Alibaba GPU-sharing task list replayed for packing on a node list;
+    /// see `--nodes`).
+    #[arg(long, default_value = "philly", value_parser = ["philly", "openb"])]
+    pub trace_format: String,
+    /// Job trace CSV (philly: job_id,submit_time_s,submit_timestamp,duration_s,num_gpus,
+    /// vc,src_row; openb: the pods list, by default
+    /// ../shared/traces/alibaba_openb_pod_list_default.csv).
     #[arg(long)]
-    pub trace: PathBuf,
-    /// Campus TOML file (labs, tenants, nodes, grace, checkpoints, departures).
+    pub trace: Option<PathBuf>,
+    /// Campus TOML file (labs, tenants, nodes, grace, checkpoints, departures); philly
+    /// only, required there.
     #[arg(long)]
-    pub campus: PathBuf,
-    /// Comma-separated policies: isolated, share-fifo, share-backfill, share-fairshare,
-    /// commons, commons-old, commons-nockpt (default), old+place, old+victims,
-    /// old+hysteresis, old+patience, old+elsewhere, old+stopckpt, commons-boost.
-    #[arg(
-        long,
-        default_value = "isolated,share-fifo,share-backfill,share-fairshare,commons,commons-old,commons-nockpt"
-    )]
-    pub policies: String,
-    /// Write the figures as JSON to this file ("-" for stdout).
+    pub campus: Option<PathBuf>,
+    /// Node list CSV (sn,cpu_milli,memory_mib,gpu,model); openb only, by default
+    /// ../shared/traces/alibaba_openb_node_list_gpu_node.csv.
     #[arg(long)]
+    pub nodes: Option<PathBuf>,
+    /// Comma-separated policies. philly: isolated, share-fifo, share-backfill,
+    /// share-fairshare, commons, commons-old, commons-nockpt (default: these seven),
+    /// old+place, old+victims, old+hysteresis, old+patience, old+elsewhere,
+    /// old+stopckpt, commons-boost. openb: best-fit, fgd, commons (default: all three).
+    #[arg(long, alias = "policy")]
+    pub policies: Option<String>,
+    /// Write the figures as JSON to this file ("-" or no value: stdout).
+    #[arg(long, num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
-    /// Write an HTML report with SVG plots into this directory.
+    /// Write an HTML report with SVG plots into this directory (openb: the plot
+    /// `openb-unallocated.svg`, unallocated GPUs against the arrived demand).
     #[arg(long)]
     pub report: Option<PathBuf>,
     /// Replay only the first N jobs of the trace (of the window, with --from-s/--until-s).
@@ -57,12 +72,27 @@ pub struct ReplayArgs {
     /// Replay only the jobs submitted before this many seconds (`submit_time_s`).
     #[arg(long)]
     pub until_s: Option<i64>,
-    /// Seed of the random departures.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// Seed of the random departures (philly, default 1); openb: tasks arrive in a
+    /// re-ordering drawn from this seed instead of file order.
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Add N random node departures (drain within the grace period, back after 1-24 h).
     #[arg(long, default_value_t = 0)]
     pub random_departures: u32,
+    /// openb: GPU requests remembered in the recent mix the fragmentation rules measure
+    /// against (default: `sched`'s).
+    #[arg(long)]
+    pub share_mix_window: Option<usize>,
+    /// openb: the most frequent request shapes of the mix that count (default: `sched`'s).
+    #[arg(long)]
+    pub share_mix_classes: Option<usize>,
+    /// openb: weight of whole-GPU shapes in `commons`' fragment (default: `sched`'s).
+    #[arg(long)]
+    pub share_whole_weight: Option<f64>,
+    /// openb: whether `commons` counts GPUs stranded by a node's CPU and memory
+    /// ("true"/"false"; default: `sched`'s).
+    #[arg(long)]
+    pub share_cpu_aware: Option<bool>,
     /// Queued jobs per lab shown to the scheduler in one call (besides the head of the
     /// campus-wide queue).
     #[arg(long, default_value_t = 8)]

@@ -6,6 +6,7 @@
 //! - [`checkpoint`]: the checkpoint model with failures (jobs that never checkpoint,
 //!   writes that miss the grace period);
 //! - [`trace`]: the trace CSV and the workload built from it;
+//! - [`openb`]: the Alibaba GPU-sharing trace replayed for packing (shares of GPUs);
 //! - [`policy`]: the policies compared, and the FCFS baselines implemented here;
 //! - [`engine`]: the discrete-event loop of one policy;
 //! - [`accounting`] and [`metrics`]: GPU-time bookkeeping and the reported figures;
@@ -21,6 +22,8 @@ pub mod checkpoint;
 pub mod engine;
 pub mod limits;
 pub mod metrics;
+pub mod openb;
+pub mod openb_plot;
 pub mod policy;
 pub mod replay;
 pub mod report;

@@ -1,11 +1,12 @@
 //! `commons-sim`: the command-line front of the simulator library.
 
 mod cli;
+mod openb_cmd;
 mod suite_cmd;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use cli::{Cli, Command, ReplayArgs};
+use cli::{Cli, Command, ReplayArgs, PHILLY_POLICIES};
 use commons_sim::{read_trace, replay, Campus, CampusFile, PolicyKind, ReplaySettings, Workload};
 use std::io::Write;
 use std::time::Instant;
@@ -40,6 +41,9 @@ fn main() -> Result<()> {
 }
 
 fn run_replay(args: ReplayArgs) -> Result<()> {
+    if args.trace_format == "openb" {
+        return openb_cmd::run(&args);
+    }
     let (campus, work, settings) = prepare(&args)?;
     let span = (work.span.1 - work.span.0).max(1) as f64;
     let quiet = args.quiet;
@@ -77,10 +81,13 @@ fn run_replay(args: ReplayArgs) -> Result<()> {
 
 /// The campus, the workload and the settings a replay's arguments ask for.
 fn prepare(args: &ReplayArgs) -> Result<(Campus, Workload, ReplaySettings)> {
-    let policies = PolicyKind::parse_list(&args.policies)?;
-    let campus = CampusFile::read(&args.campus)?.build()?;
+    let policies = PolicyKind::parse_list(args.policies.as_deref().unwrap_or(PHILLY_POLICIES))?;
+    let (Some(trace), Some(campus)) = (&args.trace, &args.campus) else {
+        anyhow::bail!("a philly replay needs --trace and --campus");
+    };
+    let campus = CampusFile::read(campus)?.build()?;
     let windowed = args.from_s.is_some() || args.until_s.is_some();
-    let mut trace = read_trace(&args.trace, args.limit.filter(|_| !windowed))?;
+    let mut trace = read_trace(trace, args.limit.filter(|_| !windowed))?;
     if windowed {
         trace = commons_sim::trace::submitted_within(trace, args.from_s, args.until_s)?;
         trace.truncate(args.limit.unwrap_or(usize::MAX));
@@ -89,7 +96,7 @@ fn prepare(args: &ReplayArgs) -> Result<(Campus, Workload, ReplaySettings)> {
     let settings = ReplaySettings {
         policies,
         window_per_lab: args.window.max(1),
-        seed: args.seed,
+        seed: args.seed.unwrap_or(1),
         random_departures: args.random_departures,
         tick_s: args.tick.max(0),
         limit_seed: (args.limits == "overestimate").then_some(args.limit_seed),

@@ -11,6 +11,7 @@ mod fuzzkit;
 mod interactive;
 mod invariants;
 mod mechanics;
+mod openb;
 mod philly;
 mod suite;
 mod support;
