@@ -362,7 +362,11 @@ fn show_lines(j: &JobView, colour: bool) -> Vec<(&'static str, String)> {
         lines.push(("inputs", j.inputs.join(" ")));
     }
     if !j.datasets.is_empty() {
-        let ds: Vec<String> = j.datasets.iter().map(commons_api::datasets::written).collect();
+        let ds: Vec<String> = j
+            .datasets
+            .iter()
+            .map(commons_api::datasets::written)
+            .collect();
         lines.push(("datasets", ds.join(" ")));
     }
     lines.push(("lab", j.lab.clone()));

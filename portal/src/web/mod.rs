@@ -5,6 +5,7 @@ mod apps;
 pub mod assets;
 mod charts;
 mod cli_login;
+mod datasets;
 mod files;
 pub mod human;
 mod images;
@@ -19,7 +20,6 @@ mod nodes;
 mod overview;
 mod settings;
 mod ssh_keys;
-mod datasets;
 mod tokens;
 mod usage;
 

@@ -233,5 +233,27 @@ async fn jobs_mount_lab_and_node_datasets_read_only() {
         .find(|d| d["name"] == "cifar")
         .unwrap();
     assert_eq!(cifar["cached_on"], 1, "{listed}");
+
+    // Checked again at the start: a dataset removed while its job waited fails the job,
+    // naming it.
+    let first = p.submit(&p.alice, job_with(json!([]), "sleep 3", 2)).await;
+    let mut later = job_with(json!([{"lab": "vision", "name": "cifar"}]), "true", 2);
+    later["after"] = json!([{"job": first, "when": "ok"}]);
+    let later = p.submit(&p.alice, later).await;
+    let r = p
+        .http
+        .delete(format!("{}{LAB}/cifar", p.url))
+        .bearer_auth(&p.carol)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let (done, log) = finished(&p, later).await;
+    assert_eq!(done["state"], "failed", "{done}\n{log}");
+    let why = format!("{done}{log}");
+    assert!(
+        why.contains("dataset vision/cifar: no such dataset"),
+        "{why}"
+    );
     p.stop().await;
 }

@@ -44,6 +44,8 @@ async fn damaged_api_requests_get_4xx_and_store_nothing() {
                                 "gpus": 1, "time_limit_minutes": 5, "lab": "vision"}),
                 json!({"image": "commons-demo:latest", "gpus": 1, "time_limit_minutes": 5,
                        "inputs": ["data/train.tar", "code/", "lab:vision/shared/x.bin"]}),
+                json!({"image": "commons-demo:latest", "gpus": 1, "time_limit_minutes": 5,
+                       "datasets": [{"lab": "vision", "name": "imagenet", "mount": "/data/in"}]}),
             ]),
             n,
         );
@@ -73,6 +75,24 @@ async fn damaged_api_requests_get_4xx_and_store_nothing() {
             listed.as_array().unwrap().len(),
             accepted,
             "{backend:?}: keys"
+        );
+
+        // Dataset registrations: only what was accepted is listed.
+        let sets = samples(
+            damaged(vec![
+                json!({"name": "imagenet", "source": "node:imagenet", "description": "d",
+                       "visibility": ["physics"]}),
+                json!({"name": "coco", "source": format!("https://h/c.tar.gz#sha256={}", "a".repeat(64)),
+                       "visibility": "campus"}),
+            ]),
+            n,
+        );
+        let accepted = hammer(&p, &p.carol, "POST", "/api/v1/labs/vision/datasets", &sets).await;
+        let listed = p.get_json(&p.carol, "/api/v1/labs/vision/datasets").await;
+        assert_eq!(
+            listed.as_array().unwrap().len(),
+            accepted,
+            "{backend:?}: datasets"
         );
 
         let quotas = samples(
@@ -127,7 +147,7 @@ async fn damaged_api_requests_get_4xx_and_store_nothing() {
         .await;
         p.stop().await;
     }
-    report("HTTP API bodies (both backends)", u64::from(n) * 5 * 2);
+    report("HTTP API bodies (both backends)", u64::from(n) * 6 * 2);
 }
 
 /// The SSO callback with a real login in flight and its parameters damaged: never a

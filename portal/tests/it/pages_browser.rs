@@ -167,6 +167,7 @@ fn pages_for(c: &Campus, user: &str) -> Vec<String> {
         "/nodes".into(),
         "/usage".into(),
         "/files".into(),
+        "/datasets".into(),
         "/tokens".into(),
         "/settings".into(),
         "/launch".into(),
