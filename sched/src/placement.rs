@@ -137,6 +137,10 @@ pub(crate) struct Search {
     pub best: Option<(Verdict, usize)>,
 }
 
+/// How a fitting node ranks for a guest, lowest first: (return-risk class, datasets it
+/// would fetch, free GPUs it keeps).
+type Score = (u32, u32, u32);
+
 /// Look at every node for a guest job.
 ///
 /// 1. With `full` false the caller only wants a fit: nodes with fewer free GPUs than
@@ -149,7 +153,7 @@ pub(crate) struct Search {
 /// 3. Refusals keep the most hopeful verdict, for the job's reason; a `Busy` node is as
 ///    hopeful as it gets, so a full search that finds no fit stops there.
 pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
-    let mut fit: Option<((u32, u32, u32), usize, Vec<usize>)> = None;
+    let mut fit: Option<(Score, usize, Vec<usize>)> = None;
     let mut best: Option<(Verdict, usize)> = None;
     for n in 0..world.nodes.len() {
         if !full && world.nodes[n].free < job.gpus {

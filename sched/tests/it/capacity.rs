@@ -197,3 +197,64 @@ fn a_server_under_its_disk_floor_takes_no_new_guest_but_its_owner_jobs() {
         "{r}"
     );
 }
+
+fn exporting(mut n: Node, name: &str) -> Node {
+    n.name = name.into();
+    n.exports = vec!["vision/imagenet".into()];
+    n
+}
+
+fn needing_imagenet(mut j: QueuedJob) -> QueuedJob {
+    j.needs_exports = vec!["vision/imagenet".into()];
+    j.datasets = vec!["vision/imagenet".into()];
+    j
+}
+
+#[test]
+fn a_job_needing_an_exported_dataset_runs_only_where_it_is_exported() {
+    // Guests of lab 2 on lab 1's servers: only server 2 exports the dataset.
+    let s = snap(
+        vec![
+            node(1, 1, 10, 4, "A100-80GB", 80),
+            exporting(node(2, 1, 20, 4, "A100-80GB", 80), "vision-gpu2"),
+        ],
+        vec![],
+        vec![needing_imagenet(job(1, 2, 20, 1))],
+    );
+    let p = go(&s);
+    assert_eq!(started(&p), vec![1], "{p:?}");
+    assert_eq!(p.start[0].node, 2, "{p:?}");
+    // Four GPUs where it is exported, eight asked: it waits naming the dataset and the
+    // server that exports it.
+    let s = snap(
+        vec![
+            node(1, 1, 10, 8, "A100-80GB", 80),
+            exporting(node(2, 1, 20, 4, "A100-80GB", 80), "vision-gpu2"),
+        ],
+        vec![],
+        vec![needing_imagenet(job(1, 2, 20, 8))],
+    );
+    let p = go(&s);
+    assert!(p.start.is_empty(), "{p:?}");
+    let r = reason(&p, 1).to_string();
+    assert_eq!(r, "needs dataset vision/imagenet, exported by vision-gpu2 only");
+    // Nobody exports it.
+    let s = snap(
+        vec![node(1, 1, 10, 8, "A100-80GB", 80)],
+        vec![],
+        vec![needing_imagenet(job(1, 2, 20, 1))],
+    );
+    let r = reason(&go(&s), 1).to_string();
+    assert!(r.contains("which no server exports now"), "{r}");
+}
+
+#[test]
+fn among_equal_servers_one_that_caches_the_jobs_datasets_wins() {
+    let mut cached = node(2, 1, 20, 4, "A100-80GB", 80);
+    cached.cached = vec!["vision/coco".into()];
+    let mut j = job(1, 2, 20, 1);
+    j.datasets = vec!["vision/coco".into()];
+    let s = snap(vec![node(1, 1, 10, 4, "A100-80GB", 80), cached], vec![], vec![j]);
+    let p = go(&s);
+    assert_eq!(p.start[0].node, 2, "{p:?}");
+}
