@@ -45,6 +45,7 @@ pub mod schema;
 pub mod snapshot;
 pub mod ssh_keys;
 pub mod staging;
+pub mod staging_size;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod types;

@@ -54,6 +54,8 @@ struct QueuedRow {
     array_id: Option<i64>,
     /// JSON; read only when not `[]` (almost every job names no dataset).
     datasets: String,
+    /// JSON, likewise.
+    inputs: String,
 }
 
 /// The snapshot, and what each queued job shows now (its reason, place and estimated
@@ -135,6 +137,8 @@ struct Rows {
     checkpointed: BTreeMap<(i64, i32), super::checkpoints::AttemptCheckpoints>,
     /// `LAB/NAME` of every `node:` dataset, with its lab and the export name.
     exported: Vec<(String, i64, String)>,
+    /// What each queued job that names inputs or datasets will fetch at its start.
+    stage_bytes: BTreeMap<i64, u64>,
 }
 
 impl Rows {
@@ -198,13 +202,15 @@ impl Rows {
         let job_of = jobs_of_attempts(c, &active)?;
         let pairs: Vec<(i64, i32)> = active.iter().map(|a| (a.job_id, a.attempt)).collect();
         let checkpointed = super::checkpoints::for_attempts(c, &pairs)?;
-        let exported = super::datasets::all(c)?
-            .into_iter()
+        let sets = super::datasets::all(c)?;
+        let exported = sets
+            .iter()
             .filter_map(|(d, slug)| {
                 let name = d.source.strip_prefix("node:")?.to_string();
                 Some((format!("{slug}/{}", d.name), d.lab_id, name))
             })
             .collect();
+        let stage_bytes = stage_bytes(c, &queued, &labs, &sets)?;
         laps.lap("running jobs and checkpoints");
         Ok(Rows {
             nodes,
@@ -218,6 +224,7 @@ impl Rows {
             job_of,
             checkpointed,
             exported,
+            stage_bytes,
         })
     }
 }
@@ -360,6 +367,7 @@ fn sched_nodes(rows: &Rows, return_rates: &BTreeMap<i64, Vec<f64>>) -> Vec<commo
                 .map(|(key, ..)| key.clone())
                 .collect(),
             cached: n.datasets.cached.iter().map(|d| d.key.clone()).collect(),
+            fetch_bytes_per_s: n.datasets.fetch_bytes_per_s.unwrap_or(0),
             gpus: on_node
                 .get(&n.id)
                 .into_iter()
@@ -436,10 +444,52 @@ fn queued_jobs(rows: &Rows, policy: &Policy) -> Vec<commons_sched::QueuedJob> {
                 disk_gb: effective_disk_gb(j.disk_gb, policy),
                 take_backs,
                 taken_back_at,
+                stage_bytes: rows.stage_bytes.get(&j.id).copied().unwrap_or(0),
                 ..dataset_needs(j, &rows.exported)
             }
         })
         .collect()
+}
+
+/// What each queued job naming inputs or datasets will fetch when it starts.
+fn stage_bytes(
+    c: &mut DbConn,
+    queued: &[QueuedRow],
+    labs: &[Lab],
+    sets: &[(super::datasets::DatasetRow, String)],
+) -> Result<BTreeMap<i64, u64>, DbError> {
+    let mut out = BTreeMap::new();
+    let fetching: Vec<&QueuedRow> = queued
+        .iter()
+        .filter(|j| j.inputs != "[]" || j.datasets != "[]")
+        .collect();
+    if fetching.is_empty() {
+        return Ok(out);
+    }
+    let slugs = labs.iter().map(|l| (l.slug.clone(), l.id)).collect();
+    let lab_sources = sets
+        .iter()
+        .filter_map(|(d, slug)| {
+            let p = d.source.strip_prefix("lab:")?;
+            let prefix = p.strip_suffix('/').unwrap_or(p).to_string();
+            Some((format!("{slug}/{}", d.name), (d.lab_id, prefix)))
+        })
+        .collect();
+    for j in fetching {
+        let inputs: Vec<String> = serde_json::from_str(&j.inputs).unwrap_or_default();
+        let datasets: Vec<commons_api::datasets::JobDataset> =
+            serde_json::from_str(&j.datasets).unwrap_or_default();
+        let n = super::staging_size::stage_bytes(
+            c,
+            j.user_id,
+            &inputs,
+            &datasets,
+            &slugs,
+            &lab_sources,
+        )?;
+        out.insert(j.id, n);
+    }
+    Ok(out)
 }
 
 /// What a queued job's datasets ask of a node: the `node:` ones it needs exported, and

@@ -13,6 +13,11 @@
 //! a quota (not for GPUs) gets no estimate and takes nothing from the pool; once the
 //! pool cannot supply a job (GPUs held without a time limit), that job gets none.
 //!
+//! A job that fetches inputs or datasets when it starts ([`crate::QueuedJob::stage_bytes`])
+//! starts that much later: its estimate adds the time to fetch them at the fastest speed a
+//! server measured ([`crate::Node::fetch_bytes_per_s`]; [`DEFAULT_FETCH_BYTES_PER_S`]
+//! before any did), since staging comes before the container.
+//!
 //! Invariants: pure; one pass over the waiting jobs and one heap of releases, so
 //! O((waiting + running) log running).
 
@@ -23,6 +28,14 @@ use crate::model::Time;
 use crate::plan::Round;
 use crate::reason::Reason;
 use crate::state::World;
+
+/// The fetch speed assumed before any server measured one: 100 MB/s.
+pub const DEFAULT_FETCH_BYTES_PER_S: u64 = 100_000_000;
+
+/// Seconds to fetch `bytes` at `rate` bytes per second, rounded up.
+fn fetch_s(bytes: u64, rate: u64) -> Time {
+    i64::try_from(bytes.div_ceil(rate.max(1))).unwrap_or(Time::MAX)
+}
 
 /// Whether a job waiting for `reason` waits only for GPUs to come free.
 fn waits_for_gpus(reason: &Reason) -> bool {
@@ -59,10 +72,24 @@ pub(crate) fn estimates(world: &World, round: &Round) -> Vec<Option<Time>> {
             Some(Reverse((end, u64::from(r.gpu_count))))
         })
         .collect();
+    let rate = world
+        .nodes
+        .iter()
+        .filter(|n| n.node.schedulable)
+        .map(|n| n.node.fetch_bytes_per_s)
+        .max()
+        .filter(|&r| r > 0)
+        .unwrap_or(DEFAULT_FETCH_BYTES_PER_S);
     let mut t = now;
     let mut out = Vec::with_capacity(round.pending.len());
     for &(j, reason) in &round.pending {
-        let known = round.estimates.get(j).copied().flatten();
+        let staging = fetch_s(world.meta[j].ask.stage_bytes, rate);
+        let known = round
+            .estimates
+            .get(j)
+            .copied()
+            .flatten()
+            .map(|at| at.saturating_add(staging));
         if !waits_for_gpus(&round.reasons[reason]) {
             out.push(known);
             continue;
@@ -84,7 +111,7 @@ pub(crate) fn estimates(world: &World, round: &Round) -> Vec<Option<Time>> {
         if job.time_limit_s > 0 {
             releases.push(Reverse((t.saturating_add(job.time_limit_s), need)));
         }
-        out.push(Some(known.unwrap_or(t)));
+        out.push(Some(known.unwrap_or(t.saturating_add(staging))));
     }
     out
 }

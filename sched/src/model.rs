@@ -86,6 +86,9 @@ pub struct Node {
     pub exports: Vec<String>,
     /// The datasets (`LAB/NAME`) its dataset cache holds now.
     pub cached: Vec<String>,
+    /// How fast its agent last fetched inputs or a dataset, in bytes per second; 0:
+    /// not measured ([`crate::Policy`]'s default speed is assumed).
+    pub fetch_bytes_per_s: u64,
     /// Its agent reports more GPUs, or other models, than the node enrolled with, and its
     /// lab admin has not approved them yet: no guest is placed here (its own lab's jobs
     /// may run). Guests already running stay.
@@ -161,6 +164,9 @@ pub struct QueuedJob {
     /// Every dataset it mounts (`LAB/NAME`): among otherwise equal nodes, one whose
     /// [`Node::cached`] holds more of them wins (it starts without fetching them).
     pub datasets: Vec<String>,
+    /// Bytes its start fetches (inputs and datasets); the start estimate adds the time
+    /// to fetch them ([`Node::fetch_bytes_per_s`]).
+    pub stage_bytes: u64,
 }
 
 /// A job that holds GPUs now (starting, running or preempting).

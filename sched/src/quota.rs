@@ -22,6 +22,8 @@ const EPS: f64 = 1e-6;
 pub(crate) struct Ask {
     pub gpus: u32,
     pub time_limit_s: i64,
+    /// Bytes its start fetches (for its start estimate).
+    pub stage_bytes: u64,
 }
 
 impl Ask {
@@ -29,6 +31,7 @@ impl Ask {
         Ask {
             gpus: job.gpus,
             time_limit_s: job.time_limit_s,
+            stage_bytes: job.stage_bytes,
         }
     }
 }

@@ -237,7 +237,10 @@ fn a_job_needing_an_exported_dataset_runs_only_where_it_is_exported() {
     let p = go(&s);
     assert!(p.start.is_empty(), "{p:?}");
     let r = reason(&p, 1).to_string();
-    assert_eq!(r, "needs dataset vision/imagenet, exported by vision-gpu2 only");
+    assert_eq!(
+        r,
+        "needs dataset vision/imagenet, exported by vision-gpu2 only"
+    );
     // Nobody exports it.
     let s = snap(
         vec![node(1, 1, 10, 8, "A100-80GB", 80)],
@@ -254,7 +257,11 @@ fn among_equal_servers_one_that_caches_the_jobs_datasets_wins() {
     cached.cached = vec!["vision/coco".into()];
     let mut j = job(1, 2, 20, 1);
     j.datasets = vec!["vision/coco".into()];
-    let s = snap(vec![node(1, 1, 10, 4, "A100-80GB", 80), cached], vec![], vec![j]);
+    let s = snap(
+        vec![node(1, 1, 10, 4, "A100-80GB", 80), cached],
+        vec![],
+        vec![j],
+    );
     let p = go(&s);
     assert_eq!(p.start[0].node, 2, "{p:?}");
 }

@@ -99,3 +99,19 @@ fn estimates_are_deterministic_and_ordered() {
     assert!(est.windows(2).all(|w| w[0] <= w[1]), "{est:?}");
     assert_eq!(est[0], NOW + H);
 }
+
+#[test]
+fn a_job_that_fetches_data_starts_that_much_later() {
+    // As in the first test, job 1 reserves the GPU that frees in 3 h; it fetches 2 GB of
+    // inputs and datasets first, at the default 100 MB/s and then at a measured 1 GB/s.
+    let mut r = run(100, 2, 1, &[10], NOW - H);
+    r.time_limit_s = 4 * H;
+    let mut j = job(1, 1, 10, 1);
+    j.stage_bytes = 2_000_000_000;
+    let mut s = snap(vec![node(1, 2, 10, 1, "A100", 80)], vec![r], vec![j]);
+    let p = plan(&s, &Policy::default(), NOW);
+    assert_eq!(estimate(&p, 1), Some(NOW + 3 * H + 20));
+    s.nodes[0].fetch_bytes_per_s = 1_000_000_000;
+    let p = plan(&s, &Policy::default(), NOW);
+    assert_eq!(estimate(&p, 1), Some(NOW + 3 * H + 2));
+}
