@@ -1,8 +1,11 @@
 //! The parts of the agents' per-attempt file routes (`{PREFIX}/{job}/{attempt}/{path}`:
-//! outputs and inputs) that their handlers read the same way.
+//! outputs, inputs and datasets) that their handlers read and answer the same way.
 
-use crate::error::AppError;
-use actix_web::HttpRequest;
+use crate::error::{ApiError, AppError};
+use crate::service::files::Download;
+use actix_web::{HttpRequest, HttpResponse};
+use commons_proto::SHA256_HEADER;
+use futures_util::TryStreamExt;
 
 /// (job, attempt) of the route; malformed numbers are "not found".
 pub fn attempt_of(req: &HttpRequest) -> Result<(i64, i32), AppError> {
@@ -17,8 +20,14 @@ pub fn attempt_of(req: &HttpRequest) -> Result<(i64, i32), AppError> {
 /// `{path}` from the URI as sent: what follows `{prefix}/{job}/{attempt}/`, decoded once
 /// (the file spaces' rules then apply, naming what is wrong).
 pub fn file_path(req: &HttpRequest, prefix: &str) -> Result<String, AppError> {
+    file_path_after(req, prefix, 2)
+}
+
+/// `{path}` after `parts` segments that follow `prefix` (2 for `{job}/{attempt}`, 3 with
+/// a dataset's `{index}`), decoded once.
+pub fn file_path_after(req: &HttpRequest, prefix: &str, parts: usize) -> Result<String, AppError> {
     // "/api/agent/v1/outputs/J/A/P": P follows the slash after A.
-    let skip = prefix.matches('/').count() + 3;
+    let skip = prefix.matches('/').count() + 1 + parts;
     let raw = req
         .uri()
         .path()
@@ -27,4 +36,18 @@ pub fn file_path(req: &HttpRequest, prefix: &str) -> Result<String, AppError> {
         .unwrap_or("");
     String::from_utf8(commons_api::files::percent_decode(raw))
         .map_err(|_| AppError::invalid("path", "the path is not UTF-8"))
+}
+
+/// A whole file for an agent, streamed with its SHA-256 (a range never comes from one).
+pub fn whole_file(d: Download) -> Result<HttpResponse, ApiError> {
+    match d {
+        Download::Body { file, body, .. } => Ok(HttpResponse::Ok()
+            .content_type("application/octet-stream")
+            .insert_header((SHA256_HEADER, file.sha256.clone()))
+            .body(actix_web::body::SizedStream::new(
+                file.size,
+                body.map_err(std::io::Error::other),
+            ))),
+        Download::Unsatisfiable { .. } => Err(AppError::NotFound("file").into()),
+    }
 }

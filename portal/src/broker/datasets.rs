@@ -7,14 +7,13 @@
 //!   is 401.
 //! - A file streams from the store to the agent, never held whole here.
 
-use super::attempt_path::attempt_of;
+use super::attempt_path::{attempt_of, file_path_after, whole_file};
 use super::checkpoints::node;
 use crate::error::{ApiError, AppError};
-use crate::service::files::{datasets, Download};
+use crate::service::files::datasets;
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
-use commons_proto::{DATASETS_PATH, SHA256_HEADER};
-use futures_util::TryStreamExt;
+use commons_proto::DATASETS_PATH;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route(
@@ -46,24 +45,6 @@ async fn get(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpRespons
     let node = node(&state, &req).await?;
     let (job, attempt) = attempt_of(&req)?;
     let index = index_of(&req)?;
-    // "/api/agent/v1/datasets/J/A/I/P": P follows the slash after I.
-    let skip = DATASETS_PATH.matches('/').count() + 4;
-    let raw = req
-        .uri()
-        .path()
-        .splitn(skip + 1, '/')
-        .nth(skip)
-        .unwrap_or("");
-    let path = String::from_utf8(commons_api::files::percent_decode(raw))
-        .map_err(|_| AppError::invalid("path", "the path is not UTF-8"))?;
-    match datasets::get_for_node(&state, node.id, job, attempt, index, &path).await? {
-        Download::Body { file, body, .. } => Ok(HttpResponse::Ok()
-            .content_type("application/octet-stream")
-            .insert_header((SHA256_HEADER, file.sha256.clone()))
-            .body(actix_web::body::SizedStream::new(
-                file.size,
-                body.map_err(std::io::Error::other),
-            ))),
-        Download::Unsatisfiable { .. } => Err(AppError::NotFound("file").into()),
-    }
+    let path = file_path_after(&req, DATASETS_PATH, 3)?;
+    whole_file(datasets::get_for_node(&state, node.id, job, attempt, index, &path).await?)
 }

@@ -8,14 +8,13 @@
 //!   is 401.
 //! - A file streams from the store to the agent, never held whole here.
 
-use super::attempt_path::{attempt_of, file_path};
+use super::attempt_path::{attempt_of, file_path, whole_file};
 use super::checkpoints::node;
-use crate::error::{ApiError, AppError};
-use crate::service::files::{inputs, Download};
+use crate::error::ApiError;
+use crate::service::files::inputs;
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
-use commons_proto::{Staging, INPUTS_PATH, SHA256_HEADER, STAGING_PATH};
-use futures_util::TryStreamExt;
+use commons_proto::{Staging, INPUTS_PATH, STAGING_PATH};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route(
@@ -43,16 +42,7 @@ async fn get(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpRespons
     let node = node(&state, &req).await?;
     let (job, attempt) = attempt_of(&req)?;
     let path = file_path(&req, INPUTS_PATH)?;
-    match inputs::get_for_node(&state, node.id, job, attempt, &path).await? {
-        Download::Body { file, body, .. } => Ok(HttpResponse::Ok()
-            .content_type("application/octet-stream")
-            .insert_header((SHA256_HEADER, file.sha256.clone()))
-            .body(actix_web::body::SizedStream::new(
-                file.size,
-                body.map_err(std::io::Error::other),
-            ))),
-        Download::Unsatisfiable { .. } => Err(AppError::NotFound("file").into()),
-    }
+    whole_file(inputs::get_for_node(&state, node.id, job, attempt, &path).await?)
 }
 
 async fn report(

@@ -9,15 +9,14 @@
 //! - A file's body streams to the store; `{path}` is read from the URI as sent and
 //!   decoded once (the file spaces' rules then apply, naming what is wrong).
 
-use super::attempt_path::{attempt_of, file_path};
+use super::attempt_path::{attempt_of, file_path, whole_file};
 use super::checkpoints::node;
-use crate::error::{ApiError, AppError};
-use crate::service::files::{outputs, Download};
+use crate::error::ApiError;
+use crate::service::files::outputs;
 use crate::state::AppState;
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use commons_proto::{OUTPUTS_PATH, SHA256_HEADER};
-use futures_util::TryStreamExt;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route(
@@ -99,14 +98,5 @@ async fn get(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpRespons
     let node = node(&state, &req).await?;
     let (job, attempt) = attempt_of(&req)?;
     let path = file_path(&req, OUTPUTS_PATH)?;
-    match outputs::get_for_node(&state, node.id, job, attempt, &path).await? {
-        Download::Body { file, body, .. } => Ok(HttpResponse::Ok()
-            .content_type("application/octet-stream")
-            .insert_header((SHA256_HEADER, file.sha256.clone()))
-            .body(actix_web::body::SizedStream::new(
-                file.size,
-                body.map_err(std::io::Error::other),
-            ))),
-        Download::Unsatisfiable { .. } => Err(AppError::NotFound("file").into()),
-    }
+    whole_file(outputs::get_for_node(&state, node.id, job, attempt, &path).await?)
 }
