@@ -43,7 +43,7 @@ async fn upload_throughput() {
     let size = 256 << 20;
     let data = Bytes::from(f::noise(size, 5));
     let store = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
-    let mut best = (f64::MAX, f64::MAX);
+    let mut best = (f64::MAX, f64::MAX, f64::MAX);
     for round in 0..3 {
         let portal = timed_put(&p, &format!("up/{round}.bin"), data.clone()).await;
         best.0 = best.0.min(portal);
@@ -52,14 +52,28 @@ async fn upload_throughput() {
         store.put(&key, data.clone().into()).await.unwrap();
         let direct = t.elapsed().as_secs_f64();
         best.1 = best.1.min(direct);
-        println!("round {round}: through the portal {portal:.3} s, direct {direct:.3} s");
+        // The least a store of files with their digests does: hash, then write.
+        let key = object_store::path::Path::from(format!("hashed/{round}.bin"));
+        let t = Instant::now();
+        let digest = f::sha256(&data);
+        store.put(&key, data.clone().into()).await.unwrap();
+        let hashed = t.elapsed().as_secs_f64();
+        assert_eq!(digest.len(), 64);
+        best.2 = best.2.min(hashed);
+        println!(
+            "round {round}: through the portal {portal:.3} s, direct {direct:.3} s, \
+             direct with SHA-256 {hashed:.3} s"
+        );
     }
     let mb = size as f64 / 1e6;
     println!(
-        "upload {:.0} MB/s, direct {:.0} MB/s, ratio {:.2}",
+        "upload {:.0} MB/s, direct {:.0} MB/s (ratio {:.2}), direct with SHA-256 {:.0} MB/s \
+         (ratio {:.2})",
         mb / best.0,
         mb / best.1,
-        best.1 / best.0
+        best.1 / best.0,
+        mb / best.2,
+        best.2 / best.0
     );
     p.stop().await;
 }
@@ -113,7 +127,7 @@ fn uploaders(p: &TestPortal, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHan
                 while !stop.load(Ordering::Relaxed) {
                     let r = http.put(&url).bearer_auth(&token).body(data.clone());
                     let s = r.send().await.unwrap().status().as_u16();
-                    assert_eq!(s, 201, "an upload under load");
+                    assert!(s == 200 || s == 201, "an upload under load: {s}");
                     sent += data.len() as u64;
                 }
                 sent
@@ -132,7 +146,14 @@ async fn files_api_latency_under_uploads() {
     let p = f::portal_in(Backend::Sqlite, dir.path(), |c| c.user_quota_gb = 10.0).await;
     p.portal.scheduler.abort();
     for n in 0..20 {
-        let a = put(&p, &p.alice, "/api/v1/files", &format!("small/{n}.txt"), &[b'x'; 1024]).await;
+        let a = put(
+            &p,
+            &p.alice,
+            "/api/v1/files",
+            &format!("small/{n}.txt"),
+            &[b'x'; 1024],
+        )
+        .await;
         assert_eq!(a.status, 201, "{a}");
     }
     let n = 600;
@@ -172,7 +193,12 @@ async fn job_seconds(p: &TestPortal, datasets: Value) -> f64 {
         .wait_state(&p.alice, id, &states, Duration::from_secs(600))
         .await;
     let secs = t.elapsed().as_secs_f64();
-    assert_eq!(done["state"], "succeeded", "{done}\n{}", p.logs(&p.alice, id).await);
+    assert_eq!(
+        done["state"],
+        "succeeded",
+        "{done}\n{}",
+        p.logs(&p.alice, id).await
+    );
     secs
 }
 
@@ -253,7 +279,14 @@ fn memory_mb(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kb: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
         .unwrap_or(0.0);
     kb * 1024.0 / 1e6
 }
@@ -291,7 +324,10 @@ async fn agent_memory_while_staging() {
     })
     .await;
     let up = put_large(&p, "large.bin", gb).await;
-    println!("uploaded {gb} GB in {up:.1} s ({:.0} MB/s)", gb as f64 * 1e3 / up);
+    println!(
+        "uploaded {gb} GB in {up:.1} s ({:.0} MB/s)",
+        gb as f64 * 1e3 / up
+    );
     let state = tempfile::tempdir().unwrap();
     let mut agent = agent_process(&p, state.path());
     let pid = agent.id();
@@ -305,7 +341,10 @@ async fn agent_memory_while_staging() {
     let done = loop {
         sampled = sampled.max(memory_mb(pid, "VmRSS:"));
         let j = p.job(&p.alice, id).await;
-        if ["succeeded", "failed", "cancelled"].iter().any(|s| j["state"] == *s) {
+        if ["succeeded", "failed", "cancelled"]
+            .iter()
+            .any(|s| j["state"] == *s)
+        {
             break j;
         }
         assert!(t.elapsed() < Duration::from_secs(1800), "still {j}");
@@ -318,7 +357,10 @@ async fn agent_memory_while_staging() {
     let _ = agent.wait();
     crate::cluster::remove_containers(&[id]);
     assert_eq!(done["state"], "succeeded", "{done}\n{log}");
-    let staged = log.lines().find(|l| l.contains("staged 1 input files")).unwrap_or("");
+    let staged = log
+        .lines()
+        .find(|l| l.contains("staged 1 input files"))
+        .unwrap_or("");
     println!("{staged}");
     println!(
         "agent peak RSS {peak:.0} MB (before the job {before:.0} MB, largest sample while \
