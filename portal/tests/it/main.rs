@@ -27,6 +27,7 @@ mod estimates;
 mod exposure;
 mod failures;
 mod files;
+mod files_bench;
 mod files_clients;
 mod files_inputs;
 mod files_outputs;
