@@ -199,7 +199,17 @@ async fn stage_all(
         let mut n = 0;
         loop {
             let base = staged.bytes;
-            match fetch(client, key, f, &to, base, report, keep_going).await {
+            let path = input_file_path(
+                key.0,
+                key.1,
+                &commons_api::files::percent_encode_path(&f.path),
+            );
+            let mut progress = StagingProgress {
+                report: &mut *report,
+                base,
+                keep_going,
+            };
+            match download(client, &path, f, &to, &mut progress).await {
                 Ok(()) => break,
                 Err(Fetch::Stopped) => return Err(fail(&f.path, "the attempt was stopped")),
                 Err(Fetch::Local(e)) => return Err(fail(&f.path, format!("cannot write it: {e}"))),
@@ -229,23 +239,53 @@ async fn stage_all(
     Ok(staged)
 }
 
+/// Told of every chunk a download writes (the bytes of the file so far); false stops it.
+pub(crate) trait Progress {
+    async fn chunk(&mut self, got: u64) -> bool;
+}
+
+/// Nothing to report, never stopped.
+pub(crate) struct Quiet;
+
+impl Progress for Quiet {
+    async fn chunk(&mut self, _: u64) -> bool {
+        true
+    }
+}
+
+/// A job's staging: reported to the portal, stopped with the attempt.
+struct StagingProgress<'r, 'a> {
+    report: &'r mut Reporter<'a>,
+    /// Bytes of earlier files already staged.
+    base: u64,
+    keep_going: &'r (dyn Fn() -> bool + Sync),
+}
+
+impl Progress for StagingProgress<'_, '_> {
+    async fn chunk(&mut self, got: u64) -> bool {
+        if !(self.keep_going)() {
+            return false;
+        }
+        self.report.send(self.base + got, false, None).await;
+        true
+    }
+}
+
 /// Why one fetch failed.
-enum Fetch {
+pub(crate) enum Fetch {
     Api(ApiError),
     Local(std::io::Error),
     Stopped,
 }
 
-/// Downloads one file to `to` (read-only once whole), checking its size and SHA-256;
-/// `base` bytes of earlier files are already staged.
-async fn fetch(
+/// Downloads one file listed as `f` from the portal's `path` to `to` (read-only once
+/// whole), checking its size and SHA-256 (inputs and `lab:` datasets alike).
+pub(crate) async fn download(
     client: &CheckpointClient,
-    (job, attempt): Key,
+    path: &str,
     f: &InputFile,
     to: &Path,
-    base: u64,
-    report: &mut Reporter<'_>,
-    keep_going: &(dyn Fn() -> bool + Sync),
+    progress: &mut impl Progress,
 ) -> Result<(), Fetch> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(parent) = to.parent() {
@@ -253,18 +293,13 @@ async fn fetch(
             .await
             .map_err(Fetch::Local)?;
     }
-    let path = input_file_path(
-        job,
-        attempt,
-        &commons_api::files::percent_encode_path(&f.path),
-    );
     // A large file gets the time it needs at 10 MB/s, at least the usual request time.
     let time = client
         .policy()
         .request_timeout
         .max(Duration::from_secs(f.size / 10_000_000));
     let resp = client
-        .request(reqwest::Method::GET, &path)
+        .request(reqwest::Method::GET, path)
         .timeout(time)
         .send()
         .await
@@ -275,7 +310,7 @@ async fn fetch(
     let mut sha = Sha256::new();
     let mut got = 0u64;
     while let Some(chunk) = resp.chunk().await.map_err(|e| Fetch::Api(transport(e)))? {
-        if !keep_going() {
+        if !progress.chunk(got).await {
             return Err(Fetch::Stopped);
         }
         got += chunk.len() as u64;
@@ -287,8 +322,8 @@ async fn fetch(
         }
         sha.update(&chunk);
         out.write_all(&chunk).await.map_err(Fetch::Local)?;
-        report.send(base + got, false, None).await;
     }
+    progress.chunk(got).await;
     out.flush().await.map_err(Fetch::Local)?;
     drop(out);
     let hex = hex::encode(sha.finalize());

@@ -475,12 +475,14 @@ fn stage_bytes(
             Some((format!("{slug}/{}", d.name), (d.lab_id, prefix)))
         })
         .collect();
+    let mut sizes = super::staging_size::Sizes::default();
     for j in fetching {
         let inputs: Vec<String> = serde_json::from_str(&j.inputs).unwrap_or_default();
         let datasets: Vec<commons_api::datasets::JobDataset> =
             serde_json::from_str(&j.datasets).unwrap_or_default();
         let n = super::staging_size::stage_bytes(
             c,
+            &mut sizes,
             j.user_id,
             &inputs,
             &datasets,

@@ -2,8 +2,9 @@
 //! as the file spaces hold them now. The snapshot passes it to the scheduler, whose
 //! start estimates add the time to fetch them (`commons_sched::QueuedJob::stage_bytes`).
 //!
-//! Only jobs that name inputs or datasets cost queries (one per input or dataset);
-//! `https:` datasets count nothing (their size is known only once fetched), `node:`
+//! Only jobs that name inputs or datasets cost queries, one per distinct file or folder
+//! in a snapshot ([`Sizes`] remembers each: an array's tasks, or many jobs mounting one
+//! dataset, cost one query between them); `https:` datasets count nothing (their size is known only once fetched), `node:`
 //! ones nothing (read in place).
 
 use super::files;
@@ -12,20 +13,41 @@ use commons_api::datasets::JobDataset;
 use commons_api::files::{parse_input, Space};
 use std::collections::BTreeMap;
 
-/// The bytes of the files under `prefix` (a folder ending in `/`), or of the file `path`.
-fn bytes_of(c: &mut DbConn, space: &str, path: &str, folder: bool) -> Result<u64, DbError> {
-    let rows = if folder {
-        files::list(c, space, path)?
-    } else {
-        files::get(c, space, path)?.into_iter().collect()
-    };
-    Ok(rows.iter().map(|r| r.bytes.max(0) as u64).sum())
+/// The sizes read so far in one snapshot, by (space, path, folder).
+#[derive(Default)]
+pub struct Sizes(BTreeMap<(String, String, bool), u64>);
+
+impl Sizes {
+    /// The bytes of the files under `path` (a folder ending in `/`), or of the file
+    /// `path`; read once per snapshot.
+    fn bytes_of(
+        &mut self,
+        c: &mut DbConn,
+        space: String,
+        path: String,
+        folder: bool,
+    ) -> Result<u64, DbError> {
+        let key = (space, path, folder);
+        if let Some(&n) = self.0.get(&key) {
+            return Ok(n);
+        }
+        let (space, path, _) = &key;
+        let rows = if folder {
+            files::list(c, space, path)?
+        } else {
+            files::get(c, space, path)?.into_iter().collect()
+        };
+        let n = rows.iter().map(|r| r.bytes.max(0) as u64).sum();
+        self.0.insert(key, n);
+        Ok(n)
+    }
 }
 
 /// A job's inputs (as written) and datasets (JSON), for owner `user`; `labs` maps slugs
 /// to ids, `lab_sources` `LAB/NAME` to `(lab id, PREFIX)` for `lab:` datasets.
 pub fn stage_bytes(
     c: &mut DbConn,
+    sizes: &mut Sizes,
     user: i64,
     inputs: &[String],
     datasets: &[JobDataset],
@@ -44,7 +66,7 @@ pub fn stage_bytes(
                 None => continue,
             },
         };
-        total += bytes_of(c, &space, &input.prefix(), input.folder)?;
+        total += sizes.bytes_of(c, space, input.prefix(), input.folder)?;
     }
     for d in datasets {
         if let Some((lab, prefix)) = lab_sources.get(&d.key()) {
@@ -53,7 +75,7 @@ pub fn stage_bytes(
             } else {
                 format!("{prefix}/")
             };
-            total += bytes_of(c, &format!("lab:{lab}"), &folder, true)?;
+            total += sizes.bytes_of(c, format!("lab:{lab}"), folder, true)?;
         }
     }
     Ok(total)

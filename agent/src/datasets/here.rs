@@ -16,12 +16,10 @@ use commons_proto::{
     dataset_file_path, dataset_path, CachedDataset, DatasetListing, DatasetMount, DatasetSource,
     NodeDatasets,
 };
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
-use tokio::io::AsyncWriteExt;
 
 /// `commons-agent run --data NAME=/path ... --dataset-cache-gb N --dataset-ca FILE`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -303,54 +301,15 @@ async fn fetch_once(
     f: &commons_proto::InputFile,
     to: &Path,
 ) -> Result<(), (String, bool)> {
-    use std::os::unix::fs::PermissionsExt;
-    let local = |e: std::io::Error| (format!("cannot write it: {e}"), true);
-    if let Some(parent) = to.parent() {
-        tokio::fs::create_dir_all(parent).await.map_err(local)?;
-    }
-    let time = client
-        .policy()
-        .request_timeout
-        .max(std::time::Duration::from_secs(f.size / 10_000_000));
-    let resp = client
-        .request(reqwest::Method::GET, path)
-        .timeout(time)
-        .send()
+    use crate::inputs::{download, Fetch, Quiet};
+    download(client, path, f, to, &mut Quiet)
         .await
-        .map_err(|e| (transport(e).to_string(), false))?;
-    let mut resp = ok(resp).await.map_err(|e| {
-        let last = e.is_final();
-        (e.to_string(), last)
-    })?;
-    let _ = tokio::fs::remove_file(to).await;
-    let mut out = tokio::fs::File::create(to).await.map_err(local)?;
-    let mut sha = Sha256::new();
-    let mut got = 0u64;
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| (transport(e).to_string(), false))?
-    {
-        got += chunk.len() as u64;
-        if got > f.size {
-            return Err((format!("more bytes than the {} listed", f.size), false));
-        }
-        sha.update(&chunk);
-        out.write_all(&chunk).await.map_err(local)?;
-    }
-    out.flush().await.map_err(local)?;
-    drop(out);
-    let hex = hex::encode(sha.finalize());
-    if got != f.size || hex != f.sha256 {
-        return Err((
-            format!(
-                "arrived as {got} bytes with SHA-256 {hex}; the portal listed {} bytes, {}",
-                f.size, f.sha256
-            ),
-            false,
-        ));
-    }
-    tokio::fs::set_permissions(to, std::fs::Permissions::from_mode(0o444))
-        .await
-        .map_err(local)
+        .map_err(|e| match e {
+            Fetch::Api(e) => {
+                let last = e.is_final();
+                (e.to_string(), last)
+            }
+            Fetch::Local(e) => (format!("cannot write it: {e}"), true),
+            Fetch::Stopped => ("stopped".into(), true),
+        })
 }
