@@ -266,12 +266,17 @@ pub fn claim_due(c: &mut DbConn, limit: i64, lease_s: i64) -> Result<Vec<Deliver
         .load(c)?;
     let mut taken = Vec::new();
     for id in due {
+        // Still pending: another replica may have claimed, sent and released it since
+        // `due` was read (a released claim alone would let it be sent twice).
         let n = diesel::update(
-            notification_deliveries::table.find(id).filter(
-                notification_deliveries::claimed_until
-                    .is_null()
-                    .or(notification_deliveries::claimed_until.lt(t)),
-            ),
+            notification_deliveries::table
+                .find(id)
+                .filter(notification_deliveries::status.eq("pending"))
+                .filter(
+                    notification_deliveries::claimed_until
+                        .is_null()
+                        .or(notification_deliveries::claimed_until.lt(t)),
+                ),
         )
         .set(notification_deliveries::claimed_until.eq(until))
         .execute(c)?;
