@@ -31,6 +31,8 @@ mod files_bench;
 mod files_clients;
 mod files_inputs;
 mod files_outputs;
+mod files_parts;
+mod files_walkthrough;
 mod flows_arrays;
 mod flows_deps;
 mod flows_names;
