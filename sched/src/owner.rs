@@ -17,6 +17,10 @@
 //!   (backfill inside the lab); GPUs of guests being preempted are claimed outright.
 //! - Owner jobs are never preempted; guests started in this plan are never victims.
 //! - Lending rules do not apply to a lab's own jobs; member quotas do.
+//! - A GPU that carries guests' shares is to a whole-GPU owner job what a GPU a guest
+//!   holds is: it preempts all of them to take it. One that carries the lab's own
+//!   shares (or shares started in this plan) frees when the last of them ends. Share
+//!   jobs of the lab are placed by `owner_share`, on its nodes that share GPUs.
 
 use crate::model::{QueuedJob, Time};
 use crate::placement::end_of;
@@ -56,7 +60,9 @@ impl OwnShapes {
                     .copied()
                     .filter(|&n| {
                         let nw = &world.nodes[n];
-                        nw.node.schedulable && nw.can_hold(job)
+                        nw.node.schedulable
+                            && nw.can_hold(job)
+                            && (job.share.is_none() || nw.node.lending.share_gpus)
                     })
                     .collect(),
             );
@@ -194,6 +200,22 @@ fn scan(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> Scan
             continue;
         }
         match gw.holder {
+            None if !gw.shares.is_empty() => {
+                if gw.claim.is_some() {
+                    continue;
+                }
+                let guests = gw.shares.iter().all(|&r| {
+                    let run = &world.running[r];
+                    run.guest && !run.new
+                });
+                if guests {
+                    out.guest_held += 1;
+                    times.push(now.saturating_add(i64::from(nw.grace_s)));
+                } else if let Some(end) = crate::placement::shares_end(world, g, nw.grace_s) {
+                    times.push(end);
+                    own_times.push(end);
+                }
+            }
             None => {
                 out.reads_limit |= gw.claim.is_some();
                 if gw.claim.is_none_or(|c| ends.is_some_and(|e| e <= c.until)) {
@@ -411,12 +433,19 @@ struct Phase {
 impl Phase {
     /// Steps 2-5 of [`place_owner_jobs`] for queued job `j`.
     fn place(&mut self, world: &mut World, j: usize, own: &OwnShapes, round: &mut Round) {
+        let shape = world.meta[j].shape;
+        if world.meta[j].share {
+            let nodes = &own.nodes[shape];
+            if crate::owner_share::place_owner_share(world, j, nodes, round) {
+                self.elsewhere.push(j);
+            }
+            return;
+        }
         let job = world.queue[j];
         if let Some(reason) = member_block(world, j) {
             round.wait(j, reason);
             return;
         }
-        let shape = world.meta[j].shape;
         if let Some(r) = self.hopeless[shape] {
             round.pending.push((j, r));
             self.elsewhere.push(j);
@@ -499,7 +528,7 @@ fn claim_usable(world: &mut World, offers: &[&Offer], chosen: usize) {
             o.at
         };
         for &g in &o.usable {
-            world.claim(g, until);
+            world.claim(g, until, false);
         }
     }
 }
@@ -545,7 +574,7 @@ fn wait_on(
         for &r in victims {
             for g in world.running[r].gpus.clone() {
                 if gpu_matches(job, world.gpus[g].gpu) {
-                    world.claim(g, world.now);
+                    world.claim(g, world.now, false);
                 }
             }
             if !world.running[r].preempting {

@@ -28,6 +28,7 @@ fn arb_lending() -> impl Strategy<Value = Lending> {
             min_idle_s: idle,
             max_guest_time_limit_s: longest,
             borrowers,
+            share_gpus: false,
         })
 }
 
