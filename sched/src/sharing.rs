@@ -194,10 +194,13 @@ pub(crate) fn share_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
     let nw = &world.nodes[n];
     let node = nw.node;
     if node.lab == job.lab {
-        return Err(if node.schedulable {
-            Verdict::NoHardware
-        } else {
+        // The owner phase places shares on its own sharing nodes; here only say why not.
+        return Err(if !node.schedulable {
             Verdict::Offline
+        } else if nw.can_hold(job) && !node.lending.share_gpus {
+            Verdict::NotLent(LendBlock::NoSharing)
+        } else {
+            Verdict::NoHardware
         });
     }
     if !nw.can_hold(job) {
