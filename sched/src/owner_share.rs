@@ -44,6 +44,8 @@ pub(crate) fn place_owner_share(
         round.started.push(j);
         return false;
     }
+    // Either way it waits: no guest may land where it could go instead.
+    claim_own(world, job, nodes);
     if let Some((n, g, victims)) = cheapest_victims(world, job, nodes) {
         let name = world.node_name(n);
         world.claim(g, world.now, false);
@@ -65,6 +67,14 @@ pub(crate) fn place_owner_share(
         round.estimate(j, world.now.saturating_add(i64::from(grace_s)));
         return false;
     }
+    let node = nodes.first().map_or_else(String::new, |&n| world.node_name(n));
+    round.wait(j, Reason::WaitingForOwnJobs { node });
+    true
+}
+
+/// A waiting share job claims every GPU of its own sharing nodes it could ever use
+/// (matching, not in local use, not held whole), for the lab's share jobs only.
+fn claim_own(world: &mut World, job: &QueuedJob, nodes: &[usize]) {
     for &n in nodes {
         for g in world.nodes[n].gpus.clone() {
             let gw = &world.gpus[g];
@@ -73,9 +83,6 @@ pub(crate) fn place_owner_share(
             }
         }
     }
-    let node = nodes.first().map_or_else(String::new, |&n| world.node_name(n));
-    round.wait(j, Reason::WaitingForOwnJobs { node });
-    true
 }
 
 /// The GPUs of own node `n` the share fits on now (not held whole, not in local use,

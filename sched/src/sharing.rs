@@ -224,10 +224,11 @@ pub(crate) fn share_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
     }
     let ends = end_of(now, job);
     let idle_before = now.saturating_sub(nw.min_idle_s);
-    let lent_full = node
-        .lending
-        .max_lent_gpus
-        .is_some_and(|max| nw.guest_gpus >= max);
+    // At the limit, a share may still join guests' shares on a GPU already lent (the
+    // count stays); over it (the owner lowered the limit), nothing new is lent.
+    let max = node.lending.max_lent_gpus;
+    let lent_full = max.is_some_and(|max| nw.guest_gpus >= max);
+    let over = max.is_some_and(|max| nw.guest_gpus > max);
     let (mut usable, mut claimed, mut idle, mut limit) = (Vec::new(), 0, 0, 0);
     let mut behind = None;
     for g in nw.gpus.clone() {
@@ -242,7 +243,7 @@ pub(crate) fn share_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
             claimed += 1;
         } else if gw.gpu.idle_since > idle_before {
             idle += 1;
-        } else if lent_full && gw.guest_shares == 0 {
+        } else if over || (lent_full && gw.guest_shares == 0) {
             limit += 1;
         } else if let Some(r) = gw.reserved.filter(|r| ends.is_none_or(|e| e > r.at)) {
             behind = behind.or(Some(r.job));
