@@ -33,6 +33,16 @@ pub(crate) fn place_owner_share(
         return false;
     }
     let job = world.queue[j];
+    // A share that named only memory passed as the least fraction: check the least it
+    // takes on any GPU here, so that it waits for the quota in every round alike.
+    if let Some(least) = least_milli(world, job, nodes) {
+        if least > world.meta[j].ask.milli {
+            if let Some(reason) = crate::quota::blocks_with(world, j, least, false) {
+                round.wait(j, reason);
+                return false;
+            }
+        }
+    }
     let offers: Vec<(usize, Vec<usize>)> = nodes
         .iter()
         .filter(|&&n| world.nodes[n].capacity_free_for(job))
@@ -40,6 +50,14 @@ pub(crate) fn place_owner_share(
         .filter(|(_, g)| !g.is_empty())
         .collect();
     if let Some(fit) = world.choose_share(job, &offers) {
+        // A share that named only memory was checked as the least fraction.
+        let resolved = u64::from(fit.2);
+        if resolved > world.meta[j].ask.milli {
+            if let Some(reason) = crate::quota::blocks_with(world, j, resolved, false) {
+                round.wait(j, reason);
+                return false;
+            }
+        }
         round.starts.push(world.start_share(j, fit));
         round.started.push(j);
         return false;
@@ -70,6 +88,18 @@ pub(crate) fn place_owner_share(
     let node = nodes.first().map_or_else(String::new, |&n| world.node_name(n));
     round.wait(j, Reason::WaitingForOwnJobs { node });
     true
+}
+
+/// The least compute share `job` resolves to on a matching GPU of `nodes`.
+fn least_milli(world: &World, job: &QueuedJob, nodes: &[usize]) -> Option<u64> {
+    let share = job.share?;
+    nodes
+        .iter()
+        .flat_map(|&n| world.nodes[n].gpus.clone())
+        .filter(|&g| gpu_matches(job, world.gpus[g].gpu))
+        .filter_map(|g| crate::sharing::resolve(share, world.gpus[g].gpu.memory_mb))
+        .map(|(milli, _)| u64::from(milli))
+        .min()
 }
 
 /// A waiting share job claims every GPU of its own sharing nodes it could ever use

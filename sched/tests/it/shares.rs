@@ -298,3 +298,4 @@ fn fair_share_charges_a_share_as_its_fraction() {
     let p = plan(&s, &Policy::default(), NOW);
     assert_eq!(started(&p), vec![2]);
 }
+
