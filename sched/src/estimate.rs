@@ -60,7 +60,7 @@ pub(crate) fn estimates(world: &World, round: &Round) -> Vec<Option<Time>> {
     let mut free: u64 = 0;
     for g in &world.gpus {
         if g.holder.is_none() && !g.gpu.local_use && world.nodes[g.node].node.schedulable {
-            free += u64::from(1000u32.saturating_sub(g.used_milli));
+            free += u64::from(1000u32.saturating_sub(g.share_used().0));
         }
     }
     let mut releases: BinaryHeap<Reverse<(Time, u64)>> = world

@@ -17,10 +17,8 @@
 //!   (backfill inside the lab); GPUs of guests being preempted are claimed outright.
 //! - Owner jobs are never preempted; guests started in this plan are never victims.
 //! - Lending rules do not apply to a lab's own jobs; member quotas do.
-//! - A GPU that carries guests' shares is to a whole-GPU owner job what a GPU a guest
-//!   holds is: it preempts all of them to take it. One that carries the lab's own
-//!   shares (or shares started in this plan) frees when the last of them ends. Share
-//!   jobs of the lab are placed by `owner_share`, on its nodes that share GPUs.
+//! - A GPU that carries only guests' shares is taken back as one a guest holds (all of
+//!   them stop). The lab's share jobs are placed by `owner_share`.
 
 use crate::model::{QueuedJob, Time};
 use crate::placement::end_of;
@@ -29,6 +27,7 @@ use crate::preemption::victims;
 use crate::quota::{lab_block, member_block};
 use crate::reason::Reason;
 use crate::risk::risk_class;
+use crate::sharing::guest_shares_only;
 use crate::state::{gpu_matches, World};
 use crate::Round;
 use std::collections::HashMap;
@@ -200,22 +199,19 @@ fn scan(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> Scan
             continue;
         }
         match gw.holder {
-            None if !gw.shares.is_empty() => {
-                if gw.claim.is_some() {
-                    continue;
-                }
-                let guests = gw.shares.iter().all(|&r| {
-                    let run = &world.running[r];
-                    run.guest && !run.new
-                });
-                if guests {
+            None if gw.shared.is_some() => match guest_shares_only(world, g) {
+                _ if gw.claim.is_some() => {}
+                true => {
                     out.guest_held += 1;
                     times.push(now.saturating_add(i64::from(nw.grace_s)));
-                } else if let Some(end) = crate::placement::shares_end(world, g, nw.grace_s) {
-                    times.push(end);
-                    own_times.push(end);
                 }
-            }
+                false => {
+                    if let Some(end) = crate::placement::shares_end(world, g, nw.grace_s) {
+                        times.push(end);
+                        own_times.push(end);
+                    }
+                }
+            },
             None => {
                 out.reads_limit |= gw.claim.is_some();
                 if gw.claim.is_none_or(|c| ends.is_some_and(|e| e <= c.until)) {
@@ -435,8 +431,7 @@ impl Phase {
     fn place(&mut self, world: &mut World, j: usize, own: &OwnShapes, round: &mut Round) {
         let shape = world.meta[j].shape;
         if world.meta[j].share {
-            let nodes = &own.nodes[shape];
-            if crate::owner_share::place_owner_share(world, j, nodes, round) {
+            if crate::owner_share::place_owner_share(world, j, &own.nodes[shape], round) {
                 self.elsewhere.push(j);
             }
             return;

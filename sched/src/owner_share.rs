@@ -85,7 +85,9 @@ pub(crate) fn place_owner_share(
         round.estimate(j, world.now.saturating_add(i64::from(grace_s)));
         return false;
     }
-    let node = nodes.first().map_or_else(String::new, |&n| world.node_name(n));
+    let node = nodes
+        .first()
+        .map_or_else(String::new, |&n| world.node_name(n));
     round.wait(j, Reason::WaitingForOwnJobs { node });
     true
 }
@@ -150,8 +152,7 @@ fn cheapest_victims(
     for &n in nodes {
         for g in world.nodes[n].gpus.clone() {
             let gw = &world.gpus[g];
-            if gw.gpu.local_use || gw.claim.is_some_and(|c| !c.share) || !gpu_matches(job, gw.gpu)
-            {
+            if gw.gpu.local_use || gw.claim.is_some_and(|c| !c.share) || !gpu_matches(job, gw.gpu) {
                 continue;
             }
             let victims = match gw.holder {
@@ -181,12 +182,17 @@ fn cheapest_victims(
 
 /// Steps 2 of [`cheapest_victims`] on GPU `g`: the guest shares to stop, or `None` if
 /// stopping them all does not make room (or none need stopping).
-fn share_victims(world: &World, job: &QueuedJob, g: usize, extra: Option<u32>) -> Option<Vec<usize>> {
+fn share_victims(
+    world: &World,
+    job: &QueuedJob,
+    g: usize,
+    extra: Option<u32>,
+) -> Option<Vec<usize>> {
     let gw = &world.gpus[g];
     let (need_milli, need_mb) = crate::sharing::resolve(job.share?, gw.gpu.memory_mb)?;
     let mut free = world.share_gpu(g, true);
     let mut ranked: Vec<(bool, i64, crate::model::JobId, usize)> = gw
-        .shares
+        .shares()
         .iter()
         .filter(|&&r| world.running[r].guest && !world.running[r].new)
         .map(|&r| {

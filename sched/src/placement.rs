@@ -126,7 +126,7 @@ pub(crate) fn guest_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
 
 /// When the last share on GPU `g` is expected to end, if all their ends are known.
 pub(crate) fn shares_end(world: &World, g: usize, grace_s: u32) -> Option<Time> {
-    world.gpus[g].shares.iter().try_fold(world.now, |at, &r| {
+    world.gpus[g].shares().iter().try_fold(world.now, |at, &r| {
         Some(at.max(world.running[r].expected_end(world.now, grace_s)?))
     })
 }
@@ -230,7 +230,7 @@ pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> Option<Time> {
                 continue;
             }
             let at = match gw.holder {
-                None if gw.shares.is_empty() => {
+                None if gw.shared.is_none() => {
                     Some(now.max(gw.gpu.idle_since.saturating_add(idle_min)))
                 }
                 None => shares_end(world, g, nw.grace_s),

@@ -171,9 +171,9 @@ fn round(
         let owner = elsewhere[j];
         match place_guest(world, j, owner, &mut failed, &mut depth, &mut out) {
             Some(start) => {
-                let held = start
-                    .share
-                    .map_or(f64::from(world.meta[j].gpus), |s| f64::from(s.milli) / 1000.0);
+                let held = start.share.map_or(f64::from(world.meta[j].gpus), |s| {
+                    f64::from(s.milli) / 1000.0
+                });
                 fair.done(ticket, held);
                 moved |= owner;
                 out.starts.push(start);

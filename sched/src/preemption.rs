@@ -84,8 +84,8 @@ pub(crate) fn victims(
                 Some((_, c)) => *c += 1,
                 None => held.push((vec![r], 1)),
             },
-            None if !gw.shares.is_empty() && gw.shares.iter().all(|&r| guest(r)) => {
-                held.push((gw.shares.clone(), 1));
+            None if gw.shared.is_some() && gw.shares().iter().all(|&r| guest(r)) => {
+                held.push((gw.shares().to_vec(), 1));
             }
             _ => {}
         }
@@ -167,7 +167,10 @@ pub(crate) fn cost_of(world: &World, r: usize, extra: Option<u32>) -> i64 {
     let run = &world.running[r];
     let floor = match run.share {
         None => i64::from(run.gpu_count).saturating_mul(world.policy.min_runtime_s.max(1)),
-        Some(_) => (run.milli_i64().saturating_mul(world.policy.min_runtime_s.max(1)) / 1000)
+        Some(_) => (run
+            .milli_i64()
+            .saturating_mul(world.policy.min_runtime_s.max(1))
+            / 1000)
             .max(1),
     };
     let grace = run

@@ -91,13 +91,25 @@ pub(crate) fn blocks_with(world: &World, j: usize, milli: u64, guest: bool) -> O
     let m = world.meta[j].member;
     let member = world.members[m].info.and_then(|info| {
         let usage = world.member_use[m];
-        check(&info.quota, QuotaScope::Member, usage, info.period_gpu_hours, ask)
+        check(
+            &info.quota,
+            QuotaScope::Member,
+            usage,
+            info.period_gpu_hours,
+            ask,
+        )
     });
     let l = world.meta[j].lab;
     member.or_else(|| {
         let info = world.labs[l].info.filter(|_| guest)?;
         let usage = world.lab_use[l];
-        check(&info.quota, QuotaScope::Lab, usage, info.period_gpu_hours, ask)
+        check(
+            &info.quota,
+            QuotaScope::Lab,
+            usage,
+            info.period_gpu_hours,
+            ask,
+        )
     })
 }
 

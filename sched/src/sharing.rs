@@ -78,6 +78,15 @@ pub(crate) fn waiting_mix(queue: &[&QueuedJob]) -> ShapeMix {
     mix
 }
 
+/// Whether every share on GPU `g` is a guest's that this plan did not start (stopping
+/// them all gives the owner the GPU).
+pub(crate) fn guest_shares_only(world: &World, g: usize) -> bool {
+    world.gpus[g].shares().iter().all(|&r| {
+        let run = &world.running[r];
+        run.guest && !run.new
+    })
+}
+
 /// A share placed: node, GPU (indices) and the amounts it takes there.
 pub(crate) type ShareFit = (usize, usize, u32, u64);
 
@@ -86,15 +95,16 @@ impl World<'_> {
     pub(crate) fn book_share(&mut self, idx: usize, run: &RunW, share: GpuShare) {
         let Some(&g) = run.gpus.first() else { return };
         let gw = &mut self.gpus[g];
-        gw.shares.push(idx);
-        gw.used_milli = gw.used_milli.saturating_add(share.milli);
-        gw.used_memory_mb = gw.used_memory_mb.saturating_add(share.memory_mb);
+        let n = gw.node;
+        let s = gw.shared.get_or_insert_with(Box::default);
+        s.runs.push(idx);
+        s.milli = s.milli.saturating_add(share.milli);
+        s.memory_mb = s.memory_mb.saturating_add(share.memory_mb);
         if run.guest {
-            if gw.guest_shares == 0 {
-                let n = gw.node;
+            if s.guests == 0 {
                 self.nodes[n].guest_gpus += 1;
             }
-            self.gpus[g].guest_shares += 1;
+            s.guests += 1;
         }
     }
 
@@ -144,8 +154,9 @@ impl World<'_> {
         let gw = &self.gpus[g];
         let mut out = ShareGpu::new(gw.gpu.model.clone(), gw.gpu.memory_mb);
         if usable {
-            out.free_milli = out.free_milli.saturating_sub(gw.used_milli);
-            out.free_memory_mb = out.free_memory_mb.saturating_sub(gw.used_memory_mb);
+            let (milli, memory_mb) = gw.share_used();
+            out.free_milli = out.free_milli.saturating_sub(milli);
+            out.free_memory_mb = out.free_memory_mb.saturating_sub(memory_mb);
         } else {
             out.free_milli = 0;
             out.free_memory_mb = 0;
@@ -243,7 +254,7 @@ pub(crate) fn share_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
             claimed += 1;
         } else if gw.gpu.idle_since > idle_before {
             idle += 1;
-        } else if over || (lent_full && gw.guest_shares == 0) {
+        } else if over || (lent_full && gw.guest_shares() == 0) {
             limit += 1;
         } else if let Some(r) = gw.reserved.filter(|r| ends.is_none_or(|e| e > r.at)) {
             behind = behind.or(Some(r.job));

@@ -126,20 +126,45 @@ pub(crate) struct GpuW<'a> {
     pub holder: Option<usize>,
     pub claim: Option<Claim>,
     pub reserved: Option<Reservation>,
-    /// Running jobs (indices) that hold a share of it; empty when `holder` is set.
-    pub shares: Vec<usize>,
-    /// Compute its shares hold together, in milli-GPU.
-    pub used_milli: u32,
-    /// Memory its shares hold together, in MiB.
-    pub used_memory_mb: u64,
-    /// How many of its shares are guests' (it counts as lent while any is).
-    pub guest_shares: u32,
+    /// Its shares, if it carries any (`None` when `holder` is set). Boxed: most GPUs
+    /// carry none, and the planner's hot loops walk every GPU.
+    pub shared: Option<Box<Shared>>,
+}
+
+/// The shares on one GPU.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Running jobs (indices) that hold a share of it.
+    pub runs: Vec<usize>,
+    /// Compute they hold together, in milli-GPU.
+    pub milli: u32,
+    /// Memory they hold together, in MiB.
+    pub memory_mb: u64,
+    /// How many of them are guests (it counts as lent while any is).
+    pub guests: u32,
 }
 
 impl GpuW<'_> {
     /// Nobody holds it, whole or in part (it may still be in local use or claimed).
     pub fn is_empty(&self) -> bool {
-        self.holder.is_none() && self.shares.is_empty()
+        self.holder.is_none() && self.shared.is_none()
+    }
+
+    /// The running jobs that hold shares of it.
+    pub fn shares(&self) -> &[usize] {
+        self.shared.as_deref().map_or(&[], |s| &s.runs)
+    }
+
+    /// Compute (milli-GPU) and memory (MiB) its shares hold.
+    pub fn share_used(&self) -> (u32, u64) {
+        self.shared
+            .as_deref()
+            .map_or((0, 0), |s| (s.milli, s.memory_mb))
+    }
+
+    /// How many of its shares are guests'.
+    pub fn guest_shares(&self) -> u32 {
+        self.shared.as_deref().map_or(0, |s| s.guests)
     }
 }
 

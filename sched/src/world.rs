@@ -219,10 +219,7 @@ fn node_gpus<'a>(node: &'a Node, idx: usize, hw: &mut Hardware<'a>) -> Vec<(&'a 
                 holder: None,
                 claim: None,
                 reserved: None,
-                shares: Vec::new(),
-                used_milli: 0,
-                used_memory_mb: 0,
-                guest_shares: 0,
+                shared: None,
             });
         }
     }

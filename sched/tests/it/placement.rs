@@ -82,7 +82,16 @@ fn placement_table() {
     for (name, j, nodes, want) in cases {
         let p = plan(&snap(nodes, vec![], vec![j]), &Policy::default(), NOW);
         match want {
-            Ok((node, gpus)) => assert_eq!(p.start, vec![Start { job: 1, node, gpus, share: None }], "{name}"),
+            Ok((node, gpus)) => assert_eq!(
+                p.start,
+                vec![Start {
+                    job: 1,
+                    node,
+                    gpus,
+                    share: None
+                }],
+                "{name}"
+            ),
             Err(text) => assert_eq!(reason(&p, 1).to_string(), text, "{name}"),
         }
     }

@@ -18,19 +18,21 @@ fn arb_lending() -> impl Strategy<Value = Lending> {
         prop::sample::select(vec![vec![], vec![1], vec![2, 3]]),
         prop::bool::weighted(0.5),
     )
-        .prop_map(|(mode, max_lent, idle, longest, borrowers, share_gpus)| Lending {
-            mode: match mode {
-                0 | 1 => LendMode::Always,
-                2 => LendMode::Never,
-                _ => LendMode::Windows,
+        .prop_map(
+            |(mode, max_lent, idle, longest, borrowers, share_gpus)| Lending {
+                mode: match mode {
+                    0 | 1 => LendMode::Always,
+                    2 => LendMode::Never,
+                    _ => LendMode::Windows,
+                },
+                windows: WeeklyWindow::daily(&[0, 1, 2, 3, 4], 11 * 60, 15 * 60),
+                max_lent_gpus: max_lent,
+                min_idle_s: idle,
+                max_guest_time_limit_s: longest,
+                borrowers,
+                share_gpus,
             },
-            windows: WeeklyWindow::daily(&[0, 1, 2, 3, 4], 11 * 60, 15 * 60),
-            max_lent_gpus: max_lent,
-            min_idle_s: idle,
-            max_guest_time_limit_s: longest,
-            borrowers,
-            share_gpus,
-        })
+        )
 }
 
 fn arb_quota() -> impl Strategy<Value = Quota> {
@@ -184,9 +186,18 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                 j.interactive = interactive;
                 // Some jobs ask for a share of one GPU: as a fraction, as memory, or both.
                 j.share = match share {
-                    3 => Some(GpuShare { milli: 500, memory_mb: 0 }),
-                    4 => Some(GpuShare { milli: 0, memory_mb: 30 * 1024 }),
-                    5 => Some(GpuShare { milli: 250, memory_mb: 8 * 1024 }),
+                    3 => Some(GpuShare {
+                        milli: 500,
+                        memory_mb: 0,
+                    }),
+                    4 => Some(GpuShare {
+                        milli: 0,
+                        memory_mb: 30 * 1024,
+                    }),
+                    5 => Some(GpuShare {
+                        milli: 250,
+                        memory_mb: 8 * 1024,
+                    }),
                     _ => None,
                 };
                 if j.share.is_some() {
@@ -238,15 +249,22 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
 /// What a running job of generator kind `kind` holds: a share (kinds 2 and 3) or whole GPUs.
 fn share_of(kind: u8) -> Option<GpuShare> {
     match kind {
-        2 => Some(GpuShare { milli: 500, memory_mb: 20 * 1024 }),
-        3 => Some(GpuShare { milli: 250, memory_mb: 6 * 1024 }),
+        2 => Some(GpuShare {
+            milli: 500,
+            memory_mb: 20 * 1024,
+        }),
+        3 => Some(GpuShare {
+            milli: 250,
+            memory_mb: 6 * 1024,
+        }),
         _ => None,
     }
 }
 
 /// GPUs a running job holds, a share counting as its fraction.
 fn gpus_held(r: &RunningJob) -> f64 {
-    r.share.map_or(r.gpus.len() as f64, |s| f64::from(s.milli) / 1000.0)
+    r.share
+        .map_or(r.gpus.len() as f64, |s| f64::from(s.milli) / 1000.0)
 }
 
 fn owner_of(s: &Snapshot) -> BTreeMap<NodeId, LabId> {

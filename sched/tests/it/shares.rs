@@ -91,7 +91,10 @@ fn two_halves_share_one_gpu_then_the_owner_takes_it_back() {
     );
     assert!(matches!(reason(&p, 3), Reason::WaitingForShare { .. }));
     let again = plan(&apply(&next, &p, NOW), &Policy::default(), NOW);
-    assert!(again.start.is_empty() && again.preempt.is_empty(), "{again:?}");
+    assert!(
+        again.start.is_empty() && again.preempt.is_empty(),
+        "{again:?}"
+    );
 }
 
 #[test]
@@ -249,7 +252,10 @@ fn an_owner_share_stops_just_enough_guest_shares() {
         Reason::WaitingForGuestsToLeave { .. }
     ));
     let again = plan(&apply(&s, &p, NOW), &Policy::default(), NOW);
-    assert!(again.start.is_empty() && again.preempt.is_empty(), "{again:?}");
+    assert!(
+        again.start.is_empty() && again.preempt.is_empty(),
+        "{again:?}"
+    );
 }
 
 #[test]
@@ -298,4 +304,3 @@ fn fair_share_charges_a_share_as_its_fraction() {
     let p = plan(&s, &Policy::default(), NOW);
     assert_eq!(started(&p), vec![2]);
 }
-
