@@ -69,6 +69,15 @@ pub struct JobRequest {
     /// Least memory per GPU, in GB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_gpu_memory_gb: Option<f64>,
+    /// A share of one GPU's compute instead of the whole GPU (with `gpus: 1`): 0.05 to 1.0
+    /// in steps of 0.05. Shares run only on servers whose lab lends shares; 1.0 without
+    /// `gpu_memory_gb` is the whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_fraction: Option<f64>,
+    /// The GPU memory of a share of one GPU, in GB (with `gpus: 1`); with no
+    /// `gpu_fraction`, the compute share is as much as this is of the GPU's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_gb: Option<f64>,
     /// CPUs (default 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<f64>,
@@ -148,6 +157,8 @@ impl JobRequest {
             gpus,
             gpu_models: Vec::new(),
             min_gpu_memory_gb: None,
+            gpu_fraction: None,
+            gpu_memory_gb: None,
             cpus: None,
             memory_gb: None,
             time_limit_minutes,
@@ -242,7 +253,44 @@ fn gpus(req: &JobRequest) -> Result<(), Invalid> {
             format!("must be between 0 and {MAX_GPU_MEMORY_GB}"),
         ));
     }
-    Ok(())
+    gpu_share(req).map(|_| ())
+}
+
+/// The share of one GPU the request asks for: `(milli, memory_mb)` (either may be 0: see
+/// [`JobRequest::gpu_memory_gb`]), or `None` for whole GPUs.
+pub fn gpu_share(req: &JobRequest) -> Result<Option<(u32, u64)>, Invalid> {
+    use commons_sched::share::{GpuAsk, ShareError};
+    if req.gpu_fraction.is_none() && req.gpu_memory_gb.is_none() {
+        return Ok(None);
+    }
+    if let Some(gb) = req.gpu_memory_gb.filter(|g| *g > MAX_GPU_MEMORY_GB) {
+        return Err(Invalid::new(
+            "gpu_memory_gb",
+            format!("gpu_memory_gb must be at most {MAX_GPU_MEMORY_GB} GB, not {gb}"),
+        ));
+    }
+    let ask = GpuAsk::from_fields(req.gpu_fraction, req.gpu_memory_gb).map_err(|e| {
+        let field = match e {
+            ShareError::Memory(_) => "gpu_memory_gb",
+            _ => "gpu_fraction",
+        };
+        Invalid::new(field, e.to_string())
+    })?;
+    let share = match ask {
+        GpuAsk::Share { milli, memory_mb } => Some((milli, memory_mb)),
+        _ => None,
+    };
+    if share.is_some() && req.gpus != 1 {
+        return Err(Invalid::new(
+            "gpus",
+            format!(
+                "a share of a GPU (gpu_fraction, gpu_memory_gb) is a share of one GPU: ask \
+                 for gpus: 1, not {}",
+                req.gpus
+            ),
+        ));
+    }
+    Ok(share)
 }
 
 /// CPUs, memory, time limit, checkpoint interval, /dev/shm and disk.
@@ -326,7 +374,7 @@ fn env(env: &BTreeMap<String, String>) -> Result<(), Invalid> {
                 format!("{k} is reserved: COMMONS_ variables are set by GPU Commons"),
             ));
         }
-        if k.starts_with("NVIDIA_") || k == "CUDA_VISIBLE_DEVICES" {
+        if k.starts_with("NVIDIA_") || k.starts_with("CUDA_MPS_") || k == "CUDA_VISIBLE_DEVICES" {
             return Err(Invalid::new(
                 "env",
                 format!("{k} is set by GPU Commons from the GPUs the job gets; leave it out"),
@@ -397,6 +445,26 @@ mod tests {
         let mut r = req();
         r.min_gpu_memory_gb = Some(-1.0);
         assert_eq!(field_of(r), "min_gpu_memory_gb");
+        for (fraction, memory, gpus, field) in [
+            (Some(0.0), None, 1, "gpu_fraction"),
+            (Some(0.33), None, 1, "gpu_fraction"),
+            (Some(1.5), None, 1, "gpu_fraction"),
+            (None, Some(0.0), 1, "gpu_memory_gb"),
+            (None, Some(2000.0), 1, "gpu_memory_gb"),
+            (Some(0.5), None, 2, "gpus"),
+        ] {
+            let mut r = req();
+            (r.gpu_fraction, r.gpu_memory_gb, r.gpus) = (fraction, memory, gpus);
+            assert_eq!(field_of(r), field, "{fraction:?} {memory:?} {gpus}");
+        }
+        let mut r = req();
+        (r.gpu_fraction, r.gpu_memory_gb) = (Some(0.25), Some(10.0));
+        assert_eq!(gpu_share(&r).unwrap(), Some((250, 10240)));
+        r.gpu_memory_gb = None;
+        assert_eq!(gpu_share(&r).unwrap(), Some((250, 0)));
+        // The whole GPU, said as a fraction: no share.
+        r.gpu_fraction = Some(1.0);
+        assert_eq!(gpu_share(&r).unwrap(), None);
         let mut r = req();
         r.gpu_models = vec![" ".into()];
         assert_eq!(field_of(r), "gpu_models");

@@ -103,6 +103,8 @@ macro_rules! bind_same {
             .bind::<BigInt, _>($array.id)
             .bind::<Text, _>(to_json(&v.inputs)?)
             .bind::<Text, _>(to_json(&v.datasets)?)
+            .bind::<Nullable<Integer>, _>(super::jobs::share_columns(v).0)
+            .bind::<Nullable<BigInt>, _>(super::jobs::share_columns(v).1)
     }};
 }
 
@@ -110,7 +112,7 @@ macro_rules! bind_same {
 const TASK_COLUMNS_SQL: &str = "user_id, lab_id, image, gpus, gpu_models, min_gpu_memory_mb, \
     cpus, memory_mb, time_limit_s, checkpoint_interval_s, shm_mb, disk_gb, image_digest, \
     image_signature, image_campus, kind, created_at, name, tags, after_jobs, held, array_id, \
-    inputs, datasets, state, array_index, command, env, reason";
+    inputs, datasets, gpu_milli, gpu_share_memory_mb, state, array_index, command, env, reason";
 
 /// What differs between an array's tasks, column by column: index, command,
 /// environment (as JSON) and reason (tasks beyond the throttle say so from the start).
@@ -152,15 +154,15 @@ pub fn insert_tasks(
 ) -> Result<Vec<i64>, DbError> {
     let (index, command, env, reason) = task_columns(array, v, tasks)?;
     let queued = JobState::Queued.as_str();
-    // The same for every task: $1..$24 (PostgreSQL) or the first 24 `?` (SQLite).
+    // The same for every task: $1..$26 (PostgreSQL) or the first 26 `?` (SQLite).
     let same = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                $18, $19, $20, $21, $22, $23, $24";
+                $18, $19, $20, $21, $22, $23, $24, $25, $26";
     match c {
         DbConn::Pg(pg) => {
             let q = diesel::sql_query(format!(
                 "INSERT INTO jobs ({TASK_COLUMNS_SQL}) \
                  SELECT {same}, '{queued}', t.i, t.c, t.e, t.r \
-                 FROM unnest($25::bigint[], $26::text[], $27::text[], $28::text[]) \
+                 FROM unnest($27::bigint[], $28::text[], $29::text[], $30::text[]) \
                    WITH ORDINALITY AS t(i, c, e, r, n) ORDER BY t.n"
             ));
             bind_same!(q, user, array, v)

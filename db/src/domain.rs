@@ -178,6 +178,9 @@ pub struct ValidJob {
     pub inputs: Vec<String>,
     /// The datasets it mounts; checked by the portal (registered, visible to the user).
     pub datasets: Vec<commons_api::datasets::JobDataset>,
+    /// A share of its one GPU: (compute in thousandths, memory in MiB), either 0 for
+    /// "from the other"; none: whole GPUs.
+    pub gpu_share: Option<(u32, u64)>,
 }
 
 /// A key that passed every check, ready to store.

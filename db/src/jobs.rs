@@ -56,6 +56,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
     // A job that waits for others is held out of the queue until they have ended; it says
     // what it waits for from the start.
     let held = !v.after.is_empty();
+    let (milli, share_memory) = share_columns(v);
     let waiting_for = v.after.first().map(|a| super::deps::waiting_text(a, None));
     let reason = waiting_for
         .as_deref()
@@ -68,9 +69,11 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             "WITH j AS (INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, \
                  gpu_models, min_gpu_memory_mb, cpus, memory_mb, time_limit_s, \
                  checkpoint_interval_s, shm_mb, image_digest, image_signature, image_campus, kind, \
-                 state, reason, created_at, disk_gb, name, tags, after_jobs, held, inputs, datasets) \
+                 state, reason, created_at, disk_gb, name, tags, after_jobs, held, inputs, datasets, \
+                 gpu_milli, gpu_share_memory_mb) \
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                 $16, $17, '{queued}', $18, $19, $20, $21, $22, $23, $24, $25, $26) RETURNING *), \
+                 $16, $17, '{queued}', $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28) \
+               RETURNING *), \
              e AS (INSERT INTO job_events (job_id, at, state, message) \
                SELECT id, created_at, state, 'submitted' FROM j) \
              SELECT * FROM j",
@@ -102,6 +105,8 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
         .bind::<Bool, _>(held)
         .bind::<Text, _>(&inputs)
         .bind::<Text, _>(&datasets)
+        .bind::<Nullable<Integer>, _>(milli)
+        .bind::<Nullable<BigInt>, _>(share_memory)
         .get_result::<Job>(pg)?);
     }
     c.transaction(|c| {
@@ -133,6 +138,8 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
             jobs::held.eq(held),
             jobs::inputs.eq(&inputs),
             jobs::datasets.eq(&datasets),
+            jobs::gpu_milli.eq(milli),
+            jobs::gpu_share_memory_mb.eq(share_memory),
         ));
         // The stored row comes back with the insert: no second read.
         let job: Job = match c {
@@ -142,6 +149,14 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
         add_event(c, job.id, JobState::Queued, "submitted")?;
         Ok(job)
     })
+}
+
+/// The share columns of a job: (`gpu_milli`, `gpu_share_memory_mb`).
+pub(crate) fn share_columns(v: &ValidJob) -> (Option<i32>, Option<i64>) {
+    match v.gpu_share {
+        Some((milli, memory)) => (Some(milli as i32), Some(memory as i64)),
+        None => (None, None),
+    }
 }
 
 /// Sets a job's time limit (an extension; the caller checks the rules).

@@ -109,9 +109,20 @@ pub struct Node {
     /// What its agent last said it offers for datasets (exports, cache).
     #[serde(skip)]
     pub datasets: Json<commons_proto::NodeDatasets>,
+    /// How its agent enforces shares of one GPU (`mps`, `timeslice`); none: it takes
+    /// no shares.
+    pub share_mode: Option<String>,
 }
 
 impl Node {
+    /// Its lending rules as the scheduler applies them: shares only where the lab lends
+    /// them and the agent enforces them.
+    pub fn effective_lending(&self) -> Lending {
+        let mut l = self.lending.0.clone();
+        l.share_gpus &= self.share_mode.is_some();
+        l
+    }
+
     /// The last agent message a lease can count from: (session, seq, received at).
     pub fn agent_clock(&self) -> Option<AgentClock> {
         self.agent_seq_at.map(|at| AgentClock {
@@ -228,6 +239,23 @@ pub struct Job {
     /// The array it is a task of, and its index there.
     pub array_id: Option<i64>,
     pub array_index: Option<i64>,
+    /// A share of its one GPU: compute in thousandths (0: from its memory) and memory
+    /// in MiB (0: from its compute); both none: whole GPUs.
+    pub gpu_milli: Option<i32>,
+    pub gpu_share_memory_mb: Option<i64>,
+}
+
+impl Job {
+    /// The share of one GPU it asks for, if any.
+    pub fn share_request(&self) -> Option<commons_sched::GpuShare> {
+        if self.gpu_milli.is_none() && self.gpu_share_memory_mb.is_none() {
+            return None;
+        }
+        Some(commons_sched::GpuShare {
+            milli: self.gpu_milli.unwrap_or(0).max(0) as u32,
+            memory_mb: self.gpu_share_memory_mb.unwrap_or(0).max(0) as u64,
+        })
+    }
 }
 
 impl Job {
@@ -252,11 +280,30 @@ pub struct Attempt {
     pub ended_at: Option<NaiveDateTime>,
     pub exit_code: Option<i64>,
     pub reason: Option<String>,
+    /// The share of its one GPU it holds (compute in thousandths, memory in MiB); none:
+    /// its GPUs are its own.
+    pub share_milli: Option<i32>,
+    pub share_memory_mb: Option<i64>,
 }
 
 impl Attempt {
     pub fn gpu_id_list(&self) -> Vec<i64> {
         self.gpu_ids.0.clone()
+    }
+    /// The share of one GPU it holds, if it holds a share.
+    pub fn share(&self) -> Option<commons_sched::GpuShare> {
+        Some(commons_sched::GpuShare {
+            milli: self.share_milli?.max(0) as u32,
+            memory_mb: self.share_memory_mb.unwrap_or(0).max(0) as u64,
+        })
+    }
+    /// How many GPUs it counts for in usage and quotas: its share's fraction, or its
+    /// GPUs.
+    pub fn gpu_amount(&self) -> f64 {
+        match self.share() {
+            Some(s) => f64::from(s.milli) / 1000.0,
+            None => self.gpu_ids.0.len() as f64,
+        }
     }
     pub fn status(&self) -> AttemptStatus {
         self.state

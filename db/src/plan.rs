@@ -95,6 +95,8 @@ pub struct NewAttempt {
     pub node: i64,
     pub gpus: Vec<i64>,
     pub lease_until: NaiveDateTime,
+    /// The share of its one GPU it gets; none: its GPUs are its own.
+    pub share: Option<commons_sched::GpuShare>,
 }
 
 /// Inserts `attempts` (state `starting`, created `at`) in one statement per backend batch.
@@ -120,6 +122,8 @@ pub fn insert_attempts(
                 job_attempts::state.eq(AttemptStatus::Starting),
                 job_attempts::lease_until.eq(a.lease_until),
                 job_attempts::created_at.eq(at),
+                job_attempts::share_milli.eq(a.share.map(|s| s.milli as i32)),
+                job_attempts::share_memory_mb.eq(a.share.map(|s| s.memory_mb as i64)),
             )
         })
         .collect();

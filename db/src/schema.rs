@@ -102,6 +102,7 @@ diesel::table! {
         gpu_baseline -> Nullable<Text>,
         inventory_unapproved -> Bool,
         datasets -> Text,
+        share_mode -> Nullable<Text>,
     }
 }
 
@@ -174,6 +175,8 @@ diesel::table! {
         datasets -> Text,
         array_id -> Nullable<BigInt>,
         array_index -> Nullable<BigInt>,
+        gpu_milli -> Nullable<Integer>,
+        gpu_share_memory_mb -> Nullable<BigInt>,
     }
 }
 
@@ -203,6 +206,8 @@ diesel::table! {
         ended_at -> Nullable<Timestamp>,
         exit_code -> Nullable<BigInt>,
         reason -> Nullable<Text>,
+        share_milli -> Nullable<Integer>,
+        share_memory_mb -> Nullable<BigInt>,
     }
 }
 

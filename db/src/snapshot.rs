@@ -56,6 +56,8 @@ struct QueuedRow {
     datasets: String,
     /// JSON, likewise.
     inputs: String,
+    gpu_milli: Option<i32>,
+    gpu_share_memory_mb: Option<i64>,
 }
 
 /// The snapshot, and what each queued job shows now (its reason, place and estimated
@@ -265,14 +267,17 @@ fn ledgers(rows: &Rows, policy: &Policy, now_s: i64) -> (LabLedgers, MemberLedge
         };
         let end = a.ended_at.map(secs).unwrap_or(now_s).max(start);
         let ids = a.gpu_id_list();
-        let weight: f64 = ids
-            .iter()
-            .filter_map(|g| gpu_by_id.get(g))
-            .map(|g| policy.gpu_weight(&g.model))
-            .sum();
+        // A share counts as its fraction of its GPU (a quarter for 4 hours: 1 GPU-hour).
+        let part = a.share().map_or(1.0, |s| f64::from(s.milli) / 1000.0);
+        let weight: f64 = part
+            * ids
+                .iter()
+                .filter_map(|g| gpu_by_id.get(g))
+                .map(|g| policy.gpu_weight(&g.model))
+                .sum::<f64>();
         let hours = (end - start) as f64 / 3600.0;
         let decayed = commons_sched::decay(weight * hours, end, now_s, policy.half_life_s);
-        let in_period = ids.len() as f64 * (end - start.max(period_start)).max(0) as f64 / 3600.0;
+        let in_period = a.gpu_amount() * (end - start.max(period_start)).max(0) as f64 / 3600.0;
         let borrowed = node_lab.get(&a.node_id).is_some_and(|l| l != job_lab);
         if borrowed {
             if let Some(l) = lab_info.get_mut(job_lab) {
@@ -350,7 +355,7 @@ fn sched_nodes(rows: &Rows, return_rates: &BTreeMap<i64, Vec<f64>>) -> Vec<commo
             lab: n.lab_id,
             // A drained node takes nothing new and gives its guests back.
             schedulable: n.online && !n.draining,
-            lending: n.lending_rules(),
+            lending: n.effective_lending(),
             grace_s: n.grace_s.max(0) as u32,
             reclaim: n.reclaim || n.draining,
             owner_return_rate: return_rates.get(&n.id).cloned().unwrap_or_default(),
@@ -417,7 +422,7 @@ fn running_jobs(rows: &Rows) -> Vec<commons_sched::RunningJob> {
                 memory_mb: memory_mb.max(0) as u64,
                 // As the agent measured it, in whole seconds rounded up.
                 checkpoint_write_s: k.write_ms.map(|ms| (ms.max(0) + 999) / 1000),
-                share: None,
+                share: a.share(),
             }
         })
         .collect()
@@ -446,6 +451,12 @@ fn queued_jobs(rows: &Rows, policy: &Policy) -> Vec<commons_sched::QueuedJob> {
                 take_backs,
                 taken_back_at,
                 stage_bytes: rows.stage_bytes.get(&j.id).copied().unwrap_or(0),
+                share: (j.gpu_milli.is_some() || j.gpu_share_memory_mb.is_some()).then(|| {
+                    commons_sched::GpuShare {
+                        milli: j.gpu_milli.unwrap_or(0).max(0) as u32,
+                        memory_mb: j.gpu_share_memory_mb.unwrap_or(0).max(0) as u64,
+                    }
+                }),
                 ..dataset_needs(j, &rows.exported)
             }
         })

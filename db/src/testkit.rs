@@ -143,5 +143,6 @@ pub fn demo_job(lab_id: i64) -> ValidJob {
         after: Vec::new(),
         inputs: Vec::new(),
         datasets: Vec::new(),
+        gpu_share: None,
     }
 }

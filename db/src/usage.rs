@@ -34,18 +34,13 @@ fn monday(t: NaiveDateTime) -> NaiveDateTime {
 }
 
 /// GPU-hours of `gpus` GPUs busy from `start` to `end` that fall in each week.
-fn split(
-    start: NaiveDateTime,
-    end: NaiveDateTime,
-    gpus: usize,
-    weeks: &[NaiveDateTime],
-) -> Vec<f64> {
+fn split(start: NaiveDateTime, end: NaiveDateTime, gpus: f64, weeks: &[NaiveDateTime]) -> Vec<f64> {
     weeks
         .iter()
         .map(|w| {
             let (a, b) = (start.max(*w), end.min(*w + Duration::days(7)));
             if b > a {
-                (b - a).num_seconds() as f64 / 3600.0 * gpus as f64
+                (b - a).num_seconds() as f64 / 3600.0 * gpus
             } else {
                 0.0
             }
@@ -95,7 +90,7 @@ pub fn lab_usage(
             continue; // the query keeps started attempts only
         };
         let end = a.ended_at.unwrap_or(now).min(now);
-        let hours = split(start, end, a.gpu_id_list().len(), &weeks);
+        let hours = split(start, end, a.gpu_amount(), &weeks);
         for (i, h) in hours.iter().enumerate() {
             if job_lab == lab {
                 out[i].used += h;
@@ -141,13 +136,14 @@ pub fn member_use(
         let Some(start) = a.started_at else {
             continue;
         };
+        // GPUs held now count whole (a share holds one); hours count a share's fraction.
         let gpus = a.gpu_id_list().len();
         let end = a.ended_at.unwrap_or(now).min(now);
         let e = out.entry(user).or_default();
         if a.ended_at.is_none() && a.status().is_active() {
             e.0 += gpus as u32;
         }
-        e.1 += (end - start.max(since)).num_seconds().max(0) as f64 / 3600.0 * gpus as f64;
+        e.1 += (end - start.max(since)).num_seconds().max(0) as f64 / 3600.0 * a.gpu_amount();
     }
     Ok(out)
 }
@@ -166,7 +162,7 @@ mod tests {
         assert_eq!(monday(t("2026-12-02 15:00")), t("2026-11-30 00:00"));
         let weeks = [t("2026-11-30 00:00"), t("2026-11-23 00:00")];
         // Sunday 22:00 to Monday 02:00 on 2 GPUs: 4 GPU-hours each side.
-        let h = split(t("2026-11-29 22:00"), t("2026-11-30 02:00"), 2, &weeks);
+        let h = split(t("2026-11-29 22:00"), t("2026-11-30 02:00"), 2.0, &weeks);
         assert_eq!(h, vec![4.0, 4.0]);
     }
 }

@@ -32,6 +32,7 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
     commons_api::job::check(&req)?;
     let image = req.image.trim().to_string();
     let min_mem = req.min_gpu_memory_gb.unwrap_or(0.0);
+    let gpu_share = commons_api::job::gpu_share(&req)?;
     let cpus = req.cpus.unwrap_or(DEFAULT_CPUS);
     let mem = req.memory_gb.unwrap_or(DEFAULT_MEMORY_GB);
     let memory_mb = (mem * 1024.0).round() as i64;
@@ -85,6 +86,7 @@ pub fn job(req: JobRequest, user_labs: &[(String, i64)]) -> Result<ValidJob, App
         name: req.name.map(|n| n.trim().to_string()),
         tags: req.tags,
         after: req.after,
+        gpu_share,
         inputs: req.inputs,
         datasets: req.datasets,
     })

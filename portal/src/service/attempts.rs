@@ -89,7 +89,7 @@ pub fn undelivered_starts(
             Some(start_msg(
                 jobs.get(&a.job_id)?,
                 a.attempt,
-                &on,
+                (&on, a.share()),
                 clock.lease(timing.lease_ttl_s),
                 timing,
                 &facts,

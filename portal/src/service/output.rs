@@ -88,6 +88,8 @@ mod tests {
             started_at: Some(now),
             ended_at: ended_s_ago.map(|s| now - chrono::Duration::seconds(s)),
             exit_code: None,
+            share_milli: None,
+            share_memory_mb: None,
             reason: None,
         }
     }

@@ -38,6 +38,10 @@ pub struct JobForm {
     #[serde(default)]
     min_gpu_memory_gb: String,
     #[serde(default)]
+    gpu_fraction: String,
+    #[serde(default)]
+    gpu_memory_gb: String,
+    #[serde(default)]
     cpus: String,
     #[serde(default)]
     memory_gb: String,
@@ -82,6 +86,8 @@ impl Default for JobForm {
             gpus: "1".into(),
             gpu_models: String::new(),
             min_gpu_memory_gb: String::new(),
+            gpu_fraction: String::new(),
+            gpu_memory_gb: String::new(),
             cpus: "2".into(),
             memory_gb: "4".into(),
             time_limit_minutes: "60".into(),
@@ -148,6 +154,16 @@ impl JobForm {
             } else {
                 String::new()
             },
+            gpu_fraction: job
+                .gpu_milli
+                .filter(|m| *m > 0)
+                .map(|m| field_number(f64::from(m) / 1000.0))
+                .unwrap_or_default(),
+            gpu_memory_gb: job
+                .gpu_share_memory_mb
+                .filter(|m| *m > 0)
+                .map(gb)
+                .unwrap_or_default(),
             cpus: field_number(job.cpus),
             memory_gb: gb(job.memory_mb),
             time_limit_minutes: (job.time_limit_s / 60).to_string(),
@@ -218,6 +234,8 @@ impl JobForm {
                 .map(String::from)
                 .collect(),
             min_gpu_memory_gb: optional("min_gpu_memory_gb", &self.min_gpu_memory_gb)?,
+            gpu_fraction: optional("gpu_fraction", &self.gpu_fraction)?,
+            gpu_memory_gb: optional("gpu_memory_gb", &self.gpu_memory_gb)?,
             cpus: optional("cpus", &self.cpus)?,
             memory_gb: optional("memory_gb", &self.memory_gb)?,
             time_limit_minutes: number("time_limit_minutes", &self.time_limit_minutes)?,

@@ -95,7 +95,7 @@ fn start(
     if plan.start.is_empty() {
         return Ok(Vec::new());
     }
-    let held: BTreeSet<i64> = active.iter().flat_map(|a| a.gpu_id_list()).collect();
+    let held = Holds::of(active);
     let rows = StartRows::read(c, plan)?;
     let valid = rows.still_valid(plan, held);
     // 2. Claimed in one statement: a job no longer queued now is left out.
@@ -116,6 +116,7 @@ fn start(
             node: node.id,
             gpus: s.gpus.clone(),
             lease_until: clock.lease_until(timing.lease_ttl_s),
+            share: s.share,
         });
         let names: Vec<String> = on
             .iter()
@@ -130,7 +131,8 @@ fn start(
                 names.join(", ")
             ),
         ));
-        started.push((s.job, attempt, node.id, clock.lease(timing.lease_ttl_s), on));
+        let lease = clock.lease(timing.lease_ttl_s);
+        started.push((s.job, attempt, node.id, lease, on, s.share));
     }
     db::plan::insert_attempts(c, &attempts, t)?;
     db::plan::add_events(c, &events, t)?;
@@ -140,11 +142,11 @@ fn start(
     facts.nodes = nodes;
     Ok(started
         .into_iter()
-        .filter_map(|(job, attempt, node, lease, on)| {
+        .filter_map(|(job, attempt, node, lease, on, share)| {
             let job = jobs.get(&job)?;
             Some(Order {
                 node,
-                msg: start_msg(job, attempt, &on, lease, timing, &facts),
+                msg: start_msg(job, attempt, (&on, share), lease, timing, &facts),
             })
         })
         .collect())
@@ -188,11 +190,11 @@ impl StartRows {
     }
 
     /// The starts that still hold, in plan order (a GPU goes to the first start that
-    /// wants it; `held` are the GPUs active attempts hold).
+    /// wants it, or to the shares that fit on it; `held` is what active attempts hold).
     fn still_valid<'a>(
         &'a self,
         plan: &'a commons_sched::Plan,
-        mut held: BTreeSet<i64>,
+        mut held: Holds,
     ) -> Vec<ValidStart<'a>> {
         let mut valid = Vec::new();
         for s in &plan.start {
@@ -202,7 +204,7 @@ impl StartRows {
             let gpus_ok = on.len() == s.gpus.len()
                 && on
                     .iter()
-                    .all(|g| g.node_id == s.node && g.present && !held.contains(&g.id));
+                    .all(|g| g.node_id == s.node && g.present && held.takes(g, s.share));
             let queued = self
                 .jobs
                 .get(&s.job)
@@ -211,7 +213,7 @@ impl StartRows {
                 tracing::info!(job = s.job, "plan start no longer valid; skipped");
                 continue;
             };
-            held.extend(s.gpus.iter().copied());
+            held.add(&s.gpus, s.share);
             let mut on: Vec<Gpu> = on.into_iter().cloned().collect();
             on.sort_by_key(|g| g.idx);
             valid.push((s, node, clock, on));
@@ -299,11 +301,58 @@ fn dataset_mounts(
     Ok(out)
 }
 
-/// The `Start` for an attempt of `job` on `gpus`.
+/// What active attempts hold: GPUs of their own, and the shares on shared GPUs.
+#[derive(Debug, Default)]
+struct Holds {
+    whole: BTreeSet<i64>,
+    /// Per GPU: compute (thousandths) and memory (MiB) given to shares.
+    shares: BTreeMap<i64, (u32, u64)>,
+}
+
+impl Holds {
+    fn of(active: &[crate::db::models::Attempt]) -> Holds {
+        let mut h = Holds::default();
+        for a in active {
+            h.add(&a.gpu_id_list(), a.share());
+        }
+        h
+    }
+
+    fn add(&mut self, gpus: &[i64], share: Option<commons_sched::GpuShare>) {
+        for &g in gpus {
+            match share {
+                Some(s) => {
+                    let e = self.shares.entry(g).or_default();
+                    *e = (e.0 + s.milli, e.1 + s.memory_mb);
+                }
+                None => {
+                    self.whole.insert(g);
+                }
+            }
+        }
+    }
+
+    /// Whether `gpu` can take a start of `share` (`None`: the whole GPU) next to what
+    /// is on it.
+    fn takes(&self, gpu: &Gpu, share: Option<commons_sched::GpuShare>) -> bool {
+        if self.whole.contains(&gpu.id) {
+            return false;
+        }
+        let (milli, memory) = self.shares.get(&gpu.id).copied().unwrap_or_default();
+        match share {
+            None => milli == 0 && memory == 0,
+            Some(s) => {
+                milli + s.milli <= 1000 && memory + s.memory_mb <= gpu.memory_mb.max(0) as u64
+            }
+        }
+    }
+}
+
+/// The `Start` for an attempt of `job` on `gpus`, with the share of them it holds.
 pub(crate) fn start_msg(
     job: &Job,
     attempt: i32,
-    gpus: &[Gpu],
+    (gpus, share): (&[Gpu], Option<commons_sched::GpuShare>),
     lease: Lease,
     timing: Timing,
     facts: &StartFacts,
@@ -341,7 +390,10 @@ pub(crate) fn start_msg(
                 job.disk_gb
                     .map_or(timing.default_disk_gb, |g| g.max(1) as u64),
             ),
-            gpu_share: None,
+            gpu_share: share.map(|s| commons_proto::GpuShare {
+                milli: s.milli,
+                memory_mb: s.memory_mb,
+            }),
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,

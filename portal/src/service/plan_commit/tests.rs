@@ -317,7 +317,7 @@ fn the_start_carries_the_jobs_disk_or_the_campus_default() {
         seq: 1,
         valid_for_s: 60,
     };
-    let disk_of = |job: &Job| match start_msg(job, 1, &[], lease, TIMING, &facts) {
+    let disk_of = |job: &Job| match start_msg(job, 1, (&[], None), lease, TIMING, &facts) {
         PortalMsg::Start { spec, .. } => spec.disk_gb,
         other => panic!("{other:?}"),
     };
