@@ -2,6 +2,7 @@
 
 use crate::config::Config;
 use crate::db::Db;
+use crate::service::files::signed::UrlSigner;
 use crate::state::AppState;
 use actix_session::config::{CookieContentSecurity, PersistentSession, TtlExtensionPolicy};
 use actix_session::SessionMiddleware;
@@ -86,7 +87,9 @@ fn security_headers(hsts: bool, sso_origin: Option<&str>) -> actix_web::middlewa
     }
 }
 
-fn session_key(config: &Config) -> anyhow::Result<Key> {
+/// The session cookies' key and the agents' object URL signer, both from
+/// `session_key_file` (every replica shares it), or fresh when there is none.
+fn session_key(config: &Config) -> anyhow::Result<(Key, UrlSigner)> {
     match &config.session_key_file {
         Some(path) => {
             let bytes =
@@ -96,9 +99,9 @@ fn session_key(config: &Config) -> anyhow::Result<Key> {
                 "{} must hold at least 64 bytes",
                 path.display()
             );
-            Ok(Key::from(&bytes))
+            Ok((Key::from(&bytes), UrlSigner::derive(&bytes)))
         }
-        None => Ok(Key::generate()),
+        None => Ok((Key::generate(), UrlSigner::random())),
     }
 }
 
@@ -109,14 +112,14 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let url = config.database_url.clone();
     let pool_size = config.database_pool_size;
     let db = tokio::task::spawn_blocking(move || Db::open_with(&url, pool_size)).await??;
-    let key = session_key(&config)?;
+    let (key, signer) = session_key(&config)?;
     let checkpoints = crate::service::checkpoints::Store::from_config(&config)?;
     let state = AppState {
         ctx: crate::service::Ctx {
             db,
             agents: Default::default(),
             wake: Default::default(),
-            files: crate::service::files::Files::new(checkpoints.clone(), &config.files),
+            files: crate::service::files::Files::new(checkpoints.clone(), &config.files, signer),
             checkpoints,
             relays: Default::default(),
             metrics: Default::default(),
@@ -243,6 +246,7 @@ fn http_server(
             .configure(crate::broker::control::configure)
             .configure(crate::broker::inputs::configure)
             .configure(crate::broker::datasets::configure)
+            .configure(crate::broker::objects::configure)
             .configure(crate::broker::outputs::configure)
             .configure(crate::broker::relay::configure)
             .configure(crate::api::configure)
