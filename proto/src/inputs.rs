@@ -79,3 +79,38 @@ pub fn input_file_path(job: i64, attempt: i32, encoded_path: &str) -> String {
 pub fn staging_path(job: i64, attempt: i32) -> String {
     format!("{STAGING_PATH}/{job}/{attempt}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `InputFile` as an agent of before the URLs declared it.
+    #[derive(Debug, Deserialize)]
+    struct OlderInputFile {
+        path: String,
+        size: u64,
+        sha256: String,
+    }
+
+    #[test]
+    fn listings_read_across_versions() {
+        let older = r#"[{"path":"a","size":1,"sha256":"ab"}]"#;
+        let read: Vec<InputFile> = serde_json::from_str(older).unwrap();
+        assert_eq!((read[0].url.as_deref(), read[0].url_valid_s), (None, None));
+        assert_eq!(
+            serde_json::to_string(&read).unwrap(),
+            older,
+            "no URL, no field"
+        );
+        let newer = InputFile {
+            url: Some("/api/agent/v1/objects/k?sig=1".into()),
+            url_valid_s: Some(300),
+            ..read[0].clone()
+        };
+        let text = serde_json::to_string(&newer).unwrap();
+        let old: OlderInputFile = serde_json::from_str(&text).unwrap();
+        assert_eq!((old.path.as_str(), old.size, old.sha256.as_str()), ("a", 1, "ab"));
+        let back: InputFile = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, newer);
+    }
+}
