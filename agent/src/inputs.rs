@@ -319,7 +319,10 @@ pub(crate) async fn download(
         .send()
         .await
         .map_err(|e| Fetch::Api(transport(e)))?;
-    let mut resp = ok(resp).await.map_err(Fetch::Api)?;
+    let signed = matches!(source, Source::Signed(_));
+    let mut resp = ok(resp)
+        .await
+        .map_err(|e| Fetch::Api(if signed { crate::signed::refusal(e) } else { e }))?;
     let _ = tokio::fs::remove_file(to).await;
     let mut out = tokio::fs::File::create(to).await.map_err(Fetch::Local)?;
     let mut sha = Sha256::new();

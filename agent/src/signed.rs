@@ -80,6 +80,30 @@ pub fn redacted(url: &str) -> &str {
     url.split(['?', '#']).next().unwrap_or("")
 }
 
+/// A refusal of a signed URL as the job's owner and the log see it: an object store's XML
+/// error (which may echo the request it refused) becomes its code alone; the portal's
+/// own JSON message stays.
+pub(crate) fn refusal(e: crate::checkpoint::ApiError) -> crate::checkpoint::ApiError {
+    use crate::checkpoint::ApiError;
+    match e {
+        ApiError::Status {
+            status, message, ..
+        } if message.trim_start().starts_with('<') => {
+            let code = message
+                .split_once("<Code>")
+                .and_then(|(_, rest)| rest.split_once("</Code>"))
+                .map(|(code, _)| code.chars().take(64).collect::<String>());
+            let said = code.as_deref().map(|c| format!(" ({c})")).unwrap_or_default();
+            ApiError::Status {
+                status,
+                code: None,
+                message: format!("the object store refused the signed URL{said}"),
+            }
+        }
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +141,17 @@ mod tests {
         assert_eq!(
             redacted("https://b.s3/files/x?X-Amz-Signature=abc"),
             "https://b.s3/files/x"
+        );
+        let xml = "<?xml version=\"1.0\"?><Error><Code>AccessDenied</Code>\
+                   <Message>Request has expired</Message><X-Amz-Expires>300</X-Amz-Expires></Error>";
+        let e = refusal(crate::checkpoint::ApiError::Status {
+            status: 403,
+            code: None,
+            message: xml.into(),
+        });
+        assert_eq!(
+            e.to_string(),
+            "the portal answered 403: the object store refused the signed URL (AccessDenied)"
         );
     }
 }
