@@ -31,6 +31,7 @@ mod files_bench;
 mod files_clients;
 mod files_inputs;
 mod files_outputs;
+mod files_signed;
 mod flows_arrays;
 mod flows_deps;
 mod flows_names;
