@@ -93,7 +93,10 @@ pub(crate) fn refusal(e: crate::checkpoint::ApiError) -> crate::checkpoint::ApiE
                 .split_once("<Code>")
                 .and_then(|(_, rest)| rest.split_once("</Code>"))
                 .map(|(code, _)| code.chars().take(64).collect::<String>());
-            let said = code.as_deref().map(|c| format!(" ({c})")).unwrap_or_default();
+            let said = code
+                .as_deref()
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default();
             ApiError::Status {
                 status,
                 code: None,
@@ -125,8 +128,15 @@ mod tests {
             file("b", None, 0),
             file("c", Some("/api/agent/v1/objects/k?sig=2"), 10),
         ]);
-        assert_eq!(l.source(0, "/p/a"), Source::Signed("https://s3/a?X-Amz-Signature=1"));
-        assert_eq!(l.source(1, "/p/b"), Source::Portal("/p/b"), "an older portal's");
+        assert_eq!(
+            l.source(0, "/p/a"),
+            Source::Signed("https://s3/a?X-Amz-Signature=1")
+        );
+        assert_eq!(
+            l.source(1, "/p/b"),
+            Source::Portal("/p/b"),
+            "an older portal's"
+        );
         assert!(!l.stale(1));
         // 10 s is within the margin: never started on.
         assert!(l.stale(2));
@@ -135,9 +145,19 @@ mod tests {
             file("c", Some("/api/agent/v1/objects/k?sig=3"), 300),
             file("b", Some("/api/agent/v1/objects/j?sig=4"), 300),
         ]);
-        assert_eq!(l.source(0, "/p/a"), Source::Portal("/p/a"), "no longer listed");
-        assert_eq!(l.source(1, "/p/b"), Source::Signed("/api/agent/v1/objects/j?sig=4"));
-        assert_eq!(l.source(2, "/p/c"), Source::Signed("/api/agent/v1/objects/k?sig=3"));
+        assert_eq!(
+            l.source(0, "/p/a"),
+            Source::Portal("/p/a"),
+            "no longer listed"
+        );
+        assert_eq!(
+            l.source(1, "/p/b"),
+            Source::Signed("/api/agent/v1/objects/j?sig=4")
+        );
+        assert_eq!(
+            l.source(2, "/p/c"),
+            Source::Signed("/api/agent/v1/objects/k?sig=3")
+        );
         assert_eq!(
             redacted("https://b.s3/files/x?X-Amz-Signature=abc"),
             "https://b.s3/files/x"

@@ -109,7 +109,10 @@ mod tests {
         };
         let text = serde_json::to_string(&newer).unwrap();
         let old: OlderInputFile = serde_json::from_str(&text).unwrap();
-        assert_eq!((old.path.as_str(), old.size, old.sha256.as_str()), ("a", 1, "ab"));
+        assert_eq!(
+            (old.path.as_str(), old.size, old.sha256.as_str()),
+            ("a", 1, "ab")
+        );
         let back: InputFile = serde_json::from_str(&text).unwrap();
         assert_eq!(back, newer);
     }

@@ -203,7 +203,11 @@ async fn reads_its_inputs_read_only(p: &TestPortal, signed_by_portal: bool) {
         events.contains("inputs staged (4 files, 31 B in"),
         "{events}"
     );
-    assert_eq!(route_hits(p, INPUT_FILE_ROUTE), 0, "no byte through the old route");
+    assert_eq!(
+        route_hits(p, INPUT_FILE_ROUTE),
+        0,
+        "no byte through the old route"
+    );
     let through_portal = route_hits(p, OBJECT_ROUTE);
     if signed_by_portal {
         assert_eq!(through_portal, 4, "one signed GET a file");

@@ -43,7 +43,7 @@ pub(crate) const INPUT_FILE_ROUTE: &str = "/api/agent/v1/inputs/{job}/{attempt}/
 pub(crate) const OBJECT_ROUTE: &str = "/api/agent/v1/objects/{key:.*}";
 
 /// `node`'s listing of job `job`'s attempt 1, as the agent reads it.
-async fn listing(p: &TestPortal, cred: &str, job: i64) -> Vec<InputFile> {
+pub(crate) async fn listing(p: &TestPortal, cred: &str, job: i64) -> Vec<InputFile> {
     let r = p
         .http
         .get(format!("{}{}", p.url, inputs_path(job, 1)))
@@ -75,7 +75,10 @@ async fn get(p: &TestPortal, url: &str, range: Option<&str>) -> (u16, Vec<u8>, S
 async fn refused(p: &TestPortal, url: &str, why: &str) {
     let (status, body, message) = get(p, url, None).await;
     assert_eq!(status, 403, "{url}: {}", String::from_utf8_lossy(&body));
-    assert!(message.contains(why), "{url}: {message:?} should say {why:?}");
+    assert!(
+        message.contains(why),
+        "{url}: {message:?} should say {why:?}"
+    );
 }
 
 /// The object key and the query of a signed portal URL.
@@ -89,7 +92,7 @@ fn split(url: &str) -> (String, String) {
 
 /// alice's job of two inputs, placed on a fresh node and starting; (job, node, cred,
 /// the other node, its credential).
-async fn placed(p: &TestPortal) -> (i64, i64, String, i64, String) {
+pub(crate) async fn placed(p: &TestPortal) -> (i64, i64, String, i64, String) {
     for (path, data) in [("data/a.txt", "alpha\n"), ("data/b.txt", "bravo\n")] {
         let a = put(p, &p.alice, "/api/v1/files", path, data.as_bytes()).await;
         assert_eq!(a.status, 201, "{a}");
@@ -181,8 +184,14 @@ async fn on_s3_the_url_is_the_stores_presigned_get() {
     let files = listing(&p, &cred, job).await;
     let url = files[0].url.clone().unwrap();
     assert!(url.starts_with(&moto.endpoint), "{url}");
-    assert!(url.contains("X-Amz-Signature=") && url.contains("X-Amz-Expires=300"), "{url}");
-    let (objects, inputs) = (route_hits(&p, OBJECT_ROUTE), route_hits(&p, INPUT_FILE_ROUTE));
+    assert!(
+        url.contains("X-Amz-Signature=") && url.contains("X-Amz-Expires=300"),
+        "{url}"
+    );
+    let (objects, inputs) = (
+        route_hits(&p, OBJECT_ROUTE),
+        route_hits(&p, INPUT_FILE_ROUTE),
+    );
     let r = reqwest::get(&url).await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.bytes().await.unwrap().as_ref(), b"alpha\n");
