@@ -173,12 +173,13 @@ per_backend! {
 }
 
 /// On S3 (moto) the listing's URL is the bucket's own presigned GET: read with no
-/// credential of ours it gives the object, and nothing passes the portal.
+/// credential of ours it gives the object, and nothing passes the portal. With
+/// `agents_read_from_store = false`, the portal's own signed URL instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_s3_the_url_is_the_stores_presigned_get() {
     use crate::checkpoints::moto::Moto;
     let moto = Moto::start().await;
-    let p = on_moto(&moto).await;
+    let p = on_moto(&moto, true).await;
     p.portal.scheduler.abort();
     let (job, _, cred, _, _) = placed(&p).await;
     let files = listing(&p, &cred, job).await;
@@ -198,10 +199,21 @@ async fn on_s3_the_url_is_the_stores_presigned_get() {
     assert_eq!(route_hits(&p, OBJECT_ROUTE), objects);
     assert_eq!(route_hits(&p, INPUT_FILE_ROUTE), inputs);
     p.stop().await;
+
+    // Servers that cannot reach the bucket: the portal's own signed URL, streamed.
+    let p = on_moto(&moto, false).await;
+    p.portal.scheduler.abort();
+    let (job, _, cred, _, _) = placed(&p).await;
+    let url = listing(&p, &cred, job).await[0].url.clone().unwrap();
+    assert!(url.starts_with(commons_proto::OBJECTS_PATH), "{url}");
+    let (s, body, _) = get(&p, &url, None).await;
+    assert_eq!((s, body.as_slice()), (200, b"alpha\n".as_slice()));
+    p.stop().await;
 }
 
-/// A portal whose store is a fresh prefix of moto's bucket.
-pub(crate) async fn on_moto(moto: &crate::checkpoints::moto::Moto) -> TestPortal {
+/// A portal whose store is a fresh prefix of moto's bucket; `presign`: `[files]
+/// agents_read_from_store`.
+pub(crate) async fn on_moto(moto: &crate::checkpoints::moto::Moto, presign: bool) -> TestPortal {
     let prefix = format!("t{:x}", rand::random::<u32>());
     let (endpoint, store) = (moto.endpoint.clone(), format!("s3://checkpoints/{prefix}"));
     TestPortal::builder(Backend::Sqlite)
@@ -212,6 +224,7 @@ pub(crate) async fn on_moto(moto: &crate::checkpoints::moto::Moto) -> TestPortal
             k.allow_http = true;
             k.access_key_id = Some("testing".into());
             k.secret_access_key = Some(commons_portal::config::Secret("testing".into()));
+            c.files.agents_read_from_store = presign;
         })
         .start()
         .await

@@ -60,6 +60,8 @@ pub struct Files {
     pub quotas: Quotas,
     /// Signs the portal's own object URLs for agents ([`signed`]).
     pub signer: signed::UrlSigner,
+    /// Agents get the store's own presigned URLs where it makes them (S3).
+    pub presign: bool,
 }
 
 impl Files {
@@ -77,6 +79,7 @@ impl Files {
                 lab_gb: config.lab_quota_gb,
             },
             signer,
+            presign: config.agents_read_from_store,
         }
     }
 }

@@ -121,7 +121,8 @@ pub struct Query {
 }
 
 /// Makes the URL of `object` for `node`'s `attempt` of `job`: the store's own presigned
-/// GET when it signs (S3), else a signed portal URL. With how long it is valid.
+/// GET when it signs (S3) and `[files] agents_read_from_store` allows, else a signed
+/// portal URL. With how long it is valid.
 pub async fn url_for(
     ctx: &Ctx,
     node: i64,
@@ -130,8 +131,10 @@ pub async fn url_for(
     object: &str,
 ) -> Result<(String, u32), AppError> {
     let valid = std::time::Duration::from_secs(VALID_S.into());
-    if let Some(url) = ctx.files.store.presigned_get(object, valid).await? {
-        return Ok((url, VALID_S));
+    if ctx.files.presign {
+        if let Some(url) = ctx.files.store.presigned_get(object, valid).await? {
+            return Ok((url, VALID_S));
+        }
     }
     let g = Grant {
         node,
