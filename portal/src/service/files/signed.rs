@@ -21,8 +21,9 @@ use crate::db::{self, DbConn};
 use crate::domain::AttemptStatus;
 use crate::error::AppError;
 use crate::service::Ctx;
+use hmac::digest::KeyInit;
 use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 /// How long a URL is good for, in seconds: long enough to start reading a large file (a
 /// read under way is not cut when it expires), short enough that a copied URL is soon
@@ -36,6 +37,18 @@ const CONTEXT: &[u8] = b"commons agent object url v1";
 #[derive(Clone)]
 pub struct UrlSigner {
     key: [u8; 32],
+}
+
+/// HMAC-SHA256 keyed by `key` of any length: the key as HMAC itself pads it to the hash's
+/// 64-byte block (hashed first when longer), so no length can fail.
+fn hmac(key: &[u8]) -> Hmac<Sha256> {
+    let mut block = [0u8; 64];
+    if key.len() > block.len() {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    <Hmac<Sha256> as KeyInit>::new(&block.into())
 }
 
 impl std::fmt::Debug for UrlSigner {
@@ -60,7 +73,7 @@ impl UrlSigner {
     /// The key derived from the portal's session key (`session_key_file`): HMAC of a
     /// fixed context, so the session key itself never signs a URL.
     pub fn derive(secret: &[u8]) -> UrlSigner {
-        let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key");
+        let mut mac = hmac(secret);
         mac.update(CONTEXT);
         UrlSigner {
             key: mac.finalize().into_bytes().into(),
@@ -75,7 +88,7 @@ impl UrlSigner {
     }
 
     fn mac(&self, g: &Grant) -> Hmac<Sha256> {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes any key");
+        let mut mac = hmac(&self.key);
         let fields = format!("{}\n{}\n{}\n{}\n", g.node, g.job, g.attempt, g.expires);
         mac.update(fields.as_bytes());
         mac.update(g.object.as_bytes());
@@ -239,6 +252,22 @@ mod tests {
             attempt: 1,
             object: "files/users/7/ab".into(),
             expires: 1_800_000_000,
+        }
+    }
+
+    #[test]
+    fn the_key_is_hmacs_own_for_any_length() {
+        for len in [0, 32, 64, 65, 200] {
+            let key = vec![5u8; len];
+            let mut ours = hmac(&key);
+            let mut theirs = <Hmac<Sha256> as Mac>::new_from_slice(&key).unwrap();
+            ours.update(b"x");
+            theirs.update(b"x");
+            assert_eq!(
+                ours.finalize().into_bytes(),
+                theirs.finalize().into_bytes(),
+                "{len}"
+            );
         }
     }
 
