@@ -27,6 +27,7 @@ pub mod notify;
 pub mod overview;
 pub mod rules;
 pub mod ssh;
+pub mod uploads;
 pub mod utilization;
 pub mod web_app;
 

@@ -40,6 +40,12 @@ pub struct UploadRow {
     pub reserved: i64,
     pub started_at: NaiveDateTime,
     pub touched_at: NaiveDateTime,
+    /// The user who started it, for an upload in parts (`None`: one streamed body).
+    pub resumable_by: Option<i64>,
+    /// The file's size, for an upload in parts.
+    pub size: Option<i64>,
+    /// The SHA-256 its parts must join into, when its start named one.
+    pub sha256: Option<String>,
 }
 
 /// A new file's contents, as an upload committed them.
@@ -178,15 +184,29 @@ pub fn touch_upload(
     Ok(n == 1)
 }
 
-/// Forgets an upload; false when it was gone already.
+/// Forgets an upload and its parts' rows; false when it was gone already.
 pub fn end_upload(c: &mut DbConn, id: i64) -> Result<bool, DbError> {
+    diesel::delete(file_upload_parts::table.filter(file_upload_parts::upload_id.eq(id)))
+        .execute(c)?;
     Ok(diesel::delete(file_uploads::table.find(id)).execute(c)? == 1)
 }
 
-/// Uploads not touched since `before`: their portal died, or they hang.
-pub fn stale_uploads(c: &mut DbConn, before: NaiveDateTime) -> Result<Vec<UploadRow>, DbError> {
+/// Uploads not touched since `before` (uploads in parts: since `parts_before`): their
+/// portal died, they hang, or nobody came back to finish them.
+pub fn stale_uploads(
+    c: &mut DbConn,
+    before: NaiveDateTime,
+    parts_before: NaiveDateTime,
+) -> Result<Vec<UploadRow>, DbError> {
     Ok(file_uploads::table
-        .filter(file_uploads::touched_at.lt(before))
+        .filter(
+            file_uploads::resumable_by
+                .is_null()
+                .and(file_uploads::touched_at.lt(before))
+                .or(file_uploads::resumable_by
+                    .is_not_null()
+                    .and(file_uploads::touched_at.lt(parts_before))),
+        )
         .select(UploadRow::as_select())
         .load(c)?)
 }

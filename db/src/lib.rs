@@ -49,6 +49,7 @@ pub mod staging_size;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod types;
+pub mod upload_parts;
 pub mod usage;
 pub mod users;
 pub mod web_sessions;

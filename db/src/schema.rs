@@ -372,6 +372,17 @@ diesel::table! {
         reserved -> BigInt,
         started_at -> Timestamp,
         touched_at -> Timestamp,
+        resumable_by -> Nullable<BigInt>,
+        size -> Nullable<BigInt>,
+        sha256 -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    file_upload_parts (upload_id, n) {
+        upload_id -> BigInt,
+        n -> Integer,
+        bytes -> BigInt,
     }
 }
 
@@ -518,5 +529,6 @@ diesel::allow_tables_to_appear_in_same_query!(
     attempt_samples,
     files,
     file_uploads,
+    file_upload_parts,
     file_spaces,
 );

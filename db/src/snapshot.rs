@@ -417,6 +417,7 @@ fn running_jobs(rows: &Rows) -> Vec<commons_sched::RunningJob> {
                 memory_mb: memory_mb.max(0) as u64,
                 // As the agent measured it, in whole seconds rounded up.
                 checkpoint_write_s: k.write_ms.map(|ms| (ms.max(0) + 999) / 1000),
+                share: None,
             }
         })
         .collect()

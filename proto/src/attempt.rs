@@ -102,6 +102,10 @@ pub struct AttemptReport {
     /// Why it stopped or failed, in words for the job's owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// GPU memory its processes use now, in MiB, as the agent measured it (per process,
+    /// through NVML); absent where not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_used_mb: Option<u64>,
 }
 
 /// What to run. Validated by the portal; the agent re-checks what it enforces.
@@ -176,6 +180,10 @@ pub struct JobSpec {
     /// (their index is their place in the datasets API). Absent: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub datasets: Vec<crate::DatasetMount>,
+    /// A share of its one GPU, not the whole GPU (`crate::share`); sent only to an agent
+    /// that reported a share mode. Absent: the attempt's GPUs are its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_share: Option<crate::GpuShare>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -41,6 +41,7 @@ pub mod datasets;
 pub mod inputs;
 pub mod outputs;
 pub mod relay;
+pub mod share;
 pub use attempt::*;
 pub use checkpoint::*;
 pub use control::{
@@ -56,6 +57,7 @@ pub use inputs::{
 };
 pub use outputs::{output_file_path, outputs_path, OutputFile, OUTPUTS_PATH};
 pub use relay::RelayOpen;
+pub use share::{share_env, GpuShare, ShareMode};
 
 /// Protocol version spoken by this build; sent in `Hello`.
 ///
@@ -160,6 +162,10 @@ pub enum AgentMsg {
         /// Its exported datasets and dataset cache.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         datasets: Option<NodeDatasets>,
+        /// How it enforces shares of one GPU (`commons-agent run --share-mode`); absent:
+        /// it takes no shares (and an agent that predates shares sends none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        share_mode: Option<ShareMode>,
     },
     Heartbeat {
         /// Increases with every `Hello` and `Heartbeat` of the agent process.

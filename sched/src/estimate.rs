@@ -8,7 +8,9 @@
 //!    guest at the end of its grace), and every waiting job ahead of it, in queue
 //!    order, taking its GPUs for its own time limit as soon as the pool has them.
 //!
-//! The pool ignores which node a GPU is on, so the bound is optimistic for wide jobs
+//! The pool counts milli-GPUs, so shares take and give back their fraction (a GPU with
+//! shares on it offers what they leave free). It ignores which node a GPU is on, so
+//! the bound is optimistic for wide jobs
 //! and pessimistic where backfill lets a job overtake. A job that waits for a rule or
 //! a quota (not for GPUs) gets no estimate and takes nothing from the pool; once the
 //! pool cannot supply a job (GPUs held without a time limit), that job gets none.
@@ -44,6 +46,7 @@ fn waits_for_gpus(reason: &Reason) -> bool {
         Reason::WaitingForGpus { .. }
             | Reason::BehindEarlierJob { .. }
             | Reason::NoFreeMatchingGpu { .. }
+            | Reason::WaitingForShare { .. }
             | Reason::OwnerReserved { .. }
             | Reason::WaitingForGuestsToLeave { .. }
             | Reason::WaitingForOwnJobs { .. }
@@ -57,7 +60,7 @@ pub(crate) fn estimates(world: &World, round: &Round) -> Vec<Option<Time>> {
     let mut free: u64 = 0;
     for g in &world.gpus {
         if g.holder.is_none() && !g.gpu.local_use && world.nodes[g.node].node.schedulable {
-            free += 1;
+            free += u64::from(1000u32.saturating_sub(g.share_used().0));
         }
     }
     let mut releases: BinaryHeap<Reverse<(Time, u64)>> = world
@@ -69,7 +72,7 @@ pub(crate) fn estimates(world: &World, round: &Round) -> Vec<Option<Time>> {
                 return None;
             }
             let end = r.expected_end(now, world.nodes[n].grace_s)?;
-            Some(Reverse((end, u64::from(r.gpu_count))))
+            Some(Reverse((end, r.milli)))
         })
         .collect();
     let rate = world
@@ -95,7 +98,7 @@ pub(crate) fn estimates(world: &World, round: &Round) -> Vec<Option<Time>> {
             continue;
         }
         let job = world.meta[j].ask;
-        let need = u64::from(job.gpus);
+        let need = job.milli;
         while free < need {
             let Some(Reverse((at, gpus))) = releases.pop() else {
                 break;

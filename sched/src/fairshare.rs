@@ -35,7 +35,7 @@ pub fn decay(value: f64, from: Time, to: Time, half_life_s: i64) -> f64 {
 /// for GPUs held now.
 pub(crate) fn member_key(world: &World, member: usize) -> f64 {
     world.members[member].usage
-        + world.policy.running_charge_gpu_hours * f64::from(world.member_use[member].gpus)
+        + world.policy.running_charge_gpu_hours * world.member_use[member].gpus()
 }
 
 /// An `f64` with a total order, for heap keys.
@@ -112,7 +112,7 @@ impl FairQueue {
                 next += user_jobs.len();
             }
             labs.push(LabQ {
-                usage: world.labs[l].usage + charge * f64::from(world.lab_use[l].gpus),
+                usage: world.labs[l].usage + charge * world.lab_use[l].gpus(),
                 share: world.labs[l].share,
                 users,
                 heap: BinaryHeap::new(),
@@ -152,9 +152,10 @@ impl FairQueue {
         Some((job, Ticket { lab: l, user: u }))
     }
 
-    /// Put the lab and member back, charged for `started_gpus` (0 if the job waits).
-    pub fn done(&mut self, ticket: Ticket, started_gpus: u32) {
-        let add = self.charge * f64::from(started_gpus);
+    /// Put the lab and member back, charged for `started_gpus` (0 if the job waits; a
+    /// share counts as its fraction).
+    pub fn done(&mut self, ticket: Ticket, started_gpus: f64) {
+        let add = self.charge * started_gpus;
         let lab = &mut self.labs[ticket.lab];
         lab.usage += add;
         let user = &mut lab.users[ticket.user];

@@ -77,6 +77,9 @@ pub(crate) enum LendBlock {
     Borrower,
     /// The job's time limit is above the node's longest guest job.
     TooLong,
+    /// The job asks for a share of a GPU and the node's GPUs take no shares
+    /// ([`crate::Lending::share_gpus`]).
+    NoSharing,
 }
 
 impl LendBlock {
@@ -105,6 +108,9 @@ impl LendBlock {
                 crate::reason::hours(job.time_limit_s)
             ),
             LendBlock::Borrower => format!("node {node} does not lend to your lab"),
+            LendBlock::NoSharing => {
+                format!("node {node} does not share its GPUs (it lends whole GPUs only)")
+            }
             LendBlock::TooLong => format!(
                 "node {node} lends only to jobs of at most {}",
                 crate::reason::hours(rules.max_guest_time_limit_s.unwrap_or(0))

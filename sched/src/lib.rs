@@ -44,6 +44,7 @@ mod fairshare;
 mod lending;
 mod model;
 mod owner;
+mod owner_share;
 mod placement;
 mod plan;
 mod policy;
@@ -53,6 +54,7 @@ mod reason;
 mod request;
 mod risk;
 pub mod share;
+mod sharing;
 mod state;
 mod world;
 

@@ -118,6 +118,23 @@ pub struct Gpu {
     pub mig_profile: Option<String>,
 }
 
+/// A share of one GPU. In a request: `milli` of its compute (0: as much as `memory_mb` is of
+/// the GPU's memory, rounded up to 0.05) and `memory_mb` (0: the same fraction of its memory).
+/// In a running job or a start: the amounts actually held on that GPU (both non-zero).
+///
+/// Several shares sit on one GPU while their compute (at most 1000 milli in all) and memory
+/// fit; a GPU that carries any share takes no whole-GPU job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuShare {
+    /// Compute share in thousandths of the GPU (500: half of it); 0 in a request: in
+    /// proportion to `memory_mb`.
+    pub milli: u32,
+    /// GPU memory in MiB; 0 in a request: the same fraction of the GPU's memory as
+    /// `milli`.
+    pub memory_mb: u64,
+}
+
 /// A job that waits to start (or to restart after a preemption).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -167,6 +184,10 @@ pub struct QueuedJob {
     /// Bytes its start fetches (inputs and datasets); the start estimate adds the time
     /// to fetch them ([`Node::fetch_bytes_per_s`]).
     pub stage_bytes: u64,
+    /// A share of one GPU instead of whole GPUs (with `gpus == 1`); `None` asks for whole
+    /// GPUs. A share goes only to a node whose [`crate::Lending::share_gpus`] is on, on a
+    /// whole GPU (not a MIG instance) that matches `models` and `min_memory_mb`.
+    pub share: Option<GpuShare>,
 }
 
 /// A job that holds GPUs now (starting, running or preempting).
@@ -201,6 +222,9 @@ pub struct RunningJob {
     pub cpus: f64,
     /// Memory it was given in MiB (counted against its node's capacity).
     pub memory_mb: u64,
+    /// What it holds on its one GPU when it runs on a share of it (both amounts
+    /// non-zero, as [`Start::share`] gave them); `None` when it holds whole GPUs.
+    pub share: Option<GpuShare>,
 }
 
 /// A quota; every limit is optional and `None` means no limit.
@@ -286,6 +310,10 @@ pub struct Start {
     pub node: NodeId,
     /// The GPUs it gets, all on `node`, in id order.
     pub gpus: Vec<GpuId>,
+    /// For a share job: the amounts it was given on its one GPU (both non-zero: a
+    /// request that named only one of them gets the other resolved against that GPU).
+    /// `None` for whole GPUs.
+    pub share: Option<GpuShare>,
 }
 
 /// Stop a guest job so that its GPUs go back to the owner.

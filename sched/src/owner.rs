@@ -17,6 +17,8 @@
 //!   (backfill inside the lab); GPUs of guests being preempted are claimed outright.
 //! - Owner jobs are never preempted; guests started in this plan are never victims.
 //! - Lending rules do not apply to a lab's own jobs; member quotas do.
+//! - A GPU that carries only guests' shares is taken back as one a guest holds (all of
+//!   them stop). The lab's share jobs are placed by `owner_share`.
 
 use crate::model::{QueuedJob, Time};
 use crate::placement::end_of;
@@ -25,6 +27,7 @@ use crate::preemption::victims;
 use crate::quota::{lab_block, member_block};
 use crate::reason::Reason;
 use crate::risk::risk_class;
+use crate::sharing::guest_shares_only;
 use crate::state::{gpu_matches, World};
 use crate::Round;
 use std::collections::HashMap;
@@ -56,7 +59,9 @@ impl OwnShapes {
                     .copied()
                     .filter(|&n| {
                         let nw = &world.nodes[n];
-                        nw.node.schedulable && nw.can_hold(job)
+                        nw.node.schedulable
+                            && nw.can_hold(job)
+                            && (job.share.is_none() || nw.node.lending.share_gpus)
                     })
                     .collect(),
             );
@@ -194,6 +199,19 @@ fn scan(world: &World, job: &QueuedJob, n: usize, scratch: &mut Scratch) -> Scan
             continue;
         }
         match gw.holder {
+            None if gw.shared.is_some() => match guest_shares_only(world, g) {
+                _ if gw.claim.is_some() => {}
+                true => {
+                    out.guest_held += 1;
+                    times.push(now.saturating_add(i64::from(nw.grace_s)));
+                }
+                false => {
+                    if let Some(end) = crate::placement::shares_end(world, g, nw.grace_s) {
+                        times.push(end);
+                        own_times.push(end);
+                    }
+                }
+            },
             None => {
                 out.reads_limit |= gw.claim.is_some();
                 if gw.claim.is_none_or(|c| ends.is_some_and(|e| e <= c.until)) {
@@ -411,12 +429,18 @@ struct Phase {
 impl Phase {
     /// Steps 2-5 of [`place_owner_jobs`] for queued job `j`.
     fn place(&mut self, world: &mut World, j: usize, own: &OwnShapes, round: &mut Round) {
+        let shape = world.meta[j].shape;
+        if world.meta[j].share {
+            if crate::owner_share::place_owner_share(world, j, &own.nodes[shape], round) {
+                self.elsewhere.push(j);
+            }
+            return;
+        }
         let job = world.queue[j];
         if let Some(reason) = member_block(world, j) {
             round.wait(j, reason);
             return;
         }
-        let shape = world.meta[j].shape;
         if let Some(r) = self.hopeless[shape] {
             round.pending.push((j, r));
             self.elsewhere.push(j);
@@ -499,7 +523,7 @@ fn claim_usable(world: &mut World, offers: &[&Offer], chosen: usize) {
             o.at
         };
         for &g in &o.usable {
-            world.claim(g, until);
+            world.claim(g, until, false);
         }
     }
 }
@@ -545,7 +569,7 @@ fn wait_on(
         for &r in victims {
             for g in world.running[r].gpus.clone() {
                 if gpu_matches(job, world.gpus[g].gpu) {
-                    world.claim(g, world.now);
+                    world.claim(g, world.now, false);
                 }
             }
             if !world.running[r].preempting {

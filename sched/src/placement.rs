@@ -4,7 +4,7 @@
 //! Invariants:
 //! - Gang placement: all GPUs of a job are on one node.
 //! - A GPU is used only if it matches the request (model, memory, MIG profile), is
-//!   free, not in local use, not claimed by a waiting owner job, idle long enough for
+//!   free (no holder and no share on it), not in local use, not claimed by a waiting owner job, idle long enough for
 //!   the node's lending rules, and either unreserved or the job ends before the
 //!   reservation starts.
 //! - Best fit: the node left with the fewest free GPUs wins (ties: lowest node id);
@@ -93,7 +93,7 @@ pub(crate) fn guest_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
     let mut behind_job = None;
     for g in nw.gpus.clone() {
         let gw = &world.gpus[g];
-        if gw.holder.is_some() || gw.gpu.local_use || !gpu_matches(job, gw.gpu) {
+        if !gw.is_empty() || gw.gpu.local_use || !gpu_matches(job, gw.gpu) {
             continue;
         }
         if gw.claim.is_some() {
@@ -121,6 +121,13 @@ pub(crate) fn guest_fit(world: &World, job: &QueuedJob, n: usize) -> Result<Vec<
         _ if have + claimed >= want => Verdict::OwnerClaimed,
         _ if have + claimed + idle >= want => Verdict::IdleWait,
         _ => Verdict::Busy,
+    })
+}
+
+/// When the last share on GPU `g` is expected to end, if all their ends are known.
+pub(crate) fn shares_end(world: &World, g: usize, grace_s: u32) -> Option<Time> {
+    world.gpus[g].shares().iter().try_fold(world.now, |at, &r| {
+        Some(at.max(world.running[r].expected_end(world.now, grace_s)?))
     })
 }
 
@@ -194,7 +201,8 @@ pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
 ///
 /// 1. On every node the job may use, each matching GPU gets the time it is expected
 ///    free: now for a free one (or when it has been idle long enough), the end of the
-///    holder's time limit (now + grace if it is being preempted); GPUs that are claimed,
+///    holder's time limit (now + grace if it is being preempted), or of the last of its
+///    shares' time limits; GPUs that are claimed,
 ///    already reserved, in local use or held without a known end never count.
 /// 2. The node's earliest start is when its `gpus`-th GPU comes free; the earliest node
 ///    wins (ties: lowest id).
@@ -222,7 +230,10 @@ pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> Option<Time> {
                 continue;
             }
             let at = match gw.holder {
-                None => Some(now.max(gw.gpu.idle_since.saturating_add(idle_min))),
+                None if gw.shared.is_none() => {
+                    Some(now.max(gw.gpu.idle_since.saturating_add(idle_min)))
+                }
+                None => shares_end(world, g, nw.grace_s),
                 Some(r) => world.running[r].expected_end(now, nw.grace_s),
             };
             if let Some(at) = at {

@@ -171,12 +171,15 @@ fn round(
         let owner = elsewhere[j];
         match place_guest(world, j, owner, &mut failed, &mut depth, &mut out) {
             Some(start) => {
-                fair.done(ticket, world.meta[j].gpus);
+                let held = start.share.map_or(f64::from(world.meta[j].gpus), |s| {
+                    f64::from(s.milli) / 1000.0
+                });
+                fair.done(ticket, held);
                 moved |= owner;
                 out.starts.push(start);
                 out.started.push(j);
             }
-            None => fair.done(ticket, 0),
+            None => fair.done(ticket, 0.0),
         }
     }
     if moved {
@@ -213,6 +216,9 @@ fn place_guest(
         return None;
     }
     let job = world.queue[j];
+    if world.meta[j].share {
+        return place_share(world, j, owner, failed, out);
+    }
     if job.gpus > 0 && world.free_total >= job.gpus {
         if let Some((n, gpus)) = search(world, job, false).fit {
             return Some(world.start(j, n, gpus));
@@ -232,6 +238,51 @@ fn place_guest(
         out.wait(j, reason)
     };
     failed[shape] = Some(r);
+    None
+}
+
+/// Start guest share job `j`, or record why it waits, as [`place_guest`] does (shares
+/// reserve nothing: they fit around the whole-GPU jobs' reservations).
+fn place_share(
+    world: &mut World,
+    j: usize,
+    owner: bool,
+    failed: &mut [Option<usize>],
+    out: &mut Round,
+) -> Option<Start> {
+    let job = world.queue[j];
+    let found = crate::sharing::share_search(world, job);
+    if let Some(fit) = found.fit {
+        // A share that named only memory was checked as the least fraction: check the
+        // fraction it takes on this GPU.
+        let resolved = u64::from(fit.2);
+        if resolved > world.meta[j].ask.milli {
+            let guest = world.nodes[fit.0].node.lab != job.lab;
+            if let Some(reason) = crate::quota::blocks_with(world, j, resolved, guest) {
+                if !owner {
+                    out.wait(j, reason);
+                }
+                return None;
+            }
+        }
+        return Some(world.start_share(j, fit));
+    }
+    let reason = match found.best {
+        Some((Verdict::Busy | Verdict::Behind(_), _)) => {
+            let s = job.share.unwrap_or_default();
+            Reason::WaitingForShare {
+                milli: s.milli,
+                memory_mb: s.memory_mb,
+            }
+        }
+        best => explain(world, job, best),
+    };
+    let r = if owner {
+        out.reason(reason)
+    } else {
+        out.wait(j, reason)
+    };
+    failed[world.meta[j].shape] = Some(r);
     None
 }
 

@@ -291,6 +291,11 @@ pub struct Lending {
     pub max_guest_time_limit_s: Option<i64>,
     /// Labs that may borrow; empty means every lab.
     pub borrowers: Vec<LabId>,
+    /// The node's GPUs may carry shares ([`crate::QueuedJob::share`]): several share jobs
+    /// on one GPU. Off by default: a share job, the owner lab's own included, starts only
+    /// where this is on. For `max_lent_gpus`, a GPU that carries any guest share counts
+    /// as one lent GPU (however small the shares), since the owner cannot use it whole.
+    pub share_gpus: bool,
 }
 
 impl Lending {

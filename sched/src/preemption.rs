@@ -13,6 +13,9 @@
 //!   when older guests do not free enough GPUs; the owner's reclaim may take them.
 //! - "Just enough": after the greedy choice, any victim whose GPUs are not needed to
 //!   reach the count is dropped again.
+//! - A GPU that carries shares frees only when all of them stop: for a whole-GPU owner
+//!   job it is one unit whose victims are all its guest shares (none may be the owner
+//!   lab's own or started in this plan), costing their lost work together.
 
 use crate::model::QueuedJob;
 use crate::state::{gpu_matches, World};
@@ -50,8 +53,10 @@ pub(crate) fn reclaims(world: &World) -> Vec<(usize, String)> {
 /// Returns the victims (running indices) and the GPU-seconds they lose, or `None` if
 /// all the guests together do not free enough.
 ///
-/// 1. Tally, per guest on the node, the matching GPUs it holds that nobody claimed.
-/// 2. Rank guests: already stopping first (free), then outside the minimum runtime
+/// 1. Tally, per guest on the node, the matching GPUs it holds that nobody claimed;
+///    each matching GPU that carries only guests' shares is one more unit, with all
+///    of them as its victims.
+/// 2. Rank units: already stopping first (free), then outside the minimum runtime
 ///    before inside it, then (with [`crate::Policy::victims_over_share_first`]) guests
 ///    of labs over their fair share before the others, then by work lost (the latest
 ///    checkpoint counts), then by job id.
@@ -65,44 +70,59 @@ pub(crate) fn victims(
 ) -> Option<(Vec<usize>, i64)> {
     let now = world.now;
     let extra = crate::owner::owner_delay_cap(job, world.policy);
-    // A node has a handful of GPUs: a small Vec beats a map here.
-    let mut held: Vec<(usize, u32)> = Vec::new();
+    // A node has a handful of GPUs: a small Vec beats a map here. A unit is the guests
+    // that free `count` GPUs together: one guest holding GPUs whole, or a GPU's shares.
+    let mut held: Vec<(Vec<usize>, u32)> = Vec::new();
     for g in world.nodes[n].gpus.clone() {
         let gw = &world.gpus[g];
-        let Some(r) = gw.holder else { continue };
-        let run = &world.running[r];
-        if run.guest && !run.new && gw.claim.is_none() && gpu_matches(job, gw.gpu) {
-            match held.iter_mut().find(|(h, _)| *h == r) {
+        if gw.claim.is_some() || !gpu_matches(job, gw.gpu) {
+            continue;
+        }
+        let guest = |r: usize| world.running[r].guest && !world.running[r].new;
+        match gw.holder {
+            Some(r) if guest(r) => match held.iter_mut().find(|(h, _)| h[..] == [r]) {
                 Some((_, c)) => *c += 1,
-                None => held.push((r, 1)),
+                None => held.push((vec![r], 1)),
+            },
+            None if gw.shared.is_some() && gw.shares().iter().all(|&r| guest(r)) => {
+                held.push((gw.shares().to_vec(), 1));
             }
+            _ => {}
         }
     }
-    let mut ranked: Vec<(bool, bool, bool, i64, i64, usize, u32)> = held
-        .into_iter()
-        .map(|(r, count)| {
-            let run = &world.running[r];
-            let young = now.saturating_sub(run.started_at) < world.policy.min_runtime_s;
-            let under = world.policy.victims_over_share_first && !over_share(world, run.lab);
+    type Rank = (bool, bool, bool, i64, i64, usize, u32);
+    let mut ranked: Vec<Rank> = held
+        .iter()
+        .enumerate()
+        .map(|(u, (runs, count))| {
+            let all = |f: &dyn Fn(usize) -> bool| runs.iter().all(|&r| f(r));
+            let young = !all(&|r| {
+                now.saturating_sub(world.running[r].started_at) >= world.policy.min_runtime_s
+            });
+            let under = world.policy.victims_over_share_first
+                && !all(&|r| over_share(world, world.running[r].lab));
+            let job_id = runs.iter().map(|&r| world.running[r].job).min();
             (
-                !run.preempting,
+                !all(&|r| world.running[r].preempting),
                 young,
                 under,
-                cost_of(world, r, extra),
-                run.job,
-                r,
-                count,
+                runs.iter()
+                    .map(|&r| cost_of(world, r, extra))
+                    .fold(0, i64::saturating_add),
+                job_id.unwrap_or(0),
+                u,
+                *count,
             )
         })
         .collect();
     ranked.sort_unstable();
     let mut chosen = Vec::new();
     let mut got = 0;
-    for &(_, _, _, _, _, r, count) in &ranked {
+    for &(_, _, _, cost, _, u, count) in &ranked {
         if got >= need {
             break;
         }
-        chosen.push((r, count));
+        chosen.push((u, count, cost));
         got += count;
     }
     if got < need {
@@ -118,9 +138,13 @@ pub(crate) fn victims(
     }
     let cost = chosen
         .iter()
-        .map(|&(r, _)| cost_of(world, r, extra))
+        .map(|&(_, _, c)| c)
         .fold(0, i64::saturating_add);
-    Some((chosen.into_iter().map(|(r, _)| r).collect(), cost))
+    let runs = chosen
+        .into_iter()
+        .flat_map(|(u, _, _)| held[u].0.iter().copied())
+        .collect();
+    Some((runs, cost))
 }
 
 /// Whether lab slot `lab` used more than its fair share: decayed usage above its base
@@ -139,9 +163,16 @@ fn over_share(world: &World, lab: usize) -> bool {
 /// least the minimum runtime, so a guest that just started is never a free victim.
 /// A guest expected to save everything on stop ([`crate::state::RunW::saves_on_stop`])
 /// costs only that.
-fn cost_of(world: &World, r: usize, extra: Option<u32>) -> i64 {
+pub(crate) fn cost_of(world: &World, r: usize, extra: Option<u32>) -> i64 {
     let run = &world.running[r];
-    let floor = i64::from(run.gpu_count).saturating_mul(world.policy.min_runtime_s.max(1));
+    let floor = match run.share {
+        None => i64::from(run.gpu_count).saturating_mul(world.policy.min_runtime_s.max(1)),
+        Some(_) => (run
+            .milli_i64()
+            .saturating_mul(world.policy.min_runtime_s.max(1))
+            / 1000)
+            .max(1),
+    };
     let grace = run
         .node
         .map_or(world.policy.default_grace_s, |n| world.nodes[n].grace_s);

@@ -8,6 +8,10 @@
 //!   use under their time limits, plus the new job's GPUs x time limit; so a job that
 //!   starts can never push the period over its limit.
 //! - A snapshot that is already over a limit starts nothing more under that limit.
+//! - A share counts as its fraction of a GPU: `max_gpus` compares the sum of fractions
+//!   (held and asked), and its GPU-hours are its fraction x hours. A share that names
+//!   only memory is checked as 0.05 of a GPU before it is placed and again with the
+//!   fraction it resolves to on its GPU ([`blocks_with`]).
 
 use crate::model::{QueuedJob, Quota};
 use crate::reason::{QuotaScope, Reason};
@@ -20,7 +24,8 @@ const EPS: f64 = 1e-6;
 /// job's pointer (a cache miss per check on a large queue).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ask {
-    pub gpus: u32,
+    /// GPUs asked for, in milli-GPU (a share: its compute, at least 0.05 of a GPU).
+    pub milli: u64,
     pub time_limit_s: i64,
     /// Bytes its start fetches (for its start estimate).
     pub stage_bytes: u64,
@@ -28,8 +33,12 @@ pub(crate) struct Ask {
 
 impl Ask {
     pub fn of(job: &QueuedJob) -> Self {
+        let milli = match job.share {
+            Some(s) => u64::from(s.milli.max(crate::share::STEP_MILLI)),
+            None => u64::from(job.gpus) * 1000,
+        };
         Ask {
-            gpus: job.gpus,
+            milli,
             time_limit_s: job.time_limit_s,
             stage_bytes: job.stage_bytes,
         }
@@ -43,12 +52,10 @@ fn check(quota: &Quota, scope: QuotaScope, usage: Use, period: f64, job: Ask) ->
         }
     }
     if let Some(limit) = quota.max_gpus {
-        if usage.gpus.saturating_add(job.gpus) > limit {
-            return Some(Reason::QuotaGpus {
-                scope,
-                used: usage.gpus,
-                limit,
-            });
+        if usage.milli.saturating_add(job.milli) > u64::from(limit) * 1000 {
+            // Shares held count up: "4 of 4 in use" for 3.5 held and one GPU asked.
+            let used = u32::try_from(usage.milli.div_ceil(1000)).unwrap_or(u32::MAX);
+            return Some(Reason::QuotaGpus { scope, used, limit });
         }
     }
     if let Some(limit) = quota.max_gpu_hours {
@@ -71,7 +78,39 @@ fn check(quota: &Quota, scope: QuotaScope, usage: Use, period: f64, job: Ask) ->
 
 /// GPU-hours a job may use under its time limit.
 fn job_gpu_hours(job: Ask) -> f64 {
-    f64::from(job.gpus) * job.time_limit_s.max(0) as f64 / 3600.0
+    job.milli as f64 / 1000.0 * job.time_limit_s.max(0) as f64 / 3600.0
+}
+
+/// Why a quota stops queued job `j` once its share resolved to `milli` on a GPU
+/// (the member's quota, and the lab's when it runs as a guest).
+pub(crate) fn blocks_with(world: &World, j: usize, milli: u64, guest: bool) -> Option<Reason> {
+    let ask = Ask {
+        milli,
+        ..world.meta[j].ask
+    };
+    let m = world.meta[j].member;
+    let member = world.members[m].info.and_then(|info| {
+        let usage = world.member_use[m];
+        check(
+            &info.quota,
+            QuotaScope::Member,
+            usage,
+            info.period_gpu_hours,
+            ask,
+        )
+    });
+    let l = world.meta[j].lab;
+    member.or_else(|| {
+        let info = world.labs[l].info.filter(|_| guest)?;
+        let usage = world.lab_use[l];
+        check(
+            &info.quota,
+            QuotaScope::Lab,
+            usage,
+            info.period_gpu_hours,
+            ask,
+        )
+    })
 }
 
 /// Why the member's quota in the lab stops queued job `j`, if it does.
@@ -121,8 +160,8 @@ mod tests {
             max_gpu_hours: Some(100.0),
             max_time_limit_s: Some(24 * 3600),
         };
-        let held = |gpus, committed| Use {
-            gpus,
+        let held = |gpus: u64, committed| Use {
+            milli: gpus * 1000,
             committed_gpu_hours: committed,
         };
         let lab = QuotaScope::Lab;

@@ -75,6 +75,14 @@ pub enum Reason {
         /// What they must be, e.g. "with 80 GB".
         detail: String,
     },
+    /// A share job: the GPUs that take shares and match it have not that much free
+    /// now ("waiting for 0.5 of a GPU with 20 GB free").
+    WaitingForShare {
+        /// Compute share asked for, in milli-GPU (0: in proportion to the memory).
+        milli: u32,
+        /// GPU memory asked for, in MiB (0: in proportion to the compute share).
+        memory_mb: u64,
+    },
     /// The owner of the node that would fit is waiting for these GPUs itself.
     OwnerReserved {
         /// Node name.
@@ -204,6 +212,12 @@ impl fmt::Display for Reason {
                 let s = if *gpus == 1 { "" } else { "s" };
                 write!(f, "waiting: no {gpus} free GPU{s} {detail}")
             }
+            Reason::WaitingForShare { milli, memory_mb } => f.write_str(
+                &crate::share::waiting_reason(&crate::share::GpuAsk::Share {
+                    milli: *milli,
+                    memory_mb: *memory_mb,
+                }),
+            ),
             Reason::OwnerReserved { node } => {
                 write!(f, "the owner of node {node} reserved its free GPUs")
             }
@@ -306,6 +320,14 @@ mod tests {
                 },
                 "the owner of node gpu7 reserved its free GPUs",
                 "owner_reserved",
+            ),
+            (
+                Reason::WaitingForShare {
+                    milli: 500,
+                    memory_mb: 20 * 1024,
+                },
+                "waiting for 0.5 of a GPU with 20 GB free",
+                "waiting_for_share",
             ),
             (
                 Reason::WaitingForJob {

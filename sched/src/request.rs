@@ -11,8 +11,8 @@ pub(crate) fn boost_tier(job: &QueuedJob, lab_boosts: bool) -> u8 {
     u8::from(!(job.interactive && lab_boosts))
 }
 
-/// The key under which identical requests of one lab share a result (the last field:
-/// whether the job may borrow only nodes safe after a take-back).
+/// The key under which identical requests of one lab share a result (the eighth field:
+/// whether the job may borrow only nodes safe after a take-back; the last: its share).
 pub(crate) type Shape<'a> = (
     LabId,
     u32,
@@ -23,6 +23,7 @@ pub(crate) type Shape<'a> = (
     (u64, u64, u64),
     bool,
     (&'a [String], &'a [String]),
+    Option<GpuShare>,
 );
 
 pub(crate) fn shape<'a>(job: &'a QueuedJob, policy: &Policy, now: Time) -> Shape<'a> {
@@ -36,11 +37,18 @@ pub(crate) fn shape<'a>(job: &'a QueuedJob, policy: &Policy, now: Time) -> Shape
         (job.cpus.to_bits(), job.memory_mb, job.disk_gb),
         crate::risk::taken_back_rule_applies(job, now, policy),
         (&job.needs_exports, &job.datasets),
+        job.share,
     )
 }
 
-/// Whether a GPU is of the kind the job asks for (model, memory, MIG profile).
+/// Whether a GPU is of the kind the job asks for (model, memory, MIG profile); a share
+/// needs a whole GPU with at least the memory it asks for.
 pub(crate) fn gpu_matches(job: &QueuedJob, gpu: &Gpu) -> bool {
+    if let Some(s) = job.share {
+        if gpu.mig_profile.is_some() || gpu.memory_mb < s.memory_mb || gpu.memory_mb == 0 {
+            return false;
+        }
+    }
     gpu.memory_mb >= job.min_memory_mb
         && gpu.mig_profile.as_deref() == job.mig_profile.as_deref()
         && (job.models.is_empty() || job.models.contains(&gpu.model))
@@ -51,6 +59,14 @@ pub(crate) fn describe_request(job: &QueuedJob) -> String {
     let mut parts = Vec::new();
     if let Some(p) = &job.mig_profile {
         parts.push(format!("MIG {p}"));
+    }
+    if let Some(s) = job.share {
+        let ask = crate::share::GpuAsk::Share {
+            milli: s.milli,
+            memory_mb: s.memory_mb,
+        };
+        let wording = crate::share::waiting_reason(&ask);
+        parts.push(wording.trim_start_matches("waiting for ").to_string());
     }
     if !job.models.is_empty() {
         parts.push(format!("model {}", job.models.join(" or ")));

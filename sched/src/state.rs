@@ -3,8 +3,9 @@
 //!
 //! Invariants:
 //! - Nodes are sorted by id and GPUs by (node, id); every index is stable for a plan.
-//! - A GPU has at most one holder. A snapshot that names a GPU twice (or an unknown
-//!   GPU) is read leniently: the first holder wins, unknown GPUs are ignored.
+//! - A GPU has at most one holder, or else any number of shares (see `sharing`), never
+//!   both. A snapshot that names a GPU twice (or an unknown GPU) is read leniently: the
+//!   first holder wins, unknown GPUs are ignored.
 //! - Starts and preemptions are applied here as they are decided, so every later step
 //!   sees them; claims and reservations are per round and reset by [`World::new_round`].
 
@@ -20,6 +21,9 @@ pub(crate) use crate::request::{describe_request, gpu_matches};
 pub(crate) struct Claim {
     /// When the owner job expects to start (`now` when it waits for preempted guests).
     pub until: Time,
+    /// Made by a waiting share job of the owner lab: other share jobs of the lab may
+    /// still use the GPU (see `owner_share`).
+    pub share: bool,
 }
 
 /// A guest job's reservation of a GPU for its earliest start.
@@ -37,9 +41,10 @@ pub(crate) struct NodeW<'a> {
     /// See [`crate::Lending::lend_until`].
     pub lend_until: Option<Time>,
     pub grace_s: u32,
-    /// GPUs held by guests (running, preempting, or started in this plan).
+    /// GPUs held by guests (running, preempting, or started in this plan), a GPU that
+    /// carries any guest share counted once.
     pub guest_gpus: u32,
-    /// GPUs with no holder and no local use.
+    /// GPUs with no holder, no share and no local use.
     pub free: u32,
     /// Distinct kinds of GPU on the node (model, memory, MIG profile) with their
     /// counts, so hardware checks compare a kind once instead of every GPU.
@@ -117,9 +122,50 @@ const CPU_SLACK: f64 = 1e-6;
 pub(crate) struct GpuW<'a> {
     pub gpu: &'a Gpu,
     pub node: usize,
+    /// The running job that holds it whole.
     pub holder: Option<usize>,
     pub claim: Option<Claim>,
     pub reserved: Option<Reservation>,
+    /// Its shares, if it carries any (`None` when `holder` is set). Boxed: most GPUs
+    /// carry none, and the planner's hot loops walk every GPU.
+    pub shared: Option<Box<Shared>>,
+}
+
+/// The shares on one GPU.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Running jobs (indices) that hold a share of it.
+    pub runs: Vec<usize>,
+    /// Compute they hold together, in milli-GPU.
+    pub milli: u32,
+    /// Memory they hold together, in MiB.
+    pub memory_mb: u64,
+    /// How many of them are guests (it counts as lent while any is).
+    pub guests: u32,
+}
+
+impl GpuW<'_> {
+    /// Nobody holds it, whole or in part (it may still be in local use or claimed).
+    pub fn is_empty(&self) -> bool {
+        self.holder.is_none() && self.shared.is_none()
+    }
+
+    /// The running jobs that hold shares of it.
+    pub fn shares(&self) -> &[usize] {
+        self.shared.as_deref().map_or(&[], |s| &s.runs)
+    }
+
+    /// Compute (milli-GPU) and memory (MiB) its shares hold.
+    pub fn share_used(&self) -> (u32, u64) {
+        self.shared
+            .as_deref()
+            .map_or((0, 0), |s| (s.milli, s.memory_mb))
+    }
+
+    /// How many of its shares are guests'.
+    pub fn guest_shares(&self) -> u32 {
+        self.shared.as_deref().map_or(0, |s| s.guests)
+    }
 }
 
 pub(crate) struct RunW {
@@ -131,6 +177,11 @@ pub(crate) struct RunW {
     pub node: Option<usize>,
     pub gpus: Vec<usize>,
     pub gpu_count: u32,
+    /// What it holds in milli-GPU: 1000 per whole GPU, or its share's compute. Quotas,
+    /// fair share, GPU-hours and lost work count this.
+    pub milli: u64,
+    /// The share it holds on its one GPU, if it runs on a share.
+    pub share: Option<GpuShare>,
     pub started_at: Time,
     pub time_limit_s: i64,
     pub last_checkpoint_at: Option<Time>,
@@ -190,9 +241,21 @@ impl RunW {
             .last_checkpoint_at
             .unwrap_or(self.started_at)
             .max(self.started_at);
-        now.saturating_sub(since)
-            .max(0)
-            .saturating_mul(i64::from(self.gpu_count))
+        let seconds = now.saturating_sub(since).max(0);
+        if self.share.is_none() {
+            return seconds.saturating_mul(i64::from(self.gpu_count));
+        }
+        seconds.saturating_mul(self.milli_i64()) / 1000
+    }
+
+    /// [`RunW::milli`] as an `i64`.
+    pub fn milli_i64(&self) -> i64 {
+        i64::try_from(self.milli).unwrap_or(i64::MAX)
+    }
+
+    /// The GPUs it holds, a share counting as its fraction.
+    pub fn gpus_held(&self) -> f64 {
+        self.milli as f64 / 1000.0
     }
 
     /// GPU-hours still committed to it by its time limit.
@@ -205,15 +268,23 @@ impl RunW {
             .saturating_add(self.time_limit_s)
             .saturating_sub(now)
             .max(0);
-        f64::from(self.gpu_count) * left as f64 / 3600.0
+        self.gpus_held() * left as f64 / 3600.0
     }
 }
 
 /// What a lab or member holds now, for quotas and fair share.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Use {
-    pub gpus: u32,
+    /// GPUs held, in milli-GPU (a share counts as its fraction).
+    pub milli: u64,
     pub committed_gpu_hours: f64,
+}
+
+impl Use {
+    /// GPUs held, a share counting as its fraction.
+    pub fn gpus(&self) -> f64 {
+        self.milli as f64 / 1000.0
+    }
 }
 
 /// What a plan needs to know about a queued job that does not change between rounds.
@@ -229,6 +300,8 @@ pub(crate) struct JobMeta {
     pub shape: usize,
     /// GPUs asked for (copied: the hot loop should not chase the job's pointer).
     pub gpus: u32,
+    /// Whether it asks for a share of one GPU ([`QueuedJob::share`]).
+    pub share: bool,
     /// GPUs and time limit for the quota checks (copied for the same reason).
     pub ask: crate::quota::Ask,
     /// 0 for an interactive job of a lab with [`LabInfo::interactive_boost`], else 1:
@@ -277,13 +350,20 @@ pub(crate) struct World<'a> {
     pub free_total: u32,
     /// Queue pressure at the snapshot, 0 to 1 ([`crate::risk::pressure`]).
     pub pressure: f64,
+    /// The recent mix of waiting GPU requests that shares are placed against (empty when
+    /// no job asks for a share), see [`crate::sharing::waiting_mix`].
+    pub share_mix: crate::share::ShapeMix,
 }
 
 impl<'a> World<'a> {
     pub(crate) fn add_running(&mut self, run: RunW) -> usize {
         let idx = self.running.len();
-        for &g in &run.gpus {
-            self.gpus[g].holder = Some(idx);
+        if let Some(share) = run.share {
+            self.book_share(idx, &run, share);
+        } else {
+            for &g in &run.gpus {
+                self.gpus[g].holder = Some(idx);
+            }
         }
         if let Some(n) = run.node {
             let nw = &mut self.nodes[n];
@@ -291,15 +371,15 @@ impl<'a> World<'a> {
             nw.memory_free_mb = nw.memory_free_mb.saturating_sub(run.memory_mb);
         }
         if run.guest {
-            if let Some(n) = run.node {
+            if let (Some(n), None) = (run.node, run.share) {
                 self.nodes[n].guest_gpus += run.gpu_count;
             }
             let u = &mut self.lab_use[run.lab];
-            u.gpus += run.gpu_count;
+            u.milli += run.milli;
             u.committed_gpu_hours += run.committed_gpu_hours(self.now);
         }
         let u = &mut self.member_use[run.member];
-        u.gpus += run.gpu_count;
+        u.milli += run.milli;
         u.committed_gpu_hours += run.committed_gpu_hours(self.now);
         self.running.push(run);
         idx
@@ -342,6 +422,8 @@ impl<'a> World<'a> {
             member: self.meta[j].member,
             node: Some(node),
             gpu_count: job.gpus,
+            milli: u64::from(job.gpus) * 1000,
+            share: None,
             gpus,
             started_at: self.now,
             time_limit_s: job.time_limit_s,
@@ -357,6 +439,7 @@ impl<'a> World<'a> {
             job: job.id,
             node: self.nodes[node].node.id,
             gpus: ids,
+            share: None,
         }
     }
 
@@ -380,11 +463,11 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Claim a GPU for a waiting owner job.
-    pub fn claim(&mut self, g: usize, until: Time) {
+    /// Claim a GPU for a waiting owner job (`share`: a share job, see [`Claim::share`]).
+    pub fn claim(&mut self, g: usize, until: Time, share: bool) {
         let gw = &mut self.gpus[g];
         if gw.claim.is_none()
-            && gw.holder.is_none()
+            && gw.is_empty()
             && !gw.gpu.local_use
             && self.nodes[gw.node].node.schedulable
         {
@@ -393,8 +476,12 @@ impl<'a> World<'a> {
         let nw = &mut self.nodes[self.gpus[g].node];
         nw.changes = nw.changes.wrapping_add(1);
         let gw = &mut self.gpus[g];
-        gw.claim = Some(Claim {
-            until: gw.claim.map_or(until, |c| c.until.min(until)),
+        gw.claim = Some(match gw.claim {
+            None => Claim { until, share },
+            Some(c) => Claim {
+                until: c.until.min(until),
+                share: c.share && share,
+            },
         });
     }
 

@@ -54,6 +54,7 @@ impl<'a> World<'a> {
         let mut running: Vec<&RunningJob> = snapshot.running.iter().collect();
         running.sort_by_key(|r| r.id);
         let slots = dense_slots(snapshot, &hw.nodes, &running, &queue);
+        let share_mix = crate::sharing::waiting_mix(&queue);
         let (labs, members) = ledgers(snapshot, &slots, &hw.nodes, policy, now);
         let (queue, meta, shapes) = fair_share_order(snapshot, queue, &slots, policy, now);
         let mut world = World {
@@ -71,13 +72,14 @@ impl<'a> World<'a> {
             members,
             free_total: 0,
             pressure,
+            share_mix,
         };
         for r in running {
             world.place_running(r, &hw.gpu_index, &hw.node_index, &slots);
         }
         for g in 0..world.gpus.len() {
             let gw = &world.gpus[g];
-            if gw.holder.is_none() && !gw.gpu.local_use {
+            if gw.is_empty() && !gw.gpu.local_use {
                 world.nodes[gw.node].free += 1;
             }
         }
@@ -92,12 +94,32 @@ impl<'a> World<'a> {
         node_index: &BTreeMap<NodeId, usize>,
         slots: &Slots,
     ) {
-        let held: Vec<usize> = r
+        // A share keeps its one GPU unless someone holds it whole; whole GPUs only those
+        // nobody holds in any way.
+        let mut held: Vec<usize> = r
             .gpus
             .iter()
             .filter_map(|g| gpu_index.get(g).copied())
-            .filter(|&g| self.gpus[g].holder.is_none())
+            .filter(|&g| match r.share {
+                Some(_) => self.gpus[g].holder.is_none(),
+                None => self.gpus[g].is_empty(),
+            })
             .collect();
+        if r.share.is_some() {
+            held.truncate(1);
+        }
+        let share = r.share.map(|s| match held.first() {
+            Some(&g) if s.milli == 0 || s.memory_mb == 0 => {
+                let (milli, memory_mb) = crate::sharing::resolve(s, self.gpus[g].gpu.memory_mb)
+                    .unwrap_or((s.milli.max(1), s.memory_mb));
+                GpuShare { milli, memory_mb }
+            }
+            _ => s,
+        });
+        let gpu_count = match r.share {
+            Some(_) => 1,
+            None => u32::try_from(r.gpus.len()).unwrap_or(u32::MAX),
+        };
         // The GPUs say where it really runs; the node id covers a job whose GPUs are
         // unknown.
         let node = held
@@ -111,7 +133,9 @@ impl<'a> World<'a> {
             member: slots.members[&(r.lab, r.user)],
             node,
             gpus: held,
-            gpu_count: u32::try_from(r.gpus.len()).unwrap_or(u32::MAX),
+            gpu_count,
+            milli: share.map_or(u64::from(gpu_count) * 1000, |s| u64::from(s.milli)),
+            share,
             started_at: r.started_at,
             time_limit_s: r.time_limit_s,
             last_checkpoint_at: r.last_checkpoint_at,
@@ -195,6 +219,7 @@ fn node_gpus<'a>(node: &'a Node, idx: usize, hw: &mut Hardware<'a>) -> Vec<(&'a 
                 holder: None,
                 claim: None,
                 reserved: None,
+                shared: None,
             });
         }
     }
@@ -320,6 +345,7 @@ fn fair_share_order<'a>(
                 member,
                 shape: *shape_ids.entry(shape(q, policy, now)).or_insert(next),
                 gpus: q.gpus,
+                share: q.share.is_some(),
                 ask: crate::quota::Ask::of(q),
                 tier,
             })

@@ -241,6 +241,7 @@ impl<R: ContainerRuntime> Executor<R> {
             capacity: None,
             disk: None,
             datasets: None,
+            share_mode: None,
         }
     }
 
@@ -555,6 +556,7 @@ fn reports_of(t: &Table) -> Vec<AttemptReport> {
                 exit_code: None,
                 stop: None,
                 reason: None,
+                gpu_memory_used_mb: None,
             },
         })
         .collect()

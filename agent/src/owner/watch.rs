@@ -232,6 +232,7 @@ mod tests {
             image_signature: None,
             image_campus: true,
             disk_gb: None,
+            gpu_share: None,
         }
     }
 

@@ -237,6 +237,7 @@ impl ContainerObs {
             exit_code,
             stop,
             reason,
+            gpu_memory_used_mb: None,
         }
     }
 }

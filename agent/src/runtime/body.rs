@@ -236,6 +236,7 @@ mod tests {
             image_signature: None,
             image_campus: true,
             disk_gb: None,
+            gpu_share: None,
         }
     }
 

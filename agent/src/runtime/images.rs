@@ -164,6 +164,7 @@ mod tests {
             image_signature: None,
             image_campus: true,
             disk_gb: None,
+            gpu_share: None,
         };
         let open = ImagePolicy::default();
         assert!(matches!(
@@ -216,6 +217,7 @@ mod tests {
             image_signature: None,
             image_campus: true,
             disk_gb: None,
+            gpu_share: None,
         };
         let vision = ImagePolicy {
             own_lab: Some("vision".into()),

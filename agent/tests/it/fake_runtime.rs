@@ -440,6 +440,7 @@ pub(crate) fn spec(image: &str, time_limit_s: u64) -> JobSpec {
         image_signature: None,
         image_campus: true,
         disk_gb: None,
+        gpu_share: None,
     }
 }
 

@@ -91,6 +91,7 @@ fn spec(cmd: &str, time_limit_s: u64) -> JobSpec {
         guest: false,
         lab: None,
         grace_s: None,
+        gpu_share: None,
     }
 }
 

@@ -40,6 +40,7 @@ fn launch() -> Arc<Launch> {
             image_signature: None,
             image_campus: true,
             disk_gb: None,
+            gpu_share: None,
         },
         gpus: vec![],
         resume: false,

@@ -15,6 +15,7 @@ mod openapi;
 mod policy;
 mod ssh_gateway;
 mod ssh_keys;
+mod uploads;
 mod utilization;
 
 use crate::error::{ApiError, AppError};
@@ -54,6 +55,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .configure(policy::configure)
             .configure(ssh_gateway::configure)
             .configure(ssh_keys::configure)
+            .configure(uploads::configure)
             .configure(utilization::configure),
     );
 }

@@ -8,7 +8,7 @@
 
 use super::{
     account, app_presets, arrays, cli_login, datasets, files, images, jobs, nodes, policy,
-    ssh_gateway, ssh_keys, utilization,
+    ssh_gateway, ssh_keys, uploads, utilization,
 };
 use actix_web::{web, HttpResponse};
 use commons_api as api;
@@ -42,6 +42,8 @@ use utoipa::{Modify, OpenApi};
         files::list, files::get, files::put, files::delete,
         files::lab_list, files::lab_get, files::lab_put, files::lab_delete,
         files::put_lab_quota, files::put_member_quota, files::job_outputs,
+        uploads::start, uploads::list, uploads::show, uploads::put_part, uploads::complete,
+        uploads::abort,
         datasets::list, datasets::list_lab, datasets::add, datasets::remove,
         app_presets::list, app_presets::get, app_presets::add, app_presets::put,
         app_presets::remove, app_presets::launch,
@@ -156,6 +158,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ids.len(), 60, "{ids:?}");
+        assert_eq!(ids.len(), 66, "{ids:?}");
     }
 }

@@ -182,6 +182,7 @@ fn handle(
                 exit_code,
                 stop,
                 reason,
+                gpu_memory_used_mb: None,
             };
             let out = attempts::apply_report(c, node, &r, set.timing)?;
             Ok((out.stop.into_iter().collect(), out.freed))

@@ -15,6 +15,7 @@ fn report(job: &Job, state: AttemptState, stop: Option<StopReason>) -> AttemptRe
         exit_code: None,
         stop,
         reason: None,
+        gpu_memory_used_mb: None,
     }
 }
 

@@ -106,6 +106,7 @@ pub fn lending_rules(
             min_idle_s: idle.unwrap_or(0) * 60,
             max_guest_time_limit_s: longest.map(|m| m * 60),
             borrowers,
+            share_gpus: false,
         },
         // No grace given: the campus default applies, whatever it is when a guest is
         // preempted.

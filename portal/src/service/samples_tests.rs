@@ -20,6 +20,7 @@ fn running(job: i64) -> AttemptReport {
         exit_code: None,
         stop: None,
         reason: None,
+        gpu_memory_used_mb: None,
     }
 }
 

@@ -80,6 +80,8 @@ struct FilesPage {
     writable: bool,
     /// Where the API keeps this space: `/api/v1/files` or `/api/v1/labs/SLUG/files`.
     api: String,
+    /// How an upload in parts names this space before a path: empty, or `lab:SLUG/`.
+    space_ref: String,
 }
 
 /// `?lab=SLUG&dir=DIR` for a link to a folder of the space.
@@ -216,6 +218,7 @@ async fn page(
         bar,
         writable: listing.writable,
         api,
+        space_ref: lab.map_or(String::new(), |l| format!("lab:{l}/")),
     })
 }
 

@@ -293,3 +293,99 @@ async fn the_files_page_uploads_with_progress_downloads_and_deletes_at_375_px() 
     validate_html(&[("files".into(), html)]);
     b.close().await;
 }
+
+/// The Files page sends a large file in parts: it resumes the upload an earlier visit
+/// left unfinished (sending only the parts the portal lacks), and sends a part again
+/// after a connection lost mid-way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_files_page_resumes_a_large_upload_and_retries_a_lost_part() {
+    let store = tempfile::tempdir().unwrap();
+    let p = f::portal_in(Backend::Sqlite, store.path(), |_| {}).await;
+    let data = noise(20_000_000, 11);
+    let work = tempfile::tempdir().unwrap();
+    let big = work.path().join("big.bin");
+    std::fs::write(&big, &data).unwrap();
+    // An earlier visit started it and stored its first part, then lost its connection.
+    let (s, up) = p
+        .post_json(
+            &p.alice,
+            "/api/v1/uploads",
+            &serde_json::json!({"path": "data/big.bin", "size": data.len()}),
+        )
+        .await;
+    assert_eq!(s, 201, "{up}");
+    let id = up["id"].as_i64().unwrap();
+    let part = 8 << 20;
+    let r = p
+        .http
+        .put(format!("{}/api/v1/uploads/{id}/parts/0", p.url))
+        .bearer_auth(&p.alice)
+        .body(data[..part].to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+
+    let b = Browser::start().await;
+    browser_login(&b, &p, "alice").await;
+    b.client
+        .goto(&format!("{}/files?dir=data%2F", p.url))
+        .await
+        .unwrap();
+    // Record what the page sends; the first try of part 1 loses its connection.
+    js(
+        &b,
+        "window.sent = []; window.lost = 0;
+         const open = XMLHttpRequest.prototype.open, send = XMLHttpRequest.prototype.send;
+         XMLHttpRequest.prototype.open = function (m, u) { this.target = m + ' ' + u; window.sent.push(this.target); sessionStorage.setItem('sent', JSON.stringify(window.sent)); return open.apply(this, arguments); };
+         XMLHttpRequest.prototype.send = function (body) {
+           if (this.target.endsWith('/parts/1') && window.lost === 0) {
+             window.lost = 1; const x = this; setTimeout(function () { x.onerror(); }, 10); return;
+           }
+           return send.apply(this, arguments);
+         };
+         return null;",
+    )
+    .await;
+    let input = b.client.find(Locator::Id("upload-files")).await.unwrap();
+    input.send_keys(&big.display().to_string()).await.unwrap();
+    b.client
+        .find(Locator::Css("#upload button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    // When every file is stored the page reloads itself: what it sent is in its
+    // session storage.
+    wait_for(Duration::from_secs(90), "the file to be stored", || async {
+        paths(&list(&p, &p.alice, MINE, "data/").await.body) == ["data/big.bin"]
+    })
+    .await;
+    let sent = js(
+        &b,
+        "return JSON.parse(sessionStorage.getItem('sent') || '[]');",
+    )
+    .await;
+    let sent: Vec<&str> = sent
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .filter(|s| s.contains("/parts/") || s.contains("/complete"))
+        .collect();
+    let base = format!("/api/v1/uploads/{id}");
+    assert_eq!(
+        sent,
+        [
+            format!("PUT {base}/parts/1"),
+            format!("PUT {base}/parts/1"),
+            format!("PUT {base}/parts/2"),
+            format!("POST {base}/complete"),
+        ],
+        "the page resumed upload {id}: part 0 was not sent again, part 1 twice"
+    );
+    let (s, _, body) = f::get(&p, &p.alice, MINE, "data/big.bin", None).await;
+    assert!(s == 200 && body == data, "{s}: {} bytes", body.len());
+    b.close().await;
+}

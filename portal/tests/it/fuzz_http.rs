@@ -95,6 +95,22 @@ async fn damaged_api_requests_get_4xx_and_store_nothing() {
             "{backend:?}: datasets"
         );
 
+        // Uploads in parts: only what was accepted is listed to resume.
+        let starts = samples(
+            damaged(vec![
+                json!({"path": "data/x.bin", "size": 1000, "sha256": "b".repeat(64)}),
+                json!({"path": "lab:vision/shared/y.bin", "size": 20_000_000}),
+            ]),
+            n,
+        );
+        let accepted = hammer(&p, &p.carol, "POST", "/api/v1/uploads", &starts).await;
+        let listed = p.get_json(&p.carol, "/api/v1/uploads").await;
+        assert_eq!(
+            listed.as_array().unwrap().len(),
+            accepted,
+            "{backend:?}: uploads"
+        );
+
         let quotas = samples(
             damaged(vec![
                 json!({"max_gpus": 4, "max_gpu_hours": 100.0, "max_time_limit_minutes": 600}),

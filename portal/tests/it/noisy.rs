@@ -311,6 +311,7 @@ impl RawAgent {
             capacity: None,
             disk: None,
             datasets: None,
+            share_mode: None,
         }))
         .unwrap();
         let running: Arc<Mutex<Option<(i64, i32)>>> = Arc::default();
@@ -329,6 +330,7 @@ impl RawAgent {
                         exit_code: None,
                         stop: None,
                         reason: None,
+                        gpu_memory_used_mb: None,
                     })
                     .collect();
                 let beat = AgentMsg::Heartbeat {
@@ -498,6 +500,7 @@ async fn a_flood_of_output_chunks_is_dropped_not_refused_but_refusals_still_disc
         capacity: None,
         disk: None,
         datasets: None,
+        share_mode: None,
     };
     for _ in 0..1100 {
         let _ = agent.tx.send(text(&bad));

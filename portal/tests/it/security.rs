@@ -198,6 +198,7 @@ impl HandAgent {
                 capacity: None,
                 disk: None,
                 datasets: None,
+                share_mode: None,
             })
             .await;
         rogue
@@ -312,6 +313,7 @@ async fn an_agents_last_lines_after_its_report_of_the_end_are_kept() {
         exit_code: Some(0),
         stop: None,
         reason: None,
+        gpu_memory_used_mb: None,
     };
     agent.handled(vec![exited]).await;
     assert_eq!(p.job(&p.alice, id).await["state"], "succeeded");
@@ -360,6 +362,7 @@ per_backend! {
             exit_code: None,
             stop: None,
             reason: None,
+            gpu_memory_used_mb: None,
         };
         rogue.handled(vec![running]).await;
         let log = p.logs(&p.alice, id).await;

@@ -14,5 +14,6 @@ mod owner;
 mod placement;
 mod props;
 mod quota;
+mod shares;
 mod support;
 mod taken_back;

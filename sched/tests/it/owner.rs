@@ -159,7 +159,8 @@ fn owner_job_runs_elsewhere_while_own_nodes_are_full() {
         vec![Start {
             job: 1,
             node: 2,
-            gpus: vec![20]
+            gpus: vec![20],
+            share: None,
         }]
     );
     assert!(p.pending.is_empty());
@@ -275,7 +276,8 @@ fn member_quota_holds_when_an_owner_job_runs_elsewhere() {
         vec![Start {
             job: 4,
             node: 2,
-            gpus: vec![5]
+            gpus: vec![5],
+            share: None,
         }]
     );
     assert_eq!(

@@ -82,7 +82,16 @@ fn placement_table() {
     for (name, j, nodes, want) in cases {
         let p = plan(&snap(nodes, vec![], vec![j]), &Policy::default(), NOW);
         match want {
-            Ok((node, gpus)) => assert_eq!(p.start, vec![Start { job: 1, node, gpus }], "{name}"),
+            Ok((node, gpus)) => assert_eq!(
+                p.start,
+                vec![Start {
+                    job: 1,
+                    node,
+                    gpus,
+                    share: None
+                }],
+                "{name}"
+            ),
             Err(text) => assert_eq!(reason(&p, 1).to_string(), text, "{name}"),
         }
     }
@@ -134,7 +143,8 @@ fn busy_and_held_gpus_are_never_reused() {
         vec![Start {
             job: 1,
             node: 1,
-            gpus: vec![12]
+            gpus: vec![12],
+            share: None,
         }]
     );
     assert_eq!(reason(&p, 2), Reason::WaitingForGpus { gpus: 1 });

@@ -16,19 +16,23 @@ fn arb_lending() -> impl Strategy<Value = Lending> {
         prop::sample::select(vec![0i64, 1800]),
         prop::option::of(prop::sample::select(vec![1800i64, 4 * 3600])),
         prop::sample::select(vec![vec![], vec![1], vec![2, 3]]),
+        prop::bool::weighted(0.5),
     )
-        .prop_map(|(mode, max_lent, idle, longest, borrowers)| Lending {
-            mode: match mode {
-                0 | 1 => LendMode::Always,
-                2 => LendMode::Never,
-                _ => LendMode::Windows,
+        .prop_map(
+            |(mode, max_lent, idle, longest, borrowers, share_gpus)| Lending {
+                mode: match mode {
+                    0 | 1 => LendMode::Always,
+                    2 => LendMode::Never,
+                    _ => LendMode::Windows,
+                },
+                windows: WeeklyWindow::daily(&[0, 1, 2, 3, 4], 11 * 60, 15 * 60),
+                max_lent_gpus: max_lent,
+                min_idle_s: idle,
+                max_guest_time_limit_s: longest,
+                borrowers,
+                share_gpus,
             },
-            windows: WeeklyWindow::daily(&[0, 1, 2, 3, 4], 11 * 60, 15 * 60),
-            max_lent_gpus: max_lent,
-            min_idle_s: idle,
-            max_guest_time_limit_s: longest,
-            borrowers,
-        })
+        )
 }
 
 fn arb_quota() -> impl Strategy<Value = Quota> {
@@ -77,6 +81,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                 prop::bool::ANY,
                 0..4u8,
                 prop::bool::weighted(0.3),
+                0..6u8,
             ),
             0..20,
         ),
@@ -91,7 +96,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
         ),
         prop::collection::vec((1..5i64, 0..3i64, arb_quota()), 0..5),
         prop::collection::vec(
-            (1..5i64, 0..3i64, 0..100usize, any::<bool>(), 0..3u8),
+            (1..5i64, 0..3i64, 0..100usize, any::<bool>(), 0..3u8, 0..4u8),
             0..12,
         ),
     )
@@ -123,22 +128,42 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                 }
                 snapshot.nodes.push(n);
             }
-            // Running jobs take consecutive free GPUs of one node.
+            // Running jobs take consecutive free GPUs of one node; some hold a share of
+            // the first GPU (not MIG, not held whole) with room for it.
             let mut taken = BTreeSet::new();
-            for (k, (lab, user, pick, ckpt, size)) in running.into_iter().enumerate() {
+            let mut shared: BTreeMap<GpuId, (u32, u64)> = BTreeMap::new();
+            for (k, (lab, user, pick, ckpt, size, kind)) in running.into_iter().enumerate() {
                 let n = &snapshot.nodes[pick % snapshot.nodes.len()];
-                let free: Vec<GpuId> = n
-                    .gpus
-                    .iter()
-                    .map(|g| g.id)
-                    .filter(|g| !taken.contains(g))
-                    .collect();
-                let want = usize::from(size) + 1;
-                if free.len() < want {
-                    continue;
+                let share = share_of(kind);
+                let gpus: Vec<GpuId> = if let Some(sh) = share {
+                    let room = n.gpus.iter().find(|g| {
+                        let (m, mb) = shared.get(&g.id).copied().unwrap_or((0, 0));
+                        !taken.contains(&g.id)
+                            && g.mig_profile.is_none()
+                            && m + sh.milli <= 1000
+                            && mb + sh.memory_mb <= g.memory_mb
+                    });
+                    let Some(g) = room else { continue };
+                    let e = shared.entry(g.id).or_default();
+                    e.0 += sh.milli;
+                    e.1 += sh.memory_mb;
+                    vec![g.id]
+                } else {
+                    let free: Vec<GpuId> = n
+                        .gpus
+                        .iter()
+                        .map(|g| g.id)
+                        .filter(|g| !taken.contains(g) && !shared.contains_key(g))
+                        .collect();
+                    let want = usize::from(size) + 1;
+                    if free.len() < want {
+                        continue;
+                    }
+                    free[..want].to_vec()
+                };
+                if share.is_none() {
+                    taken.extend(gpus.iter().copied());
                 }
-                let gpus: Vec<GpuId> = free[..want].to_vec();
-                taken.extend(gpus.iter().copied());
                 let started = NOW - (k as i64 + 1) * 1000;
                 snapshot.running.push(RunningJob {
                     id: 1000 + k as i64,
@@ -150,14 +175,34 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                     time_limit_s: if k % 3 == 0 { 0 } else { 6 * H },
                     preempting: k % 5 == 4,
                     last_checkpoint_at: ckpt.then_some(started + 500),
+                    share,
                     ..Default::default()
                 });
             }
-            for (i, (lab, user, gpus, kind, strict, limit, interactive)) in
+            for (i, (lab, user, gpus, kind, strict, limit, interactive, share)) in
                 queue.into_iter().enumerate()
             {
                 let mut j = job(i as i64 + 1, lab, user + 10 * lab, gpus);
                 j.interactive = interactive;
+                // Some jobs ask for a share of one GPU: as a fraction, as memory, or both.
+                j.share = match share {
+                    3 => Some(GpuShare {
+                        milli: 500,
+                        memory_mb: 0,
+                    }),
+                    4 => Some(GpuShare {
+                        milli: 0,
+                        memory_mb: 30 * 1024,
+                    }),
+                    5 => Some(GpuShare {
+                        milli: 250,
+                        memory_mb: 8 * 1024,
+                    }),
+                    _ => None,
+                };
+                if j.share.is_some() {
+                    j.gpus = 1;
+                }
                 match (strict, kind) {
                     (false, 0) => {}
                     (false, _) => j.min_memory_mb = 40 * 1024,
@@ -201,27 +246,48 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
         })
 }
 
+/// What a running job of generator kind `kind` holds: a share (kinds 2 and 3) or whole GPUs.
+fn share_of(kind: u8) -> Option<GpuShare> {
+    match kind {
+        2 => Some(GpuShare {
+            milli: 500,
+            memory_mb: 20 * 1024,
+        }),
+        3 => Some(GpuShare {
+            milli: 250,
+            memory_mb: 6 * 1024,
+        }),
+        _ => None,
+    }
+}
+
+/// GPUs a running job holds, a share counting as its fraction.
+fn gpus_held(r: &RunningJob) -> f64 {
+    r.share
+        .map_or(r.gpus.len() as f64, |s| f64::from(s.milli) / 1000.0)
+}
+
 fn owner_of(s: &Snapshot) -> BTreeMap<NodeId, LabId> {
     s.nodes.iter().map(|n| (n.id, n.lab)).collect()
 }
 
 /// (gpus, committed GPU-hours) held by jobs matching `pick`, as the quota rules count.
-fn held(s: &Snapshot, now: Time, pick: impl Fn(&RunningJob) -> bool) -> (u32, f64) {
+fn held(s: &Snapshot, now: Time, pick: impl Fn(&RunningJob) -> bool) -> (f64, f64) {
     s.running
         .iter()
         .filter(|r| pick(r))
-        .fold((0, 0.0), |(g, h), r| {
+        .fold((0.0, 0.0), |(g, h), r| {
             let left = if r.time_limit_s > 0 {
                 (r.started_at + r.time_limit_s - now).max(0) as f64 / 3600.0
             } else {
                 0.0
             };
-            (g + r.gpus.len() as u32, h + r.gpus.len() as f64 * left)
+            (g + gpus_held(r), h + gpus_held(r) * left)
         })
 }
 
-fn quota_ok(q: &Quota, (gpus, hours): (u32, f64), period: f64, limits: &[i64]) -> bool {
-    q.max_gpus.is_none_or(|m| gpus <= m)
+fn quota_ok(q: &Quota, (gpus, hours): (f64, f64), period: f64, limits: &[i64]) -> bool {
+    q.max_gpus.is_none_or(|m| gpus <= f64::from(m) + 1e-9)
         && q.max_gpu_hours.is_none_or(|m| period + hours <= m + 1e-6)
         && q.max_time_limit_s
             .is_none_or(|m| limits.iter().all(|&l| l > 0 && l <= m))
@@ -257,18 +323,21 @@ fn lent_by_rules(
     }
     if let Some(max) = rules.max_lent_gpus {
         let owners = owner_of(s);
-        let guest_gpus: usize = s
+        // A GPU with guest shares counts once.
+        let guest_gpus = s
             .running
             .iter()
             .filter(|r| r.node == n.id && owners.get(&r.node) != Some(&r.lab))
-            .map(|r| r.gpus.len())
-            .sum::<usize>()
-            + p.start
-                .iter()
-                .filter(|st| st.node == n.id)
-                .filter(|st| s.queue.iter().any(|q| q.id == st.job && q.lab != n.lab))
-                .map(|st| st.gpus.len())
-                .sum::<usize>();
+            .flat_map(|r| r.gpus.iter().copied())
+            .chain(
+                p.start
+                    .iter()
+                    .filter(|st| st.node == n.id)
+                    .filter(|st| s.queue.iter().any(|q| q.id == st.job && q.lab != n.lab))
+                    .flat_map(|st| st.gpus.iter().copied()),
+            )
+            .collect::<BTreeSet<GpuId>>()
+            .len();
         prop_assert!(
             guest_gpus <= max as usize,
             "node {} lends {} > {}",
@@ -312,14 +381,47 @@ proptest! {
         shuffled.running.reverse();
         prop_assert_eq!(&plan(&shuffled, &policy, now), &p);
 
-        // No GPU in two jobs; starts only on free, matching, schedulable GPUs, one node.
-        let mut used: BTreeSet<GpuId> = s.running.iter().flat_map(|r| r.gpus.clone()).collect();
+        // No GPU in two jobs, whole or a whole and shares; shares never over-allocate
+        // compute or memory, and go only to sharing nodes' whole GPUs; starts only on
+        // free, matching, schedulable GPUs, one node.
+        let mut used: BTreeSet<GpuId> = s.running.iter().filter(|r| r.share.is_none())
+            .flat_map(|r| r.gpus.clone()).collect();
+        let mut shared: BTreeMap<GpuId, (u32, u64)> = BTreeMap::new();
+        for r in s.running.iter().filter(|r| r.share.is_some()) {
+            let sh = r.share.unwrap();
+            let e = shared.entry(r.gpus[0]).or_default();
+            e.0 += sh.milli;
+            e.1 += sh.memory_mb;
+        }
         for st in &p.start {
             let j = s.queue.iter().find(|q| q.id == st.job).unwrap();
             let n = s.nodes.iter().find(|n| n.id == st.node).unwrap();
             prop_assert!(n.schedulable);
             prop_assert_eq!(st.gpus.len() as u32, j.gpus);
+            if let Some(ask) = j.share {
+                let sh = st.share.unwrap();
+                prop_assert!(n.lending.share_gpus, "share on non-sharing node {}", n.id);
+                prop_assert!(sh.milli > 0 && sh.memory_mb > 0);
+                prop_assert!(ask.milli == 0 || ask.milli == sh.milli);
+                prop_assert!(ask.memory_mb == 0 || ask.memory_mb == sh.memory_mb);
+                let g = st.gpus[0];
+                let gpu = n.gpus.iter().find(|x| x.id == g).unwrap();
+                prop_assert!(!used.contains(&g), "share on GPU {} held whole", g);
+                prop_assert!(gpu.mig_profile.is_none() && !gpu.local_use);
+                prop_assert!(j.models.is_empty() || j.models.contains(&gpu.model));
+                prop_assert!(gpu.memory_mb >= j.min_memory_mb);
+                let e = shared.entry(g).or_default();
+                e.0 += sh.milli;
+                e.1 += sh.memory_mb;
+                prop_assert!(e.0 <= 1000 && e.1 <= gpu.memory_mb, "GPU {} over-allocated: {:?}", g, e);
+                if n.lab != j.lab {
+                    lent_by_rules(n, j, &st.gpus, now, &s, &p, policy.utc_offset_s)?;
+                }
+                continue;
+            }
+            prop_assert!(st.share.is_none());
             for g in &st.gpus {
+                prop_assert!(!shared.contains_key(g), "whole job on GPU {} with shares", g);
                 prop_assert!(used.insert(*g), "GPU {} given twice", g);
                 let gpu = n.gpus.iter().find(|x| x.id == *g).unwrap();
                 prop_assert!(!gpu.local_use);
@@ -346,10 +448,19 @@ proptest! {
                     continue;
                 }
                 for g in &st.gpus {
+                    // A share beside other guests' shares takes nothing the owner job
+                    // could have used whole.
+                    let beside = st.share.is_some()
+                        && (s.running.iter().any(|r| r.share.is_some() && r.gpus == [*g])
+                            || p.start.iter().any(|o| o.job != st.job && o.gpus == [*g]));
+                    if beside && owner_job.share.is_none() {
+                        continue;
+                    }
                     let gpu = n.gpus.iter().find(|x| x.id == *g).unwrap();
                     let matches = (owner_job.models.is_empty() || owner_job.models.contains(&gpu.model))
                         && gpu.memory_mb >= owner_job.min_memory_mb
-                        && gpu.mig_profile == owner_job.mig_profile;
+                        && gpu.mig_profile == owner_job.mig_profile
+                        && owner_job.share.is_none_or(|sh| gpu.memory_mb >= sh.memory_mb);
                     prop_assert!(!matches, "guest {} took GPU {} that owner job {} waits for", j.id, g, pe.job);
                 }
             }
@@ -399,8 +510,8 @@ proptest! {
             s.labs.iter().filter(|l| l.interactive_boost).map(|l| l.id).collect();
         let starts: BTreeSet<JobId> = started(&p).into_iter().collect();
         let same = |a: &QueuedJob, b: &QueuedJob| {
-            (a.lab, a.user, a.gpus, &a.models, a.min_memory_mb, &a.mig_profile, a.time_limit_s)
-                == (b.lab, b.user, b.gpus, &b.models, b.min_memory_mb, &b.mig_profile, b.time_limit_s)
+            (a.lab, a.user, a.gpus, &a.models, a.min_memory_mb, &a.mig_profile, a.time_limit_s, a.share)
+                == (b.lab, b.user, b.gpus, &b.models, b.min_memory_mb, &b.mig_profile, b.time_limit_s, b.share)
         };
         for a in s.queue.iter().filter(|q| q.interactive && boosting.contains(&q.lab)) {
             for b in s.queue.iter().filter(|b| !b.interactive && same(a, b)) {

@@ -91,6 +91,7 @@ pub fn apply(s: &Snapshot, plan: &Plan, now: Time) -> Snapshot {
             gpus: st.gpus.clone(),
             started_at: now,
             time_limit_s: q.time_limit_s,
+            share: st.share,
             ..Default::default()
         });
     }

@@ -28,6 +28,7 @@ fn start(job: i64, node: i64, gpu: i64) -> Start {
         job,
         node,
         gpus: vec![gpu],
+        share: None,
     }
 }
 

@@ -34,6 +34,7 @@ pub mod datasets;
 mod download;
 pub mod inputs;
 pub mod outputs;
+pub mod parts;
 pub mod quota;
 pub mod range;
 mod settings;

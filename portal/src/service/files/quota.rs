@@ -147,6 +147,24 @@ pub fn start(
     })
 }
 
+/// Checks, inside the caller's transaction, that an upload in parts of `size` bytes to
+/// `path` fits the space's quota (413 `file_quota` otherwise); the space stays locked
+/// until the transaction ends, so the caller's row that reserves it is counted in order.
+pub fn fits(
+    c: &mut DbConn,
+    quotas: &Quotas,
+    space: &Space,
+    path: &str,
+    size: i64,
+) -> Result<(), AppError> {
+    rows::lock_space(c, &space.key)?;
+    let (room, quota) = room(c, quotas, space, path, None)?;
+    if size > room {
+        return Err(over(space, quota, room, size, true));
+    }
+    Ok(())
+}
+
 /// The answer when an upload's row went while it ran (the sweep took it for dead).
 fn discarded(path: &str) -> AppError {
     AppError::conflict(

@@ -42,6 +42,17 @@ pub fn fresh_key(prefix: &str) -> String {
     format!("{prefix}/{}", hex::encode(rand::random::<[u8; 16]>()))
 }
 
+/// The key of part `n` of the upload in parts whose object is `object`.
+pub fn part_key(object: &str, n: u32) -> String {
+    format!("{object}.part{n:06}")
+}
+
+/// The upload object a part's key belongs to (`None`: not a part's key).
+pub fn part_owner(key: &str) -> Option<&str> {
+    let (owner, n) = key.rsplit_once(".part")?;
+    (n.len() == 6 && n.bytes().all(|b| b.is_ascii_digit())).then_some(owner)
+}
+
 /// The file spaces' view of the campus store: cheap to clone.
 #[derive(Clone, Debug)]
 pub struct FileStore {
@@ -129,6 +140,16 @@ impl FileStore {
         };
         let body = self.read(key, read).await?;
         Ok(ObjectRead::Body { size, range, body })
+    }
+
+    /// Stores `bytes` as the object `key` in one request (one part of an upload in parts).
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), AppError> {
+        let store = self.objects().await?;
+        store
+            .put(&Path::from(key), PutPayload::from(bytes))
+            .await
+            .map_err(|e| unavailable("store the part", e))?;
+        Ok(())
     }
 
     /// Deletes one object; one already gone is fine.
@@ -232,5 +253,19 @@ impl Writer {
                 tracing::warn!(key = %self.key, "an aborted upload's parts may stay: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_keys_lead_back_to_their_upload() {
+        let k = part_key("files/users/7/abc", 12);
+        assert_eq!(k, "files/users/7/abc.part000012");
+        assert_eq!(part_owner(&k), Some("files/users/7/abc"));
+        assert_eq!(part_owner("files/users/7/abc"), None);
+        assert_eq!(part_owner("files/users/7/abc.partial"), None);
     }
 }

@@ -7,10 +7,12 @@
 //! about to write its row keeps it), and the listing of the store runs at most once an
 //! hour.
 
-use super::quota;
+use super::store::part_owner;
+use super::{parts, quota};
 use crate::db::{self, files as rows};
 use crate::error::AppError;
 use crate::service::Ctx;
+use commons_api::uploads::part_count;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// When the store was last listed for objects no row names (unix seconds).
@@ -23,7 +25,9 @@ pub async fn sweep(ctx: &Ctx) -> Result<usize, AppError> {
     let stale = ctx
         .db
         .run(|c| {
-            let dead = rows::stale_uploads(c, quota::stale_before(db::now()))?;
+            let now = db::now();
+            let parts_before = now - chrono::Duration::seconds(parts::RESUMABLE_FOR_S);
+            let dead = rows::stale_uploads(c, quota::stale_before(now), parts_before)?;
             for u in &dead {
                 rows::end_upload(c, u.id)?;
             }
@@ -38,6 +42,9 @@ pub async fn sweep(ctx: &Ctx) -> Result<usize, AppError> {
             "an upload that stopped long ago is removed"
         );
         ctx.files.store.delete(&u.object).await?;
+        if let Some(size) = u.size {
+            parts::remove_parts(ctx, &u.object, part_count(size.max(0) as u64)).await;
+        }
         gone += 1;
     }
     let now = chrono::Utc::now();
@@ -52,7 +59,8 @@ pub async fn sweep(ctx: &Ctx) -> Result<usize, AppError> {
         .older_than(now - chrono::Duration::seconds(LIST_EVERY_S))
         .await?;
     for key in old {
-        let k = key.clone();
+        // A part's object lives as long as its upload.
+        let k = part_owner(&key).unwrap_or(&key).to_string();
         let known = ctx.db.run(move |c| rows::object_known(c, &k)).await?;
         if !known {
             tracing::warn!(object = key, "an object no file names is removed");

@@ -264,7 +264,7 @@ where
 }
 
 /// Step 5: the upload becomes the file; the object it replaced goes.
-async fn commit(
+pub(super) async fn commit(
     ctx: &Ctx,
     space: &Space,
     path: &str,

@@ -341,6 +341,7 @@ pub(crate) fn start_msg(
                 job.disk_gb
                     .map_or(timing.default_disk_gb, |g| g.max(1) as u64),
             ),
+            gpu_share: None,
         },
         gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
         lease,

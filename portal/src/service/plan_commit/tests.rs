@@ -66,6 +66,7 @@ fn starts(node: i64, gpus: &[i64], jobs: &[i64]) -> Plan {
                 job,
                 node,
                 gpus: vec![g],
+                share: None,
             })
             .collect(),
         ..Plan::default()

@@ -122,6 +122,7 @@ async fn agent(
         capacity: None,
         disk: None,
         datasets: None,
+        share_mode: None,
     }))
     .await?;
     campus.connected.fetch_add(1, Ordering::SeqCst);
@@ -196,6 +197,7 @@ async fn agent(
                     exit_code: None,
                     stop: None,
                     reason: None,
+                    gpu_memory_used_mb: None,
                 }).collect();
                 sink.send(text(&AgentMsg::Heartbeat { seq, gpu_stats, attempts, capacity: None, disk: None, datasets: None })).await?;
             }
