@@ -1,8 +1,10 @@
 //! A job's `/inputs`: the files and folders its owner named (`JobSpec::inputs`), staged
 //! before its container starts into a directory of the attempt's volume (beside
 //! `/checkpoint` and `/outputs`, under the same disk cap) and bind-mounted read-only.
-//! The portal lists the files and streams each one (`commons_proto::INPUTS_PATH`): the
-//! agent holds no credential of the store.
+//! The portal lists the files (`commons_proto::INPUTS_PATH`), each with a short-lived
+//! URL of its one object that the agent reads without its credential ([`crate::signed`]);
+//! a file listed without one (an older portal) streams through the portal. The agent
+//! holds no credential of the store either way.
 //!
 //! Invariants:
 //! - A file streams to disk as it arrives, never held whole, hashed on the way: the
@@ -12,12 +14,14 @@
 //! - What is staged lands only under the inputs directory (a path with an empty, `.` or
 //!   `..` segment is refused), readable by the job's user, written by no one.
 //! - A failure names the file and why; transient ones (the portal out of reach, a 5xx, a
-//!   damaged copy) are tried again a few times first.
+//!   damaged copy, any failure of a signed URL: the files are listed again for fresh
+//!   ones) are tried again a few times first.
 
 use crate::checkpoint::client::{ok, transport};
 use crate::checkpoint::{self, ApiError, CheckpointClient};
 use crate::outputs::stays_inside;
 use crate::reconcile::Key;
+use crate::signed::{Listed, Source};
 use commons_proto::{input_file_path, inputs_path, staging_path, InputFile, Staging};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -123,17 +127,17 @@ pub async fn stage(
     cap: u64,
     keep_going: &(dyn Fn() -> bool + Sync),
 ) -> Result<Staged, Failure> {
-    let files = list(client, key).await?;
-    let total: u64 = files.iter().map(|f| f.size).sum();
+    let files = Listed::new(list(client, key).await?);
+    let total: u64 = files.files.iter().map(|f| f.size).sum();
     let mut report = Reporter {
         client,
         key,
         total,
-        files: files.len() as u64,
+        files: files.files.len() as u64,
         last: None,
     };
     report.send(0, false, None).await;
-    let staged = stage_all(client, key, dir, cap, &files, &mut report, keep_going).await;
+    let staged = stage_all(client, key, dir, cap, files, &mut report, keep_going).await;
     let error = staged.as_ref().err().map(ToString::to_string);
     let done = staged.as_ref().map_or(0, |s| s.bytes);
     report.send(done, true, error).await;
@@ -176,7 +180,7 @@ async fn stage_all(
     key: Key,
     dir: &Path,
     cap: u64,
-    files: &[InputFile],
+    mut files: Listed,
     report: &mut Reporter<'_>,
     keep_going: &(dyn Fn() -> bool + Sync),
 ) -> Result<Staged, Failure> {
@@ -191,29 +195,35 @@ async fn stage_all(
         ));
     }
     let mut staged = Staged::default();
-    for f in files {
+    for i in 0..files.files.len() {
+        let f = files.files[i].clone();
         if !stays_inside(&f.path) {
             return Err(fail(&f.path, "the portal sent a path outside /inputs"));
         }
         let to = f.path.split('/').fold(dir.to_path_buf(), |p, s| p.join(s));
-        let mut n = 0;
+        let path = input_file_path(
+            key.0,
+            key.1,
+            &commons_api::files::percent_encode_path(&f.path),
+        );
+        let (mut n, mut relist) = (0, false);
         loop {
-            let base = staged.bytes;
-            let path = input_file_path(
-                key.0,
-                key.1,
-                &commons_api::files::percent_encode_path(&f.path),
-            );
+            if relist || files.stale(i) {
+                files.refresh(list(client, key).await?);
+            }
+            let source = files.source(i, &path);
             let mut progress = StagingProgress {
                 report: &mut *report,
-                base,
+                base: staged.bytes,
                 keep_going,
             };
-            match download(client, &path, f, &to, &mut progress).await {
+            let signed = matches!(source, Source::Signed(_));
+            match download(client, source, &f, &to, &mut progress).await {
                 Ok(()) => break,
                 Err(Fetch::Stopped) => return Err(fail(&f.path, "the attempt was stopped")),
                 Err(Fetch::Local(e)) => return Err(fail(&f.path, format!("cannot write it: {e}"))),
-                Err(Fetch::Api(e)) if gives_up(&e) || n + 1 >= TRIES => {
+                // A signed URL refused (expired, the object replaced): list again.
+                Err(Fetch::Api(e)) if (gives_up(&e) && !signed) || n + 1 >= TRIES => {
                     let tries = if gives_up(&e) {
                         String::new()
                     } else {
@@ -223,6 +233,7 @@ async fn stage_all(
                 }
                 Err(Fetch::Api(e)) => {
                     n += 1;
+                    relist = signed;
                     tracing::warn!(
                         job = key.0,
                         attempt = key.1,
@@ -278,11 +289,12 @@ pub(crate) enum Fetch {
     Stopped,
 }
 
-/// Downloads one file listed as `f` from the portal's `path` to `to` (read-only once
-/// whole), checking its size and SHA-256 (inputs and `lab:` datasets alike).
+/// Downloads one file listed as `f` from `source` (its signed URL, or the portal's
+/// route) to `to` (read-only once whole), checking its size and SHA-256 (inputs and
+/// `lab:` datasets alike).
 pub(crate) async fn download(
     client: &CheckpointClient,
-    path: &str,
+    source: Source<'_>,
     f: &InputFile,
     to: &Path,
     progress: &mut impl Progress,
@@ -298,13 +310,19 @@ pub(crate) async fn download(
         .policy()
         .request_timeout
         .max(Duration::from_secs(f.size / 10_000_000));
-    let resp = client
-        .request(reqwest::Method::GET, path)
+    let request = match source {
+        Source::Portal(path) => client.request(reqwest::Method::GET, path),
+        Source::Signed(url) => client.signed_get(url).map_err(Fetch::Api)?,
+    };
+    let resp = request
         .timeout(time)
         .send()
         .await
         .map_err(|e| Fetch::Api(transport(e)))?;
-    let mut resp = ok(resp).await.map_err(Fetch::Api)?;
+    let signed = matches!(source, Source::Signed(_));
+    let mut resp = ok(resp)
+        .await
+        .map_err(|e| Fetch::Api(if signed { crate::signed::refusal(e) } else { e }))?;
     let _ = tokio::fs::remove_file(to).await;
     let mut out = tokio::fs::File::create(to).await.map_err(Fetch::Local)?;
     let mut sha = Sha256::new();

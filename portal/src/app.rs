@@ -2,6 +2,7 @@
 
 use crate::config::Config;
 use crate::db::Db;
+use crate::service::files::signed::UrlSigner;
 use crate::state::AppState;
 use actix_session::config::{CookieContentSecurity, PersistentSession, TtlExtensionPolicy};
 use actix_session::SessionMiddleware;
@@ -86,7 +87,9 @@ fn security_headers(hsts: bool, sso_origin: Option<&str>) -> actix_web::middlewa
     }
 }
 
-fn session_key(config: &Config) -> anyhow::Result<Key> {
+/// The session cookies' key and the agents' object URL signer, both from
+/// `session_key_file` (every replica shares it), or fresh when there is none.
+fn session_key(config: &Config) -> anyhow::Result<(Key, UrlSigner)> {
     match &config.session_key_file {
         Some(path) => {
             let bytes =
@@ -96,10 +99,21 @@ fn session_key(config: &Config) -> anyhow::Result<Key> {
                 "{} must hold at least 64 bytes",
                 path.display()
             );
-            Ok(Key::from(&bytes))
+            Ok((Key::from(&bytes), UrlSigner::derive(&bytes)))
         }
-        None => Ok(Key::generate()),
+        None => Ok((Key::generate(), UrlSigner::random())),
     }
+}
+
+/// The access log's request line: as sent (`GET /path?query HTTP/1.1`), but a signed
+/// object URL's query (its signature: a grant until it expires) is left out.
+fn request_line(req: &actix_web::dev::ServiceRequest) -> String {
+    let query = match req.query_string() {
+        "" => String::new(),
+        _ if req.path().starts_with(commons_proto::OBJECTS_PATH) => "?<signed>".into(),
+        q => format!("?{q}"),
+    };
+    format!("{} {}{query} {:?}", req.method(), req.path(), req.version())
 }
 
 /// Opens the database (migrating it), binds the listener and spawns the server and the
@@ -109,14 +123,14 @@ pub async fn start(config: Config) -> anyhow::Result<RunningPortal> {
     let url = config.database_url.clone();
     let pool_size = config.database_pool_size;
     let db = tokio::task::spawn_blocking(move || Db::open_with(&url, pool_size)).await??;
-    let key = session_key(&config)?;
+    let (key, signer) = session_key(&config)?;
     let checkpoints = crate::service::checkpoints::Store::from_config(&config)?;
     let state = AppState {
         ctx: crate::service::Ctx {
             db,
             agents: Default::default(),
             wake: Default::default(),
-            files: crate::service::files::Files::new(checkpoints.clone(), &config.files),
+            files: crate::service::files::Files::new(checkpoints.clone(), &config.files, signer),
             checkpoints,
             relays: Default::default(),
             metrics: Default::default(),
@@ -230,7 +244,11 @@ fn http_server(
                     .build(),
             )
             .wrap(security_headers(hsts, sso_origin.as_deref()))
-            .wrap(actix_web::middleware::Logger::new("%r %s %Dms").exclude("/healthz"))
+            .wrap(
+                actix_web::middleware::Logger::new("%{request}xi %s %Dms")
+                    .custom_request_replace("request", request_line)
+                    .exclude("/healthz"),
+            )
             // Outermost: times every request and gives it an id (the span around the rest).
             .wrap(actix_web::middleware::from_fn(crate::api::metrics::track))
             .route(
@@ -243,6 +261,7 @@ fn http_server(
             .configure(crate::broker::control::configure)
             .configure(crate::broker::inputs::configure)
             .configure(crate::broker::datasets::configure)
+            .configure(crate::broker::objects::configure)
             .configure(crate::broker::outputs::configure)
             .configure(crate::broker::relay::configure)
             .configure(crate::api::configure)
@@ -254,4 +273,26 @@ fn http_server(
     .disable_signals()
     .listen(listener)?
     .run())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_line;
+    use actix_web::test::TestRequest;
+
+    #[test]
+    fn the_access_log_leaves_out_a_signed_urls_query_only() {
+        let signed = TestRequest::get()
+            .uri("/api/agent/v1/objects/files/users/1/ab?node=1&job=2&attempt=1&expires=9&sig=cafe")
+            .to_srv_request();
+        let line = request_line(&signed);
+        assert_eq!(
+            line,
+            "GET /api/agent/v1/objects/files/users/1/ab?<signed> HTTP/1.1"
+        );
+        let other = TestRequest::get()
+            .uri("/api/v1/files?prefix=a")
+            .to_srv_request();
+        assert_eq!(request_line(&other), "GET /api/v1/files?prefix=a HTTP/1.1");
+    }
 }

@@ -10,7 +10,9 @@
 //! ```
 //! `index` is the dataset's place in `JobSpec::datasets`; `path` is relative to the
 //! dataset's folder, percent-encoded per segment. Only the node an attempt is placed on,
-//! while it starts, may list or read; anything else is "not found".
+//! while it starts, may list or read; anything else is "not found". Each listed file
+//! carries a short-lived URL of its object, read as for inputs (`crate::inputs`); the
+//! per-file route serves agents from before it.
 
 use serde::{Deserialize, Serialize};
 

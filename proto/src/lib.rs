@@ -52,7 +52,8 @@ pub use datasets::{
     NodeDatasets, DATASETS_PATH,
 };
 pub use inputs::{
-    input_file_path, inputs_path, staging_path, InputFile, Staging, INPUTS_PATH, STAGING_PATH,
+    input_file_path, inputs_path, staging_path, InputFile, Staging, INPUTS_PATH, OBJECTS_PATH,
+    STAGING_PATH,
 };
 pub use outputs::{output_file_path, outputs_path, OutputFile, OUTPUTS_PATH};
 pub use relay::RelayOpen;

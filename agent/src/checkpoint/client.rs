@@ -172,6 +172,20 @@ impl CheckpointClient {
             .bearer_auth(&self.credential)
     }
 
+    /// A GET of a signed object URL (absolute, or relative to the portal) with nothing of
+    /// ours: no credential goes with it, wherever it points (`crate::signed`).
+    pub(crate) fn signed_get(&self, url: &str) -> Result<reqwest::RequestBuilder, ApiError> {
+        let base = reqwest::Url::parse(&self.base)
+            .map_err(|e| ApiError::Transport(format!("the portal's address: {e}")))?;
+        let full = base.join(url).map_err(|e| {
+            ApiError::Transport(format!(
+                "a signed URL ({}) does not parse: {e}",
+                crate::signed::redacted(url)
+            ))
+        })?;
+        Ok(self.http.get(full))
+    }
+
     /// Downloads the job's latest checkpoint into `to` (replacing it); `None` when the
     /// portal has none (404).
     pub async fn latest(&self, job: JobId, to: &Path) -> Result<Option<Download>, ApiError> {

@@ -12,6 +12,7 @@ use super::{archive, size_text, Cache};
 use crate::checkpoint::client::{ok, transport};
 use crate::checkpoint::CheckpointClient;
 use crate::reconcile::Key;
+use crate::signed::{Listed, Source};
 use commons_proto::{
     dataset_file_path, dataset_path, CachedDataset, DatasetListing, DatasetMount, DatasetSource,
     NodeDatasets,
@@ -192,10 +193,12 @@ impl Here {
             }
             fetched.store(true, Ordering::Relaxed);
             let began = Instant::now();
-            for f in &listing.files {
-                fetch_file(client, key, index, f, &dir)
+            let mut files = Listed::new(listing.files.clone());
+            for i in 0..files.files.len() {
+                let path = files.files[i].path.clone();
+                fetch_file(client, key, index, &mut files, i, &dir)
                     .await
-                    .map_err(|e| format!("dataset {}: file {}: {e}", m.key, f.path))?;
+                    .map_err(|e| format!("dataset {}: file {path}: {e}", m.key))?;
             }
             self.note(total, began);
             Ok(total)
@@ -262,32 +265,42 @@ async fn list(
     }
 }
 
-/// One file into `dir`, checked against its listed size and SHA-256, tried up to
+/// File `i` of `files` into `dir`, checked against its listed size and SHA-256, from its
+/// signed URL while fresh (listed again when stale or refused), tried up to
 /// [`crate::inputs::TRIES`] times.
 async fn fetch_file(
     client: &CheckpointClient,
-    (job, attempt): Key,
+    key: Key,
     index: usize,
-    f: &commons_proto::InputFile,
+    files: &mut Listed,
+    i: usize,
     dir: &Path,
 ) -> Result<(), String> {
+    let f = files.files[i].clone();
     if !crate::outputs::stays_inside(&f.path) {
         return Err("the portal sent a path outside the dataset".into());
     }
     let to = f.path.split('/').fold(dir.to_path_buf(), |p, s| p.join(s));
     let path = dataset_file_path(
-        job,
-        attempt,
+        key.0,
+        key.1,
         index,
         &commons_api::files::percent_encode_path(&f.path),
     );
-    let mut n = 0;
+    let (mut n, mut relist) = (0, false);
     loop {
-        match fetch_once(client, &path, f, &to).await {
+        if relist || files.stale(i) {
+            files.refresh(list(client, key, index).await?.files);
+        }
+        let source = files.source(i, &path);
+        let signed = matches!(source, Source::Signed(_));
+        match fetch_once(client, source, &f, &to).await {
             Ok(()) => return Ok(()),
-            Err((e, last)) if last || n + 1 >= crate::inputs::TRIES => return Err(e),
+            // A signed URL refused (expired, the object replaced): list again.
+            Err((e, last)) if (last && !signed) || n + 1 >= crate::inputs::TRIES => return Err(e),
             Err(_) => {
                 n += 1;
+                relist = signed;
                 tokio::time::sleep(client.policy().backoff(n)).await;
             }
         }
@@ -297,12 +310,12 @@ async fn fetch_file(
 /// One try; the error says whether trying again cannot help.
 async fn fetch_once(
     client: &CheckpointClient,
-    path: &str,
+    source: Source<'_>,
     f: &commons_proto::InputFile,
     to: &Path,
 ) -> Result<(), (String, bool)> {
     use crate::inputs::{download, Fetch, Quiet};
-    download(client, path, f, to, &mut Quiet)
+    download(client, source, f, to, &mut Quiet)
         .await
         .map_err(|e| match e {
             Fetch::Api(e) => {

@@ -109,6 +109,83 @@ async fn failures_name_the_file_and_why() {
     assert_eq!(e.to_string(), "input y.bin: the attempt was stopped");
 }
 
+/// A listing with signed URLs: each file is read from its URL with no credential, never
+/// through the portal's per-file route; a URL refused (expired) is not the end: the files
+/// are listed again and the fresh URL read. A listing without URLs (an older portal) is
+/// read through the portal, as before.
+#[tokio::test]
+async fn inputs_come_from_their_signed_urls_with_no_credential() {
+    let (portal, client) = double(&[("data/a.txt", b"alpha\n"), ("b.bin", b"bravo")]).await;
+    portal.with(|s| {
+        s.signed_valid_s = Some(300);
+        s.store_refusals = 1;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let got = stage(&client, (7, 1), dir.path(), 1 << 20, &|| true)
+        .await
+        .unwrap();
+    assert_eq!((got.files, got.bytes), (2, 11));
+    assert_eq!(
+        std::fs::read(dir.path().join("data/a.txt")).unwrap(),
+        b"alpha\n"
+    );
+    let seen = portal.seen();
+    let count = |f: &dyn Fn(&str) -> bool| seen.iter().filter(|r| f(&r.path)).count();
+    assert_eq!(
+        count(&|p| p.starts_with("/store/")),
+        3,
+        "one refused, two read: {seen:?}"
+    );
+    assert_eq!(
+        count(&|p| p == "/api/agent/v1/inputs/7/1"),
+        2,
+        "listed again once"
+    );
+    assert_eq!(
+        count(&|p| p.starts_with("/api/agent/v1/inputs/7/1/")),
+        0,
+        "{seen:?}"
+    );
+    assert_eq!(
+        portal.with(|s| s.store_saw_credential),
+        0,
+        "nothing of ours to the store"
+    );
+
+    // Refused every time: given up after TRIES, in the store's words, not its XML.
+    let (portal, client) = double(&[("x.bin", b"xyz")]).await;
+    portal.with(|s| {
+        s.signed_valid_s = Some(300);
+        s.store_refusals = 100;
+    });
+    let e = stage(&client, (7, 1), dir.path(), 1 << 20, &|| true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the object store refused the signed URL (AccessDenied)") && !e.contains('<'),
+        "{e}"
+    );
+
+    // URLs too close to their end are not started on: the portal's route instead.
+    let (portal, client) = double(&[("y.bin", b"y")]).await;
+    portal.with(|s| s.signed_valid_s = Some(5));
+    let other = tempfile::tempdir().unwrap();
+    stage(&client, (7, 1), other.path(), 1 << 20, &|| true)
+        .await
+        .unwrap();
+    let seen = portal.seen();
+    assert!(
+        seen.iter().all(|r| !r.path.starts_with("/store/")),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|r| r.path == "/api/agent/v1/inputs/7/1/y.bin"),
+        "{seen:?}"
+    );
+}
+
 /// Through the executor on the in-memory runtime: a job whose input takes 2.5 s to stage
 /// gets it read-only at `/inputs` (`COMMONS_INPUTS_DIR`), and its 2 s time limit counts
 /// from its container's start, not from the `Start` (before: already over when it ran).

@@ -66,6 +66,13 @@ pub(crate) struct State {
     pub staging: Vec<serde_json::Value>,
     /// Input files take this long to answer.
     pub input_delay: Duration,
+    /// Listings give each input a signed URL of the double's "store" (`/store/{path}?
+    /// sig=...`), valid this many seconds.
+    pub signed_valid_s: Option<u32>,
+    /// GETs of the store are refused (403, as an expired URL) this many more times.
+    pub store_refusals: u32,
+    /// GETs of the store that carried an `Authorization` header.
+    pub store_saw_credential: u32,
 }
 
 #[derive(Clone)]
@@ -219,6 +226,9 @@ async fn serve(mut conn: TcpStream, state: Arc<Mutex<State>>) {
 }
 
 fn answer(req: &Request, s: &mut State) -> Answer {
+    if let Some(rest) = req.path.strip_prefix("/store/") {
+        return store(req, s, rest);
+    }
     if req.headers.get("authorization").map(String::as_str) != Some(&format!("Bearer {CREDENTIAL}"))
     {
         return error(401, "unauthenticated", "node credential required");
@@ -304,7 +314,13 @@ fn inputs(s: &mut State, rest: &str) -> Answer {
                 s.inputs
                     .iter()
                     .map(|(path, data, sha)| {
-                        serde_json::json!({"path": path, "size": data.len(), "sha256": sha})
+                        let mut f =
+                            serde_json::json!({"path": path, "size": data.len(), "sha256": sha});
+                        if let Some(valid) = s.signed_valid_s {
+                            f["url"] = format!("/store/{path}?sig=granted").into();
+                            f["url_valid_s"] = valid.into();
+                        }
+                        f
                     })
                     .collect::<Vec<_>>(),
             ),
@@ -320,6 +336,36 @@ fn inputs(s: &mut State, rest: &str) -> Answer {
             }
         }
         _ => error(404, "not_found", "no such route"),
+    }
+}
+
+/// `GET /store/{path}?sig=...`: the double's object store, behind signed URLs only.
+fn store(req: &Request, s: &mut State, rest: &str) -> Answer {
+    if req.headers.contains_key("authorization") {
+        s.store_saw_credential += 1;
+    }
+    if s.store_refusals > 0 {
+        s.store_refusals -= 1;
+        return (
+            403,
+            vec![],
+            b"<Error><Code>AccessDenied</Code></Error>".to_vec(),
+        );
+    }
+    let Some((path, "sig=granted")) = rest.split_once('?') else {
+        return (
+            403,
+            vec![],
+            b"<Error><Code>SignatureDoesNotMatch</Code></Error>".to_vec(),
+        );
+    };
+    match s.inputs.iter().find(|f| f.0 == path) {
+        Some((_, data, _)) => (200, vec![], data.clone()),
+        None => (
+            404,
+            vec![],
+            b"<Error><Code>NoSuchKey</Code></Error>".to_vec(),
+        ),
     }
 }
 

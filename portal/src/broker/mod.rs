@@ -12,6 +12,7 @@ pub mod control;
 pub mod datasets;
 pub mod inputs;
 pub mod limits;
+pub mod objects;
 pub mod outputs;
 pub mod relay;
 pub mod tick;

@@ -14,6 +14,11 @@ pub struct FilesConfig {
     pub user_quota_gb: f64,
     /// Each lab's shared space, unless an operator set the lab's.
     pub lab_quota_gb: f64,
+    /// An S3 store: the lab servers read a job's inputs and `lab:` datasets straight from
+    /// the bucket, through the store's presigned URLs of one object each (they must reach
+    /// its endpoint). `false`: through the portal's own signed URLs, the portal streaming
+    /// each object (servers that cannot reach the bucket). A local store always does that.
+    pub agents_read_from_store: bool,
 }
 
 impl Default for FilesConfig {
@@ -21,6 +26,7 @@ impl Default for FilesConfig {
         Self {
             user_quota_gb: 50.0,
             lab_quota_gb: 500.0,
+            agents_read_from_store: true,
         }
     }
 }

@@ -237,20 +237,35 @@ fn version_of(files: &[InputFile]) -> String {
 
 /// A `lab:` dataset's files now, and its version.
 pub fn listing(c: &mut DbConn, row: &q::DatasetRow) -> Result<(Vec<InputFile>, String), AppError> {
+    let (files, v) = listing_with_objects(c, row)?;
+    Ok((files.into_iter().map(|f| f.0).collect(), v))
+}
+
+/// [`listing`], each file with its object in the store.
+pub fn listing_with_objects(
+    c: &mut DbConn,
+    row: &q::DatasetRow,
+) -> Result<(Vec<(InputFile, String)>, String), AppError> {
     let Ok(Source::Lab { prefix }) = parse_source(&row.source) else {
         return Err(AppError::NotFound("dataset"));
     };
     let slug = db::users::lab_by_id(c, row.lab_id)?.slug;
-    let mut files: Vec<InputFile> = lab_files(c, row.lab_id, &slug, &prefix)?
+    let mut files: Vec<(InputFile, String)> = lab_files(c, row.lab_id, &slug, &prefix)?
         .into_iter()
-        .map(|(path, r)| InputFile {
-            path,
-            size: r.bytes.max(0) as u64,
-            sha256: r.sha256,
+        .map(|(path, r)| {
+            let f = InputFile {
+                path,
+                size: r.bytes.max(0) as u64,
+                sha256: r.sha256,
+                url: None,
+                url_valid_s: None,
+            };
+            (f, r.object)
         })
         .collect();
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    let v = version_of(&files);
+    files.sort_by(|a, b| a.0.path.cmp(&b.0.path));
+    let only: Vec<InputFile> = files.iter().map(|f| f.0.clone()).collect();
+    let v = version_of(&only);
     Ok((files, v))
 }
 

@@ -175,6 +175,13 @@ async fn jobs_mount_lab_and_node_datasets_read_only() {
         logs[0]
     );
     assert!(logs[1].contains("from this server's cache"), "{}", logs[1]);
+    // Each file came from its signed URL, never through the portal's per-file route.
+    let hits = |route| crate::files_signed::route_hits(&p, route);
+    assert_eq!(
+        hits("/api/agent/v1/datasets/{job}/{attempt}/{index}/{path:.*}"),
+        0
+    );
+    assert!(hits(crate::files_signed::OBJECT_ROUTE) > 0);
 
     // A node: dataset runs where it is exported (the 1-GPU server), read in place.
     let imagenet = json!([{"lab": "vision", "name": "imagenet", "mount": "/data/imagenet"}]);

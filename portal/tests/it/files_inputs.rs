@@ -156,8 +156,11 @@ per_backend! {
 
 /// With a real agent and the Docker Engine: the job reads a file input and a folder input
 /// under `/inputs` (and a lab's under `/inputs/lab/vision/`), cannot write there, and
-/// its history says when staging started and ended.
-async fn reads_its_inputs_read_only(p: &TestPortal) {
+/// its history says when staging started and ended. The agent read each file from its
+/// signed URL: never through the portal's per-file route; through the portal's signed
+/// object route when `signed_by_portal` (a local store), else straight from the store.
+async fn reads_its_inputs_read_only(p: &TestPortal, signed_by_portal: bool) {
+    use crate::files_signed::{route_hits, INPUT_FILE_ROUTE, OBJECT_ROUTE};
     use std::time::Duration;
     upload(p).await;
     let _agent = p.agent("vision", "fake:1xA100-80GB").await;
@@ -200,18 +203,29 @@ async fn reads_its_inputs_read_only(p: &TestPortal) {
         events.contains("inputs staged (4 files, 31 B in"),
         "{events}"
     );
+    assert_eq!(
+        route_hits(p, INPUT_FILE_ROUTE),
+        0,
+        "no byte through the old route"
+    );
+    let through_portal = route_hits(p, OBJECT_ROUTE);
+    if signed_by_portal {
+        assert_eq!(through_portal, 4, "one signed GET a file");
+    } else {
+        assert_eq!(through_portal, 0, "read from the bucket, not the portal");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_reads_its_inputs_read_only_under_inputs() {
     let dir = tempfile::tempdir().unwrap();
     let p = f::portal_in(crate::support::harness::Backend::Sqlite, dir.path(), |_| {}).await;
-    reads_its_inputs_read_only(&p).await;
+    reads_its_inputs_read_only(&p, true).await;
     p.stop().await;
 }
 
-/// The same with the file spaces on S3 (moto): the portal streams each object from the
-/// store to the agent.
+/// The same with the file spaces on S3 (moto): the agent reads each object from the
+/// bucket through its presigned URL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_reads_its_inputs_from_s3() {
     use crate::checkpoints::moto::Moto;
@@ -229,7 +243,7 @@ async fn a_job_reads_its_inputs_from_s3() {
         })
         .start()
         .await;
-    reads_its_inputs_read_only(&p).await;
+    reads_its_inputs_read_only(&p, false).await;
     p.stop().await;
 }
 

@@ -236,3 +236,52 @@ async fn damaged_sso_callbacks_are_refused() {
     report("SSO callback parameters", u64::from(n));
     p.stop().await;
 }
+
+/// The agents' signed object route (`OBJECTS_PATH`) under damaged URLs, built from the
+/// URLs a real listing gave: never a 5xx, a refusal in the API's error shape, and what
+/// it serves is only ever one of the objects granted, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_signed_object_urls_are_refused() {
+    let n = budget(200);
+    let dir = tempfile::tempdir().unwrap();
+    let p = crate::support::files::portal_in(Backend::Sqlite, dir.path(), |_| {}).await;
+    p.portal.scheduler.abort();
+    let (job, _, cred, _, _) = crate::files_signed::placed(&p).await;
+    let files = crate::files_signed::listing(&p, &cred, job).await;
+    let seeds: Vec<String> = files.iter().map(|f| f.url.clone().unwrap()).collect();
+    let (mut sent, mut served) = (0, 0);
+    for u in samples(crate::support::fuzzkit::damaged_text(seeds), n) {
+        // Only what still reaches this route: the rest is other routes' business.
+        if !u.starts_with(&format!("{}/", commons_proto::OBJECTS_PATH)) {
+            continue;
+        }
+        let url = format!("{}{u}", p.url);
+        let Ok(r) = p.http.get(&url).send().await else {
+            continue;
+        };
+        sent += 1;
+        let status = r.status().as_u16();
+        let body = r.bytes().await.unwrap();
+        assert!(status < 500, "{url} -> {status}");
+        if status < 300 {
+            served += 1;
+            assert!(
+                [b"alpha\n".as_slice(), b"bravo\n".as_slice()].contains(&body.as_ref()),
+                "{url} served {body:?}"
+            );
+        } else if status == 403 {
+            let err: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            assert!(
+                err["error"].is_string() && err["message"].is_string(),
+                "{url} -> 403: not the API's error shape: {body:?}"
+            );
+        }
+    }
+    assert!(
+        sent * 2 >= u64::from(n),
+        "only {sent} of {n} damaged URLs reached the route"
+    );
+    println!("signed object URLs: {sent} damaged, {served} still served an object granted");
+    report("signed object URLs", sent);
+    p.stop().await;
+}

@@ -32,6 +32,7 @@ mod files_clients;
 mod files_inputs;
 mod files_outputs;
 mod files_parts;
+mod files_signed;
 mod files_walkthrough;
 mod flows_arrays;
 mod flows_deps;

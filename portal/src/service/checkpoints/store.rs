@@ -99,6 +99,8 @@ struct Inner {
     floor: Option<Floor>,
     /// `file:///...` or `s3://bucket/prefix`, for logs.
     describe: String,
+    /// S3: the bucket itself and the store's prefix in it, to presign GETs.
+    signer: Option<(Arc<object_store::aws::AmazonS3>, Path)>,
 }
 
 enum Backend {
@@ -178,6 +180,7 @@ impl Store {
             min_free_gb: c.min_free_gb,
             min_free_percent: c.min_free_percent,
         };
+        let mut signer = None;
         let (backend, describe, floor) = match c.location(&config.database_url)? {
             CheckpointLocation::Dir(dir) => {
                 let describe = format!("file://{}", dir.display());
@@ -201,7 +204,9 @@ impl Store {
                 if let (Some(id), Some(secret)) = (&c.access_key_id, c.secret()?) {
                     b = b.with_access_key_id(id).with_secret_access_key(secret.0);
                 }
-                let s3: Arc<dyn ObjectStore> = Arc::new(b.build()?);
+                let s3 = Arc::new(b.build()?);
+                signer = Some((s3.clone(), Path::from(prefix.as_str())));
+                let s3: Arc<dyn ObjectStore> = s3;
                 let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
                     s3
                 } else {
@@ -223,6 +228,7 @@ impl Store {
                 limits,
                 floor,
                 describe,
+                signer,
             }),
         })
     }
@@ -235,12 +241,33 @@ impl Store {
                 limits,
                 floor: None,
                 describe: "memory".into(),
+                signer: None,
             }),
         }
     }
 
     pub fn limits(&self) -> Limits {
         self.inner.limits
+    }
+
+    /// A presigned GET of `path` (under the store's prefix) valid for `valid`, made by
+    /// the store's own signer: S3 only (`None` for a directory or memory). Nothing is
+    /// contacted: the bucket's credentials sign it here.
+    pub async fn presigned_get(
+        &self,
+        path: &Path,
+        valid: std::time::Duration,
+    ) -> Result<Option<String>, AppError> {
+        use object_store::signer::{Method, Signer};
+        let Some((s3, prefix)) = &self.inner.signer else {
+            return Ok(None);
+        };
+        let full: Path = prefix.parts().chain(path.parts()).collect();
+        let url = s3
+            .signed_url(Method::GET, &full, valid)
+            .await
+            .map_err(|e| unavailable("sign a URL of the file", e))?;
+        Ok(Some(url.to_string()))
     }
 
     /// Where it keeps things, for logs and the docs.

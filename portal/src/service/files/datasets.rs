@@ -1,6 +1,7 @@
 //! The agents' side of `lab:` datasets (`commons_proto::DATASETS_PATH`): the node a
-//! starting attempt is placed on lists the dataset's files and reads each, through the
-//! portal, as for inputs. The job's owner must still be allowed the dataset then.
+//! starting attempt is placed on lists the dataset's files, each with a short-lived URL
+//! of its object ([`super::signed`]), and reads each from it (an older agent: through
+//! the portal), as for inputs. The job's owner must still be allowed the dataset then.
 
 use super::download::{download_from, Download};
 use super::outputs::held;
@@ -8,7 +9,7 @@ use super::Space;
 use crate::db::{self, DbConn};
 use crate::domain::AttemptStatus;
 use crate::error::AppError;
-use crate::service::datasets::{listing, usable_row};
+use crate::service::datasets::{listing, listing_with_objects, usable_row};
 use crate::service::Ctx;
 use commons_proto::DatasetListing;
 
@@ -29,7 +30,8 @@ fn dataset_of(
     usable_row(c, j.user_id, d)
 }
 
-/// The files of a starting attempt's `index`th dataset and its version, for `node`.
+/// The files of a starting attempt's `index`th dataset (each with its URL) and its
+/// version, for `node`.
 pub async fn listing_for_node(
     ctx: &Ctx,
     node: i64,
@@ -37,14 +39,17 @@ pub async fn listing_for_node(
     attempt: i32,
     index: usize,
 ) -> Result<DatasetListing, AppError> {
-    ctx.db
+    let (mut files, version) = ctx
+        .db
         .run(move |c| {
             held(c, node, job, attempt, &STARTING)?;
             let row = dataset_of(c, job, index)?;
-            let (files, version) = listing(c, &row)?;
-            Ok(DatasetListing { version, files })
+            listing_with_objects(c, &row)
         })
-        .await
+        .await?;
+    super::signed::sign_all(ctx, node, job, attempt, &mut files).await?;
+    let files = files.into_iter().map(|f| f.0).collect();
+    Ok(DatasetListing { version, files })
 }
 
 /// One file (`path` in the dataset) of a starting attempt's `index`th dataset.

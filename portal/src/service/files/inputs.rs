@@ -6,10 +6,11 @@
 //! - At submission every input must exist (a file, or a folder holding at least one
 //!   file) in a space the submitter reads: their own, or a lab they are a member of.
 //!   Anything else refuses the job (422 naming the input).
-//! - The node a starting attempt is placed on lists the files to stage and reads each,
-//!   through the portal (it holds no credential of the store); the owner's membership of
-//!   a lab is checked again then. It reports how far staging got, which the job's view
-//!   and history show.
+//! - The node a starting attempt is placed on lists the files to stage, each with a
+//!   short-lived URL of its one object ([`super::signed`]: it holds no credential of the
+//!   store), and reads each from it (or, an older agent, through the portal); the owner's
+//!   membership of a lab is checked again then. It reports how far staging got, which
+//!   the job's view and history show.
 
 use super::download::{download_from, Download};
 use super::outputs::held;
@@ -97,8 +98,8 @@ pub fn check_for_submit(c: &mut DbConn, actor: &Actor, inputs: &[String]) -> Res
     Ok(())
 }
 
-/// Every file the job's inputs name now: (space, path in it, the file as staged).
-fn resolve(c: &mut DbConn, job: i64) -> Result<Vec<(Space, String, InputFile)>, AppError> {
+/// Every file the job's inputs name now: (the file as staged, its object in the store).
+fn resolve(c: &mut DbConn, job: i64) -> Result<Vec<(InputFile, String)>, AppError> {
     let j = db::jobs::get(c, job)?;
     let user = j.user_id;
     let member = |c: &mut DbConn, lab: i64| Ok(db::users::membership(c, lab, user)?.is_some());
@@ -111,12 +112,14 @@ fn resolve(c: &mut DbConn, job: i64) -> Result<Vec<(Space, String, InputFile)>, 
                 path: staged,
                 size: r.bytes.max(0) as u64,
                 sha256: r.sha256,
+                url: None,
+                url_valid_s: None,
             };
-            out.push((space.clone(), r.path, file));
+            out.push((file, r.object));
         }
     }
-    out.sort_by(|a, b| a.2.path.cmp(&b.2.path));
-    out.dedup_by(|a, b| a.2.path == b.2.path);
+    out.sort_by(|a, b| a.0.path.cmp(&b.0.path));
+    out.dedup_by(|a, b| a.0.path == b.0.path);
     Ok(out)
 }
 
@@ -150,19 +153,23 @@ fn find_one(c: &mut DbConn, job: i64, staged: &str) -> Result<Option<(Space, Str
 
 const STARTING: [AttemptStatus; 1] = [AttemptStatus::Starting];
 
-/// The files to stage, for `node`'s starting `attempt` of `job`.
+/// The files to stage, for `node`'s starting `attempt` of `job`, each with a short-lived
+/// URL of its object ([`super::signed`]).
 pub async fn list_for_node(
     ctx: &Ctx,
     node: i64,
     job: i64,
     attempt: i32,
 ) -> Result<Vec<InputFile>, AppError> {
-    ctx.db
+    let mut files = ctx
+        .db
         .run(move |c| {
             held(c, node, job, attempt, &STARTING)?;
-            Ok(resolve(c, job)?.into_iter().map(|f| f.2).collect())
+            resolve(c, job)
         })
-        .await
+        .await?;
+    super::signed::sign_all(ctx, node, job, attempt, &mut files).await?;
+    Ok(files.into_iter().map(|f| f.0).collect())
 }
 
 /// One file to stage (`path` under `/inputs`), for `node`'s starting `attempt`.

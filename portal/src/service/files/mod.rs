@@ -38,6 +38,7 @@ pub mod parts;
 pub mod quota;
 pub mod range;
 mod settings;
+pub mod signed;
 pub mod store;
 mod sweep;
 mod upload;
@@ -58,13 +59,19 @@ pub use upload::{upload, Uploaded};
 pub struct Files {
     pub store: FileStore,
     pub quotas: Quotas,
+    /// Signs the portal's own object URLs for agents ([`signed`]).
+    pub signer: signed::UrlSigner,
+    /// Agents get the store's own presigned URLs where it makes them (S3).
+    pub presign: bool,
 }
 
 impl Files {
-    /// The spaces in `store` (the checkpoints' store), with `[files]`'s quotas.
+    /// The spaces in `store` (the checkpoints' store), with `[files]`'s quotas; `signer`
+    /// signs agents' object URLs when the store does not (a local one).
     pub fn new(
         store: crate::service::checkpoints::Store,
         config: &crate::config::FilesConfig,
+        signer: signed::UrlSigner,
     ) -> Files {
         Files {
             store: FileStore::new(store),
@@ -72,6 +79,8 @@ impl Files {
                 user_gb: config.user_quota_gb,
                 lab_gb: config.lab_quota_gb,
             },
+            signer,
+            presign: config.agents_read_from_store,
         }
     }
 }

@@ -16,6 +16,7 @@
 //!   under its key; an abort leaves nothing (S3: an upload cut off by a crash stays
 //!   invisible until the bucket's lifecycle rule for incomplete uploads removes it).
 
+use super::range::{wanted, Wanted};
 use crate::error::AppError;
 use crate::service::checkpoints;
 use bytes::Bytes;
@@ -101,6 +102,46 @@ impl FileStore {
         Ok(got.into_stream().boxed())
     }
 
+    /// A presigned GET of `key` valid for `valid`, when the store signs URLs itself (S3);
+    /// `None` for a directory or memory (the portal signs its own URL then).
+    pub async fn presigned_get(
+        &self,
+        key: &str,
+        valid: std::time::Duration,
+    ) -> Result<Option<String>, AppError> {
+        self.store.presigned_get(&Path::from(key), valid).await
+    }
+
+    /// The object `key`, whole or the one range `range_header` asks for (see
+    /// [`super::range`]); 404 when there is no such object.
+    pub async fn read_object(
+        &self,
+        key: &str,
+        range_header: Option<&str>,
+    ) -> Result<ObjectRead, AppError> {
+        let store = self.objects().await?;
+        let path = Path::from(key);
+        let size = match store.head(&path).await {
+            Ok(meta) => meta.size,
+            Err(object_store::Error::NotFound { .. }) => return Err(AppError::NotFound("object")),
+            Err(e) => return Err(unavailable("read the file", e)),
+        };
+        let (range, read) = match wanted(range_header, size) {
+            Wanted::Unsatisfiable => return Ok(ObjectRead::Unsatisfiable { size }),
+            Wanted::Whole if size == 0 => {
+                return Ok(ObjectRead::Body {
+                    size,
+                    range: None,
+                    body: Box::pin(futures_util::stream::empty()),
+                })
+            }
+            Wanted::Whole => (None, None),
+            Wanted::Part { start, end } => (Some((start, end)), Some(start..end + 1)),
+        };
+        let body = self.read(key, read).await?;
+        Ok(ObjectRead::Body { size, range, body })
+    }
+
     /// Stores `bytes` as the object `key` in one request (one part of an upload in parts).
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), AppError> {
         let store = self.objects().await?;
@@ -134,6 +175,18 @@ impl FileStore {
             .await
             .map_err(|e| unavailable("list the files", e))
     }
+}
+
+/// An object being read for a signed URL.
+pub enum ObjectRead {
+    /// Its bytes, or the part asked for (`range`: first and last byte); `size`: all of it.
+    Body {
+        size: u64,
+        range: Option<(u64, u64)>,
+        body: BoxStream<'static, Result<Bytes, object_store::Error>>,
+    },
+    /// The range asked for lies past its end.
+    Unsatisfiable { size: u64 },
 }
 
 /// One object being written: see the module's invariants.
