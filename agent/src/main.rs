@@ -408,8 +408,7 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             ca_file: args.dataset_ca,
         },
         shares: commons_agent::share::ShareConfig {
-            mode: commons_agent::share::parse_mode(&args.share_mode)
-                .map_err(anyhow::Error::msg)?,
+            mode: commons_agent::share::parse_mode(&args.share_mode).map_err(anyhow::Error::msg)?,
             mps_control: mps_control(&args.mps_control)?,
             watch_every: Duration::from_millis(args.share_watch_ms),
             mps_dir: None,

@@ -260,7 +260,10 @@ pub(super) fn mount<R: ContainerRuntime>(
         Some(mps) => {
             let gpu = launch.gpus.first().ok_or("a share names no GPU")?;
             Some(mps.ensure(&gpu.uuid).map_err(|e| {
-                format!("cannot make the MPS daemon's directories for GPU {}: {e}", gpu.uuid)
+                format!(
+                    "cannot make the MPS daemon's directories for GPU {}: {e}",
+                    gpu.uuid
+                )
             })?)
         }
         None => None,

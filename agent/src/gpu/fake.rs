@@ -203,10 +203,7 @@ mod tests {
         save_fake_processes(dir.path(), &procs).unwrap();
         let listed = gpus.processes().unwrap();
         assert_eq!(listed.len(), 1);
-        assert_eq!(
-            (listed[0].pid, listed[0].used_memory_mb),
-            (me, 1234)
-        );
+        assert_eq!((listed[0].pid, listed[0].used_memory_mb), (me, 1234));
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
         assert_eq!(listed[0].cgroup.as_deref(), Some(own.as_str()));
     }

@@ -331,8 +331,10 @@ mod tests {
         };
         let mut s = spec();
         s.gpu_share = Some(share);
-        s.env.insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "100".into());
-        s.env.insert("CUDA_MPS_PIPE_DIRECTORY".into(), "/tmp/mine".into());
+        s.env
+            .insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "100".into());
+        s.env
+            .insert("CUDA_MPS_PIPE_DIRECTORY".into(), "/tmp/mine".into());
         let mut c = ckpt(false);
         c.share = Some(crate::runtime::ShareMount {
             env: commons_proto::share_env(&share, commons_proto::ShareMode::Mps),
@@ -351,7 +353,9 @@ mod tests {
         assert!(has("COMMONS_GPU_FRACTION=0.5"), "{env:?}");
         assert!(has("COMMONS_GPU_MEMORY_LIMIT_MB=20480"), "{env:?}");
         assert!(has("CUDA_VISIBLE_DEVICES=GPU-a"), "{env:?}");
-        assert!(!env.iter().any(|e| e.contains("/tmp/mine") || e.ends_with("=100")));
+        assert!(!env
+            .iter()
+            .any(|e| e.contains("/tmp/mine") || e.ends_with("=100")));
         let mounts = body.host_config.unwrap().mounts.unwrap();
         let pipe = mounts
             .iter()

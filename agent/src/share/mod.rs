@@ -101,9 +101,11 @@ pub fn admit<'a>(
         return Ok(());
     };
     if mode.is_none() {
-        return Err("not started: this server takes no shares of a GPU (its agent runs \
+        return Err(
+            "not started: this server takes no shares of a GPU (its agent runs \
                     without --share-mode)"
-            .into());
+                .into(),
+        );
     }
     let [gpu] = want.gpus.as_slice() else {
         return Err(format!(
@@ -150,7 +152,11 @@ pub fn admit<'a>(
 }
 
 fn fraction(milli: u32) -> String {
-    GpuShare { milli, memory_mb: 1 }.fraction()
+    GpuShare {
+        milli,
+        memory_mb: 1,
+    }
+    .fraction()
 }
 
 /// MiB as people read GPU memory: whole GB from 10 GB up (rounded to the nearest), one

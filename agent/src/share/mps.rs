@@ -209,7 +209,10 @@ async fn terminate(child: &mut tokio::process::Child) {
             libc::kill(pid, libc::SIGTERM);
         }
     }
-    if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_err() {
+    if tokio::time::timeout(STOP_GRACE, child.wait())
+        .await
+        .is_err()
+    {
         let _ = child.kill().await;
     }
 }

@@ -141,7 +141,12 @@ fn usage_sums_each_sharers_processes_by_cgroup_or_pid() {
         // Another GPU's process in a sharer's container is not this share's.
         p("GPU-z", 12, 9999, Some(format!("0::/docker/{}\n", id('a')))),
         // The owner's own process.
-        p(GPU, 13, 4000, Some("0::/user.slice/session-3.scope\n".into())),
+        p(
+            GPU,
+            13,
+            4000,
+            Some("0::/user.slice/session-3.scope\n".into()),
+        ),
     ];
     let used = usage(&procs, &sharers);
     assert_eq!(used, [(1, 1500), (2, 300), (3, 0)].into());
