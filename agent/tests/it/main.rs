@@ -30,6 +30,7 @@ mod reconcile_checkpoints;
 mod registry;
 mod restart;
 mod shares;
+mod shares_nvml;
 mod signals;
 
 use commons_agent::executor::Executor;
