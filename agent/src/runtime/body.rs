@@ -96,9 +96,9 @@ fn job_env(
         .filter(|(k, _)| {
             (!k.starts_with("COMMONS_") || k.starts_with("COMMONS_ARRAY_"))
                 && !k.ends_with("_VISIBLE_DEVICES")
-                // A share's limits are the agent's, whatever the job says.
-                && !(ckpt.share.is_some() && k.starts_with("CUDA_MPS_"))
         })
+        // A share's limits are the agent's, whatever the job says.
+        .filter(|(k, _)| ckpt.share.is_none() || !k.starts_with("CUDA_MPS_"))
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     env.push(format!("NVIDIA_VISIBLE_DEVICES={visible}"));

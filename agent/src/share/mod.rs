@@ -166,12 +166,12 @@ pub fn gb(mib: u64) -> String {
 }
 
 fn gb_with(mib: u64, decimal: bool) -> String {
-    if mib % 1024 == 0 {
+    if mib.is_multiple_of(1024) {
         return format!("{} GB", mib / 1024);
     }
     if decimal {
         let tenths = (mib * 10 + 512) / 1024;
-        if tenths % 10 == 0 {
+        if tenths.is_multiple_of(10) {
             return format!("{} GB", tenths / 10);
         }
         return format!("{}.{} GB", tenths / 10, tenths % 10);

@@ -323,7 +323,7 @@ fn daemon(pipe: &Path) -> Option<(u32, String)> {
     let pid: u32 = words.next()?.parse().ok()?;
     let alive =
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
-    alive.then(|| (pid, text))
+    alive.then_some((pid, text))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
