@@ -278,19 +278,7 @@ impl<R: ContainerRuntime> Executor<R> {
     pub async fn adopt(&self) -> Result<(), RuntimeError> {
         let found = self.inner.runtime.list().await?;
         let disk = self.inner.store.load_all();
-        let holds: BTreeMap<Key, crate::share::Hold> = disk
-            .iter()
-            .filter_map(|(key, d)| {
-                let h = d.hold.clone()?;
-                Some((
-                    *key,
-                    crate::share::Hold {
-                        gpus: h.gpus,
-                        share: h.share,
-                    },
-                ))
-            })
-            .collect();
+        let holds = shares::holds_on_disk(&disk);
         let restored = restore::restore(found, disk, &self.inner.boot_id);
         for key in &restored.strays {
             if let Err(e) = self.inner.store.remove(*key) {

@@ -198,6 +198,22 @@ impl<R: ContainerRuntime> Executor<R> {
     }
 }
 
+/// What the attempts on disk hold (their `gpus.json`), for a restarted agent.
+pub(super) fn holds_on_disk(disk: &BTreeMap<Key, crate::store::OnDisk>) -> BTreeMap<Key, Hold> {
+    disk.iter()
+        .filter_map(|(key, d)| {
+            let h = d.hold.clone()?;
+            Some((
+                *key,
+                Hold {
+                    gpus: h.gpus,
+                    share: h.share,
+                },
+            ))
+        })
+        .collect()
+}
+
 /// What `launch` holds of the server's GPUs.
 fn hold_of(launch: &Launch) -> Hold {
     Hold {
