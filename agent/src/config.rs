@@ -45,6 +45,9 @@ pub struct AgentConfig {
     /// Exported datasets and the dataset cache (`--data`, `--dataset-cache-gb`,
     /// `--dataset-ca`; see `datasets`).
     pub datasets: crate::datasets::DatasetsConfig,
+    /// Shares of one GPU (`--share-mode`, `--mps-control`, `--share-watch-ms`; see
+    /// `share`); the default takes none.
+    pub shares: crate::share::ShareConfig,
 }
 
 /// What the agent reports as the server's CPUs and memory.
@@ -118,6 +121,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("fake_busy_util", &self.fake_busy_util)
             .field("log_limit", &self.log_limit)
             .field("disk", &self.disk)
+            .field("shares", &self.shares)
             .finish()
     }
 }
@@ -221,6 +225,7 @@ mod tests {
             log_limit: Default::default(),
             disk: Default::default(),
             datasets: Default::default(),
+            shares: Default::default(),
         };
         let shown = format!("{c:?}");
         assert!(

@@ -498,6 +498,7 @@ mod tests {
         l.stop = Some(StopMark {
             reason: StopReason::Preempted,
             text: "preempted".into(),
+            fails: false,
             grace_ms: 30_000,
             since_ms: 5_000,
         });

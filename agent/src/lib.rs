@@ -44,6 +44,7 @@ pub mod reconcile;
 pub mod relay;
 pub mod runtime;
 pub mod session;
+pub mod share;
 pub mod signed;
 pub mod state;
 pub mod store;

@@ -225,6 +225,20 @@ struct RunArgs {
     /// PEM certificates to trust for `https:` datasets besides the usual roots.
     #[arg(long, env = "COMMONS_DATASET_CA")]
     dataset_ca: Option<std::path::PathBuf>,
+    /// Take shares of one GPU, and how they are enforced: `mps` (one NVIDIA MPS control
+    /// daemon per shared GPU caps each share's compute and memory), `timeslice` (no
+    /// compute cap; a share over its GPU memory is stopped), or `none` (no shares).
+    #[arg(long, env = "COMMONS_SHARE_MODE", default_value = "none")]
+    share_mode: String,
+    /// The MPS control daemon's command, run in the foreground once per shared GPU
+    /// (advanced; tests use a stand-in).
+    #[arg(long, env = "COMMONS_MPS_CONTROL", hide = true,
+          default_value = commons_agent::share::DEFAULT_MPS_CONTROL)]
+    mps_control: String,
+    /// How often shares' GPU memory is read, in milliseconds (advanced).
+    #[arg(long, env = "COMMONS_SHARE_WATCH_MS", hide = true, default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    share_watch_ms: u64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -393,7 +407,22 @@ fn agent_config(args: RunArgs) -> anyhow::Result<AgentConfig> {
             cache_gb: args.dataset_cache_gb,
             ca_file: args.dataset_ca,
         },
+        shares: commons_agent::share::ShareConfig {
+            mode: commons_agent::share::parse_mode(&args.share_mode).map_err(anyhow::Error::msg)?,
+            mps_control: mps_control(&args.mps_control)?,
+            watch_every: Duration::from_millis(args.share_watch_ms),
+            mps_dir: None,
+        },
     })
+}
+
+/// `--mps-control`: a program and its arguments, split at white space.
+fn mps_control(s: &str) -> anyhow::Result<Vec<String>> {
+    let words: Vec<String> = s.split_whitespace().map(str::to_string).collect();
+    if words.is_empty() {
+        anyhow::bail!("--mps-control: give the MPS control daemon's command");
+    }
+    Ok(words)
 }
 
 /// `commons-agent status`: the running agent's view, or what the state dir says.

@@ -11,6 +11,8 @@
 //!     stopped.json   StoppedFile: written by the guard *before* it stops the container, so
 //!                    whoever sees the container end knows why
 //!     result.json    ResultFile: how the attempt ended, written before its container is removed
+//!     gpus.json      HoldFile: its GPUs and its share of one, written at start, so that a
+//!                    restarted agent keeps counting what its attempts hold (`share`)
 //!     disk.json, disk.img, disk/  the attempt's volume, capped (see `disk`)
 //!     checkpoint.json ...  its /checkpoint's upload state, the directory in disk/ (see
 //!                    `checkpoint`)
@@ -35,6 +37,7 @@ pub const ATTEMPTS_DIR: &str = "attempts";
 pub const LEASE_FILE: &str = "lease.json";
 pub const RESULT_FILE: &str = "result.json";
 pub const STOPPED_FILE: &str = "stopped.json";
+pub const HOLD_FILE: &str = "gpus.json";
 pub const GUARD_PID_FILE: &str = "guard.pid";
 pub const GUARD_LOG_FILE: &str = "guard.log";
 /// The most output `result.json` keeps: the end of it.
@@ -67,6 +70,9 @@ pub struct LeaseFile {
 pub struct StopMark {
     pub reason: StopReason,
     pub text: String,
+    /// The stop ends the attempt as failed (`reconcile::Why::fails`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fails: bool,
     pub grace_ms: u64,
     pub since_ms: u64,
 }
@@ -77,6 +83,16 @@ pub struct StoppedFile {
     pub reason: StopReason,
     pub at_ms: u64,
     pub grace_s: u64,
+}
+
+/// What an attempt holds of the server's GPUs (`share::Hold`), kept for a restarted agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldFile {
+    /// UUIDs of its GPUs.
+    pub gpus: Vec<String>,
+    /// Its share of its one GPU; `None`: whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<commons_proto::GpuShare>,
 }
 
 /// How an attempt ended, kept until the portal acknowledges it.
@@ -100,6 +116,8 @@ pub struct OnDisk {
     pub result: Option<ResultFile>,
     /// `checkpoint.json`: snapshot interval, whether the final upload is over.
     pub checkpoint: Option<CheckpointFile>,
+    /// `gpus.json`: its GPUs and share.
+    pub hold: Option<HoldFile>,
 }
 
 impl OnDisk {
@@ -160,6 +178,11 @@ impl Store {
         write_json(&self.dir(key).join(LEASE_FILE), lease)
     }
 
+    /// Writes `gpus.json`, beside `lease.json`.
+    pub fn write_hold(&self, key: Key, hold: &HoldFile) -> Result<(), StateError> {
+        write_json(&self.dir(key).join(HOLD_FILE), hold)
+    }
+
     /// Writes `result.json`, durably: after this returns, the container may go.
     pub fn write_result(&self, key: Key, result: &ResultFile) -> Result<(), StateError> {
         write_json(&self.dir(key).join(RESULT_FILE), result)
@@ -208,6 +231,7 @@ impl Store {
                     stopped: read_logged(&dir.join(STOPPED_FILE)),
                     result: read_logged(&dir.join(RESULT_FILE)),
                     checkpoint: read_logged(&dir.join(checkpoint::STATE_FILE)),
+                    hold: read_logged(&dir.join(HOLD_FILE)),
                 },
             );
         }

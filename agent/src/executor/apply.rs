@@ -240,6 +240,8 @@ impl<R: ContainerRuntime> Executor<R> {
         t.tails.remove(&key);
         t.cancels.remove(&key);
         t.volumes.remove(&key);
+        t.holds.remove(&key);
+        t.used.remove(&key);
         if let Err(e) = self.inner.store.remove(key) {
             tracing::warn!(
                 job = key.0,
@@ -271,6 +273,7 @@ impl<R: ContainerRuntime> Executor<R> {
             stop: h.stopping.as_ref().map(|s| StopMark {
                 reason: s.why.reason,
                 text: s.why.text.clone(),
+                fails: s.why.fails,
                 grace_ms: to_ms(s.grace),
                 since_ms: to_ms(s.since),
             }),
@@ -311,10 +314,16 @@ async fn start_task<R: ContainerRuntime>(
 ) {
     let (job, attempt) = key;
     let created = match checkpoints::prepare(&weak, &store, key, &launch).await {
-        Some(Ok(mount)) => runtime
-            .create_and_start(job, attempt, &launch.spec, &launch.gpus, &mount)
-            .await
-            .map_err(|e| e.to_string()),
+        Some(Ok(mut mount)) => match super::shares::mount(&weak, &launch) {
+            Ok(share) => {
+                mount.share = share;
+                runtime
+                    .create_and_start(job, attempt, &launch.spec, &launch.gpus, &mount)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e),
+        },
         Some(Err(e)) => Err(e),
         // The agent went away while restoring: nothing was created.
         None => return,

@@ -193,6 +193,7 @@ pub(super) async fn prepare<R: ContainerRuntime>(
         outputs_dir: crate::outputs::host_dir(&dir),
         inputs_dir,
         datasets,
+        share: None,
     }))
 }
 

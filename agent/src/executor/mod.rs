@@ -50,6 +50,7 @@ mod datasets;
 mod inputs;
 mod outputs;
 mod restore;
+mod shares;
 mod volumes;
 mod watch;
 
@@ -85,6 +86,10 @@ struct Table {
     cancels: BTreeMap<Key, Arc<AtomicBool>>,
     /// Each attempt's volume (`volumes.rs`).
     volumes: BTreeMap<Key, volumes::Volume>,
+    /// What each admitted attempt holds of the GPUs (`shares.rs`).
+    holds: BTreeMap<Key, crate::share::Hold>,
+    /// Each running share attempt's GPU memory in MiB, as the share watch last read it.
+    used: BTreeMap<Key, u64>,
     sent: SentLog,
 }
 
@@ -98,6 +103,8 @@ struct Inner<R> {
     disk: DiskPolicy,
     /// Exported datasets and the dataset cache, once the session sets them.
     datasets: std::sync::OnceLock<Arc<crate::datasets::Here>>,
+    /// How shares of a GPU are taken, once the session sets it (`shares.rs`); unset: none.
+    shares: std::sync::OnceLock<shares::Shares>,
     boot_id: String,
     table: Mutex<Table>,
 }
@@ -171,6 +178,7 @@ impl<R: ContainerRuntime> Executor<R> {
             checkpoints,
             disk,
             datasets: std::sync::OnceLock::new(),
+            shares: std::sync::OnceLock::new(),
             boot_id: clock::boot_id(),
             table: Mutex::new(Table {
                 want: BTreeMap::new(),
@@ -178,6 +186,8 @@ impl<R: ContainerRuntime> Executor<R> {
                 tails: BTreeMap::new(),
                 cancels: BTreeMap::new(),
                 volumes: BTreeMap::new(),
+                holds: BTreeMap::new(),
+                used: BTreeMap::new(),
                 sent: SentLog::new(rand::random()),
             }),
         });
@@ -241,7 +251,7 @@ impl<R: ContainerRuntime> Executor<R> {
             capacity: None,
             disk: None,
             datasets: None,
-            share_mode: None,
+            share_mode: self.share_mode(),
         }
     }
 
@@ -268,6 +278,7 @@ impl<R: ContainerRuntime> Executor<R> {
     pub async fn adopt(&self) -> Result<(), RuntimeError> {
         let found = self.inner.runtime.list().await?;
         let disk = self.inner.store.load_all();
+        let holds = shares::holds_on_disk(&disk);
         let restored = restore::restore(found, disk, &self.inner.boot_id);
         for key in &restored.strays {
             if let Err(e) = self.inner.store.remove(*key) {
@@ -289,6 +300,9 @@ impl<R: ContainerRuntime> Executor<R> {
                 }
                 t.want.insert(key, want);
                 t.have.insert(key, have);
+                if let Some(h) = holds.get(&key) {
+                    t.holds.insert(key, h.clone());
+                }
             }
         }
         self.step(clock::now());
@@ -315,7 +329,9 @@ impl<R: ContainerRuntime> Executor<R> {
     /// Starts an attempt unless it is already known (a duplicate `Start` is harmless) or
     /// its lease grants nothing; `launch.resume` restores the job's checkpoint first. A
     /// guest that comes while the server is under its free-space floor is never started:
-    /// its result says why, and the portal queues it again.
+    /// its result says why, and the portal queues it again. Nor is an attempt whose GPUs
+    /// or share do not fit beside what the attempts here hold (`shares.rs`): it fails,
+    /// saying why.
     pub fn start_with(
         &self,
         job: JobId,
@@ -332,7 +348,12 @@ impl<R: ContainerRuntime> Executor<R> {
             let Some(lease_until) = t.sent.deadline(&lease) else {
                 return Admission::LeaseUnknown;
             };
-            let stop = self.floor_refusal(&launch.spec);
+            let stop = self
+                .share_refusal(&t, &launch)
+                .or_else(|| self.floor_refusal(&launch.spec));
+            if stop.is_none() {
+                self.keep_hold(&mut t, key, &launch);
+            }
             t.want.insert(
                 key,
                 Assignment {
@@ -548,7 +569,13 @@ fn reports_of(t: &Table) -> Vec<AttemptReport> {
     let keys: BTreeSet<Key> = t.want.keys().chain(t.have.keys()).copied().collect();
     keys.into_iter()
         .map(|key| match t.have.get(&key) {
-            Some(h) => h.report(),
+            Some(h) => {
+                let mut r = h.report();
+                if r.state == AttemptState::Running {
+                    r.gpu_memory_used_mb = t.used.get(&key).copied();
+                }
+                r
+            }
             None => AttemptReport {
                 job: key.0,
                 attempt: key.1,

@@ -77,6 +77,7 @@ fn entry(key: Key, phase: Phase, d: OnDisk, boot_id: &str) -> (Assignment, Conta
         why: Why {
             reason: m.reason,
             text: m.text,
+            fails: m.fails,
         },
         grace: from_ms(m.grace_ms),
         since: from_ms(m.since_ms),
@@ -184,6 +185,7 @@ mod tests {
         l.stop = Some(StopMark {
             reason: StopReason::Preempted,
             text: "preempted: owner".into(),
+            fails: false,
             grace_ms: 30_000,
             since_ms: 40_000,
         });

@@ -65,6 +65,7 @@ impl<R: ContainerRuntime> Executor<R> {
             why: Why {
                 reason: StopReason::Preempted,
                 text: format!("not started: {why}"),
+                fails: false,
             },
         })
     }
@@ -213,6 +214,7 @@ impl<R: ContainerRuntime> Executor<R> {
         let why = Why {
             reason: StopReason::Cancelled,
             text,
+            fails: false,
         };
         self.stop_with(key, Duration::ZERO, why);
     }

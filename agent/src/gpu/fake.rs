@@ -5,12 +5,55 @@
 //! (`--fake-busy-util`, 0 unless set: an idle-looking guest, as the idle-guest rule's
 //! tests want) and that share of its memory used, unless `commons-agent fake --util`
 //! set a higher one; jobs' utilisation charts then have something to show.
+//!
+//! Fake GPUs have processes too, for share attempts' memory (`share`): the state dir's
+//! [`FAKE_PROCESSES_FILE`] (`fake-gpu-processes.json`), re-read at every look, maps a fake
+//! GPU's UUID to its processes, each a host pid and the MiB it holds:
+//!
+//! ```json
+//! { "GPU-fake-00-A100-80GB": [ { "pid": 4242, "used_memory_mb": 6144 } ] }
+//! ```
+//!
+//! Tests write it with the pid of a real process in a job's container; the agent then
+//! reads that pid's real `/proc/PID/cgroup`, exactly as with NVML. A missing or unreadable
+//! file is no process at all.
 
 use super::{GpuError, GpuSource, Ours};
 use crate::config::FakeGpuModel;
 use crate::state::load_fake_overrides;
 use commons_proto::{GpuInfo, GpuStat};
-use std::path::PathBuf;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The fake GPUs' processes, in the state dir (see the module's docs).
+pub const FAKE_PROCESSES_FILE: &str = "fake-gpu-processes.json";
+
+/// One process on a fake GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FakeProcess {
+    /// A host pid (its `/proc/PID/cgroup` is read as NVML's would be).
+    pub pid: u32,
+    /// The GPU memory it holds, in MiB.
+    pub used_memory_mb: u64,
+}
+
+/// The fake GPUs' processes by GPU UUID, as `dir`'s [`FAKE_PROCESSES_FILE`] has them.
+pub fn load_fake_processes(dir: &Path) -> BTreeMap<String, Vec<FakeProcess>> {
+    std::fs::read(dir.join(FAKE_PROCESSES_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Writes the fake GPUs' processes whole (`atomic`): the agent reads them any time.
+pub fn save_fake_processes(
+    dir: &Path,
+    procs: &BTreeMap<String, Vec<FakeProcess>>,
+) -> Result<(), crate::state::StateError> {
+    crate::store::write_json(&dir.join(FAKE_PROCESSES_FILE), procs)
+}
 
 pub struct FakeGpus {
     models: Vec<FakeGpuModel>,
@@ -77,6 +120,25 @@ impl GpuSource for FakeGpus {
             })
             .collect())
     }
+
+    fn processes(&self) -> Result<Vec<crate::share::GpuProcess>, GpuError> {
+        let known: Vec<String> = self.inventory()?.into_iter().map(|g| g.uuid).collect();
+        let mut out = Vec::new();
+        for (gpu, procs) in load_fake_processes(&self.state_dir) {
+            if !known.contains(&gpu) {
+                continue;
+            }
+            for p in procs {
+                out.push(crate::share::GpuProcess {
+                    gpu: gpu.clone(),
+                    pid: p.pid,
+                    used_memory_mb: p.used_memory_mb,
+                    cgroup: std::fs::read_to_string(format!("/proc/{}/cgroup", p.pid)).ok(),
+                });
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +178,34 @@ mod tests {
         assert!(after[1].local_use);
         assert_eq!(after[1].utilization_pct, 90);
         assert!(!after[0].local_use);
+    }
+
+    #[test]
+    fn fake_processes_come_from_the_file_with_their_real_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = FakeGpuModel {
+            model: "A100-80GB".into(),
+            memory_mb: 81920,
+        };
+        let gpus = FakeGpus::new(vec![model; 1], dir.path().into());
+        assert!(gpus.processes().unwrap().is_empty());
+        let me = std::process::id();
+        let procs = BTreeMap::from([
+            (
+                "GPU-fake-00-A100-80GB".to_string(),
+                vec![FakeProcess {
+                    pid: me,
+                    used_memory_mb: 1234,
+                }],
+            ),
+            ("GPU-not-here".to_string(), vec![]),
+        ]);
+        save_fake_processes(dir.path(), &procs).unwrap();
+        let listed = gpus.processes().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].pid, listed[0].used_memory_mb), (me, 1234));
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert_eq!(listed[0].cgroup.as_deref(), Some(own.as_str()));
     }
 
     #[test]

@@ -30,6 +30,13 @@ pub trait GpuSource: Send + Sync {
     fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError>;
     /// Live numbers. A GPU process in none of `ours` is the owner using the GPU directly.
     fn stats(&self, ours: &Ours) -> Result<Vec<GpuStat>, GpuError>;
+    /// Every compute process on the GPUs (a MIG instance's under the instance's UUID),
+    /// with the GPU memory it holds and its `/proc/PID/cgroup`: what share attempts'
+    /// memory is summed from (`share::usage`). A source that cannot list processes lists
+    /// none.
+    fn processes(&self) -> Result<Vec<crate::share::GpuProcess>, GpuError> {
+        Ok(Vec::new())
+    }
 }
 
 /// What the agent runs: a GPU process in none of these is the owner's local use.

@@ -265,6 +265,10 @@ impl GpuSource for NvmlGpus {
         crate::metrics::METRICS.gpu_sensors(&views);
         Ok(views.into_iter().map(|v| v.stat).collect())
     }
+
+    fn processes(&self) -> Result<Vec<crate::share::GpuProcess>, GpuError> {
+        Ok(reading::processes(&self.read()?))
+    }
 }
 
 #[cfg(test)]

@@ -100,6 +100,32 @@ pub struct ProcessReading {
     pub used_memory_mb: Option<u64>,
 }
 
+/// Every process of `reading` on a lendable GPU (a MIG instance's under the instance's
+/// UUID), with its memory (0 where NVML did not say) and its cgroup text.
+pub fn processes(reading: &NvmlReading) -> Vec<crate::share::GpuProcess> {
+    let mut out = Vec::new();
+    let mut add = |gpu: &str, procs: &[ProcessReading]| {
+        for p in procs {
+            out.push(crate::share::GpuProcess {
+                gpu: gpu.to_string(),
+                pid: p.pid,
+                used_memory_mb: p.used_memory_mb.unwrap_or(0),
+                cgroup: reading.cgroups.get(&p.pid).cloned(),
+            });
+        }
+    };
+    for dev in &reading.devices {
+        if dev.mig_enabled {
+            for m in &dev.mig {
+                add(&m.uuid, &m.processes);
+            }
+        } else {
+            add(&dev.uuid, &dev.processes);
+        }
+    }
+    out
+}
+
 /// Whose a GPU process is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProcessOwner {

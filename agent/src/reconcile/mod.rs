@@ -306,6 +306,14 @@ fn why_stop(
 }
 
 fn stopped(exit_code: Option<i64>, why: &Why) -> AttemptResult {
+    if why.fails {
+        return AttemptResult {
+            state: AttemptState::Failed,
+            exit_code,
+            stop: None,
+            reason: Some(why.text.clone()),
+        };
+    }
     AttemptResult {
         state: AttemptState::Stopped,
         exit_code,

@@ -13,6 +13,10 @@ use std::time::Duration;
 pub struct Why {
     pub reason: StopReason,
     pub text: String,
+    /// The agent stopped it for breaking a rule of this server (more GPU memory than its
+    /// share holds), or never started it (a share that does not fit): its result is
+    /// `failed` with `text` as the reason, not `stopped`, so it is not requeued.
+    pub fails: bool,
 }
 
 impl Why {
@@ -22,7 +26,21 @@ impl Why {
             StopReason::LeaseExpired => TEXT_LEASE.to_string(),
             other => other.as_str().to_string(),
         };
-        Self { reason, text }
+        Self {
+            reason,
+            text,
+            fails: false,
+        }
+    }
+
+    /// A failure the agent found (see [`Why::fails`]); `Cancelled` is the reason kept on
+    /// disk beside it, so that a reader of the reason alone ends the job as well.
+    pub fn failed(text: impl Into<String>) -> Self {
+        Self {
+            reason: StopReason::Cancelled,
+            text: text.into(),
+            fails: true,
+        }
     }
 
     /// The portal's order: its reason, followed by its detail when it gave one.
@@ -31,7 +49,11 @@ impl Why {
             Some(d) => format!("{reason}: {d}"),
             None => reason.as_str().to_string(),
         };
-        Self { reason, text }
+        Self {
+            reason,
+            text,
+            fails: false,
+        }
     }
 
     /// The container engine lost the container.
@@ -39,6 +61,7 @@ impl Why {
         Self {
             reason: StopReason::Lost,
             text: format!("{}: {detail}", StopReason::Lost),
+            fails: false,
         }
     }
 }

@@ -97,6 +97,8 @@ fn job_env(
             (!k.starts_with("COMMONS_") || k.starts_with("COMMONS_ARRAY_"))
                 && !k.ends_with("_VISIBLE_DEVICES")
         })
+        // A share's limits are the agent's, whatever the job says.
+        .filter(|(k, _)| ckpt.share.is_none() || !k.starts_with("CUDA_MPS_"))
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     env.push(format!("NVIDIA_VISIBLE_DEVICES={visible}"));
@@ -126,6 +128,13 @@ fn job_env(
             crate::inputs::ENV_DIR,
             crate::inputs::CONTAINER_DIR
         ));
+    }
+    if let Some(share) = &ckpt.share {
+        env.retain(|v| {
+            let name = v.split_once('=').map_or(v.as_str(), |(k, _)| k);
+            !share.env.contains_key(name)
+        });
+        env.extend(share.env.iter().map(|(k, v)| format!("{k}={v}")));
     }
     env
 }
@@ -162,6 +171,9 @@ fn mounts(ckpt: &CheckpointMount) -> Vec<Mount> {
             read_only: Some(true),
             ..bind(at, dir)
         });
+    }
+    if let Some(pipe) = ckpt.share.as_ref().and_then(|s| s.mps_pipe.as_ref()) {
+        m.push(bind(commons_proto::share::MPS_PIPE_DIR, pipe));
     }
     m
 }
@@ -247,6 +259,7 @@ mod tests {
             outputs_dir: "/var/lib/commons-agent/attempts/42-2/outputs".into(),
             inputs_dir: None,
             datasets: Vec::new(),
+            share: None,
         }
     }
 
@@ -308,6 +321,55 @@ mod tests {
         assert!(env.contains(&"COMMONS_CHECKPOINT_DIR=/checkpoint".to_string()));
         assert!(env.contains(&"COMMONS_OUTPUTS_DIR=/outputs".to_string()));
         assert!(!env.iter().any(|e| e.starts_with("COMMONS_RESUME")));
+    }
+
+    #[test]
+    fn a_share_gets_the_agents_variables_over_the_jobs_and_its_mps_pipes() {
+        let share = commons_proto::GpuShare {
+            milli: 500,
+            memory_mb: 20 * 1024,
+        };
+        let mut s = spec();
+        s.gpu_share = Some(share);
+        s.env
+            .insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "100".into());
+        s.env
+            .insert("CUDA_MPS_PIPE_DIRECTORY".into(), "/tmp/mine".into());
+        let mut c = ckpt(false);
+        c.share = Some(crate::runtime::ShareMount {
+            env: commons_proto::share_env(&share, commons_proto::ShareMode::Mps),
+            mps_pipe: Some("/var/lib/commons-agent/mps/GPU-a/pipe".into()),
+        });
+        let gpus = [AssignedGpu {
+            uuid: "GPU-a".into(),
+            fake: false,
+        }];
+        let body = container_body("agent", 42, 2, &s, &gpus, &c);
+        let env = body.env.as_ref().unwrap();
+        let has = |v: &str| env.iter().filter(|e| e.as_str() == v).count() == 1;
+        assert!(has("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), "{env:?}");
+        assert!(has("CUDA_MPS_PIPE_DIRECTORY=/run/commons-mps"), "{env:?}");
+        assert!(has("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"), "{env:?}");
+        assert!(has("COMMONS_GPU_FRACTION=0.5"), "{env:?}");
+        assert!(has("COMMONS_GPU_MEMORY_LIMIT_MB=20480"), "{env:?}");
+        assert!(has("CUDA_VISIBLE_DEVICES=GPU-a"), "{env:?}");
+        assert!(!env
+            .iter()
+            .any(|e| e.contains("/tmp/mine") || e.ends_with("=100")));
+        let mounts = body.host_config.unwrap().mounts.unwrap();
+        let pipe = mounts
+            .iter()
+            .find(|m| m.target.as_deref() == Some(commons_proto::share::MPS_PIPE_DIR))
+            .expect("the pipe directory is mounted");
+        assert_eq!(
+            pipe.source.as_deref(),
+            Some("/var/lib/commons-agent/mps/GPU-a/pipe")
+        );
+        // A whole-GPU job keeps its own CUDA_MPS_ variables (nothing of the agent's).
+        let body = container_body("agent", 42, 2, &s, &gpus, &ckpt(false));
+        let env = body.env.unwrap();
+        assert!(env.contains(&"CUDA_MPS_PIPE_DIRECTORY=/tmp/mine".to_string()));
+        assert!(!env.iter().any(|e| e.starts_with("COMMONS_GPU_")));
     }
 
     #[test]

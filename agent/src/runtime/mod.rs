@@ -22,7 +22,8 @@
 //!   `COMMONS_RESUME=1` exactly when the directory holds a restored checkpoint; and the
 //!   outputs directory beside it read-write at `/outputs` (`COMMONS_OUTPUTS_DIR`); and,
 //!   when the job names inputs, their staged copy read-only at `/inputs`
-//!   (`COMMONS_INPUTS_DIR`).
+//!   (`COMMONS_INPUTS_DIR`); a share attempt gets its [`ShareMount`]: the share's
+//!   variables over any of the job's own, and, with MPS, its GPU's pipe directory.
 //!
 //! Everything else in the agent that touches containers goes through the trait too: the
 //! guards, the start-up sweep of an earlier identity's containers (`host`) and the SSH
@@ -104,6 +105,18 @@ pub struct CheckpointMount {
     /// The job's datasets: (mount in the container, directory on the host), each
     /// bind-mounted read-only.
     pub datasets: Vec<(String, PathBuf)>,
+    /// A share attempt's variables and MPS pipes; `None` for whole GPUs.
+    pub share: Option<ShareMount>,
+}
+
+/// What a share attempt's container gets besides its GPU (`executor/shares.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareMount {
+    /// `commons_proto::share_env`: set by the agent over any of the job's own.
+    pub env: std::collections::BTreeMap<String, String>,
+    /// `mps` mode: the GPU's MPS pipe directory on the host, bind-mounted at
+    /// `commons_proto::share::MPS_PIPE_DIR`.
+    pub mps_pipe: Option<PathBuf>,
 }
 
 /// A container of ours found on the engine.

@@ -118,6 +118,15 @@ async fn serve(
     };
     let (tx, mut rx) = outbox::channel(config.log_limit);
     let exec = Executor::with_disk(runtime, tx, store, Some(checkpoints), config.disk);
+    if let Some(mode) = config.shares.mode {
+        tracing::info!(mode = mode.name(), "taking shares of a GPU");
+        exec.set_shares(
+            config.shares.clone(),
+            &inventory,
+            gpus.clone(),
+            &config.state_dir,
+        );
+    }
     let here = crate::datasets::Here::open(&config.datasets, &config.state_dir)
         .context("opening the dataset cache")?;
     exec.set_datasets(std::sync::Arc::new(here));

@@ -26,6 +26,7 @@ async fn sleeper(rt: &DockerRuntime, job: i64, dir: &Path) -> String {
         outputs_dir: dir.join(format!("outputs-{job}")),
         inputs_dir: None,
         datasets: Vec::new(),
+        share: None,
     };
     std::fs::create_dir_all(&mount.host_dir).unwrap();
     std::fs::create_dir_all(&mount.outputs_dir).unwrap();

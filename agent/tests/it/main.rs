@@ -7,7 +7,8 @@
 //! moves a running attempt's time limit as a `Renew` asks. [`images`] checks pins, pulls
 //! and signatures against the real engine. [`logs`] holds a flooding job's output to its
 //! rate there. [`signals`] checks that an SSH user's signals never outlive their exec.
-//! [`host`] stops the containers of an earlier identity of the same host.
+//! [`host`] stops the containers of an earlier identity of the same host. [`shares`] runs
+//! shares of one fake GPU (both modes, MPS with a stand-in daemon).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod checkpoints;
@@ -28,6 +29,8 @@ mod reconcile;
 mod reconcile_checkpoints;
 mod registry;
 mod restart;
+mod shares;
+mod shares_nvml;
 mod signals;
 
 use commons_agent::executor::Executor;

@@ -166,6 +166,7 @@ async fn a_stop_begun_before_a_restart_gets_only_the_rest_of_its_grace() {
             stop: Some(StopMark {
                 reason: StopReason::Preempted,
                 text: "preempted: the owner lab needs its GPUs".into(),
+                fails: false,
                 grace_ms: 30_000,
                 since_ms: clock::to_ms(now - Duration::from_secs(20)),
             }),

@@ -520,6 +520,7 @@ fn agent_config(
             ..Default::default()
         },
         datasets: Default::default(),
+        shares: Default::default(),
     }
 }
 
