@@ -91,13 +91,29 @@ impl std::str::FromStr for JobState {
 }
 
 /// One GPU a job holds (or held, on its last attempt).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuView {
     pub uuid: String,
     /// Its index on the server (what `nvidia-smi` numbers it).
     pub index: i32,
     pub model: String,
+    /// The share of this GPU the job holds, when it holds a share and not the whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<GpuShareView>,
+}
+
+/// A share of one GPU that a job holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GpuShareView {
+    /// Its compute share (0.25: a quarter of the GPU).
+    pub fraction: f64,
+    /// Its GPU memory in MiB.
+    pub memory_mb: u64,
+    /// GPU memory its processes use now, in MiB, as the server's agent measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_mb: Option<u64>,
 }
 
 /// How far a starting attempt's inputs have been copied to its server.

@@ -69,6 +69,10 @@ pub struct Lending {
     pub max_guest_time_limit_s: Option<i64>,
     /// Ids of the labs that may borrow; empty: every lab.
     pub borrowers: Vec<i64>,
+    /// Its GPUs may carry shares of one GPU (`gpu_fraction`, `gpu_memory_gb`), for
+    /// guests and its own lab alike, where its agent enforces them (`--share-mode`).
+    #[serde(default)]
+    pub share_gpus: bool,
 }
 
 /// Two agents with one node credential at once, as seen.
@@ -161,6 +165,10 @@ pub struct LendingRequest {
     /// The owner takes every GPU back now (guests are preempted; nothing is lent).
     #[serde(default)]
     pub reclaim: bool,
+    /// Its GPUs may carry shares of one GPU (the agent must run with `--share-mode`);
+    /// left out: as it was.
+    #[serde(default)]
+    pub share_gpus: Option<bool>,
 }
 
 /// What `PUT /api/v1/nodes/{id}/lending` stored.

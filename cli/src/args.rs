@@ -22,7 +22,7 @@ pub enum Command {
     /// Who you are: your labs, roles, quotas and what you use of them now.
     Whoami(JsonFlag),
     /// Submit a job from the command line: `commons run IMAGE -- CMD ...`.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Submit a job file (TOML, the API's fields; unknown keys are refused).
     Submit(SubmitArgs),
     /// Your jobs (newest first), with state, server, GPUs and why a job waits.
@@ -105,6 +105,13 @@ pub struct RunArgs {
     /// Least memory per GPU, in GB.
     #[arg(long, value_name = "GB")]
     pub gpu_memory: Option<f64>,
+    /// A share of one GPU instead of the whole GPU: 0.05 to 1 in steps of 0.05 (with
+    /// `--gpus 1`; the server's lab must lend shares).
+    #[arg(long, value_name = "FRACTION")]
+    pub gpu_fraction: Option<f64>,
+    /// The GPU memory of a share of one GPU, in GB.
+    #[arg(long, value_name = "GB")]
+    pub gpu_share_memory: Option<f64>,
     /// The time limit: 90, 90m, 2h, 1h30m, 3d (a bare number is minutes).
     #[arg(long, default_value = "1h", value_name = "DURATION")]
     pub time: String,

@@ -91,6 +91,8 @@ pub fn run_request(a: &RunArgs) -> Result<JobRequest> {
     req.env = env_pairs(&a.env)?;
     req.gpu_models = a.gpu_models.clone();
     req.min_gpu_memory_gb = a.gpu_memory;
+    req.gpu_fraction = a.gpu_fraction;
+    req.gpu_memory_gb = a.gpu_share_memory;
     req.cpus = a.cpus;
     req.memory_gb = a.memory;
     req.lab = a.lab.clone();

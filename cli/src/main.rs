@@ -39,7 +39,7 @@ fn dispatch(command: Command) -> Result<u8> {
         Command::Login(a) => login::login(a),
         Command::Logout => login::logout(),
         Command::Whoami(a) => info::whoami(a),
-        Command::Run(a) => jobs::run(a),
+        Command::Run(a) => jobs::run(*a),
         Command::Submit(a) => jobs::submit(a),
         Command::Ls(a) => jobs::ls(a),
         Command::Show(a) => jobs::show(a),

@@ -284,6 +284,8 @@ pub struct Attempt {
     /// its GPUs are its own.
     pub share_milli: Option<i32>,
     pub share_memory_mb: Option<i64>,
+    /// GPU memory its processes use, as its agent last measured it (MiB).
+    pub gpu_memory_used_mb: Option<i64>,
 }
 
 impl Attempt {

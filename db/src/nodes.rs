@@ -421,6 +421,34 @@ pub fn set_capacity(
     Ok(())
 }
 
+/// Records how the node's agent enforces shares of one GPU (`None`: it takes none).
+pub fn set_share_mode(c: &mut DbConn, node: i64, mode: Option<&str>) -> Result<(), DbError> {
+    diesel::update(nodes::table.find(node))
+        .set(nodes::share_mode.eq(mode))
+        .execute(c)?;
+    Ok(())
+}
+
+/// Records the GPU memory the processes of share attempts use, as their agent measured
+/// it (`(job, attempt, MiB)`); attempts of other nodes are left alone.
+pub fn set_gpu_memory_used(
+    c: &mut DbConn,
+    node: i64,
+    used: &[(i64, i32, u64)],
+) -> Result<(), DbError> {
+    for &(job, attempt, mb) in used {
+        diesel::update(
+            job_attempts::table
+                .filter(job_attempts::job_id.eq(job))
+                .filter(job_attempts::attempt.eq(attempt))
+                .filter(job_attempts::node_id.eq(node)),
+        )
+        .set(job_attempts::gpu_memory_used_mb.eq(Some(i64::try_from(mb).unwrap_or(i64::MAX))))
+        .execute(c)?;
+    }
+    Ok(())
+}
+
 /// Records the node's disk from its agent: the largest job's disk, and why it takes no
 /// new guests when its disk is under the agent's floor.
 pub fn set_disk(c: &mut DbConn, node: i64, disk: &commons_proto::NodeDisk) -> Result<(), DbError> {

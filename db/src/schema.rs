@@ -208,6 +208,7 @@ diesel::table! {
         reason -> Nullable<Text>,
         share_milli -> Nullable<Integer>,
         share_memory_mb -> Nullable<BigInt>,
+        gpu_memory_used_mb -> Nullable<BigInt>,
     }
 }
 

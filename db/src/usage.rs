@@ -165,4 +165,54 @@ mod tests {
         let h = split(t("2026-11-29 22:00"), t("2026-11-30 02:00"), 2.0, &weeks);
         assert_eq!(h, vec![4.0, 4.0]);
     }
+
+    /// A quarter of a GPU for 4 hours is 1 GPU-hour; a whole GPU for 4 hours is 4.
+    #[test]
+    fn a_share_counts_as_its_fraction_of_its_gpu() {
+        use crate::schema::job_attempts;
+        let (_dir, mut c) = crate::testkit::sqlite();
+        let campus = crate::testkit::campus(&mut c, 0);
+        let gpu = crate::nodes::list_with_gpus(&mut c).unwrap()[0].2[0].id;
+        let lab = campus.node.lab_id;
+        let now = crate::now();
+        let start = now - Duration::hours(4);
+        let mut new = Vec::new();
+        for share in [
+            Some(commons_sched::GpuShare {
+                milli: 250,
+                memory_mb: 10_240,
+            }),
+            None,
+        ] {
+            let job = crate::jobs::insert(&mut c, 1, &crate::testkit::demo_job(lab)).unwrap();
+            new.push(crate::plan::NewAttempt {
+                job: job.id,
+                attempt: 1,
+                node: campus.node.id,
+                gpus: vec![gpu],
+                lease_until: now,
+                share,
+            });
+        }
+        crate::plan::insert_attempts(&mut c, &new, start).unwrap();
+        diesel::update(job_attempts::table)
+            .set((
+                job_attempts::started_at.eq(Some(start)),
+                job_attempts::ended_at.eq(Some(now)),
+            ))
+            .execute(&mut c)
+            .unwrap();
+        let usage = lab_usage(&mut c, lab, now, 2).unwrap();
+        let used: f64 = usage.weeks.iter().map(|w| w.used).sum();
+        assert!(
+            (used - 5.0).abs() < 1e-6,
+            "1 GPU-hour for the share, 4 for the whole GPU: {used}"
+        );
+        let shares: Vec<f64> = crate::attempts::find(&mut c, new[0].job, 1)
+            .unwrap()
+            .into_iter()
+            .map(|a| a.gpu_amount())
+            .collect();
+        assert_eq!(shares, [0.25]);
+    }
 }

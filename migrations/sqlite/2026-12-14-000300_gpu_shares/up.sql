@@ -6,4 +6,6 @@ ALTER TABLE jobs ADD COLUMN gpu_milli INTEGER;
 ALTER TABLE jobs ADD COLUMN gpu_share_memory_mb BIGINT;
 ALTER TABLE job_attempts ADD COLUMN share_milli INTEGER;
 ALTER TABLE job_attempts ADD COLUMN share_memory_mb BIGINT;
+-- GPU memory the attempt's processes use, as its agent last measured it (MiB).
+ALTER TABLE job_attempts ADD COLUMN gpu_memory_used_mb BIGINT;
 ALTER TABLE nodes ADD COLUMN share_mode TEXT;

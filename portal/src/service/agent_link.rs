@@ -125,8 +125,10 @@ fn handle(
             capacity,
             disk,
             datasets,
+            share_mode,
             ..
         } => {
+            nodes::set_share_mode(c, node, share_mode.map(|m| m.name()))?;
             let report = HelloReport {
                 agent_version: &agent_version,
                 session,
@@ -158,6 +160,13 @@ fn handle(
                 disk: &disk,
                 datasets: &datasets,
             };
+            let used: Vec<(i64, i32, u64)> = attempts
+                .iter()
+                .filter_map(|r| Some((r.job, r.attempt, r.gpu_memory_used_mb?)))
+                .collect();
+            if !used.is_empty() {
+                nodes::set_gpu_memory_used(c, node.node, &used)?;
+            }
             let beat = BeatReport {
                 session,
                 seq,

@@ -48,6 +48,7 @@ pub fn lending_view(l: commons_sched::Lending) -> commons_api::node::Lending {
         min_idle_s: l.min_idle_s,
         max_guest_time_limit_s: l.max_guest_time_limit_s,
         borrowers: l.borrowers,
+        share_gpus: l.share_gpus,
     }
 }
 

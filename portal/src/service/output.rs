@@ -90,6 +90,7 @@ mod tests {
             exit_code: None,
             share_milli: None,
             share_memory_mb: None,
+            gpu_memory_used_mb: None,
             reason: None,
         }
     }

@@ -209,6 +209,7 @@ fn apply(c: &mut DbConn, node: &Node, cmd: NodeCommand, who: &Issuer) -> Result<
                 borrowers: Vec::new(),
                 grace_seconds: None,
                 reclaim: false,
+                share_gpus: None,
             };
             let (fresh, _, _) = lending_rules(c, req)?;
             // Only the mode and windows change; the lab admin's other limits stay.

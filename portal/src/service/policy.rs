@@ -106,7 +106,7 @@ pub fn lending_rules(
             min_idle_s: idle.unwrap_or(0) * 60,
             max_guest_time_limit_s: longest.map(|m| m * 60),
             borrowers,
-            share_gpus: false,
+            share_gpus: req.share_gpus.unwrap_or(false),
         },
         // No grace given: the campus default applies, whatever it is when a guest is
         // preempted.
@@ -142,6 +142,37 @@ pub fn quota(req: &QuotaRequest) -> Result<Quota, AppError> {
     })
 }
 
+/// Turns shares of one GPU on or off on a node (its lab's admins or operators): with it
+/// on, jobs that ask for a fraction of a GPU may be placed there (where its agent
+/// enforces shares). Running shares are left to finish when it goes off.
+pub async fn set_sharing(state: &Ctx, actor: &Actor, node: i64, on: bool) -> Result<(), AppError> {
+    let actor = actor.clone();
+    state
+        .db
+        .run(move |c| {
+            let (admin, n) = node_admin(c, &actor, node)?;
+            let mut lending = n.lending.0.clone();
+            lending.share_gpus = on;
+            let json = to_json(&lending).map_err(|e| AppError::Internal(e.into()))?;
+            db::transaction(c, |c| {
+                db::nodes::set_lending(c, node, &json, n.grace_s, n.reclaim)?;
+                db::audit::record(
+                    c,
+                    admin.user(),
+                    Some(n.lab_id),
+                    "set_sharing",
+                    &format!("node {}", n.name),
+                    &serde_json::json!({"share_gpus": n.lending.share_gpus}).to_string(),
+                    &serde_json::json!({"share_gpus": on}).to_string(),
+                )
+            })?;
+            Ok::<_, AppError>(())
+        })
+        .await?;
+    state.wake.notify_one();
+    Ok(())
+}
+
 /// Replaces a node's lending rules (its lab's admins or operators).
 pub async fn set_lending(
     state: &Ctx,
@@ -161,7 +192,11 @@ pub async fn set_lending(
                 req.windows.clear();
                 req.mode = "always".into();
             }
+            let keep_sharing = req.share_gpus.is_none();
             let (mut lending, grace, reclaim) = lending_rules(c, req)?;
+            if keep_sharing {
+                lending.share_gpus = n.lending.share_gpus;
+            }
             if keep {
                 lending.mode = LendMode::Windows;
                 lending.windows = n.lending.windows.clone();

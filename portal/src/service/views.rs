@@ -130,6 +130,7 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
                 uuid: g.uuid,
                 index: g.idx,
                 model: g.model,
+                share: None,
             },
         )
     })
@@ -216,6 +217,15 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
             .filter_map(|id| facts.gpus.get(id).cloned())
             .collect();
         v.sort_by_key(|g| g.index);
+        if let Some(s) = a.share() {
+            for g in &mut v {
+                g.share = Some(commons_api::job_view::GpuShareView {
+                    fraction: f64::from(s.milli) / 1000.0,
+                    memory_mb: s.memory_mb,
+                    memory_used_mb: a.gpu_memory_used_mb.map(|m| m.max(0) as u64),
+                });
+            }
+        }
         v
     });
     let running = matches!(job.state, JobState::Running | JobState::Preempting);

@@ -237,6 +237,8 @@ impl LendingForm {
                 .collect(),
             grace_seconds: optional("grace_seconds", &self.grace_seconds)?,
             reclaim: self.reclaim.is_some(),
+            // The node page's switch sets it; this form leaves it as it is.
+            share_gpus: None,
         };
         Ok((req, keep))
     }

@@ -27,6 +27,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/nodes/{id}/undrain", web::post().to(post_undrain))
         .route("/nodes/{id}/lend", web::post().to(post_lend))
         .route("/nodes/{id}/reclaim", web::post().to(post_reclaim))
+        .route("/nodes/{id}/share", web::post().to(post_share))
         .route("/nodes/{id}/revoke", web::post().to(post_revoke))
         .route(
             "/nodes/{id}/approve-inventory",
@@ -239,6 +240,22 @@ async fn post_reclaim(
     };
     let cmd = NodeCommand::Reclaim { on, by: by(&user) };
     command(&state, &user, id.into_inner(), cmd).await
+}
+
+async fn post_share(
+    state: web::Data<AppState>,
+    user: CurrentUser,
+    id: web::Path<i64>,
+    form: CsrfForm<ReclaimForm>,
+) -> Result<HttpResponse, WebError> {
+    let on = match form.0.on.as_str() {
+        "on" => true,
+        "off" => false,
+        _ => return Err(named(AppError::invalid("on", "must be on or off")).into()),
+    };
+    let id = id.into_inner();
+    crate::service::policy::set_sharing(&state, &user, id, on).await?;
+    Ok(back_to(id))
 }
 
 async fn post_revoke(

@@ -62,6 +62,7 @@ mod policy;
 mod provider_smoke;
 mod security;
 mod sessions;
+mod shares;
 mod ssh;
 mod ssh_env;
 mod ssh_keys;
