@@ -169,14 +169,8 @@ pub(crate) fn search(world: &World, job: &QueuedJob, full: bool) -> Search {
         match guest_fit(world, job, n) {
             Ok(gpus) => {
                 let nw = &world.nodes[n];
-                let risk = risk_class(
-                    nw.returns.as_ref(),
-                    world.now,
-                    job.time_limit_s,
-                    world.policy,
-                );
-                let class = risk / world.policy.return_risk_step_tenths();
-                let left = (class, nw.uncached(job) as u32, nw.free - job.gpus);
+                let (class, uncached) = guest_class(world, n, job);
+                let left = (class, uncached, nw.free - job.gpus);
                 if fit.as_ref().is_none_or(|(l, _, _)| left < *l) {
                     fit = Some((left, n, gpus));
                 }
@@ -254,4 +248,20 @@ pub(crate) fn reserve(world: &mut World, job: &QueuedJob) -> Option<Time> {
         world.gpus[g].reserved = Some(Reservation { at, job: job.id });
     }
     Some(at)
+}
+
+/// How a guest ranks node `n`: its owner's return-risk class for the job's time limit
+/// (lower first), then how many of the job's datasets it would fetch.
+pub(crate) fn guest_class(world: &World, n: usize, job: &QueuedJob) -> (u32, u32) {
+    let nw = &world.nodes[n];
+    let risk = risk_class(
+        nw.returns.as_ref(),
+        world.now,
+        job.time_limit_s,
+        world.policy,
+    );
+    (
+        risk / world.policy.return_risk_step_tenths(),
+        nw.uncached(job) as u32,
+    )
 }

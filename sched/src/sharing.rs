@@ -23,7 +23,7 @@
 use crate::lending::{guest_block, LendBlock};
 use crate::model::*;
 use crate::placement::{end_of, Verdict};
-use crate::risk::{risk_class, too_risky_after_take_back};
+use crate::risk::too_risky_after_take_back;
 use crate::share::{
     place, GpuAsk, ShapeMix, ShareGpu, ShareNode, SharePolicy, ShareRequest, ShareTuning,
 };
@@ -303,15 +303,7 @@ pub(crate) fn share_search(world: &World, job: &QueuedJob) -> ShareSearch {
     for n in 0..world.nodes.len() {
         match share_fit(world, job, n) {
             Ok(gpus) => {
-                let nw = &world.nodes[n];
-                let risk = risk_class(
-                    nw.returns.as_ref(),
-                    world.now,
-                    job.time_limit_s,
-                    world.policy,
-                );
-                let class = risk / world.policy.return_risk_step_tenths();
-                offers.push(((class, nw.uncached(job) as u32), n, gpus));
+                offers.push((crate::placement::guest_class(world, n, job), n, gpus));
             }
             Err(v) => {
                 if best.is_none_or(|(b, _)| v < b) {

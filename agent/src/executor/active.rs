@@ -4,7 +4,7 @@
 
 use super::{container_of, Executor};
 use crate::gpu::{GpuError, GpuSource, Ours};
-use crate::reconcile::{ContainerObs, Phase};
+use crate::reconcile::Phase;
 use crate::runtime::ContainerRuntime;
 use commons_proto::{Attempt, GpuStat, JobId, JobSpec};
 use std::collections::BTreeSet;
@@ -19,18 +19,7 @@ impl<R: ContainerRuntime> Executor<R> {
             .iter()
             .filter_map(|(key, w)| {
                 let h = t.have.get(key);
-                let over = |h: &ContainerObs| {
-                    h.result.is_some()
-                        || matches!(
-                            h.phase,
-                            Phase::Ended { .. }
-                                | Phase::Removed
-                                | Phase::Removing { .. }
-                                | Phase::Lost { .. }
-                                | Phase::NotCreated { .. }
-                        )
-                };
-                if h.is_some_and(over) || (h.is_none() && w.stop.is_some()) {
+                if h.is_some_and(super::shares::ended) || (h.is_none() && w.stop.is_some()) {
                     return None;
                 }
                 let launch = w.launch.as_deref();

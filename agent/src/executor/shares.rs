@@ -236,7 +236,7 @@ fn holding(t: &Table) -> BTreeMap<Key, &Hold> {
 }
 
 /// Its container has ended, or it never had one: it holds no GPU any more.
-fn ended(h: &ContainerObs) -> bool {
+pub(super) fn ended(h: &ContainerObs) -> bool {
     h.result.is_some()
         || matches!(
             h.phase,

@@ -222,22 +222,28 @@ async fn post_lend(
 }
 
 #[derive(Deserialize)]
-struct ReclaimForm {
-    /// "on": take every GPU back now; "off": lend again under the rule.
+struct SwitchForm {
+    /// "on" or "off" (reclaim: take every GPU back now, or lend again under the rule;
+    /// share: let jobs take a fraction of one GPU, or whole GPUs only).
     on: String,
+}
+
+/// An on/off switch's value.
+fn switch(form: &SwitchForm) -> Result<bool, WebError> {
+    match form.on.as_str() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(named(AppError::invalid("on", "must be on or off")).into()),
+    }
 }
 
 async fn post_reclaim(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
-    form: CsrfForm<ReclaimForm>,
+    form: CsrfForm<SwitchForm>,
 ) -> Result<HttpResponse, WebError> {
-    let on = match form.0.on.as_str() {
-        "on" => true,
-        "off" => false,
-        _ => return Err(named(AppError::invalid("on", "must be on or off")).into()),
-    };
+    let on = switch(&form.0)?;
     let cmd = NodeCommand::Reclaim { on, by: by(&user) };
     command(&state, &user, id.into_inner(), cmd).await
 }
@@ -246,13 +252,9 @@ async fn post_share(
     state: web::Data<AppState>,
     user: CurrentUser,
     id: web::Path<i64>,
-    form: CsrfForm<ReclaimForm>,
+    form: CsrfForm<SwitchForm>,
 ) -> Result<HttpResponse, WebError> {
-    let on = match form.0.on.as_str() {
-        "on" => true,
-        "off" => false,
-        _ => return Err(named(AppError::invalid("on", "must be on or off")).into()),
-    };
+    let on = switch(&form.0)?;
     let id = id.into_inner();
     crate::service::policy::set_sharing(&state, &user, id, on).await?;
     Ok(back_to(id))

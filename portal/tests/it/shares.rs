@@ -173,3 +173,110 @@ async fn bad_share_requests_name_their_field() {
     assert_eq!(p.get_json(&p.bob, "/api/v1/jobs").await, json!([]));
     p.stop().await;
 }
+
+/// The "done when", on a fake GPU that models per-process memory: a student's
+/// notebook with a quarter of a GPU and 10 GB shows the share and the memory its process
+/// uses (as the agent measures it) on the job page and in the API, and the lab's usage
+/// counts a quarter of the GPU for the time it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarter_notebook_shows_its_memory_and_counts_a_quarter() {
+    let p = TestPortal::start(Backend::Sqlite).await;
+    let vision = p
+        .agent_with(&p.url, "vision", "fake:1xA100-80GB", |c| {
+            c.shares.mode = Some(commons_proto::ShareMode::Timeslice);
+            c.shares.watch_every = Duration::from_millis(500);
+        })
+        .await;
+    p.wait_online("vision", 1).await;
+    let nodes = p.get_json(&p.carol, "/api/v1/nodes").await;
+    let node = nodes[0]["id"].as_i64().unwrap();
+    let (s, v) = p
+        .put_json(
+            &p.carol,
+            &format!("/api/v1/nodes/{node}/lending"),
+            &json!({"mode": "always", "share_gpus": true}),
+        )
+        .await;
+    assert_eq!((s, &v["lending"]["share_gpus"]), (200, &json!(true)), "{v}");
+
+    let notebook = json!({"image": "commons-demo:latest", "gpus": 1, "gpu_fraction": 0.25,
+                          "gpu_memory_gb": 10, "kind": "interactive", "time_limit_minutes": 60,
+                          "lab": "vision"});
+    let job = p.submit(&p.alice, notebook).await;
+    let v = wait_view(&p, &p.alice, job, "to run", |v| v["state"] == "running").await;
+    let uuid = v["gpus"][0]["uuid"].as_str().unwrap().to_string();
+    assert_eq!(v["gpus"][0]["share"]["fraction"], 0.25, "{v}");
+
+    // Its process holds 3 GB of the GPU, as the fake GPU reports for its real pid.
+    let out = std::process::Command::new("docker")
+        .args(["ps", "-q", "--filter", &format!("label=commons.job={job}")])
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!id.is_empty(), "the notebook's container");
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Pid}}", &id])
+        .output()
+        .unwrap();
+    let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let procs = json!({ uuid: [{"pid": pid, "used_memory_mb": 3072}] });
+    std::fs::write(
+        vision.config.state_dir.join("fake-gpu-processes.json"),
+        procs.to_string(),
+    )
+    .unwrap();
+    let v = wait_view(
+        &p,
+        &p.alice,
+        job,
+        "to show the memory its process uses",
+        |v| v["gpus"][0]["share"]["memory_used_mb"] == 3072,
+    )
+    .await;
+    assert_eq!(v["gpus"][0]["share"]["memory_mb"], 10240, "{v}");
+    let page = BrowserSession::login(&p, "alice")
+        .await
+        .page(&format!("/jobs/{job}"))
+        .await;
+    assert!(
+        page.contains("(0.25 of it, 10 GB; using 3 GB)"),
+        "the job page shows the share and its use"
+    );
+
+    // After ten seconds of running, the lab's usage counts a quarter of that time.
+    let started = chrono::NaiveDateTime::parse_from_str(
+        v["started_at"].as_str().unwrap(),
+        "%Y-%m-%dT%H:%M:%S%.f",
+    )
+    .unwrap();
+    wait_for(
+        Duration::from_secs(60),
+        "ten seconds of running",
+        || async { (chrono::Utc::now().naive_utc() - started).num_seconds() >= 10 },
+    )
+    .await;
+    let usage = p.get_json(&p.alice, "/api/v1/usage").await;
+    let ran_s = (chrono::Utc::now().naive_utc() - started).num_milliseconds() as f64 / 1000.0;
+    let lab = usage
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lab"] == "vision")
+        .unwrap();
+    let alice = lab["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["username"] == "alice")
+        .unwrap();
+    let hours = alice["gpu_hours"][0].as_f64().unwrap();
+    let ratio = hours * 3600.0 / ran_s;
+    assert!(
+        (0.2..=0.3).contains(&ratio),
+        "a quarter of {ran_s} s of running: {hours} GPU-hours ({ratio:.3} of it)"
+    );
+    let _ = p
+        .post_json(&p.alice, &format!("/api/v1/jobs/{job}/cancel"), &json!({}))
+        .await;
+    p.stop().await;
+}
