@@ -158,14 +158,11 @@ async fn files_live_on_s3_and_a_refused_upload_leaves_no_part_there() {
     assert_eq!(s3_keys(&moto, &format!("{prefix}/files/")).await, 1);
 }
 
-/// Uploads `one` (which fits) and `big` (which passes the quota) from the Files page at
-/// once; checks each progress line says what became of its file.
-async fn upload_one_that_fits_and_one_that_does_not(b: &Browser, one: &Path, big: &Path) {
-    let input = b.client.find(Locator::Id("upload-files")).await.unwrap();
-    input
-        .send_keys(&format!("{}\n{}", one.display(), big.display()))
-        .await
-        .unwrap();
+/// On the Files page: chooses `paths` (one a line) in the file input `input`
+/// (`upload-files`, or `upload-folder` for a folder) and presses *Upload*.
+pub(crate) async fn choose_and_upload(b: &Browser, input: &str, paths: &str) {
+    let field = b.client.find(Locator::Id(input)).await.unwrap();
+    field.send_keys(paths).await.unwrap();
     b.client
         .find(Locator::Css("#upload button[type=submit]"))
         .await
@@ -173,6 +170,13 @@ async fn upload_one_that_fits_and_one_that_does_not(b: &Browser, one: &Path, big
         .click()
         .await
         .unwrap();
+}
+
+/// Uploads `one` (which fits) and `big` (which passes the quota) from the Files page at
+/// once; checks each progress line says what became of its file.
+async fn upload_one_that_fits_and_one_that_does_not(b: &Browser, one: &Path, big: &Path) {
+    let both = format!("{}\n{}", one.display(), big.display());
+    choose_and_upload(b, "upload-files", &both).await;
     let started = std::time::Instant::now();
     let lines = loop {
         let lines = js(b, "return Array.from(document.querySelectorAll('#progress li')).map(l => [l.className, l.textContent]);").await;
@@ -347,15 +351,7 @@ async fn the_files_page_resumes_a_large_upload_and_retries_a_lost_part() {
          return null;",
     )
     .await;
-    let input = b.client.find(Locator::Id("upload-files")).await.unwrap();
-    input.send_keys(&big.display().to_string()).await.unwrap();
-    b.client
-        .find(Locator::Css("#upload button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    choose_and_upload(&b, "upload-files", &big.display().to_string()).await;
     // When every file is stored the page reloads itself: what it sent is in its
     // session storage.
     wait_for(Duration::from_secs(90), "the file to be stored", || async {

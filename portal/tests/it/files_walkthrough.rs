@@ -6,11 +6,11 @@
 //! `commons get`. Real agents, the Docker Engine, the local store.
 
 use crate::cli::Cli;
+use crate::files_clients::choose_and_upload;
 use crate::pages_browser::{browser_login, js};
 use crate::support::browser::Browser;
 use crate::support::files::{self as f, get, list, paths};
 use crate::support::harness::{wait_for, Backend, TestPortal};
-use fantoccini::Locator;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -19,18 +19,7 @@ async fn upload_folder_in_the_browser(p: &TestPortal, folder: &std::path::Path) 
     let b = Browser::start().await;
     browser_login(&b, p, "bob").await;
     b.client.goto(&format!("{}/files", p.url)).await.unwrap();
-    let input = b.client.find(Locator::Id("upload-folder")).await.unwrap();
-    input
-        .send_keys(&folder.display().to_string())
-        .await
-        .unwrap();
-    b.client
-        .find(Locator::Css("#upload button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    choose_and_upload(&b, "upload-folder", &folder.display().to_string()).await;
     wait_for(
         Duration::from_secs(60),
         "the folder's two files to be stored",

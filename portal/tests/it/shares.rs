@@ -40,10 +40,10 @@ async fn wait_view(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_halves_share_one_gpu_and_the_owner_takes_it_back() {
-    let p = TestPortal::start(Backend::Sqlite).await;
-    let _vision = p
+/// vision's server with one fake A100, its agent enforcing shares by time slicing (and
+/// reading GPU memory every half second), online; and its node id.
+async fn sharing_server(p: &TestPortal) -> (crate::support::harness::TestAgent, i64) {
+    let agent = p
         .agent_with(&p.url, "vision", "fake:1xA100-80GB", |c| {
             c.shares.mode = Some(commons_proto::ShareMode::Timeslice);
             c.shares.watch_every = Duration::from_millis(500);
@@ -51,7 +51,13 @@ async fn two_halves_share_one_gpu_and_the_owner_takes_it_back() {
         .await;
     p.wait_online("vision", 1).await;
     let nodes = p.get_json(&p.carol, "/api/v1/nodes").await;
-    let node = nodes[0]["id"].as_i64().unwrap();
+    (agent, nodes[0]["id"].as_i64().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_halves_share_one_gpu_and_the_owner_takes_it_back() {
+    let p = TestPortal::start(Backend::Sqlite).await;
+    let (_vision, node) = sharing_server(&p).await;
 
     // Sharing is off: a share waits, saying why.
     let first = p.submit(&p.bob, half()).await;
@@ -181,15 +187,7 @@ async fn bad_share_requests_name_their_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quarter_notebook_shows_its_memory_and_counts_a_quarter() {
     let p = TestPortal::start(Backend::Sqlite).await;
-    let vision = p
-        .agent_with(&p.url, "vision", "fake:1xA100-80GB", |c| {
-            c.shares.mode = Some(commons_proto::ShareMode::Timeslice);
-            c.shares.watch_every = Duration::from_millis(500);
-        })
-        .await;
-    p.wait_online("vision", 1).await;
-    let nodes = p.get_json(&p.carol, "/api/v1/nodes").await;
-    let node = nodes[0]["id"].as_i64().unwrap();
+    let (vision, node) = sharing_server(&p).await;
     let (s, v) = p
         .put_json(
             &p.carol,

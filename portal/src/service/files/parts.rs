@@ -153,7 +153,7 @@ where
     E: std::fmt::Display,
 {
     let a = actor.clone();
-    let (row, _, _) = ctx.db.run(move |c| mine(c, &a, id)).await?;
+    let (row, _, shown) = ctx.db.run(move |c| mine(c, &a, id)).await?;
     let size = row.size.unwrap_or(0).max(0) as u64;
     let want = part_len(size, n).ok_or_else(|| {
         AppError::invalid(
@@ -184,14 +184,12 @@ where
     let key = part_key(&row.object, n);
     ctx.files.store.put(&key, got.freeze()).await?;
     let bytes = want as i64;
-    let a = actor.clone();
     let stored = ctx
         .db
         .run(move |c| {
             if !rows::put_part(c, id, n as i32, bytes, db::now())? {
                 return Ok(None);
             }
-            let (row, _, shown) = mine(c, &a, id)?;
             view(c, &row, shown).map(Some)
         })
         .await?;
