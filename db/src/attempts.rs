@@ -242,16 +242,24 @@ pub fn renew_on(
 /// Owner take-backs of the queued jobs: per job, how many of its attempts ran on
 /// another lab's node and were stopped (the job is queued again, so they did not end
 /// it), and when the last of them ended. Jobs without any are missing.
-pub fn take_backs_of_queued(c: &mut DbConn) -> Result<Vec<(i64, u32, NaiveDateTime)>, DbError> {
-    let rows: Vec<(i64, Option<NaiveDateTime>)> = job_attempts::table
+pub fn take_backs_of_queued(
+    c: &mut DbConn,
+    only: Option<&[i64]>,
+) -> Result<Vec<(i64, u32, NaiveDateTime)>, DbError> {
+    let stopped_guests = job_attempts::table
         .inner_join(jobs::table)
         .inner_join(nodes::table)
         .filter(jobs::state.eq(JobState::Queued))
         .filter(job_attempts::state.eq(AttemptStatus::Stopped))
         .filter(nodes::lab_id.ne(jobs::lab_id))
         .order((job_attempts::job_id, job_attempts::id))
-        .select((job_attempts::job_id, job_attempts::ended_at))
-        .load(c)?;
+        .select((job_attempts::job_id, job_attempts::ended_at));
+    let rows: Vec<(i64, Option<NaiveDateTime>)> = match only {
+        None => stopped_guests.load(c)?,
+        Some(ids) => stopped_guests
+            .filter(job_attempts::job_id.eq_any(ids))
+            .load(c)?,
+    };
     let mut out: Vec<(i64, u32, NaiveDateTime)> = Vec::new();
     for (job, ended) in rows {
         let ended = ended.unwrap_or_default();

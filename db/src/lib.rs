@@ -53,6 +53,7 @@ pub mod upload_parts;
 pub mod usage;
 pub mod users;
 pub mod web_sessions;
+pub mod world;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;

@@ -8,246 +8,78 @@
 //! another lab's node is borrowing: it counts against its lab's quota and ledger, and to
 //! the node's lab as lending.
 
-use super::models::{Attempt, Gpu, JobState, Lab, Node};
+use super::models::Gpu;
 use super::plan::Waiting;
-use super::schema::*;
+use super::world::rows::{secs, Held, QueuedRow, Rows, LEDGER_LOOKBACK_S};
+use super::DbConn;
 use super::DbError;
-use super::{now, DbConn};
 use commons_sched::{LabInfo, MemberInfo, Policy, Quota};
-use diesel::prelude::*;
+use diesel::Connection;
 use std::collections::BTreeMap;
 
 /// The window GPU-hour quotas count over.
 pub const QUOTA_PERIOD_S: i64 = 7 * 24 * 3600;
-/// How far back the fair-share ledgers look (eight half-lives of a week: < 0.4%).
-const LEDGER_LOOKBACK_S: i64 = 8 * 7 * 24 * 3600;
-
-fn secs(t: chrono::NaiveDateTime) -> i64 {
-    t.and_utc().timestamp()
-}
 
 /// Reads the campus into a scheduler snapshot (one transaction).
 pub fn read(c: &mut DbConn, policy: &Policy) -> Result<commons_sched::Snapshot, DbError> {
     Ok(read_with_waiting(c, policy)?.0)
 }
 
-/// A queued job as the scheduler needs it (not its image, command or environment), and
-/// what it shows while it waits.
-#[derive(Queryable, Selectable)]
-#[diesel(table_name = jobs)]
-struct QueuedRow {
-    id: i64,
-    user_id: i64,
-    lab_id: i64,
-    gpus: i32,
-    gpu_models: super::types::Json<Vec<String>>,
-    min_gpu_memory_mb: i64,
-    cpus: f64,
-    memory_mb: i64,
-    disk_gb: Option<i64>,
-    time_limit_s: i64,
-    kind: crate::domain::JobKind,
-    created_at: chrono::NaiveDateTime,
-    reason: Option<String>,
-    queue_position: Option<i32>,
-    estimated_start_at: Option<chrono::NaiveDateTime>,
-    array_id: Option<i64>,
-    /// JSON; read only when not `[]` (almost every job names no dataset).
-    datasets: String,
-    /// JSON, likewise.
-    inputs: String,
-    gpu_milli: Option<i32>,
-    gpu_share_memory_mb: Option<i64>,
-}
-
 /// The snapshot, and what each queued job shows now (its reason, place and estimated
-/// start), so that the tick writes only what its plan changes.
+/// start): a full read in one transaction, which leaves the change log alone (the
+/// scheduler keeps a [`crate::world::World`] between rounds instead).
 pub fn read_with_waiting(
     c: &mut DbConn,
     policy: &Policy,
 ) -> Result<(commons_sched::Snapshot, BTreeMap<i64, Waiting>), DbError> {
     c.transaction(|c| {
-        let mut laps = Laps::start();
-        let t = now();
-        let now_s = secs(t);
-        let rows = Rows::load(c, t, &mut laps)?;
-        let (labs, members) = ledgers(&rows, policy, now_s);
-        laps.lap("labs and ledgers");
-        let node_lab: BTreeMap<i64, i64> = rows.nodes.iter().map(|n| (n.id, n.lab_id)).collect();
-        let return_rates = owner_return_rates(&rows.used, &node_lab, policy.utc_offset_s);
-        let snapshot = commons_sched::Snapshot {
-            nodes: sched_nodes(&rows, &return_rates),
-            running: running_jobs(&rows),
-            queue: queued_jobs(&rows, policy),
-            labs: labs.into_values().collect(),
-            members: members.into_values().collect(),
-        };
-        let waiting = rows
-            .queued
-            .iter()
-            .map(|j| {
-                let w = Waiting {
-                    reason: j.reason.clone(),
-                    position: j.queue_position,
-                    estimated_start: j.estimated_start_at,
-                };
-                (j.id, w)
-            })
-            .collect();
-        laps.lap("snapshot built");
-        tracing::debug!(took = ?laps.took, "snapshot read (cumulative ms)");
-        Ok((snapshot, waiting))
+        let t = super::now();
+        Ok(build(&Rows::load(c, t)?, policy, t))
     })
 }
 
-/// Cumulative milliseconds at each step of a read, for the debug log.
-struct Laps {
-    began: std::time::Instant,
-    took: Vec<(&'static str, u128)>,
-}
-
-impl Laps {
-    fn start() -> Laps {
-        Laps {
-            began: std::time::Instant::now(),
-            took: Vec::new(),
-        }
-    }
-
-    fn lap(&mut self, what: &'static str) {
-        self.took.push((what, self.began.elapsed().as_millis()));
-    }
-}
-
-/// Lab, user, time limit, CPUs and memory of a job whose attempt holds GPUs.
-type JobOf = (i64, i64, i64, f64, i64);
-
-/// Every row the snapshot is built from, read in the caller's transaction.
-struct Rows {
-    nodes: Vec<Node>,
-    gpus: Vec<Gpu>,
-    active: Vec<Attempt>,
-    queued: Vec<QueuedRow>,
-    /// Per queued job: how often its guest attempts were taken back, and the last time.
-    take_backs: BTreeMap<i64, (u32, i64)>,
-    /// Attempts that used GPUs within the ledgers' reach, with their jobs' lab and user.
-    used: Vec<(Attempt, i64, i64)>,
-    labs: Vec<Lab>,
-    members: Vec<(i64, i64, super::types::Json<Quota>)>,
-    job_of: BTreeMap<i64, JobOf>,
-    /// Each running attempt's latest checkpoint and the job's latest known write time.
-    checkpointed: BTreeMap<(i64, i32), super::checkpoints::AttemptCheckpoints>,
-    /// `LAB/NAME` of every `node:` dataset, with its lab and the export name.
-    exported: Vec<(String, i64, String)>,
-    /// What each queued job that names inputs or datasets will fetch at its start.
-    stage_bytes: BTreeMap<i64, u64>,
-}
-
-impl Rows {
-    fn load(c: &mut DbConn, t: chrono::NaiveDateTime, laps: &mut Laps) -> Result<Rows, DbError> {
-        let nodes: Vec<Node> = nodes::table
-            .filter(nodes::revoked_at.is_null())
-            .order(nodes::id)
-            .select(Node::as_select())
-            .load(c)?;
-        let gpus: Vec<Gpu> = gpus::table
-            .order(gpus::id)
-            .select(Gpu::as_select())
-            .load(c)?;
-        laps.lap("nodes and GPUs");
-        let active = super::attempts::active_attempts(c)?;
-        // Sorted here rather than by the database: tens of thousands of rows overflow
-        // PostgreSQL's default work_mem and its sort goes to disk (measured 200 ms of
-        // a 370 ms read at 45,000 queued).
-        let mut queued: Vec<QueuedRow> = jobs::table
-            .filter(jobs::state.eq(JobState::Queued))
-            // Jobs that wait for other jobs are not planned until released (`deps`).
-            .filter(diesel::dsl::not(jobs::held))
-            .select(QueuedRow::as_select())
-            .load(c)?;
-        queued.sort_unstable_by_key(|j| j.id);
-        // Tasks over their array's throttle are kept out like held jobs (`arrays`).
-        let tasks: Vec<(i64, Option<i64>)> = queued.iter().map(|j| (j.id, j.array_id)).collect();
-        let throttled = super::arrays::throttled(c, &tasks)?;
-        if !throttled.is_empty() {
-            queued.retain(|j| !throttled.contains(&j.id));
-        }
-        laps.lap("active and queued");
-        let take_backs = super::attempts::take_backs_of_queued(c)?
-            .into_iter()
-            .map(|(job, n, last)| (job, (n, secs(last))))
-            .collect();
-        let since = t - chrono::Duration::seconds(LEDGER_LOOKBACK_S);
-        let used = job_attempts::table
-            .inner_join(jobs::table)
-            .filter(job_attempts::started_at.is_not_null())
-            .filter(
-                job_attempts::ended_at
-                    .is_null()
-                    .or(job_attempts::ended_at.gt(since)),
-            )
-            .select((Attempt::as_select(), jobs::lab_id, jobs::user_id))
-            .load(c)?;
-        laps.lap("take-backs and used");
-        let labs = labs::table
-            .order(labs::id)
-            .select(Lab::as_select())
-            .load(c)?;
-        let members = memberships::table
-            .order((memberships::lab_id, memberships::user_id))
-            .select((
-                memberships::lab_id,
-                memberships::user_id,
-                memberships::quota,
-            ))
-            .load(c)?;
-        let job_of = jobs_of_attempts(c, &active)?;
-        let pairs: Vec<(i64, i32)> = active.iter().map(|a| (a.job_id, a.attempt)).collect();
-        let checkpointed = super::checkpoints::for_attempts(c, &pairs)?;
-        let sets = super::datasets::all(c)?;
-        let exported = sets
-            .iter()
-            .filter_map(|(d, slug)| {
-                let name = d.source.strip_prefix("node:")?.to_string();
-                Some((format!("{slug}/{}", d.name), d.lab_id, name))
-            })
-            .collect();
-        let stage_bytes = stage_bytes(c, &queued, &labs, &sets)?;
-        laps.lap("running jobs and checkpoints");
-        Ok(Rows {
-            nodes,
-            gpus,
-            active,
-            queued,
-            take_backs,
-            used,
-            labs,
-            members,
-            job_of,
-            checkpointed,
-            exported,
-            stage_bytes,
+/// Builds the snapshot at `t` from the world's rows.
+pub(crate) fn build(
+    rows: &Rows,
+    policy: &Policy,
+    t: chrono::NaiveDateTime,
+) -> (commons_sched::Snapshot, BTreeMap<i64, Waiting>) {
+    let now_s = secs(t);
+    let since = t - chrono::Duration::seconds(LEDGER_LOOKBACK_S);
+    let (labs, members) = ledgers(rows, since, policy, now_s);
+    let node_lab: BTreeMap<i64, i64> = rows.nodes.values().map(|n| (n.id, n.lab_id)).collect();
+    let return_rates = owner_return_rates(rows.used(since), &node_lab, policy.utc_offset_s);
+    let exported = exported(rows);
+    let snapshot = commons_sched::Snapshot {
+        nodes: sched_nodes(rows, &exported, &return_rates),
+        running: running_jobs(rows),
+        queue: queued_jobs(rows, &exported, policy),
+        labs: labs.into_values().collect(),
+        members: members.into_values().collect(),
+    };
+    let waiting = rows
+        .queue()
+        .map(|j| {
+            let w = Waiting {
+                reason: j.reason.clone(),
+                position: j.queue_position,
+                estimated_start: j.estimated_start_at,
+            };
+            (j.id, w)
         })
-    }
+        .collect();
+    (snapshot, waiting)
 }
 
-/// Lab, user and time limit of the jobs whose attempts hold GPUs, in one query.
-fn jobs_of_attempts(c: &mut DbConn, active: &[Attempt]) -> Result<BTreeMap<i64, JobOf>, DbError> {
-    let ids: Vec<i64> = active.iter().map(|a| a.job_id).collect();
-    Ok(jobs::table
-        .filter(jobs::id.eq_any(&ids))
-        .select((
-            jobs::id,
-            jobs::lab_id,
-            jobs::user_id,
-            jobs::time_limit_s,
-            jobs::cpus,
-            jobs::memory_mb,
-        ))
-        .load::<(i64, i64, i64, i64, f64, i64)>(c)?
-        .into_iter()
-        .map(|(id, lab, user, limit, cpus, mem)| (id, (lab, user, limit, cpus, mem)))
-        .collect())
+/// `LAB/NAME` of every `node:` dataset, with its lab and the export name.
+fn exported(rows: &Rows) -> Vec<(String, i64, String)> {
+    rows.sets
+        .iter()
+        .filter_map(|(d, slug)| {
+            let name = d.source.strip_prefix("node:")?.to_string();
+            Some((format!("{slug}/{}", d.name), d.lab_id, name))
+        })
+        .collect()
 }
 
 type LabLedgers = BTreeMap<i64, LabInfo>;
@@ -256,12 +88,22 @@ type MemberLedgers = BTreeMap<(i64, i64), MemberInfo>;
 /// Each lab's and member's quota with its usage: decayed GPU-hours for fair share and
 /// the GPU-hours of the quota period. Borrowing counts against the borrower's lab and is
 /// credited to the lender's.
-fn ledgers(rows: &Rows, policy: &Policy, now_s: i64) -> (LabLedgers, MemberLedgers) {
+fn ledgers(
+    rows: &Rows,
+    since: chrono::NaiveDateTime,
+    policy: &Policy,
+    now_s: i64,
+) -> (LabLedgers, MemberLedgers) {
     let (mut lab_info, mut member_info) = quotas(rows, now_s);
-    let gpu_by_id: BTreeMap<i64, &Gpu> = rows.gpus.iter().map(|g| (g.id, g)).collect();
-    let node_lab: BTreeMap<i64, i64> = rows.nodes.iter().map(|n| (n.id, n.lab_id)).collect();
+    let gpu_by_id = &rows.gpus;
+    let node_lab: BTreeMap<i64, i64> = rows.nodes.values().map(|n| (n.id, n.lab_id)).collect();
     let period_start = now_s - QUOTA_PERIOD_S;
-    for (a, job_lab, user) in &rows.used {
+    for held in rows.used(since) {
+        let Held {
+            attempt: a,
+            lab: job_lab,
+            user,
+        } = held;
         let Some(start) = a.started_at.map(secs) else {
             continue;
         };
@@ -342,13 +184,17 @@ fn quotas(rows: &Rows, now_s: i64) -> (LabLedgers, MemberLedgers) {
 }
 
 /// The nodes that are not revoked, with their present GPUs and lending rules.
-fn sched_nodes(rows: &Rows, return_rates: &BTreeMap<i64, Vec<f64>>) -> Vec<commons_sched::Node> {
+fn sched_nodes(
+    rows: &Rows,
+    exported: &[(String, i64, String)],
+    return_rates: &BTreeMap<i64, Vec<f64>>,
+) -> Vec<commons_sched::Node> {
     let mut on_node: BTreeMap<i64, Vec<&Gpu>> = BTreeMap::new();
-    for g in rows.gpus.iter().filter(|g| g.present) {
+    for g in rows.gpus.values().filter(|g| g.present) {
         on_node.entry(g.node_id).or_default().push(g);
     }
     rows.nodes
-        .iter()
+        .values()
         .map(|n| commons_sched::Node {
             id: n.id,
             name: n.name.clone(),
@@ -365,8 +211,7 @@ fn sched_nodes(rows: &Rows, return_rates: &BTreeMap<i64, Vec<f64>>) -> Vec<commo
             low_disk: n.disk_low.is_some(),
             // New GPUs await the lab admin: no guests until approved.
             inventory_unapproved: n.inventory_unapproved,
-            exports: rows
-                .exported
+            exports: exported
                 .iter()
                 .filter(|(_, lab, name)| *lab == n.lab_id && n.datasets.exports.contains(name))
                 .map(|(key, ..)| key.clone())
@@ -397,8 +242,7 @@ fn sched_gpu(g: &Gpu) -> commons_sched::Gpu {
 
 /// The attempts that hold GPUs (starting, running or stopping).
 fn running_jobs(rows: &Rows) -> Vec<commons_sched::RunningJob> {
-    rows.active
-        .iter()
+    rows.active()
         .map(|a| {
             let (lab, user, limit, cpus, memory_mb) =
                 rows.job_of.get(&a.job_id).copied().unwrap_or_default();
@@ -429,9 +273,12 @@ fn running_jobs(rows: &Rows) -> Vec<commons_sched::RunningJob> {
 }
 
 /// The queue, in submission order.
-fn queued_jobs(rows: &Rows, policy: &Policy) -> Vec<commons_sched::QueuedJob> {
-    rows.queued
-        .iter()
+fn queued_jobs(
+    rows: &Rows,
+    exported: &[(String, i64, String)],
+    policy: &Policy,
+) -> Vec<commons_sched::QueuedJob> {
+    rows.queue()
         .map(|j| {
             let (take_backs, taken_back_at) =
                 rows.take_backs.get(&j.id).copied().unwrap_or_default();
@@ -457,22 +304,18 @@ fn queued_jobs(rows: &Rows, policy: &Policy) -> Vec<commons_sched::QueuedJob> {
                         memory_mb: j.gpu_share_memory_mb.unwrap_or(0).max(0) as u64,
                     }
                 }),
-                ..dataset_needs(j, &rows.exported)
+                ..dataset_needs(j, exported)
             }
         })
         .collect()
 }
 
 /// What each queued job naming inputs or datasets will fetch when it starts.
-fn stage_bytes(
-    c: &mut DbConn,
-    queued: &[QueuedRow],
-    labs: &[Lab],
-    sets: &[(super::datasets::DatasetRow, String)],
-) -> Result<BTreeMap<i64, u64>, DbError> {
+pub(crate) fn stage_bytes(c: &mut DbConn, rows: &Rows) -> Result<BTreeMap<i64, u64>, DbError> {
+    let (labs, sets) = (&rows.labs, &rows.sets);
     let mut out = BTreeMap::new();
-    let fetching: Vec<&QueuedRow> = queued
-        .iter()
+    let fetching: Vec<&QueuedRow> = rows
+        .queue()
         .filter(|j| j.inputs != "[]" || j.datasets != "[]")
         .collect();
     if fetching.is_empty() {
@@ -536,18 +379,23 @@ pub fn effective_disk_gb(disk_gb: Option<i64>, policy: &Policy) -> u64 {
 /// again later (a later attempt of the same job exists) was taken back by the owner
 /// (or moved off a drained node). Rates are per week of the lookback, smoothed with
 /// [`commons_sched::smooth_return_rate`]; nodes without take-backs get none.
-fn owner_return_rates(
-    used: &[(Attempt, i64, i64)],
+fn owner_return_rates<'a>(
+    used: impl Iterator<Item = &'a Held> + Clone,
     node_lab: &BTreeMap<i64, i64>,
     utc_offset_s: i32,
 ) -> BTreeMap<i64, Vec<f64>> {
     let mut last: BTreeMap<i64, i32> = BTreeMap::new();
-    for (a, _, _) in used {
+    for Held { attempt: a, .. } in used.clone() {
         let e = last.entry(a.job_id).or_insert(a.attempt);
         *e = (*e).max(a.attempt);
     }
     let mut counts: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
-    for (a, job_lab, _) in used {
+    for Held {
+        attempt: a,
+        lab: job_lab,
+        ..
+    } in used
+    {
         let guest = node_lab.get(&a.node_id).is_some_and(|l| l != job_lab);
         let rerun = last.get(&a.job_id).is_some_and(|&l| l > a.attempt);
         let (true, true, true, Some(end)) = (

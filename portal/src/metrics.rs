@@ -103,6 +103,12 @@ pub struct Metrics {
     pub plan_size: Family<KindLabel, Gauge>,
     pub scheduler_leader: Gauge,
     pub last_tick: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// How rounds brought the scheduler's world up to date (`full`, `changes`, `check`).
+    pub world_updates: Family<KindLabel, Counter>,
+    /// Change rows the rounds took out of the log.
+    pub world_changes: Counter,
+    /// Checks that found the world unlike a fresh read (each repaired by that read).
+    pub world_mismatches: Counter,
     pub preemptions: Family<CauseLabel, Counter>,
     pub starts: Family<LabLabel, Counter>,
     pub queue_wait: HistogramFamily<LabLabel>,
@@ -146,6 +152,9 @@ impl Metrics {
             plan_size: Family::default(),
             scheduler_leader: Gauge::default(),
             last_tick: Gauge::default(),
+            world_updates: Family::default(),
+            world_changes: Counter::default(),
+            world_mismatches: Counter::default(),
             preemptions: Family::default(),
             starts: Family::default(),
             queue_wait: Family::new_with_constructor(wait_histogram),
@@ -209,6 +218,22 @@ impl Metrics {
             "Unix time of this replica's last finished scheduler round",
             Unit::Seconds,
             self.last_tick.clone(),
+        );
+        r.register(
+            "scheduler_world_updates",
+            "Rounds by how they brought the scheduler's world up to date: a full read, \
+             the changes in the log, or the changes and a full read to check them",
+            self.world_updates.clone(),
+        );
+        r.register(
+            "scheduler_world_changes",
+            "Change rows the scheduler's rounds took out of the change log",
+            self.world_changes.clone(),
+        );
+        r.register(
+            "scheduler_world_mismatches",
+            "Checks that found the scheduler's world unlike a fresh read (repaired by it)",
+            self.world_mismatches.clone(),
         );
     }
 

@@ -33,7 +33,7 @@
 use crate::error::AppError;
 use crate::metrics::{preemption_cause, CauseLabel, KindLabel, LabLabel, Metrics, PhaseLabel};
 use crate::service::plan_commit;
-use crate::service::round::Leader;
+use crate::service::round::{Leader, Refresh};
 use crate::state::AppState;
 use commons_proto::{PortalMsg, StopReason};
 use std::collections::HashMap;
@@ -65,6 +65,9 @@ pub async fn run(state: AppState) {
     let mut moves_written: Option<Instant> = None;
     // When the last round ended, and how long it took.
     let mut last_round = (Instant::now(), Duration::ZERO);
+    // The scheduler's world between rounds while this replica leads, and when it was
+    // last checked against a full read.
+    let mut world = World::default();
     loop {
         let lead = if postgres {
             let l = std::sync::Arc::clone(&leader);
@@ -79,6 +82,8 @@ pub async fn run(state: AppState) {
         };
         if !lead {
             leading_since = None;
+            // Another replica may lead meanwhile and take the changes out of the log.
+            world = World::default();
             state.metrics.not_leading();
         }
         if lead {
@@ -86,7 +91,7 @@ pub async fn run(state: AppState) {
             let since = *leading_since.get_or_insert_with(std::time::Instant::now);
             let judge_leases = since.elapsed() >= watch;
             let began = Instant::now();
-            let more = match tick(&state, judge_leases, &mut moves_written).await {
+            let more = match tick(&state, judge_leases, &mut moves_written, &mut world).await {
                 Ok(more) => {
                     let at = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
                     state.metrics.last_tick.set(at);
@@ -132,6 +137,14 @@ pub async fn run(state: AppState) {
     }
 }
 
+/// The scheduler's world between rounds (`db::world`), and when it was last checked
+/// against a full read.
+#[derive(Default)]
+pub struct World {
+    rows: Option<crate::db::world::World>,
+    checked: Option<Instant>,
+}
+
 /// One round; leases are judged only when `judge_leases` (see the module docs). Its
 /// phases and what it saw go to the metrics. `moves_written`: when the waiting jobs'
 /// places and estimates were last written (updated here). Returns whether starts were
@@ -140,6 +153,7 @@ pub async fn tick(
     state: &AppState,
     judge_leases: bool,
     moves_written: &mut Option<Instant>,
+    world: &mut World,
 ) -> Result<bool, AppError> {
     let began = Instant::now();
     let cfg = state.config.scheduler.clone();
@@ -151,7 +165,28 @@ pub async fn tick(
         lease_margin_s: cfg.lease_margin_s,
         judge_leases,
     };
-    let (snapshot, shown) = crate::service::round::read(state, lap, policy, m).await?;
+    let check_every = Duration::from_secs(cfg.world_check_s);
+    let refresh = if world.checked.is_none_or(|t| t.elapsed() >= check_every) {
+        Refresh::Check
+    } else {
+        Refresh::Changes
+    };
+    let had_world = world.rows.is_some();
+    // Taken out while the round reads: a round that fails reads in full next time.
+    let read =
+        crate::service::round::read(state, lap, policy, m, world.rows.take(), refresh).await?;
+    if refresh == Refresh::Check || !had_world {
+        world.checked = Some(Instant::now());
+    }
+    if let Some(what) = &read.mismatch {
+        metrics.world_mismatches.inc();
+        tracing::error!(
+            what = what.as_str(),
+            "the scheduler's world differed from a fresh read of the database; repaired from it"
+        );
+    }
+    let (snapshot, shown) = (read.snapshot, read.shown);
+    let world_rows = world.rows.insert(read.world);
     let now_s = chrono::Utc::now().timestamp();
     let offset = state.config.policy.utc_offset_s;
     metrics.observe_snapshot(&snapshot, now_s, offset);
@@ -182,10 +217,11 @@ pub async fn tick(
     phase(&metrics, "send", sending);
     let waiting = Instant::now();
     let moves = moves_written.is_none_or(|t| t.elapsed() >= WAITING_MOVES_EVERY);
-    state
+    let written = state
         .db
         .run(move |c| plan_commit::record_waiting(c, &pending, &shown, moves))
         .await?;
+    world_rows.noted_waiting(&written);
     if moves {
         *moves_written = Some(waiting);
     }

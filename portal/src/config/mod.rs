@@ -97,6 +97,11 @@ pub struct SchedulerConfig {
     /// follows at once. Keeps a round short when thousands of GPUs free up together (the
     /// load test measured a round starting about 5,000 jobs at over 20 s).
     pub max_starts_per_tick: usize,
+    /// How often, in seconds, the scheduler checks its world (kept in memory and updated
+    /// from the change log each round) against a full read of the database, and repairs
+    /// it with that read if they differ (logged, and counted in
+    /// `commons_scheduler_world_mismatches_total`). 0: every round (the tests do).
+    pub world_check_s: u64,
 }
 
 impl Default for Config {
@@ -137,6 +142,7 @@ impl Default for SchedulerConfig {
             lease_margin_s: 30,
             shutdown_lease_s: 1800,
             max_starts_per_tick: 256,
+            world_check_s: 300,
         }
     }
 }

@@ -5,9 +5,10 @@
 use super::{attempts, Ctx};
 pub use crate::db::leader::Leader;
 use crate::db::plan::Waiting;
-use crate::db::{nodes, snapshot, users};
+use crate::db::world::{Update, World};
+use crate::db::{nodes, users};
 use crate::error::AppError;
-use crate::metrics::Metrics;
+use crate::metrics::{KindLabel, Metrics};
 use commons_sched::{Policy, Snapshot};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,14 +22,34 @@ pub struct Lap {
     pub judge_leases: bool,
 }
 
-/// The world to plan from, and the waiting jobs the pages show (see
-/// `db::snapshot::read_with_waiting`).
+/// How this round brings the scheduler's world up to date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refresh {
+    /// Take in the changes in the log.
+    Changes,
+    /// The same, then compare with a full read (repairing the world if they differ).
+    Check,
+}
+
+/// What a round read: the world (to keep for the next round), the snapshot to plan
+/// from, what the waiting jobs show, and what a check found unlike a fresh read.
+pub struct Read {
+    pub world: World,
+    pub snapshot: Snapshot,
+    pub shown: BTreeMap<i64, Waiting>,
+    pub mismatch: Option<String>,
+}
+
+/// The world to plan from, and the waiting jobs the pages show: the world of the last
+/// round brought up to date (`refresh`), or read in full when there is none.
 pub async fn read(
     ctx: &Ctx,
     lap: Lap,
     policy: Policy,
     metrics: Arc<Metrics>,
-) -> Result<(Snapshot, BTreeMap<i64, Waiting>), AppError> {
+    world: Option<World>,
+    refresh: Refresh,
+) -> Result<Read, AppError> {
     ctx.db
         .run(move |c| {
             let t = crate::db::clock(c)?;
@@ -51,12 +72,50 @@ pub async fn read(
                     "jobs waiting for other jobs settled"
                 );
             }
-            let (snapshot, shown) = snapshot::read_with_waiting(c, &policy)?;
+            let mut mismatch = None;
+            let world = match world {
+                None => {
+                    metrics
+                        .world_updates
+                        .get_or_create(&KindLabel { kind: "full" })
+                        .inc();
+                    World::load(c)?
+                }
+                Some(mut w) => {
+                    let update = match refresh {
+                        Refresh::Changes => w.update(c)?,
+                        Refresh::Check => {
+                            let (update, differs) = w.check(c, &policy)?;
+                            mismatch = differs;
+                            update
+                        }
+                    };
+                    let kind = match (refresh, update) {
+                        (Refresh::Check, _) => "check",
+                        (_, Update::Full) => "full",
+                        (_, Update::Changes(_)) => "changes",
+                    };
+                    metrics
+                        .world_updates
+                        .get_or_create(&KindLabel { kind })
+                        .inc();
+                    if let Update::Changes(n) = update {
+                        metrics.world_changes.inc_by(n as u64);
+                    }
+                    w
+                }
+            };
+            let (snapshot, shown) = world.snapshot(&policy);
             let labs = snapshot.nodes.iter().map(|n| n.lab);
             if !metrics.knows_labs(labs.chain(snapshot.queue.iter().map(|q| q.lab))) {
                 metrics.set_labs(users::all_lab_slugs(c)?);
             }
-            Ok((snapshot, shown))
+            Ok(Read {
+                world,
+                snapshot,
+                shown,
+                mismatch,
+            })
         })
         .await
 }

@@ -404,7 +404,8 @@ pub(crate) fn start_msg(
 
 /// Writes what the waiting jobs of a plan show (reason, place in the queue, estimated
 /// start) where it differs from what they show now (`shown`, read with the snapshot);
-/// returns how many rows were written. One statement on PostgreSQL.
+/// returns the rows written (the scheduler's world notes them). One statement on
+/// PostgreSQL.
 ///
 /// Without `moves`, only rows whose reason changed (a job the scheduler saw for the
 /// first time, one that now waits for something else) are written: when a round starts
@@ -415,7 +416,7 @@ pub fn record_waiting(
     pending: &[commons_sched::Pending],
     shown: &BTreeMap<i64, Waiting>,
     moves: bool,
-) -> Result<usize, AppError> {
+) -> Result<Vec<(i64, Waiting)>, AppError> {
     let changed: Vec<(i64, Waiting)> = pending
         .iter()
         .filter_map(|p| {
@@ -437,7 +438,7 @@ pub fn record_waiting(
         })
         .collect();
     db::transaction(c, |c| db::plan::set_waiting(c, &changed))?;
-    Ok(changed.len())
+    Ok(changed)
 }
 
 #[cfg(test)]

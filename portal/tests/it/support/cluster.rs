@@ -339,7 +339,7 @@ impl PortalProcess {
             "database_url = \"{db_url}\"\nlisten = \"{listen}:{port}\"\n\
              insecure_dev_login = {}\nsession_key_file = \"{}\"\n\
              [scheduler]\ntick_ms = 200\nheartbeat_s = 1\nlease_ttl_s = {}\n\
-             lease_margin_s = {}\n[policy]\ndefault_grace_s = 5\n\
+             lease_margin_s = {}\nworld_check_s = 0\n[policy]\ndefault_grace_s = 5\n\
              [metrics]\nbearer_token_file = \"{}\"\n",
             o.dev_login,
             session_key.display(),
@@ -489,10 +489,18 @@ impl PortalProcess {
 }
 
 impl Drop for PortalProcess {
+    /// Stops the portal; its scheduler's world must have equalled a fresh read after
+    /// every round (`world_check_s = 0`): a mismatch in its log fails the test.
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        let log = self.log();
+        if let Some(line) = log.lines().find(|l| l.contains("world differed")) {
+            if !std::thread::panicking() {
+                panic!("the portal's scheduler world differed from a fresh read: {line}");
+            }
         }
     }
 }

@@ -106,6 +106,30 @@ pub struct TestPortal {
     pub olga: String,
     /// Kept so the database lives (and is dropped) with the portal.
     _db: TestDb,
+    _world: WorldCheck,
+}
+
+/// Fails the test, when its portal goes, if the scheduler's world ever differed from a
+/// fresh read of the database (every round is checked: `world_check_s = 0`); the log
+/// says what differed.
+pub struct WorldCheck(std::sync::Arc<commons_portal::metrics::Metrics>);
+
+impl WorldCheck {
+    fn of(p: &RunningPortal) -> WorldCheck {
+        WorldCheck(std::sync::Arc::clone(&p.state.metrics))
+    }
+}
+
+impl Drop for WorldCheck {
+    fn drop(&mut self) {
+        let mismatches = self.0.world_mismatches.get();
+        if mismatches > 0 && !std::thread::panicking() {
+            panic!(
+                "the scheduler's world differed from a fresh read {mismatches} time(s); \
+                 see the log line 'the scheduler's world differed'"
+            );
+        }
+    }
 }
 
 /// A change to a test portal's configuration.
@@ -163,6 +187,9 @@ impl TestPortal {
                 heartbeat_s: 1,
                 lease_ttl_s: 10,
                 lease_margin_s: 2,
+                // Every round checks the scheduler's world against a fresh read; a
+                // mismatch fails the test when its portal is dropped.
+                world_check_s: 0,
                 ..Default::default()
             },
             ..Config::default()
@@ -208,6 +235,7 @@ impl TestPortal {
         TestPortal {
             backend,
             url: portal.url(),
+            _world: WorldCheck::of(&portal),
             portal,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
@@ -477,6 +505,7 @@ impl TestPortal {
             .expect("portal restarts");
         TestPortal {
             url: portal.url(),
+            _world: WorldCheck::of(&portal),
             portal,
             ..self
         }

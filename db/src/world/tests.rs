@@ -1,0 +1,224 @@
+//! The world kept from the change log equals a fresh read after every kind of change the
+//! portal makes, on both backends; a change the log lost is found by the check.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::rows::Rows;
+use super::{changes, describe_difference, Update, World};
+use crate::models::{AttemptStatus, JobState};
+use crate::schema::*;
+use crate::testkit;
+use crate::{now, DbConn};
+use commons_sched::Policy;
+use diesel::prelude::*;
+
+/// Takes in the changes, then compares with a fresh read built at the same instant.
+fn follows(w: &mut World, c: &mut DbConn, step: &str) -> Update {
+    let update = w.update(c).unwrap();
+    let policy = Policy::default();
+    let t = now();
+    let ours = crate::snapshot::build(&w.rows, &policy, t);
+    let theirs = crate::snapshot::build(&Rows::load(c, t).unwrap(), &policy, t);
+    assert_eq!(describe_difference(&ours, &theirs), None, "after {step}");
+    update
+}
+
+fn every_change(c: &mut DbConn) {
+    let campus = testkit::campus(c, 2);
+    let node = campus.node.id;
+    let lab = campus.node.lab_id;
+    let user = campus.jobs[0].user_id;
+    let mut w = World::load(c).unwrap();
+    assert_eq!(w.snapshot(&Policy::default()).0.running.len(), 2);
+    assert_eq!(follows(&mut w, c, "nothing"), Update::Changes(0));
+
+    // Submissions, a job held back and released, a cancel.
+    let queued: Vec<i64> = (0..3)
+        .map(|_| {
+            crate::jobs::insert(c, user, &testkit::demo_job(lab))
+                .unwrap()
+                .id
+        })
+        .collect();
+    follows(&mut w, c, "three submissions");
+    assert_eq!(w.queued(), 3);
+    diesel::update(jobs::table.find(queued[0]))
+        .set(jobs::held.eq(true))
+        .execute(c)
+        .unwrap();
+    follows(&mut w, c, "a job held");
+    assert_eq!(w.queued(), 2);
+    diesel::update(jobs::table.find(queued[0]))
+        .set(jobs::held.eq(false))
+        .execute(c)
+        .unwrap();
+    crate::jobs::set_state(c, queued[2], JobState::Cancelled, "cancelled").unwrap();
+    follows(&mut w, c, "a job released, another cancelled");
+
+    // Attempts: one runs, one ends and its job is queued again (a take-back, being on
+    // another lab's node), a checkpoint is stored.
+    let first = crate::attempts::find(c, campus.jobs[0].id, 1)
+        .unwrap()
+        .unwrap();
+    crate::attempts::mark_running(c, first.id, now()).unwrap();
+    crate::jobs::set_state(c, campus.jobs[0].id, JobState::Running, "running").unwrap();
+    follows(&mut w, c, "an attempt running");
+    let other = crate::users::create_lab(c, "physics", "Physics").unwrap();
+    diesel::update(jobs::table.find(campus.jobs[1].id))
+        .set(jobs::lab_id.eq(other.id))
+        .execute(c)
+        .unwrap();
+    let second = crate::attempts::find(c, campus.jobs[1].id, 1)
+        .unwrap()
+        .unwrap();
+    crate::attempts::mark_running(c, second.id, now()).unwrap();
+    crate::attempts::end(c, second.id, AttemptStatus::Stopped, None, None, now()).unwrap();
+    crate::jobs::set_state(c, campus.jobs[1].id, JobState::Queued, "taken back").unwrap();
+    follows(&mut w, c, "a guest taken back and queued again");
+    let (snap, _) = w.snapshot(&Policy::default());
+    let back = snap
+        .queue
+        .iter()
+        .find(|q| q.id == campus.jobs[1].id)
+        .unwrap();
+    assert_eq!(back.take_backs, 1);
+    diesel::insert_into(checkpoints::table)
+        .values((
+            checkpoints::job_id.eq(campus.jobs[0].id),
+            checkpoints::attempt.eq(1),
+            checkpoints::seq.eq(1),
+            checkpoints::node_id.eq(node),
+            checkpoints::lab_id.eq(lab),
+            checkpoints::prefix.eq("k/1"),
+            checkpoints::bytes.eq(10_i64),
+            checkpoints::sha256.eq("00"),
+            checkpoints::parts.eq(1),
+            checkpoints::created_at.eq(now()),
+        ))
+        .execute(c)
+        .unwrap();
+    follows(&mut w, c, "a checkpoint");
+
+    // The node and its GPUs: lending, draining, a GPU added, one in local use.
+    crate::nodes::set_lending(c, node, r#"{"mode":"always"}"#, 30, false).unwrap();
+    crate::nodes::set_draining(c, node, true).unwrap();
+    follows(&mut w, c, "lending and draining");
+    let gpus: Vec<commons_proto::GpuInfo> = (0..2)
+        .map(|i| commons_proto::GpuInfo {
+            uuid: format!("GPU-{}", i + 1),
+            index: i,
+            model: "A100".into(),
+            memory_mb: 80_000,
+            fake: true,
+        })
+        .collect();
+    crate::nodes::upsert_gpus(c, node, "0", &gpus).unwrap();
+    diesel::update(gpus::table.filter(gpus::uuid.eq("GPU-2")))
+        .set(gpus::local_use.eq(true))
+        .execute(c)
+        .unwrap();
+    follows(&mut w, c, "a GPU added, in local use");
+
+    // Labs, members, datasets.
+    crate::users::set_lab_quota(c, lab, true, r#"{"gpu_hours_per_week": 10}"#).unwrap();
+    let bob = crate::users::create_user(c, "bob", "bob@x.test", false).unwrap();
+    crate::users::set_membership(c, bob.id, lab, crate::models::Role::Member).unwrap();
+    let req = commons_api::datasets::DatasetRequest {
+        name: "cifar".into(),
+        source: "node:cifar".into(),
+        description: String::new(),
+        visibility: commons_api::datasets::Visibility::Word("lab".into()),
+    };
+    crate::datasets::insert(c, lab, &req, "carol").unwrap();
+    follows(&mut w, c, "a quota, a member, a dataset");
+
+    // A revoked node leaves the world.
+    crate::nodes::revoke(c, node).unwrap();
+    follows(&mut w, c, "the node revoked");
+    assert!(w.snapshot(&Policy::default()).0.nodes.is_empty());
+}
+
+#[test]
+fn the_world_follows_every_change_on_sqlite() {
+    let (_dir, mut c) = testkit::sqlite();
+    every_change(&mut c);
+}
+
+#[test]
+fn the_world_follows_every_change_on_postgres() {
+    let (_guard, mut c) = testkit::postgres();
+    every_change(&mut c);
+}
+
+/// A change the log lost (here: taken out by hand) leaves the world behind; the check
+/// finds it, says what differs, and repairs the world from its fresh read.
+#[test]
+fn a_lost_change_is_found_by_the_check_and_repaired() {
+    let (_dir, mut c) = testkit::sqlite();
+    let c = &mut c;
+    let campus = testkit::campus(c, 1);
+    let job = crate::jobs::insert(
+        c,
+        campus.jobs[0].user_id,
+        &testkit::demo_job(campus.node.lab_id),
+    )
+    .unwrap();
+    let mut w = World::load(c).unwrap();
+    diesel::update(jobs::table.find(job.id))
+        .set(jobs::gpus.eq(4))
+        .execute(c)
+        .unwrap();
+    changes::clear(c).unwrap();
+    let policy = Policy::default();
+    let (_, found) = w.check(c, &policy).unwrap();
+    let found = found.expect("the check sees the lost change");
+    assert!(found.starts_with("queue:"), "{found}");
+    assert!(found.contains("\"gpus\":4"), "{found}");
+    assert_eq!(w.check(c, &policy).unwrap().1, None, "repaired");
+}
+
+/// Heartbeats, lease renewals and the waiting jobs' places (which the scheduler writes
+/// and notes itself) change nothing the world reads: they leave no change.
+#[test]
+fn updates_the_scheduler_does_not_read_leave_no_change() {
+    let (_dir, mut c) = testkit::sqlite();
+    let c = &mut c;
+    let campus = testkit::campus(c, 1);
+    let job = crate::jobs::insert(
+        c,
+        campus.jobs[0].user_id,
+        &testkit::demo_job(campus.node.lab_id),
+    )
+    .unwrap();
+    changes::clear(c).unwrap();
+    let stat = commons_proto::GpuStat {
+        uuid: "GPU-1".into(),
+        utilization_pct: 55,
+        memory_used_mb: 1000,
+        local_use: false,
+        fault: None,
+    };
+    crate::nodes::update_gpu_stats(c, campus.node.id, &[stat]).unwrap();
+    diesel::update(nodes::table.find(campus.node.id))
+        .set(nodes::last_seen_at.eq(Some(now())))
+        .execute(c)
+        .unwrap();
+    let jobs = [campus.jobs[0].id];
+    let later = now() + chrono::Duration::seconds(60);
+    crate::attempts::renew_on(
+        c,
+        campus.node.id,
+        later,
+        crate::attempts::Renewable::Reported(&jobs),
+    )
+    .unwrap();
+    // Its place and estimate only (a new reason is a change: jobs' reasons are written
+    // by others too).
+    let waiting = crate::plan::Waiting {
+        reason: job.reason.clone(),
+        position: Some(1),
+        estimated_start: Some(now()),
+    };
+    crate::plan::set_waiting(c, &[(job.id, waiting)]).unwrap();
+    assert_eq!(changes::take(c).unwrap(), changes::Changes::default());
+}
