@@ -79,6 +79,10 @@ const MIGRATIONS_TABLE: &str = "__diesel_schema_migrations";
 /// Tables whose migration writes their one row itself (so a fresh database has it):
 /// not counted when the target must be empty, and replaced by the source's row.
 const SEEDED: [&str; 1] = ["notification_cursor"];
+/// The scheduler's change log (`world`): not copied, and emptied in the target after the
+/// copy (its triggers wrote every copied row into it); a portal reads its world in full
+/// when it starts.
+const CHANGE_LOG: &str = "world_changes";
 const BATCH: usize = 500;
 
 fn quote(ident: &str) -> String {
@@ -115,6 +119,7 @@ pub fn sqlite_to_postgres(from: &str, to: &str) -> Result<Copied, CopyError> {
         for t in &order {
             copy_table(&mut src, dst, t, &columns[t].0)?;
         }
+        diesel::sql_query(format!("DELETE FROM {CHANGE_LOG}")).execute(dst)?;
         Ok(())
     })?;
     // 5. Verify.
@@ -233,7 +238,7 @@ fn verify_table(
 fn sqlite_tables(c: &mut diesel::SqliteConnection) -> Result<Vec<String>, CopyError> {
     Ok(diesel::sql_query(format!(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
-         AND name != '{MIGRATIONS_TABLE}' ORDER BY name"
+         AND name != '{MIGRATIONS_TABLE}' AND name != '{CHANGE_LOG}' ORDER BY name"
     ))
     .load::<Name>(c)?
     .into_iter()
