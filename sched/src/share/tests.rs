@@ -257,6 +257,22 @@ fn the_mix_forgets_beyond_its_window() {
 }
 
 #[test]
+fn the_blended_mix_remembers_rare_shapes_beyond_its_window() {
+    let mut mix = ShapeMix::new(3);
+    mix.observe(&whole(8));
+    for _ in 0..3 {
+        mix.observe(&share(500));
+    }
+    assert_eq!(mix.blended(8, 0.0), mix.classes(8));
+    let blended = mix.blended(8, 0.5);
+    assert_eq!(blended.len(), 2, "{blended:?}");
+    assert_eq!(blended[0].0, share(500));
+    assert!((blended[0].1 - 0.875).abs() < 1e-9, "{blended:?}");
+    assert_eq!(blended[1].0, whole(8));
+    assert!((blended[1].1 - 0.125).abs() < 1e-9, "{blended:?}");
+}
+
+#[test]
 fn waiting_reasons_read_as_sentences() {
     let ask = GpuAsk::from_fields(Some(0.5), Some(20.0)).unwrap();
     assert_eq!(
