@@ -208,9 +208,11 @@ pub fn place(
     best.map(|(_, _, p)| p)
 }
 
-/// `commons`' shapes: the blended mix, the prior's widest shapes, each weighed up by
-/// how few of `nodes` can host it now (shapes none can host are left out: no placement
-/// changes their fragment but by the share it takes, the same everywhere).
+/// `commons`' shapes: the blended mix, each shape weighed by its GPU demand
+/// ([`ShareTuning::demand_power`]), plus the prior's widest shape
+/// ([`ShareTuning::wide_prior`]), each then weighed up by how few of `nodes` can host
+/// it now ([`ShareTuning::scarcity`]; shapes none can host are left out then: no
+/// placement changes their fragment but by the share it takes, the same everywhere).
 fn commons_classes(
     nodes: &[ShareNode],
     mut classes: Vec<(ShareRequest, f64)>,
