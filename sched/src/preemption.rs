@@ -71,21 +71,28 @@ pub(crate) fn victims(
     let now = world.now;
     let extra = crate::owner::owner_delay_cap(job, world.policy);
     // A node has a handful of GPUs: a small Vec beats a map here. A unit is the guests
-    // that free `count` GPUs together: one guest holding GPUs whole, or a GPU's shares.
-    let mut held: Vec<(Vec<usize>, u32)> = Vec::new();
+    // that free `count` GPUs together: one guest holding GPUs whole, or a GPU's shares
+    // (kept as the GPU's index: no Vec per unit).
+    let guest = |r: usize| world.running[r].guest && !world.running[r].new;
+    let mut held: Vec<(Unit, u32)> = Vec::new();
     for g in world.nodes[n].gpus.clone() {
         let gw = &world.gpus[g];
-        if gw.claim.is_some() || !gpu_matches(job, gw.gpu) {
+        if gw.claim.is_some() {
             continue;
         }
-        let guest = |r: usize| world.running[r].guest && !world.running[r].new;
+        // The cheap checks first; the GPU's kind only for a GPU guests could free.
         match gw.holder {
-            Some(r) if guest(r) => match held.iter_mut().find(|(h, _)| h[..] == [r]) {
-                Some((_, c)) => *c += 1,
-                None => held.push((vec![r], 1)),
-            },
-            None if gw.shared.is_some() && gw.shares().iter().all(|&r| guest(r)) => {
-                held.push((gw.shares().to_vec(), 1));
+            Some(r) if guest(r) && gpu_matches(job, gw.gpu) => {
+                match held.iter_mut().find(|(h, _)| *h == Unit::Whole(r)) {
+                    Some((_, c)) => *c += 1,
+                    None => held.push((Unit::Whole(r), 1)),
+                }
+            }
+            None if gw.shared.is_some()
+                && gw.shares().iter().all(|&r| guest(r))
+                && gpu_matches(job, gw.gpu) =>
+            {
+                held.push((Unit::Shares(g), 1));
             }
             _ => {}
         }
@@ -94,7 +101,8 @@ pub(crate) fn victims(
     let mut ranked: Vec<Rank> = held
         .iter()
         .enumerate()
-        .map(|(u, (runs, count))| {
+        .map(|(u, (unit, count))| {
+            let runs = unit.runs(world);
             let all = |f: &dyn Fn(usize) -> bool| runs.iter().all(|&r| f(r));
             let young = !all(&|r| {
                 now.saturating_sub(world.running[r].started_at) >= world.policy.min_runtime_s
@@ -142,9 +150,27 @@ pub(crate) fn victims(
         .fold(0, i64::saturating_add);
     let runs = chosen
         .into_iter()
-        .flat_map(|(u, _, _)| held[u].0.iter().copied())
+        .flat_map(|(u, _, _)| held[u].0.runs(world).iter().copied())
         .collect();
     Some((runs, cost))
+}
+
+/// A victim unit of [`victims`]: a guest holding GPUs whole (running index), or every
+/// guest share on one GPU (GPU index).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Whole(usize),
+    Shares(usize),
+}
+
+impl Unit {
+    /// The running jobs that stop together.
+    fn runs<'a>(&'a self, world: &'a World) -> &'a [usize] {
+        match self {
+            Unit::Whole(r) => std::slice::from_ref(r),
+            Unit::Shares(g) => world.gpus[*g].shares(),
+        }
+    }
 }
 
 /// Whether lab slot `lab` used more than its fair share: decayed usage above its base

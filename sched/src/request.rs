@@ -43,6 +43,7 @@ pub(crate) fn shape<'a>(job: &'a QueuedJob, policy: &Policy, now: Time) -> Shape
 
 /// Whether a GPU is of the kind the job asks for (model, memory, MIG profile); a share
 /// needs a whole GPU with at least the memory it asks for.
+#[inline]
 pub(crate) fn gpu_matches(job: &QueuedJob, gpu: &Gpu) -> bool {
     if let Some(s) = job.share {
         if gpu.mig_profile.is_some() || gpu.memory_mb < s.memory_mb || gpu.memory_mb == 0 {

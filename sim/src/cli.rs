@@ -93,6 +93,19 @@ pub struct ReplayArgs {
     /// ("true"/"false"; default: `sched`'s).
     #[arg(long)]
     pub share_cpu_aware: Option<bool>,
+    /// openb: how much `commons` weighs every request seen against the recent window,
+    /// 0 to 1 (default: `sched`'s).
+    #[arg(long)]
+    pub share_long_weight: Option<f64>,
+    /// openb: weight of `commons`' prior widest shapes (default: `sched`'s).
+    #[arg(long)]
+    pub share_wide_prior: Option<f64>,
+    /// openb: power of the scarcity weighting of `commons`' shapes (default: `sched`'s).
+    #[arg(long)]
+    pub share_scarcity: Option<f64>,
+    /// openb: power of the GPU-demand weighting of `commons`' shapes (default: `sched`'s).
+    #[arg(long)]
+    pub share_demand_power: Option<f64>,
     /// Queued jobs per lab shown to the scheduler in one call (besides the head of the
     /// campus-wide queue).
     #[arg(long, default_value_t = 8)]

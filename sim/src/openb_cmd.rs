@@ -30,6 +30,10 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         whole_weight: args.share_whole_weight.unwrap_or(default.whole_weight),
         cpu_aware: args.share_cpu_aware.unwrap_or(default.cpu_aware),
         fgd_mix_window: default.fgd_mix_window,
+        long_weight: args.share_long_weight.unwrap_or(default.long_weight),
+        wide_prior: args.share_wide_prior.unwrap_or(default.wide_prior),
+        scarcity: args.share_scarcity.unwrap_or(default.scarcity),
+        demand_power: args.share_demand_power.unwrap_or(default.demand_power),
     };
     let gpus: u64 = nodes.iter().map(|n| n.gpus.len() as u64).sum();
     if !args.quiet {

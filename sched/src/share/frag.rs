@@ -21,6 +21,9 @@ pub struct ShapeMix {
     window: usize,
     recent: VecDeque<ShareRequest>,
     counts: BTreeMap<ShareRequest, u32>,
+    /// Every GPU request seen, by shape (never forgotten: rare wide shapes stay known).
+    seen: BTreeMap<ShareRequest, u32>,
+    seen_total: u64,
 }
 
 impl ShapeMix {
@@ -40,6 +43,9 @@ impl ShapeMix {
         }
         self.recent.push_back(req.clone());
         *self.counts.entry(req.clone()).or_default() += 1;
+        let seen = self.seen.entry(req.clone()).or_default();
+        *seen = seen.saturating_add(1);
+        self.seen_total += 1;
         while self.recent.len() > self.window {
             if let Some(old) = self.recent.pop_front() {
                 if let Some(c) = self.counts.get_mut(&old) {
@@ -50,6 +56,38 @@ impl ShapeMix {
                 }
             }
         }
+    }
+
+    /// The `top` shapes by a blend of their share of the window (`1 - long`) and of
+    /// every request seen (`long`), weights that sum to 1 over the shapes returned; ties in shape order. `long` 0 ranks as
+    /// [`ShapeMix::classes`] does.
+    pub fn blended(&self, top: usize, long: f64) -> Vec<(ShareRequest, f64)> {
+        let long = long.clamp(0.0, 1.0);
+        if long == 0.0 {
+            return self.classes(top);
+        }
+        let recent_total = f64::from(self.counts.values().sum::<u32>().max(1));
+        let seen_total = self.seen_total.max(1) as f64;
+        let mut all: Vec<(&ShareRequest, f64)> = self
+            .seen
+            .iter()
+            .map(|(r, &c)| {
+                let recent = self.counts.get(r).map_or(0.0, |&n| f64::from(n)) / recent_total;
+                let w = (1.0 - long) * recent + long * f64::from(c) / seen_total;
+                (r, w)
+            })
+            .filter(|(_, w)| *w > 0.0)
+            .collect();
+        all.sort_by(|a, b| {
+            b.1.partial_cmp(&a.1)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| a.0.cmp(b.0))
+        });
+        all.truncate(top.max(1));
+        let total: f64 = all.iter().map(|(_, w)| w).sum();
+        all.into_iter()
+            .map(|(r, w)| (r.clone(), w / total.max(f64::MIN_POSITIVE)))
+            .collect()
     }
 
     /// GPU requests in the window.
@@ -151,6 +189,48 @@ pub(crate) fn fragment_with_cpu(node: &ShareNode, class: &ShareRequest) -> f64 {
         return plain;
     }
     plain + usable * (1.0 - hosted as f64 / instances as f64)
+}
+
+/// Whether `node` could take one request of shape `class` now (CPU, memory, model and
+/// GPUs).
+pub(crate) fn can_host(node: &ShareNode, class: &ShareRequest) -> bool {
+    if !node.hosts(class) {
+        return false;
+    }
+    match class.gpu {
+        GpuAsk::None => true,
+        GpuAsk::Share { .. } => node
+            .gpus
+            .iter()
+            .any(|g| class.model_ok(g) && g.fits(&class.gpu).is_some()),
+        GpuAsk::Whole { count } => {
+            node.gpus
+                .iter()
+                .filter(|g| class.model_ok(g) && g.is_empty())
+                .count()
+                >= count as usize
+        }
+    }
+}
+
+/// The widest whole-node shape `nodes` can still host: among the untouched nodes
+/// (every GPU empty) with the most GPUs, the one with the most free CPU, then memory,
+/// asked for whole. A prior for a shape the recent mix may not have seen yet (a rare
+/// 8-GPU job that only the biggest servers can host).
+pub(crate) fn widest_shape(nodes: &[ShareNode]) -> Option<ShareRequest> {
+    nodes
+        .iter()
+        .filter(|n| !n.gpus.is_empty() && n.gpus.iter().all(|g| g.is_empty()))
+        .map(|n| (n.gpus.len(), n.free_cpu_milli, n.free_memory_mib))
+        .max()
+        .map(|(count, cpu_milli, memory_mib)| ShareRequest {
+            cpu_milli,
+            memory_mib,
+            gpu: GpuAsk::Whole {
+                count: u32::try_from(count).unwrap_or(u32::MAX),
+            },
+            models: Vec::new(),
+        })
 }
 
 /// How a node's fragment is measured.

@@ -257,6 +257,79 @@ fn the_mix_forgets_beyond_its_window() {
 }
 
 #[test]
+fn the_blended_mix_remembers_rare_shapes_beyond_its_window() {
+    let mut mix = ShapeMix::new(3);
+    mix.observe(&whole(8));
+    for _ in 0..3 {
+        mix.observe(&share(500));
+    }
+    assert_eq!(mix.blended(8, 0.0), mix.classes(8));
+    let blended = mix.blended(8, 0.5);
+    assert_eq!(blended.len(), 2, "{blended:?}");
+    assert_eq!(blended[0].0, share(500));
+    assert!((blended[0].1 - 0.875).abs() < 1e-9, "{blended:?}");
+    assert_eq!(blended[1].0, whole(8));
+    assert!((blended[1].1 - 0.125).abs() < 1e-9, "{blended:?}");
+}
+
+/// Issue 32's gap: on the openb trace `commons` turned away an 8-GPU job at 20 % load,
+/// because the CPU-aware fragment put shares first on the few servers with the most
+/// CPU per GPU, the only ones that can host it. The prior keeps them for last.
+#[test]
+fn the_widest_servers_are_kept_for_the_widest_job() {
+    let server = |name: &str, cpus: u64, memory_gib: u64| ShareNode {
+        free_cpu_milli: cpus * 1000,
+        free_memory_mib: memory_gib * GIB,
+        ..node(name, 8, 16)
+    };
+    let mut nodes: Vec<ShareNode> = (0..3)
+        .map(|i| server(&format!("g2-{i}"), 96, 384))
+        .collect();
+    nodes.push(server("g3", 128, 768));
+    let notebook = ShareRequest {
+        cpu_milli: 4_000,
+        memory_mib: 48 * GIB,
+        ..share(500)
+    };
+    let wide = ShareRequest {
+        cpu_milli: 120_000,
+        memory_mib: 720 * GIB,
+        gpu: GpuAsk::Whole { count: 8 },
+        models: Vec::new(),
+    };
+    let before = ShareTuning {
+        long_weight: 0.0,
+        wide_prior: 0.0,
+        ..ShareTuning::default()
+    };
+    let one_gpu = ShareRequest {
+        cpu_milli: 16_000,
+        memory_mib: 64 * GIB,
+        gpu: GpuAsk::Whole { count: 1 },
+        models: Vec::new(),
+    };
+    let wide_fits_after_notebooks = |tuning: &ShareTuning| {
+        let mut nodes = nodes.clone();
+        let mut mix = ShapeMix::new(tuning.mix_window);
+        for _ in 0..20 {
+            mix.observe(&one_gpu);
+        }
+        for _ in 0..6 {
+            mix.observe(&notebook);
+            let p = place(&nodes, &notebook, SharePolicy::Commons, &mix, tuning).unwrap();
+            nodes[p.node].take(&notebook, &p.gpus).unwrap();
+        }
+        mix.observe(&wide);
+        place(&nodes, &wide, SharePolicy::Commons, &mix, tuning).is_some()
+    };
+    assert!(
+        !wide_fits_after_notebooks(&before),
+        "the first round's rule spends the widest server on notebooks"
+    );
+    assert!(wide_fits_after_notebooks(&ShareTuning::default()));
+}
+
+#[test]
 fn waiting_reasons_read_as_sentences() {
     let ask = GpuAsk::from_fields(Some(0.5), Some(20.0)).unwrap();
     assert_eq!(
