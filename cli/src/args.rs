@@ -51,6 +51,9 @@ pub enum Command {
     /// Copy files between this computer and the file store: `commons cp LOCAL...
     /// files:PATH` uploads, `commons cp files:PATH LOCAL` downloads (`lab:SLUG/PATH` for a
     /// lab's shared files).
+    ///
+    /// A file over 8 MiB goes up in parts: a lost part is sent again, and an interrupted
+    /// copy, run again, resumes its upload (sending only the parts the portal lacks).
     Cp(CpArgs),
     /// Download a job's outputs (what it wrote to /outputs) into a folder.
     Get(GetArgs),

@@ -113,6 +113,17 @@ impl Client {
         self.json(resp)
     }
 
+    /// A POST that may take long (joining an upload's parts): no time limit but the
+    /// connection's.
+    pub fn post_long<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
+        let req = self
+            .request(reqwest::Method::POST, path)
+            .timeout(TRANSFER_TIMEOUT)
+            .json(body);
+        let resp = self.send(req)?;
+        self.json(resp)
+    }
+
     /// A POST whose answer may be a refusal the caller handles itself (the device grant's
     /// `authorization_pending`): the status and the body, whatever they are.
     pub fn post_raw(&self, path: &str, body: &impl Serialize) -> Result<(u16, String)> {

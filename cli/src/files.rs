@@ -4,6 +4,8 @@
 //!
 //! Invariants:
 //! - Transfers stream: a file is read (or written) a buffer at a time, never held whole.
+//! - A file over one part (8 MiB) goes up in parts (`crate::parts`): a lost part is sent
+//!   again, and an interrupted copy run again resumes its upload.
 //! - Every transfer is checked end to end: an upload's SHA-256, computed as it is read,
 //!   must be what the portal stored; a download's, as it is written, what the portal
 //!   sends in `x-commons-sha256`. A download is written beside its target and renamed
@@ -208,6 +210,16 @@ fn upload(client: &Client, local: &Path, to: &Remote, path: &str) -> Result<()> 
         .metadata()
         .map_err(|e| CliError::Usage(format!("cannot read {shown}: {e}")))?
         .len();
+    if crate::parts::in_parts(len) {
+        drop(file);
+        let target = match &to.lab {
+            Some(l) => format!("lab:{l}/{path}"),
+            None => path.to_string(),
+        };
+        crate::parts::upload(client, local, len, &target, &to.show(path))?;
+        eprintln!("{shown} -> {} ({})", to.show(path), human_bytes(len));
+        return Ok(());
+    }
     let hash = Arc::new(Mutex::new(Sha256::new()));
     let body = Hashing {
         inner: file,

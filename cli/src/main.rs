@@ -16,6 +16,7 @@ mod info;
 mod jobs;
 mod login;
 mod output;
+mod parts;
 mod ssh;
 
 use args::{Cli, Command, Shell};
