@@ -37,6 +37,7 @@ pub async fn session(state: AppState, login: Login, mut channel: Channel<Msg>) {
             return;
         }
     };
+    tracing::debug!(step = "channel request", "SSH step");
     let what = match &target {
         RelayTarget::Exec { command: None, .. } => "shell",
         RelayTarget::Exec { .. } => "exec",
@@ -151,6 +152,7 @@ async fn open(state: &AppState, login: &Login, target: RelayTarget) -> Result<Pi
             return Err("the portal could not look the job up; try again".into());
         }
     };
+    tracing::debug!(step = "job looked up", "SSH step");
     let relay_url = state.config.ssh.relay_url.clone();
     relays::open(state, node, login.job, attempt, relay_url, target)
         .await
@@ -214,7 +216,12 @@ async fn pump(channel: Channel<Msg>, pipe: Pipe, raw: bool) {
         // Dropping `to_agent` ends the relay: the agent hangs the process up.
     });
     let mut status: Option<u32> = None;
+    let mut first = true;
     while let Some(msg) = from_agent.recv().await {
+        if first {
+            tracing::debug!(step = "first frame from the agent", "SSH step");
+            first = false;
+        }
         let sent = match msg {
             FromAgent::Output(Stream::Stdout, b) => write.data_bytes(b).await,
             FromAgent::Output(Stream::Stderr, b) if !raw => write.extended_data_bytes(1, b).await,

@@ -146,10 +146,12 @@ impl russh::server::Handler for Conn {
             Ok(Ok(login)) => {
                 tracing::info!(peer = %self.peer, user = %login.user.username, job = login.job, "SSH login");
                 let from = self.peer.ip().to_string();
+                tracing::debug!(step = "authorized", "SSH step");
                 if let Err(e) = uc::audit_login(&self.state, &login, &from).await {
                     tracing::error!("SSH login not audited, so refused: {e:#}");
                     return Ok(Auth::reject());
                 }
+                tracing::debug!(step = "audited", "SSH step");
                 self.forgive_queries(user, key.public_key);
                 self.login = Some(login);
                 Ok(Auth::Accept)
@@ -184,6 +186,7 @@ impl russh::server::Handler for Conn {
             return Ok(());
         };
         reply.accept().await;
+        tracing::debug!(step = "channel accepted", "SSH step");
         tokio::spawn(channel::session(self.state.clone(), login, channel));
         Ok(())
     }

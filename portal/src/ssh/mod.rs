@@ -169,6 +169,7 @@ async fn accept_loop(
             }
         }
         let _ = socket.set_nodelay(true);
+        tracing::debug!(%peer, step = "accepted", "SSH step");
         let handler = handler::Conn::new(state.clone(), peer, limiter.clone());
         let config = config.clone();
         tokio::spawn(async move {
