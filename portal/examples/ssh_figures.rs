@@ -95,7 +95,7 @@ async fn main() {
         std::env::set_var(
             "RUST_LOG",
             "info,commons_portal::ssh=debug,commons_portal::service::relays=debug,\
-             commons_portal::broker::relay=debug,commonsagent::relay=debug",
+             commons_portal::broker::relay=debug,commons_agent::relay=debug",
         );
     }
     let (portal, alice) = PortalProcess::start_opts(PortalOpts {
@@ -107,6 +107,17 @@ async fn main() {
     let api = Api::new(portal.url(), alice);
     let host = Host::new(arg("--host", 240) as u8);
     let agent = AgentProcess::start(&host, &portal, "figures-1", "fake:1xA100-80GB");
+    for _ in 0..600 {
+        if api.nodes_online().await > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        api.nodes_online().await > 0,
+        "the agent is not online:\n{}",
+        agent.log()
+    );
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("id");
     let ok = Command::new("ssh-keygen")
@@ -166,13 +177,17 @@ async fn main() {
     };
 
     // Warm both paths once (page cache, the engine's exec path).
-    let ssh_echo = || {
+    let ssh_echo_v = |verbose: bool| {
         let mut c = Command::new("ssh");
+        if verbose {
+            c.arg("-v");
+        }
         c.args(opts("-p"))
             .arg(format!("job-{job}@127.0.0.1"))
             .arg("echo ready");
         c
     };
+    let ssh_echo = || ssh_echo_v(false);
     let docker_echo = || {
         let mut c = Command::new("docker");
         c.args(["exec", &container, "echo", "ready"]);
@@ -182,8 +197,7 @@ async fn main() {
     timed(docker_echo());
     if profile > 0 {
         for _ in 0..profile {
-            let mut c = ssh_echo();
-            c.arg("-v");
+            let c = ssh_echo_v(true);
             print_timeline(c, &[portal.log(), agent.log()].concat(), || {
                 [portal.log(), agent.log()].concat()
             });
@@ -282,7 +296,12 @@ fn print_timeline(mut c: Command, before: &str, logs: impl Fn() -> String) {
             .collect::<Vec<_>>()
     });
     let mut byte = [0u8; 1];
-    child.stdout.as_mut().unwrap().read_exact(&mut byte).unwrap();
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut byte)
+        .unwrap();
     let first = SystemTime::now();
     child.wait().unwrap();
     let mut events = lines.join().unwrap();
@@ -297,12 +316,15 @@ fn print_timeline(mut c: Command, before: &str, logs: impl Fn() -> String) {
         let Ok(t) = chrono::DateTime::parse_from_rfc3339(stamp) else {
             continue;
         };
-        let who = if rest.contains("commonsagent") {
+        let who = if rest.contains("commons_agent") {
             "agent "
         } else {
             "portal"
         };
-        events.push((t.with_timezone(&chrono::Utc).into(), format!("{who} {}", rest.trim())));
+        events.push((
+            t.with_timezone(&chrono::Utc).into(),
+            format!("{who} {}", rest.trim()),
+        ));
     }
     events.sort_by_key(|(t, _)| *t);
     println!("--- a new connection, ms from the client's start");

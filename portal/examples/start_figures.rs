@@ -46,8 +46,10 @@ fn quantile(v: &[Duration], q: f64) -> Duration {
 async fn through_commons(api: &Api, http: &reqwest::Client) -> (i64, Duration) {
     let t = Instant::now();
     let job = api
-        .submit(json!({"image": "commons-demo:latest", "command": ["sh", "-c", "true"],
-                       "gpus": 1, "time_limit_minutes": 5}))
+        .submit(
+            json!({"image": "commons-demo:latest", "command": ["sh", "-c", "true"],
+                       "gpus": 1, "time_limit_minutes": 5}),
+        )
         .await;
     let url = format!("{}/api/v1/jobs/{job}", api.url);
     loop {

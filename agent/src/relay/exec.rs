@@ -48,10 +48,15 @@ pub async fn prepare<R: ContainerRuntime>(
     tty: Option<Tty>,
     env: BTreeMap<String, String>,
 ) -> Result<Prepared, String> {
-    let job_env = rt
-        .env(container)
-        .await
-        .map_err(|e| format!("cannot read the job's environment: {e}"))?;
+    // The job's environment only filters the client's variables: without any, the
+    // engine is not asked (one call less before the process starts).
+    let job_env = if env.is_empty() {
+        Vec::new()
+    } else {
+        rt.env(container)
+            .await
+            .map_err(|e| format!("cannot read the job's environment: {e}"))?
+    };
     tracing::debug!(step = "job environment read", "SSH step");
     let req = request(cmd, tty.as_ref(), env, &job_env);
     let id = rt
