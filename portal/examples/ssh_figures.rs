@@ -11,10 +11,15 @@
 //!   'cat > FILE'` into the same folder (`docker cp` cannot write into a read-only root).
 //!
 //! ```sh
-//! cargo run --release -p commons-portal --example ssh_figures -- --runs 10
+//! cargo run --release -p commons-portal --example ssh_figures -- --runs 10 [--host 240]
 //! ```
 //! Needs root (network namespaces), Docker, OpenSSH's client, the demo image (built if
 //! missing).
+//!
+//! `--profile N` measures nothing: it runs the portal and the agent with their `SSH
+//! step` debug events on, makes N new connections with `ssh -v`, and prints each one's
+//! timeline: the client's steps, the portal's and the agent's, in milliseconds from the
+//! client's start (one clock: all three run on this machine).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a measuring program: a failure is a crash
 
@@ -84,6 +89,15 @@ fn median(mut v: Vec<Duration>) -> Duration {
 #[tokio::main]
 async fn main() {
     let runs = arg("--runs", 10).max(1);
+    let profile = arg("--profile", 0);
+    if profile > 0 {
+        // Read by the portal and the agent, which inherit this environment.
+        std::env::set_var(
+            "RUST_LOG",
+            "info,commons_portal::ssh=debug,commons_portal::service::relays=debug,\
+             commons_portal::broker::relay=debug,commons_agent::relay=debug",
+        );
+    }
     let (portal, alice) = PortalProcess::start_opts(PortalOpts {
         ssh: true,
         lease_ttl_s: 30,
@@ -91,8 +105,19 @@ async fn main() {
         ..Default::default()
     });
     let api = Api::new(portal.url(), alice);
-    let host = Host::new(240);
-    let _agent = AgentProcess::start(&host, &portal, "figures-1", "fake:1xA100-80GB");
+    let host = Host::new(arg("--host", 240) as u8);
+    let agent = AgentProcess::start(&host, &portal, "figures-1", "fake:1xA100-80GB");
+    for _ in 0..600 {
+        if api.nodes_online().await > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        api.nodes_online().await > 0,
+        "the agent is not online:\n{}",
+        agent.log()
+    );
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("id");
     let ok = Command::new("ssh-keygen")
@@ -152,13 +177,17 @@ async fn main() {
     };
 
     // Warm both paths once (page cache, the engine's exec path).
-    let ssh_echo = || {
+    let ssh_echo_v = |verbose: bool| {
         let mut c = Command::new("ssh");
+        if verbose {
+            c.arg("-v");
+        }
         c.args(opts("-p"))
             .arg(format!("job-{job}@127.0.0.1"))
             .arg("echo ready");
         c
     };
+    let ssh_echo = || ssh_echo_v(false);
     let docker_echo = || {
         let mut c = Command::new("docker");
         c.args(["exec", &container, "echo", "ready"]);
@@ -166,6 +195,16 @@ async fn main() {
     };
     timed(ssh_echo());
     timed(docker_echo());
+    if profile > 0 {
+        for _ in 0..profile {
+            let c = ssh_echo_v(true);
+            print_timeline(c, &[portal.log(), agent.log()].concat(), || {
+                [portal.log(), agent.log()].concat()
+            });
+        }
+        remove_containers(&[job]);
+        return;
+    }
     let (mut gw, mut gw_end) = (Vec::new(), Vec::new());
     let (mut de, mut de_end) = (Vec::new(), Vec::new());
     for _ in 0..runs {
@@ -234,6 +273,85 @@ async fn main() {
     );
     remove_containers(&[job]);
     drop(portal);
+}
+
+/// Runs `c` (an `ssh -v`), then prints its stderr's lines and the new lines of `logs`
+/// (the portal's and the agent's, `before` being what they held already), by time.
+fn print_timeline(mut c: Command, before: &str, logs: impl Fn() -> String) {
+    use std::io::BufRead;
+    use std::time::SystemTime;
+    let start = SystemTime::now();
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .map(|l| (SystemTime::now(), format!("ssh    {l}")))
+            .collect::<Vec<_>>()
+    });
+    let mut byte = [0u8; 1];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut byte)
+        .unwrap();
+    let first = SystemTime::now();
+    child.wait().unwrap();
+    let mut events = lines.join().unwrap();
+    events.push((first, "ssh    << the command's first output byte".into()));
+    std::thread::sleep(Duration::from_millis(300)); // the logs' last lines
+    let all = logs();
+    for line in all.lines().filter(|l| !before.contains(*l)) {
+        let plain = strip_ansi(line);
+        let Some((stamp, rest)) = plain.split_once(' ') else {
+            continue;
+        };
+        let Ok(t) = chrono::DateTime::parse_from_rfc3339(stamp) else {
+            continue;
+        };
+        let who = if rest.contains("commons_agent") {
+            "agent "
+        } else {
+            "portal"
+        };
+        events.push((
+            t.with_timezone(&chrono::Utc).into(),
+            format!("{who} {}", rest.trim()),
+        ));
+    }
+    events.sort_by_key(|(t, _)| *t);
+    println!("--- a new connection, ms from the client's start");
+    for (t, what) in events {
+        let ms = match t.duration_since(start) {
+            Ok(d) => d.as_secs_f64() * 1e3,
+            Err(e) => -e.duration().as_secs_f64() * 1e3,
+        };
+        println!("{ms:8.1}  {what}");
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn container_of(job: i64) -> String {

@@ -48,15 +48,22 @@ pub async fn prepare<R: ContainerRuntime>(
     tty: Option<Tty>,
     env: BTreeMap<String, String>,
 ) -> Result<Prepared, String> {
-    let job_env = rt
-        .env(container)
-        .await
-        .map_err(|e| format!("cannot read the job's environment: {e}"))?;
+    // The job's environment only filters the client's variables: without any, the
+    // engine is not asked (one call less before the process starts).
+    let job_env = if env.is_empty() {
+        Vec::new()
+    } else {
+        rt.env(container)
+            .await
+            .map_err(|e| format!("cannot read the job's environment: {e}"))?
+    };
+    tracing::debug!(step = "job environment read", "SSH step");
     let req = request(cmd, tty.as_ref(), env, &job_env);
     let id = rt
         .exec_create(container, &req)
         .await
         .map_err(|e| format!("cannot start a process in the job's container: {e}"))?;
+    tracing::debug!(step = "exec created", "SSH step");
     Ok(Prepared { id, tty })
 }
 
@@ -77,6 +84,7 @@ pub async fn run<R: ContainerRuntime>(
         }
     };
     let io = rt.exec_start(&id, tty.is_some()).await?;
+    tracing::debug!(step = "exec started", "SSH step");
     if let Some(t) = &tty {
         resize(&*rt, &id, t.cols, t.rows).await;
     }
@@ -189,6 +197,7 @@ async fn pump<R: ContainerRuntime>(
     closed: &mut watch::Receiver<Option<String>>,
 ) -> Ended {
     let mut user_gone: Option<tokio::time::Instant> = None;
+    let mut first_output = true;
     let ended = loop {
         let hangup_over = async {
             match user_gone {
@@ -199,6 +208,10 @@ async fn pump<R: ContainerRuntime>(
         tokio::select! {
             out = output.next() => match out {
                 Some(Ok(chunk)) => {
+                    if first_output {
+                        tracing::debug!(step = "first output", "SSH step");
+                        first_output = false;
+                    }
                     if !forward(sink, chunk).await && user_gone.is_none() {
                         user_gone = Some(tokio::time::Instant::now() + HANGUP_GRACE);
                         signals.send(rt, libc::SIGHUP).await;

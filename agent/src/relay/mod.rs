@@ -83,6 +83,7 @@ pub struct RelayContext {
 
 /// Serves an `OpenRelay` in the background.
 pub fn open<R: ContainerRuntime>(ctx: &RelayContext, exec: &Executor<R>, open: RelayOpen) {
+    tracing::debug!(step = "OpenRelay received", "SSH step");
     let container = exec.running_container(open.job, open.attempt);
     let ctx = ctx.clone();
     let rt = exec.runtime();
@@ -151,6 +152,7 @@ async fn dial(ctx: &RelayContext, open: &RelayOpen) -> anyhow::Result<Ws> {
     // No Nagle: a relay's small frames (a prompt, an exit status, an SFTP reply) go out
     // at once instead of waiting for the previous frame's acknowledgement.
     let (ws, _) = tokio_tungstenite::connect_async_with_config(req, None, true).await?;
+    tracing::debug!(step = "relay dialled", "SSH step");
     Ok(ws)
 }
 

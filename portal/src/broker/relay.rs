@@ -24,6 +24,7 @@ async fn dial(
     ticket: web::Path<String>,
     body: web::Payload,
 ) -> Result<HttpResponse, actix_web::Error> {
+    tracing::debug!(step = "relay dial arrives", "SSH step");
     let node = super::checkpoints::node(&state, &req)
         .await
         .map_err(ApiError)?;
@@ -31,6 +32,7 @@ async fn dial(
         .relays
         .claim(&ticket, node.id)
         .ok_or(ApiError(AppError::NotFound("relay ticket")))?;
+    tracing::debug!(step = "relay dialled", "SSH step");
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream = stream.max_frame_size(RELAY_CHUNK_BYTES + 1024);
     actix_web::rt::spawn(pump(end, session, stream));

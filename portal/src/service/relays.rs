@@ -125,6 +125,7 @@ pub async fn open(
         target,
     });
     let sent = deliver(ctx, node, msg).await;
+    tracing::debug!(step = "OpenRelay sent", "SSH step");
     let outcome = match sent {
         Err(DeliverError::NotConnected) => Err(RelayError::Offline),
         Err(DeliverError::App(e)) => Err(RelayError::App(e)),

@@ -17,6 +17,7 @@ use crate::db::{audit, jobs, ssh_keys, users};
 use crate::domain::JobState;
 use crate::error::AppError;
 use commons_proto::Attempt;
+use diesel::Connection;
 
 /// A login the gateway accepted.
 #[derive(Debug, Clone)]
@@ -44,13 +45,15 @@ pub fn job_of_user_name(name: &str) -> Option<i64> {
     id.parse().ok().filter(|&n: &i64| n > 0)
 }
 
-/// Whether `key` (an OpenSSH public key) opens job `name`. `mark_used` records the key's
-/// use (after the signature was checked).
+/// Whether `key` (an OpenSSH public key) opens job `name`. With `login_from` (the
+/// client's address, after the signature was checked) it is a login: the key's use and
+/// the audit entry are recorded in the same transaction as the check, one database trip,
+/// and a login whose audit entry cannot be written is an error, never accepted.
 pub async fn authorize(
     ctx: &Ctx,
     name: &str,
     key: &russh::keys::PublicKey,
-    mark_used: bool,
+    login_from: Option<String>,
 ) -> Result<Result<Login, Refusal>, AppError> {
     let Some(job) = job_of_user_name(name) else {
         return Ok(Err(Refusal::BadUserName));
@@ -58,29 +61,41 @@ pub async fn authorize(
     let offered = key.key_data().clone();
     ctx.db
         .run(move |c| {
-            let job = match jobs::get(c, job) {
-                Ok(j) => j,
-                Err(DbError::NotFound(_)) => return Ok(Err(Refusal::NoSuchJob)),
-                Err(e) => return Err(e.into()),
-            };
-            let keys = ssh_keys::keys_of_user(c, job.user_id)?;
-            let found = keys.into_iter().find(|k| {
-                russh::keys::PublicKey::from_openssh(&k.public_key)
-                    .is_ok_and(|p| p.key_data() == &offered)
-            });
-            let Some(k) = found else {
-                return Ok(Err(Refusal::NotTheOwnersKey));
-            };
-            if mark_used {
-                ssh_keys::touch(c, k.id)?;
-            }
-            let user = users::user_by_id(c, job.user_id)?;
-            Ok(Ok(Login {
-                user,
-                job: job.id,
-                lab: job.lab_id,
-                key_fingerprint: k.fingerprint,
-            }))
+            c.transaction(|c| {
+                let job = match jobs::get(c, job) {
+                    Ok(j) => j,
+                    Err(DbError::NotFound(_)) => return Ok(Err(Refusal::NoSuchJob)),
+                    Err(e) => return Err(e),
+                };
+                let keys = ssh_keys::keys_of_user(c, job.user_id)?;
+                let found = keys.into_iter().find(|k| {
+                    russh::keys::PublicKey::from_openssh(&k.public_key)
+                        .is_ok_and(|p| p.key_data() == &offered)
+                });
+                let Some(k) = found else {
+                    return Ok(Err(Refusal::NotTheOwnersKey));
+                };
+                let user = users::user_by_id(c, job.user_id)?;
+                if let Some(from) = &login_from {
+                    ssh_keys::touch(c, k.id)?;
+                    audit::record(
+                        c,
+                        &user,
+                        Some(job.lab_id),
+                        "ssh.login",
+                        &format!("job {}", job.id),
+                        "",
+                        &format!("from {from}, key {}", k.fingerprint),
+                    )?;
+                }
+                Ok(Ok(Login {
+                    user,
+                    job: job.id,
+                    lab: job.lab_id,
+                    key_fingerprint: k.fingerprint,
+                }))
+            })
+            .map_err(AppError::from)
         })
         .await
 }
@@ -91,26 +106,6 @@ pub async fn key_registered(ctx: &Ctx, key: &russh::keys::PublicKey) -> Result<b
     Ok(ctx
         .db
         .run(move |c| ssh_keys::fingerprint_taken(c, &fingerprint))
-        .await?)
-}
-
-/// Records a login in the audit log: who, which job, from where, with which key.
-pub async fn audit_login(ctx: &Ctx, login: &Login, from: &str) -> Result<(), AppError> {
-    let (user, lab, job) = (login.user.clone(), login.lab, login.job);
-    let after = format!("from {from}, key {}", login.key_fingerprint);
-    Ok(ctx
-        .db
-        .run(move |c| {
-            audit::record(
-                c,
-                &user,
-                Some(lab),
-                "ssh.login",
-                &format!("job {job}"),
-                "",
-                &after,
-            )
-        })
         .await?)
 }
 

@@ -6,10 +6,12 @@
 //! client that stops reading slows the agent down through the relay's bounded queues, and
 //! a process that writes before it reads never blocks its own input.
 
+use crate::error::AppError;
 use crate::service::relays::{self, FromAgent, Pipe, ToAgent};
 use crate::service::ssh::{self as uc, Login};
 use crate::state::AppState;
 use commons_proto::relay::{RelayCtl, RelayTarget, Stream, Tty};
+use commons_proto::Attempt;
 use russh::server::Msg;
 use russh::{Channel, ChannelMsg, Sig};
 use std::collections::BTreeMap;
@@ -29,6 +31,12 @@ fn dim(n: u32) -> u16 {
 
 /// A session channel: a shell, a command, or sftp.
 pub async fn session(state: AppState, login: Login, mut channel: Channel<Msg>) {
+    // Where the job runs is looked up while the client sends its requests: both are on
+    // the way to the first output.
+    let lookup = {
+        let (state, job) = (state.clone(), login.job);
+        tokio::spawn(async move { uc::running_attempt(&state, job).await })
+    };
     let target = match requested(&mut channel).await {
         Ok(Some(t)) => t,
         Ok(None) => return,
@@ -37,13 +45,18 @@ pub async fn session(state: AppState, login: Login, mut channel: Channel<Msg>) {
             return;
         }
     };
+    tracing::debug!(step = "channel request", "SSH step");
     let what = match &target {
         RelayTarget::Exec { command: None, .. } => "shell",
         RelayTarget::Exec { .. } => "exec",
         RelayTarget::Sftp => "sftp",
         RelayTarget::Forward { .. } => "forward",
     };
-    let pipe = match open(&state, &login, target).await {
+    let found = match lookup.await {
+        Ok(found) => found,
+        Err(e) => Err(AppError::Internal(anyhow::anyhow!("{e}"))),
+    };
+    let pipe = match open(&state, &login, found, target).await {
         Ok(p) => p,
         Err(message) => {
             tracing::info!(job = login.job, what, "SSH channel refused: {message}");
@@ -128,7 +141,8 @@ async fn requested(channel: &mut Channel<Msg>) -> Result<Option<RelayTarget>, &'
 
 /// A `-L` forward to `port` on the container's localhost.
 pub async fn forward(state: AppState, login: Login, channel: Channel<Msg>, port: u16) {
-    match open(&state, &login, RelayTarget::Forward { port }).await {
+    let found = uc::running_attempt(&state, login.job).await;
+    match open(&state, &login, found, RelayTarget::Forward { port }).await {
         Ok(pipe) => {
             tracing::info!(job = login.job, port, "SSH forward open");
             let _in_use = crate::service::apps::in_use(&state, login.job);
@@ -141,9 +155,15 @@ pub async fn forward(state: AppState, login: Login, channel: Channel<Msg>, port:
     }
 }
 
-/// A relay to the job's container, or the words that say why there is none.
-async fn open(state: &AppState, login: &Login, target: RelayTarget) -> Result<Pipe, String> {
-    let (node, attempt) = match uc::running_attempt(state, login.job).await {
+/// A relay to the job's container, where `found` (the job's lookup) says it runs, or
+/// the words that say why there is none.
+async fn open(
+    state: &AppState,
+    login: &Login,
+    found: Result<Result<(i64, Attempt), String>, AppError>,
+    target: RelayTarget,
+) -> Result<Pipe, String> {
+    let (node, attempt) = match found {
         Ok(Ok(x)) => x,
         Ok(Err(message)) => return Err(message),
         Err(e) => {
@@ -151,6 +171,7 @@ async fn open(state: &AppState, login: &Login, target: RelayTarget) -> Result<Pi
             return Err("the portal could not look the job up; try again".into());
         }
     };
+    tracing::debug!(step = "job looked up", "SSH step");
     let relay_url = state.config.ssh.relay_url.clone();
     relays::open(state, node, login.job, attempt, relay_url, target)
         .await
@@ -214,7 +235,12 @@ async fn pump(channel: Channel<Msg>, pipe: Pipe, raw: bool) {
         // Dropping `to_agent` ends the relay: the agent hangs the process up.
     });
     let mut status: Option<u32> = None;
+    let mut first = true;
     while let Some(msg) = from_agent.recv().await {
+        if first {
+            tracing::debug!(step = "first frame from the agent", "SSH step");
+            first = false;
+        }
         let sent = match msg {
             FromAgent::Output(Stream::Stdout, b) => write.data_bytes(b).await,
             FromAgent::Output(Stream::Stderr, b) if !raw => write.extended_data_bytes(1, b).await,

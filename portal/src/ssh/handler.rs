@@ -142,14 +142,10 @@ impl russh::server::Handler for Conn {
         if self.blocked(user) {
             return Ok(Auth::reject());
         }
-        match uc::authorize(&self.state, user, key.public_key, true).await {
+        let from = self.peer.ip().to_string();
+        match uc::authorize(&self.state, user, key.public_key, Some(from)).await {
             Ok(Ok(login)) => {
                 tracing::info!(peer = %self.peer, user = %login.user.username, job = login.job, "SSH login");
-                let from = self.peer.ip().to_string();
-                if let Err(e) = uc::audit_login(&self.state, &login, &from).await {
-                    tracing::error!("SSH login not audited, so refused: {e:#}");
-                    return Ok(Auth::reject());
-                }
                 self.forgive_queries(user, key.public_key);
                 self.login = Some(login);
                 Ok(Auth::Accept)
@@ -184,6 +180,7 @@ impl russh::server::Handler for Conn {
             return Ok(());
         };
         reply.accept().await;
+        tracing::debug!(step = "channel accepted", "SSH step");
         tokio::spawn(channel::session(self.state.clone(), login, channel));
         Ok(())
     }

@@ -31,6 +31,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How many bytes a client may send on a channel before the gateway has read them.
+const WINDOW_BYTES: u32 = 8 * 1024 * 1024;
+/// The largest SSH packet a client may send (russh warns above 65,535).
+const MAX_PACKET_BYTES: u32 = 65_535;
+
 /// A started gateway.
 pub struct Gateway {
     pub addr: SocketAddr,
@@ -128,7 +133,11 @@ pub async fn start(state: AppState) -> anyhow::Result<Option<Gateway>> {
         keepalive_interval: Some(Duration::from_secs(30)),
         keepalive_max: 4,
         nodelay: true,
-        window_size: 2 * 1024 * 1024,
+        // What a client may send ahead (an upload: scp's 64 outstanding writes of 32 KiB
+        // fill 2 MiB, so a larger window never stalls it), and in packets of up to 64 KiB
+        // (an SFTP write of 32 KiB and its header fit in one).
+        window_size: WINDOW_BYTES,
+        maximum_packet_size: MAX_PACKET_BYTES,
         ..Default::default()
     });
     let limiter = Arc::new(limit::Limiter::new(
@@ -169,6 +178,7 @@ async fn accept_loop(
             }
         }
         let _ = socket.set_nodelay(true);
+        tracing::debug!(%peer, step = "accepted", "SSH step");
         let handler = handler::Conn::new(state.clone(), peer, limiter.clone());
         let config = config.clone();
         tokio::spawn(async move {
