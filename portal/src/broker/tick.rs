@@ -141,7 +141,7 @@ pub async fn run(state: AppState) {
 /// against a full read.
 #[derive(Default)]
 pub struct World {
-    rows: Option<crate::db::world::World>,
+    rows: Option<crate::service::round::WorldRows>,
     checked: Option<Instant>,
 }
 

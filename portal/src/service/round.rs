@@ -6,6 +6,8 @@ use super::{attempts, Ctx};
 pub use crate::db::leader::Leader;
 use crate::db::plan::Waiting;
 use crate::db::world::{Update, World};
+/// The scheduler's world between rounds (`db::world`), which the loop keeps.
+pub type WorldRows = World;
 use crate::db::{nodes, users};
 use crate::error::AppError;
 use crate::metrics::{KindLabel, Metrics};
