@@ -242,7 +242,11 @@ fn sched_gpu(g: &Gpu) -> commons_sched::Gpu {
 
 /// The attempts that hold GPUs (starting, running or stopping).
 fn running_jobs(rows: &Rows) -> Vec<commons_sched::RunningJob> {
-    rows.active()
+    // In the order the attempts were created, as the plan has always seen them.
+    let mut active: Vec<&super::models::Attempt> = rows.active().collect();
+    active.sort_unstable_by_key(|a| a.id);
+    active
+        .into_iter()
         .map(|a| {
             let (lab, user, limit, cpus, memory_mb) =
                 rows.job_of.get(&a.job_id).copied().unwrap_or_default();

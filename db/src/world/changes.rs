@@ -47,17 +47,27 @@ pub fn take(c: &mut DbConn) -> Result<Changes, DbError> {
         ..Changes::default()
     };
     for r in rows {
-        match r.kind {
-            1 => out.jobs.insert(r.id),
-            2 => out.attempts.insert(r.id),
-            3 => out.nodes.insert(r.id),
-            4 => out.gpus.insert(r.id),
-            5 => out.checkpoints.insert(r.id),
-            6 => std::mem::replace(&mut out.labs, true),
-            7 => std::mem::replace(&mut out.memberships, true),
-            8 => std::mem::replace(&mut out.datasets, true),
-            _ => false,
+        let ids = match r.kind {
+            1 => &mut out.jobs,
+            2 => &mut out.attempts,
+            3 => &mut out.nodes,
+            4 => &mut out.gpus,
+            5 => &mut out.checkpoints,
+            6 => {
+                out.labs = true;
+                continue;
+            }
+            7 => {
+                out.memberships = true;
+                continue;
+            }
+            8 => {
+                out.datasets = true;
+                continue;
+            }
+            _ => continue,
         };
+        ids.insert(r.id);
     }
     Ok(out)
 }

@@ -320,24 +320,16 @@ impl Rows {
         Ok(())
     }
 
-    /// The attempts that hold GPUs (starting, running or stopping), in the order they
-    /// were created.
+    /// The attempts that hold GPUs (starting, running or stopping), by (job, attempt).
     pub fn active(&self) -> impl Iterator<Item = &Attempt> {
-        let mut out: Vec<&Attempt> = self
-            .attempts
+        self.attempts
             .values()
             .map(|h| &h.attempt)
             .filter(|a| AttemptStatus::ACTIVE.contains(&a.status()))
-            .collect();
-        out.sort_unstable_by_key(|a| a.id);
-        out.into_iter()
     }
 
     fn active_jobs(&self) -> impl Iterator<Item = i64> + '_ {
-        self.attempts
-            .values()
-            .filter(|h| AttemptStatus::ACTIVE.contains(&h.attempt.status()))
-            .map(|h| h.attempt.job_id)
+        self.active().map(|a| a.job_id)
     }
 
     /// The queue as the scheduler plans it: queued, not held, not throttled.

@@ -150,19 +150,21 @@ fn the_world_follows_every_change_on_postgres() {
     every_change(&mut c);
 }
 
+/// One node running one job, and one job queued.
+fn campus_and_a_queued_job(c: &mut DbConn) -> (testkit::Campus, crate::models::Job) {
+    let campus = testkit::campus(c, 1);
+    let demo = testkit::demo_job(campus.node.lab_id);
+    let job = crate::jobs::insert(c, campus.jobs[0].user_id, &demo).unwrap();
+    (campus, job)
+}
+
 /// A change the log lost (here: taken out by hand) leaves the world behind; the check
 /// finds it, says what differs, and repairs the world from its fresh read.
 #[test]
 fn a_lost_change_is_found_by_the_check_and_repaired() {
     let (_dir, mut c) = testkit::sqlite();
     let c = &mut c;
-    let campus = testkit::campus(c, 1);
-    let job = crate::jobs::insert(
-        c,
-        campus.jobs[0].user_id,
-        &testkit::demo_job(campus.node.lab_id),
-    )
-    .unwrap();
+    let (_campus, job) = campus_and_a_queued_job(c);
     let mut w = World::load(c).unwrap();
     diesel::update(jobs::table.find(job.id))
         .set(jobs::gpus.eq(4))
@@ -183,13 +185,7 @@ fn a_lost_change_is_found_by_the_check_and_repaired() {
 fn updates_the_scheduler_does_not_read_leave_no_change() {
     let (_dir, mut c) = testkit::sqlite();
     let c = &mut c;
-    let campus = testkit::campus(c, 1);
-    let job = crate::jobs::insert(
-        c,
-        campus.jobs[0].user_id,
-        &testkit::demo_job(campus.node.lab_id),
-    )
-    .unwrap();
+    let (campus, job) = campus_and_a_queued_job(c);
     changes::clear(c).unwrap();
     let stat = commons_proto::GpuStat {
         uuid: "GPU-1".into(),
