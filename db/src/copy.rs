@@ -83,6 +83,9 @@ const SEEDED: [&str; 1] = ["notification_cursor"];
 /// copy (its triggers wrote every copied row into it); a portal reads its world in full
 /// when it starts.
 const CHANGE_LOG: &str = "world_changes";
+/// SQLite's flag for the scheduler's own writes (empty outside its transaction; the
+/// PostgreSQL side uses a session setting instead).
+const NOTED_FLAG: &str = "world_noted";
 const BATCH: usize = 500;
 
 fn quote(ident: &str) -> String {
@@ -238,7 +241,7 @@ fn verify_table(
 fn sqlite_tables(c: &mut diesel::SqliteConnection) -> Result<Vec<String>, CopyError> {
     Ok(diesel::sql_query(format!(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
-         AND name != '{MIGRATIONS_TABLE}' AND name != '{CHANGE_LOG}' ORDER BY name"
+         AND name NOT IN ('{MIGRATIONS_TABLE}', '{CHANGE_LOG}', '{NOTED_FLAG}') ORDER BY name"
     ))
     .load::<Name>(c)?
     .into_iter()

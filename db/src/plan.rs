@@ -204,15 +204,20 @@ pub struct Waiting {
     pub estimated_start: Option<NaiveDateTime>,
 }
 
-/// Writes what each of `rows` (job, waiting) shows, for those still queued.
+/// Writes what each of `rows` (job, waiting) shows, for those still queued (one
+/// transaction; the change log names none of them: see below).
 pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbError> {
     if rows.is_empty() {
         return Ok(());
     }
     let set = "reason = v.reason, queue_position = v.pos, estimated_start_at = v.est";
     let queued = JobState::Queued.as_str();
+    // The scheduler notes what it writes here in its world (`World::noted_waiting`): a
+    // reason changed in this transaction leaves no change in the log (the migration
+    // `world_noted`); any other writer's does.
     match c {
-        DbConn::Pg(c) => {
+        DbConn::Pg(c) => c.transaction::<(), DbError, _>(|c| {
+            diesel::sql_query("SELECT set_config('commons.world_noted', 'on', true)").execute(c)?;
             let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
             let reasons: Vec<Option<String>> = rows.iter().map(|r| r.1.reason.clone()).collect();
             let positions: Vec<Option<i32>> = rows.iter().map(|r| r.1.position).collect();
@@ -229,8 +234,12 @@ pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErro
             .bind::<Array<Nullable<Integer>>, _>(positions)
             .bind::<Array<Nullable<Timestamp>>, _>(estimates)
             .execute(c)?;
-        }
-        DbConn::Sqlite(c) => {
+            diesel::sql_query("SELECT set_config('commons.world_noted', 'off', true)")
+                .execute(c)?;
+            Ok(())
+        }),
+        DbConn::Sqlite(c) => c.transaction::<(), DbError, _>(|c| {
+            diesel::sql_query("INSERT INTO world_noted (id) VALUES (1)").execute(c)?;
             for chunk in rows.chunks(SQLITE_ROWS) {
                 let mut q = diesel::sql_query(format!(
                     "WITH v(id, reason, pos, est) AS (VALUES {}) UPDATE jobs SET {set} FROM v \
@@ -247,7 +256,8 @@ pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErro
                 }
                 q.execute(c)?;
             }
-        }
+            diesel::sql_query("DELETE FROM world_noted").execute(c)?;
+            Ok(())
+        }),
     }
-    Ok(())
 }

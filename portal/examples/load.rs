@@ -205,10 +205,14 @@ async fn main() {
         .port();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("portal.toml");
+    // LOAD_PORTAL_TOML adds to the portal's configuration (after its top-level keys), e.g.
+    // "[scheduler]\nincremental_world = false" to measure a full read every round.
+    let extra = std::env::var("LOAD_PORTAL_TOML").unwrap_or_default();
     std::fs::write(
         &config,
         format!(
-            "database_url = \"{url}\"\nlisten = \"127.0.0.1:{port}\"\ninsecure_dev_login = true\n"
+            "database_url = \"{url}\"\nlisten = \"127.0.0.1:{port}\"\ninsecure_dev_login = true\n\
+             {extra}\n"
         ),
     )
     .unwrap();

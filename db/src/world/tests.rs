@@ -55,6 +55,36 @@ fn every_change(c: &mut DbConn) {
     crate::jobs::set_state(c, queued[2], JobState::Cancelled, "cancelled").unwrap();
     follows(&mut w, c, "a job released, another cancelled");
 
+    // What waiting jobs show, written by the scheduler, leaves no change: it notes that
+    // in its world itself. A reason written by anyone else is a change, also in the
+    // same transaction right after the scheduler's write.
+    // (Estimates are whole seconds, as the scheduler's are: PostgreSQL keeps microseconds.)
+    let second = chrono::DateTime::from_timestamp(now().and_utc().timestamp(), 0);
+    let waiting = crate::plan::Waiting {
+        reason: Some("waiting behind job 1".into()),
+        position: Some(2),
+        estimated_start: second.map(|t| t.naive_utc()),
+    };
+    crate::plan::set_waiting(c, &[(queued[1], waiting.clone())]).unwrap();
+    w.noted_waiting(&[(queued[1], waiting)]);
+    let noted = follows(&mut w, c, "the scheduler's reason, noted");
+    assert_eq!(noted, Update::Changes(0));
+    c.transaction(|c| {
+        let waiting = crate::plan::Waiting {
+            reason: Some("waiting for 1 GPU".into()),
+            position: Some(1),
+            estimated_start: None,
+        };
+        crate::plan::set_waiting(c, &[(queued[1], waiting)])?;
+        diesel::update(jobs::table.find(queued[1]))
+            .set(jobs::reason.eq(Some("held back by its lab")))
+            .execute(c)?;
+        Ok::<_, crate::DbError>(())
+    })
+    .unwrap();
+    let other = follows(&mut w, c, "a reason written by another writer");
+    assert_eq!(other, Update::Changes(1));
+
     // Attempts: one runs, one ends and its job is queued again (a take-back, being on
     // another lab's node), a checkpoint is stored.
     let first = crate::attempts::find(c, campus.jobs[0].id, 1)
@@ -208,8 +238,7 @@ fn updates_the_scheduler_does_not_read_leave_no_change() {
         crate::attempts::Renewable::Reported(&jobs),
     )
     .unwrap();
-    // Its place and estimate only (a new reason is a change: jobs' reasons are written
-    // by others too).
+    // Its place and estimate (a reason it writes leaves none either: `every_change`).
     let waiting = crate::plan::Waiting {
         reason: job.reason.clone(),
         position: Some(1),

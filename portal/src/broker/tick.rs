@@ -171,6 +171,9 @@ pub async fn tick(
     } else {
         Refresh::Changes
     };
+    if !cfg.incremental_world {
+        world.rows = None;
+    }
     let had_world = world.rows.is_some();
     // Taken out while the round reads: a round that fails reads in full next time.
     let read =

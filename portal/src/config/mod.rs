@@ -102,6 +102,9 @@ pub struct SchedulerConfig {
     /// it with that read if they differ (logged, and counted in
     /// `commons_scheduler_world_mismatches_total`). 0: every round (the tests do).
     pub world_check_s: u64,
+    /// False: every round reads the whole world again instead of the changes (what the
+    /// scheduler did before the change log; for measuring the difference, or for doubt).
+    pub incremental_world: bool,
 }
 
 impl Default for Config {
@@ -143,6 +146,7 @@ impl Default for SchedulerConfig {
             shutdown_lease_s: 1800,
             max_starts_per_tick: 256,
             world_check_s: 300,
+            incremental_world: true,
         }
     }
 }
