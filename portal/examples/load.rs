@@ -538,6 +538,26 @@ async fn scheduler_figures(
         (started - starts0) as f64 / ticks.max(1.0),
         p99.map_or("?".into(), |s| format!("{:.0} ms", s * 1000.0)),
     );
+    println!(
+        "   the read: judging leases and waits {:.0} ms, the world {:.0}, the snapshot built {:.0}",
+        phase("read_judge"),
+        phase("read_world"),
+        phase("read_build"),
+    );
+    let updates = |kind: &str| {
+        d(&format!(
+            "commons_scheduler_world_updates_total{{kind=\"{kind}\"}}"
+        ))
+    };
+    println!(
+        "   the world: {:.0} changes taken in a tick (mean); updates by changes {:.0}, \
+         full reads {:.0}, checks {:.0}; mismatches {:.0}",
+        d("commons_scheduler_world_changes_total") / updates("changes").max(1.0),
+        updates("changes"),
+        updates("full"),
+        updates("check"),
+        d("commons_scheduler_world_mismatches_total"),
+    );
 }
 
 /// The upper bound of the histogram bucket holding the `q` quantile of what `name`

@@ -389,6 +389,15 @@ impl Metrics {
     }
 
     /// Sets what the scheduler replica sees: GPUs by state, queue per lab.
+    /// Observes how long a phase of the scheduler's round took, `since` its start (the
+    /// round's `read`, `plan`, `commit`, `send`, `waiting`; the read's own parts
+    /// `read_judge`, `read_world`, `read_build`).
+    pub fn phase(&self, phase: &'static str, since: std::time::Instant) {
+        self.tick_phase
+            .get_or_create(&PhaseLabel { phase })
+            .observe(since.elapsed().as_secs_f64());
+    }
+
     pub fn observe_snapshot(&self, s: &Snapshot, now: Time, utc_offset_s: i32) {
         self.gpus.clear();
         for ((node, lab, state), n) in gpu_states(s, now, utc_offset_s) {

@@ -31,7 +31,7 @@
 //! deployments run one portal.
 
 use crate::error::AppError;
-use crate::metrics::{preemption_cause, CauseLabel, KindLabel, LabLabel, Metrics, PhaseLabel};
+use crate::metrics::{preemption_cause, CauseLabel, KindLabel, LabLabel, Metrics};
 use crate::service::plan_commit;
 use crate::service::round::{Leader, Refresh};
 use crate::state::AppState;
@@ -317,8 +317,5 @@ async fn send_orders(
 }
 
 fn phase(metrics: &Metrics, phase: &'static str, since: Instant) {
-    metrics
-        .tick_phase
-        .get_or_create(&PhaseLabel { phase })
-        .observe(since.elapsed().as_secs_f64());
+    metrics.phase(phase, since);
 }

@@ -14,6 +14,7 @@ use crate::metrics::{KindLabel, Metrics};
 use commons_sched::{Policy, Snapshot};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// What this round judges, from the portal's settings.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +55,7 @@ pub async fn read(
 ) -> Result<Read, AppError> {
     ctx.db
         .run(move |c| {
+            let judging = Instant::now();
             let t = crate::db::clock(c)?;
             let silent = t - chrono::Duration::seconds(3 * lap.heartbeat_s as i64 + 5);
             nodes::mark_silent_offline(c, silent)?;
@@ -74,6 +76,8 @@ pub async fn read(
                     "jobs waiting for other jobs settled"
                 );
             }
+            metrics.phase("read_judge", judging);
+            let updating = Instant::now();
             let mut mismatch = None;
             let world = match world {
                 None => {
@@ -107,11 +111,14 @@ pub async fn read(
                     w
                 }
             };
+            metrics.phase("read_world", updating);
+            let building = Instant::now();
             let (snapshot, shown) = world.snapshot(&policy);
             let labs = snapshot.nodes.iter().map(|n| n.lab);
             if !metrics.knows_labs(labs.chain(snapshot.queue.iter().map(|q| q.lab))) {
                 metrics.set_labs(users::all_lab_slugs(c)?);
             }
+            metrics.phase("read_build", building);
             Ok(Read {
                 world,
                 snapshot,
