@@ -192,6 +192,20 @@ async fn main() {
     let enrol: Vec<String> = (0..agents)
         .map(|a| commons_portal::admin::enrol_token(&db, &slugs[a % labs]).unwrap())
         .collect();
+    // LOAD_DB_SQL runs on the fresh database before the portal starts, e.g. to measure
+    // without the change log's triggers:
+    // "ALTER TABLE jobs DISABLE TRIGGER USER; ALTER TABLE job_attempts DISABLE TRIGGER USER"
+    if let Ok(sql) = std::env::var("LOAD_DB_SQL") {
+        use diesel::connection::SimpleConnection;
+        db.run_blocking(move |c| {
+            match c {
+                commons_portal::db::DbConn::Pg(c) => c.batch_execute(&sql),
+                commons_portal::db::DbConn::Sqlite(c) => c.batch_execute(&sql),
+            }
+            .map_err(commons_portal::db::DbError::from)
+        })
+        .unwrap();
+    }
     drop(db);
     println!(
         "seeded {labs} labs, {users} users, {agents} enrolment tokens in {:.1} s",

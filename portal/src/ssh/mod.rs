@@ -20,6 +20,7 @@
 mod channel;
 mod handler;
 pub mod limit;
+mod quickack;
 
 use crate::state::AppState;
 use anyhow::Context;
@@ -182,6 +183,7 @@ async fn accept_loop(
         let handler = handler::Conn::new(state.clone(), peer, limiter.clone());
         let config = config.clone();
         tokio::spawn(async move {
+            let socket = quickack::QuickAck::new(socket);
             match russh::server::run_stream(config, socket, handler).await {
                 Ok(session) => {
                     if let Err(e) = session.await {
