@@ -284,8 +284,13 @@ pub async fn submit_at(
     body: Value,
     rate: Option<f64>,
 ) -> Submitted {
+    // Idle connections go before the portal's keep-alive (5 s) would close them: a
+    // request sent on a connection just as the server closes it fails ("connection
+    // closed before message completed"), which a browser retries and this client would
+    // count as an error of the portal's.
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
+        .pool_idle_timeout(Duration::from_secs(4))
         .build()
         .unwrap();
     let next = Arc::new(AtomicUsize::new(0));
