@@ -193,7 +193,7 @@ pub async fn tick(
     let now_s = chrono::Utc::now().timestamp();
     let offset = state.config.policy.utc_offset_s;
     metrics.observe_snapshot(&snapshot, now_s, offset);
-    phase(&metrics, "read", began);
+    metrics.phase("read", began);
     if nothing_to_plan(&snapshot, now_s, offset) {
         metrics.plan_size.clear();
         metrics.tick_duration.observe(began.elapsed().as_secs_f64());
@@ -201,7 +201,7 @@ pub async fn tick(
     }
     let planning = Instant::now();
     let mut plan = commons_sched::plan(&snapshot, &state.config.policy, now_s);
-    phase(&metrics, "plan", planning);
+    metrics.phase("plan", planning);
     // A bounded commit: the starts left out are planned again in the next round, at once.
     let cap = state.config.scheduler.max_starts_per_tick.max(1);
     let more = plan.start.len() > cap;
@@ -214,10 +214,10 @@ pub async fn tick(
         .db
         .run(move |c| plan_commit::apply_plan(c, &plan, timing))
         .await?;
-    phase(&metrics, "commit", committing);
+    metrics.phase("commit", committing);
     let sending = Instant::now();
     send_orders(state, &snapshot, orders, now_s).await;
-    phase(&metrics, "send", sending);
+    metrics.phase("send", sending);
     let waiting = Instant::now();
     let moves = moves_written.is_none_or(|t| t.elapsed() >= WAITING_MOVES_EVERY);
     let written = state
@@ -228,7 +228,7 @@ pub async fn tick(
     if moves {
         *moves_written = Some(waiting);
     }
-    phase(&metrics, "waiting", waiting);
+    metrics.phase("waiting", waiting);
     metrics.tick_duration.observe(began.elapsed().as_secs_f64());
     Ok(more)
 }
@@ -314,8 +314,4 @@ async fn send_orders(
             );
         }
     }
-}
-
-fn phase(metrics: &Metrics, phase: &'static str, since: Instant) {
-    metrics.phase(phase, since);
 }
