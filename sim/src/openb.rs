@@ -230,9 +230,64 @@ pub struct OpenbOutcome {
     pub failed_gpus: f64,
     /// Failed tasks by kind: "cpu_only", "share", "one_gpu", "multi_gpu".
     pub failed_by_kind: std::collections::BTreeMap<&'static str, usize>,
+    /// GPU demand of the failed tasks by kind, in GPUs (at full, these sum to the
+    /// unallocated GPUs: which kinds the rule turns away is where it loses).
+    pub failed_gpus_by_kind: std::collections::BTreeMap<&'static str, f64>,
+    /// Every failed multi-GPU task, in arrival order: where wide jobs are lost.
+    pub failed_multi_gpu: Vec<FailedTask>,
+    /// Per GPU model, at the end: free GPUs (shares counted as their fraction), GPUs
+    /// with nothing on them, and nodes with every GPU empty (what was left and where).
+    pub free_at_full_by_model: std::collections::BTreeMap<String, ModelLeft>,
     /// Unallocated GPUs each time the arrived demand passes another 2 % of capacity,
     /// and at the end.
     pub curve: Vec<CurvePoint>,
+}
+
+/// A task that fitted nowhere, as the outcome lists the multi-GPU ones.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailedTask {
+    /// Arrived GPU demand when it came, in % of capacity.
+    pub arrived_pct: f64,
+    /// GPUs it asked for.
+    pub gpus: u32,
+    /// CPUs it asked for.
+    pub cpus: f64,
+    /// Memory it asked for, in GiB.
+    pub memory_gib: f64,
+}
+
+/// What was left of one GPU model's servers at the end of a replay.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ModelLeft {
+    /// Free GPU share, in GPUs.
+    pub free_gpus: f64,
+    /// GPUs with nothing on them.
+    pub empty_gpus: usize,
+    /// Nodes with every GPU empty.
+    pub untouched_nodes: usize,
+    /// Free CPUs.
+    pub free_cpus: f64,
+    /// Free GPU share on nodes with fewer than 8 CPUs free (in GPUs): stranded by CPU
+    /// for almost every GPU task of the trace.
+    pub free_gpus_cpu_short: f64,
+}
+
+fn left_by_model(nodes: &[ShareNode]) -> std::collections::BTreeMap<String, ModelLeft> {
+    let mut out = std::collections::BTreeMap::<String, ModelLeft>::new();
+    for n in nodes {
+        let Some(model) = n.gpus.first().map(|g| g.model.clone()) else {
+            continue;
+        };
+        let e = out.entry(model).or_default();
+        e.free_gpus += n.free_gpu_milli() as f64 / 1000.0;
+        e.empty_gpus += n.empty_gpus();
+        e.untouched_nodes += usize::from(n.empty_gpus() == n.gpus.len());
+        e.free_cpus += n.free_cpu_milli as f64 / 1000.0;
+        if n.free_cpu_milli < 8000 {
+            e.free_gpus_cpu_short += n.free_gpu_milli() as f64 / 1000.0;
+        }
+    }
+    out
 }
 
 fn kind(ask: &GpuAsk) -> &'static str {
@@ -259,6 +314,8 @@ pub fn replay_openb(
     let (mut arrived, mut allocated, mut cpu_used) = (0u64, 0u64, 0u64);
     let (mut failed, mut failed_milli) = (0usize, 0u64);
     let mut failed_by_kind = std::collections::BTreeMap::new();
+    let mut failed_gpus_by_kind = std::collections::BTreeMap::new();
+    let mut failed_multi_gpu = Vec::new();
     let mut curve = Vec::new();
     let mut next_point = 0u64;
     let gpus = |m: u64| m as f64 / 1000.0;
@@ -280,6 +337,18 @@ pub fn replay_openb(
                 failed += 1;
                 failed_milli += req.gpu.demand_milli();
                 *failed_by_kind.entry(kind(&req.gpu)).or_default() += 1;
+                *failed_gpus_by_kind.entry(kind(&req.gpu)).or_default() +=
+                    gpus(req.gpu.demand_milli());
+                if let GpuAsk::Whole { count } = req.gpu {
+                    if count > 1 {
+                        failed_multi_gpu.push(FailedTask {
+                            arrived_pct: 100.0 * arrived as f64 / capacity.max(1) as f64,
+                            gpus: count,
+                            cpus: req.cpu_milli as f64 / 1000.0,
+                            memory_gib: req.memory_mib as f64 / 1024.0,
+                        });
+                    }
+                }
             }
         }
         if arrived >= next_point {
@@ -300,6 +369,9 @@ pub fn replay_openb(
         tasks_failed: failed,
         failed_gpus: gpus(failed_milli),
         failed_by_kind,
+        failed_gpus_by_kind,
+        failed_multi_gpu,
+        free_at_full_by_model: left_by_model(&nodes),
         curve,
     }
 }
