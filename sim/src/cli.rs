@@ -106,6 +106,9 @@ pub struct ReplayArgs {
     /// openb: power of the GPU-demand weighting of `commons`' shapes (default: `sched`'s).
     #[arg(long)]
     pub share_demand_power: Option<f64>,
+    /// openb: margin of `commons`' reserve for multi-GPU shapes, 0 off (default: `sched`'s).
+    #[arg(long)]
+    pub share_wide_reserve: Option<f64>,
     /// Queued jobs per lab shown to the scheduler in one call (besides the head of the
     /// campus-wide queue).
     #[arg(long, default_value_t = 8)]

@@ -90,6 +90,11 @@ impl ShapeMix {
             .collect()
     }
 
+    /// Every GPU request seen, by shape, with how often it came (in shape order).
+    pub fn seen(&self) -> impl Iterator<Item = (&ShareRequest, u32)> {
+        self.seen.iter().map(|(r, &c)| (r, c))
+    }
+
     /// GPU requests in the window.
     pub fn len(&self) -> usize {
         self.recent.len()

@@ -15,6 +15,7 @@
 
 mod frag;
 mod place;
+mod reserve;
 #[cfg(test)]
 mod tests;
 

@@ -27,6 +27,7 @@ use std::cmp::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::frag::{can_host, node_fragment, widest_shape, FragmentRule};
+use super::reserve::{reserve_cost, short_shapes};
 use super::{GpuAsk, ShapeMix, ShareNode, ShareRequest};
 
 /// A placement rule for shares and whole GPUs.
@@ -91,6 +92,11 @@ pub struct ShareTuning {
     /// its frequency: an 8-GPU shape that arrives once asks as much as eight 1-GPU
     /// ones (0: frequency only).
     pub demand_power: f64,
+    /// `commons` keeps a reserve for multi-GPU shapes ([`super::reserve`]): a shape
+    /// is short when the cluster could host at most this many times as many of it as
+    /// are expected still to come, and placements are ranked first by the GPUs of
+    /// short shapes (other than their own) they leave the node unable to host (0: off).
+    pub wide_reserve: f64,
 }
 
 impl Default for ShareTuning {
@@ -105,6 +111,7 @@ impl Default for ShareTuning {
             wide_prior: 0.02,
             scarcity: 0.0,
             demand_power: 0.0,
+            wide_reserve: 0.0,
         }
     }
 }
@@ -165,7 +172,11 @@ pub fn place(
         ),
         Some(_) => mix.classes(tuning.mix_classes),
     };
-    let mut best: Option<(f64, FitKey, Placement)> = None;
+    let short = match policy {
+        SharePolicy::Commons => short_shapes(nodes, mix, tuning.wide_reserve),
+        _ => Vec::new(),
+    };
+    let mut best: Option<(u64, f64, FitKey, Placement)> = None;
     for (i, node) in nodes.iter().enumerate() {
         if !node.hosts(req) {
             continue;
@@ -192,20 +203,20 @@ pub fn place(
                 (Some(b), Some(f0)) => node_fragment(&scratch, &classes, b) - f0,
                 _ => 0.0,
             };
+            let cost = reserve_cost(&short, req, node, &scratch);
             scratch.release(req, &gpus);
-            let better = best.as_ref().is_none_or(|(d, k, _)| {
-                delta
-                    .partial_cmp(d)
-                    .unwrap_or(Ordering::Equal)
+            let better = best.as_ref().is_none_or(|(b, d, k, _)| {
+                cost.cmp(b)
+                    .then_with(|| delta.partial_cmp(d).unwrap_or(Ordering::Equal))
                     .then_with(|| key.cmp(k))
                     == Ordering::Less
             });
             if better {
-                best = Some((delta, key, Placement { node: i, gpus }));
+                best = Some((cost, delta, key, Placement { node: i, gpus }));
             }
         }
     }
-    best.map(|(_, _, p)| p)
+    best.map(|(_, _, _, p)| p)
 }
 
 /// `commons`' shapes: the blended mix, each shape weighed by its GPU demand

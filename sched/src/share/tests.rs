@@ -329,6 +329,56 @@ fn the_widest_servers_are_kept_for_the_widest_job() {
     assert!(wide_fits_after_notebooks(&ShareTuning::default()));
 }
 
+/// Round 3: `commons` spread one-GPU tasks over the 8-GPU servers until none could
+/// take an 8-GPU job. The reserve counts the 8-GPU jobs still expected (one seen
+/// among 28 GPUs of demand, 10 GPUs free: 0.36 to come) against the servers that can
+/// host one (1): with margin 4 the shape is short (and so is the 2-GPU one). A
+/// one-GPU task on the wide server would cost the reserve 8 + 2 GPUs, on the small
+/// one 2, so it goes to the small one, though the recent mix alone says otherwise.
+#[test]
+fn the_reserve_keeps_a_wide_server_for_the_wide_jobs_still_to_come() {
+    let mut nodes = vec![node("wide", 8, 16), node("small", 2, 16)];
+    let mut mix = ShapeMix::new(15);
+    mix.observe(&whole(8));
+    for _ in 0..5 {
+        mix.observe(&whole(2));
+    }
+    for _ in 0..10 {
+        mix.observe(&whole(1));
+    }
+    // The 8-GPU job has left the window: only the reserve remembers it.
+    assert!(mix.classes(32).iter().all(|(c, _)| *c != whole(8)));
+    let off = ShareTuning {
+        long_weight: 0.0,
+        wide_prior: 0.0,
+        wide_reserve: 0.0,
+        ..ShareTuning::default()
+    };
+    let on = ShareTuning {
+        wide_reserve: 4.0,
+        ..off.clone()
+    };
+    let one = whole(1);
+    let pick = |nodes: &[ShareNode], req: &ShareRequest, t: &ShareTuning| {
+        place(nodes, req, SharePolicy::Commons, &mix, t)
+            .unwrap()
+            .node
+    };
+    assert_eq!(
+        pick(&nodes, &one, &off),
+        0,
+        "without the reserve: the wide server"
+    );
+    assert_eq!(pick(&nodes, &one, &on), 1, "with it: the small server");
+    // The wide job itself may take its reserve.
+    assert_eq!(pick(&nodes, &whole(8), &on), 0);
+    // The reserve ranks, it never refuses: with the small server full, the wide one.
+    let p = place(&nodes, &whole(2), SharePolicy::Commons, &mix, &on).unwrap();
+    assert_eq!(p.node, 1);
+    nodes[1].take(&whole(2), &p.gpus).unwrap();
+    assert_eq!(pick(&nodes, &one, &on), 0);
+}
+
 #[test]
 fn waiting_reasons_read_as_sentences() {
     let ask = GpuAsk::from_fields(Some(0.5), Some(20.0)).unwrap();

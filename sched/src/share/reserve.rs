@@ -1,0 +1,81 @@
+//! A reserve for wide jobs, sized from how many of them are expected still to come.
+//!
+//! On the openb trace `commons` spreads shares and one-GPU tasks over the 8-GPU
+//! servers (their many CPUs make them look least fragmented), so by 75-80 % of
+//! capacity no server can take an 8-GPU job any more and the wide jobs that arrive
+//! after are turned away, while `best-fit`, packing tight, keeps untouched servers
+//! until 95 %. The reserve counts, for every multi-GPU shape seen so far, how many
+//! more such jobs to expect (its share of the GPU demand seen times the free GPU
+//! capacity left) and how many the cluster could still host now. A shape is *short*
+//! when it could host at most `margin` times the jobs expected; a placement that
+//! lowers how many of a short shape its node could host costs the reserve those
+//! jobs' GPUs, and the placement that costs it least is taken (fragment and best-fit
+//! decide among equals); the reserve ranks placements, it never refuses one.
+
+use super::{GpuAsk, ShapeMix, ShareNode, ShareRequest, FULL_MILLI};
+
+/// How many requests of shape `class` `node` could host at once now: whole GPUs by
+/// the node's empty GPUs (of an acceptable model), CPU and memory; 0 for any other
+/// shape (the reserve is for multi-GPU shapes).
+pub(crate) fn instances(node: &ShareNode, class: &ShareRequest) -> u64 {
+    let GpuAsk::Whole { count } = class.gpu else {
+        return 0;
+    };
+    let empty = node
+        .gpus
+        .iter()
+        .filter(|g| g.is_empty() && (class.models.is_empty() || class.models.contains(&g.model)))
+        .count() as u64;
+    let by = |free: u64, each: u64| free.checked_div(each).unwrap_or(u64::MAX);
+    (empty / u64::from(count.max(1)))
+        .min(by(node.free_cpu_milli, class.cpu_milli))
+        .min(by(node.free_memory_mib, class.memory_mib))
+}
+
+/// The multi-GPU shapes that are short on `nodes` under `margin` (0: none, the
+/// reserve is off): those the cluster could host at most `margin` times as many of
+/// as are expected still to come. Expected: the shape's count over the GPU demand of
+/// every request seen ([`ShapeMix::seen`]), times the free GPU share left (in GPUs).
+pub(crate) fn short_shapes(nodes: &[ShareNode], mix: &ShapeMix, margin: f64) -> Vec<ShareRequest> {
+    if margin <= 0.0 {
+        return Vec::new();
+    }
+    let seen_gpus: f64 = mix
+        .seen()
+        .map(|(r, c)| r.gpu.demand_milli() as f64 * f64::from(c))
+        .sum::<f64>()
+        / f64::from(FULL_MILLI);
+    if seen_gpus <= 0.0 {
+        return Vec::new();
+    }
+    let free_gpus: f64 =
+        nodes.iter().map(|n| n.free_gpu_milli() as f64).sum::<f64>() / f64::from(FULL_MILLI);
+    mix.seen()
+        .filter(|(r, _)| matches!(r.gpu, GpuAsk::Whole { count } if count > 1))
+        .filter(|(r, c)| {
+            let expected = f64::from(*c) / seen_gpus * free_gpus;
+            let hosted: u64 = nodes.iter().map(|n| instances(n, r)).sum();
+            (hosted as f64) <= margin * expected
+        })
+        .map(|(r, _)| r.clone())
+        .collect()
+}
+
+/// What booking `req` (which changed `before` into `after`) costs the reserve: the
+/// GPUs of the short shapes other than `req`'s own that the node can no longer host
+/// (a one-GPU task that breaks an untouched 8-GPU server costs 8, and 2 more for
+/// each 2-GPU job it could have taken too, if that shape is short as well).
+pub(crate) fn reserve_cost(
+    short: &[ShareRequest],
+    req: &ShareRequest,
+    before: &ShareNode,
+    after: &ShareNode,
+) -> u64 {
+    short
+        .iter()
+        .filter(|s| *s != req)
+        .map(|s| {
+            instances(before, s).saturating_sub(instances(after, s)) * u64::from(s.gpu.gpu_count())
+        })
+        .sum()
+}
