@@ -15,12 +15,15 @@
 //!    weigh [`ShareTuning::whole_weight`] of their frequency. A prior shape, the
 //!    widest untouched node asked for whole ([`ShareTuning::wide_prior`]), keeps the
 //!    servers that alone can host the widest jobs for last, before any such job came.
+//!    A reserve ([`ShareTuning::wide_reserve`], [`super::reserve`]) ranks placements
+//!    first by the multi-GPU jobs still expected that they would leave no room for.
 //!
 //! `commons`' first constants were chosen on the default openb trace (file order)
 //! only: window 500, 32 shapes, whole weight 0.5, CPU-aware. The second round (long
 //! weight 0.3, prior 0.02) on the default list in file order and seeds 1, 3, 4 and 8,
-//! and `multigpu50`; the book's GPU-sharing report has the figures, held-out
-//! samplings included.
+//! and `multigpu50`. The third round (whole weight 0.1, reserve 4) on the default list
+//! in file order and seeds 1 to 29; the book's GPU-sharing report has the figures,
+//! held-out samplings included.
 
 use std::cmp::Ordering;
 
@@ -70,8 +73,9 @@ pub struct ShareTuning {
     /// The most frequent shapes of the mix that fragmentation is measured against.
     pub mix_classes: usize,
     /// Weight of the whole-GPU shapes in `commons`' fragment, times their frequency
-    /// (`fgd` uses 1; on the default trace 0.5 did a little better than 1 or 2 once
-    /// the fragment is CPU-aware).
+    /// (`fgd` uses 1). Low (0.1 since the third round) so shares are packed where they
+    /// leave whole GPUs least fragmented; with the reserve keeping room for the wide
+    /// jobs, one-GPU tasks need less weight of their own. It scales the prior too.
     pub whole_weight: f64,
     /// `commons` counts the GPUs a node's CPU and memory strand as fragment too.
     pub cpu_aware: bool,
@@ -104,14 +108,14 @@ impl Default for ShareTuning {
         ShareTuning {
             mix_window: 500,
             mix_classes: 32,
-            whole_weight: 0.5,
+            whole_weight: 0.1,
             cpu_aware: true,
             fgd_mix_window: 10_000,
             long_weight: 0.3,
             wide_prior: 0.02,
             scarcity: 0.0,
             demand_power: 0.0,
-            wide_reserve: 0.0,
+            wide_reserve: 4.0,
         }
     }
 }
