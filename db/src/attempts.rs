@@ -256,8 +256,11 @@ pub fn take_backs_of_queued(
         .select((job_attempts::job_id, job_attempts::ended_at));
     let rows: Vec<(i64, Option<NaiveDateTime>)> = match only {
         None => stopped_guests.load(c)?,
+        // The ids on both sides, so a planner with stale statistics still looks the jobs
+        // up by key (`world::rows`, which reads attempts the same way).
         Some(ids) => stopped_guests
             .filter(job_attempts::job_id.eq_any(ids))
+            .filter(jobs::id.eq_any(ids))
             .load(c)?,
     };
     let mut out: Vec<(i64, u32, NaiveDateTime)> = Vec::new();

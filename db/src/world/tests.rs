@@ -247,3 +247,84 @@ fn updates_the_scheduler_does_not_read_leave_no_change() {
     crate::plan::set_waiting(c, &[(job.id, waiting)]).unwrap();
     assert_eq!(changes::take(c).unwrap(), changes::Changes::default());
 }
+
+/// A line of `EXPLAIN`'s output.
+#[derive(QueryableByName)]
+struct PlanLine {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    #[diesel(column_name = "QUERY PLAN")]
+    line: String,
+}
+
+/// The reload reads a round's changed attempts with their jobs by the jobs' key, also
+/// when PostgreSQL expects many attempts per job (50,000 jobs, the last 1,000 with
+/// three attempts each): with only the attempts' side filtered, it hashed every job
+/// instead (in the load test, 20-90 ms a round).
+#[test]
+fn reload_looks_jobs_up_by_key() {
+    let (_guard, mut c) = testkit::postgres();
+    let campus = testkit::campus(&mut c, 1);
+    let DbConn::Pg(pg) = &mut c else {
+        unreachable!("testkit::postgres gives a PostgreSQL connection")
+    };
+    let template = campus.jobs[0].id;
+    diesel::sql_query(format!(
+        "INSERT INTO jobs (user_id, lab_id, image, command, env, gpus, gpu_models, \
+             min_gpu_memory_mb, cpus, memory_mb, time_limit_s, kind, state, reason, \
+             attempts, log_bytes, created_at, image_digest, image_signature) \
+         SELECT t.user_id, t.lab_id, t.image, t.command, t.env, t.gpus, t.gpu_models, \
+             t.min_gpu_memory_mb, t.cpus, t.memory_mb, t.time_limit_s, t.kind, 'queued', \
+             NULL, 0, 0, t.created_at, t.image_digest, t.image_signature \
+         FROM jobs t, generate_series(1, 50000) WHERE t.id = {template}"
+    ))
+    .execute(pg)
+    .unwrap();
+    // The last 1,000 jobs ran three attempts each (taken back twice); statistics now.
+    diesel::sql_query(format!(
+        "INSERT INTO job_attempts (job_id, attempt, node_id, gpu_ids, state, lease_until, \
+             created_at) \
+         SELECT j.id, a, {node}, '[]', 'stopped', now(), now() \
+         FROM (SELECT id FROM jobs WHERE id <> {template} ORDER BY id DESC LIMIT 1000) j, \
+             generate_series(1, 3) AS a",
+        node = campus.node.id
+    ))
+    .execute(pg)
+    .unwrap();
+    diesel::sql_query("ANALYZE jobs, job_attempts")
+        .execute(pg)
+        .unwrap();
+    // A round's changes name 500 of them.
+    let ids: Vec<i64> = diesel::sql_query(format!(
+        "SELECT id FROM jobs WHERE id <> {template} ORDER BY id DESC LIMIT 500"
+    ))
+    .load::<Id>(pg)
+    .unwrap()
+    .into_iter()
+    .map(|r| r.id)
+    .collect();
+    let query = super::rows::attempts_of_jobs!(ids.clone());
+    let sql = diesel::debug_query::<diesel::pg::Pg, _>(&query).to_string();
+    let sql = sql.split(" -- binds").next().unwrap().to_string();
+    let explain = diesel::sql_query(format!("EXPLAIN {sql}"))
+        .bind::<diesel::sql_types::Array<diesel::sql_types::BigInt>, _>(&ids);
+    let plan: Vec<PlanLine> = if sql.contains("$2") {
+        explain
+            .bind::<diesel::sql_types::Array<diesel::sql_types::BigInt>, _>(&ids)
+            .load(pg)
+            .unwrap()
+    } else {
+        explain.load(pg).unwrap()
+    };
+    let plan: Vec<String> = plan.into_iter().map(|l| l.line).collect();
+    assert!(
+        !plan.iter().any(|l| l.contains("Seq Scan on jobs")),
+        "the jobs are scanned:\n{}",
+        plan.join("\n")
+    );
+}
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+}
