@@ -313,24 +313,33 @@ per_backend! {
         // been refused again meanwhile, from another port: the page shows the latest.
         clone.task.abort();
         let _ = (&mut clone.task).await;
-        let latest = node_of(&p, &first).await;
-        let refused = latest["shared_credential"]["refused_from"]
-            .as_str()
-            .unwrap_or_else(|| panic!("[{backend:?}] the flag went: {latest}"))
-            .to_string();
-        let refused = refused.as_str();
         // The node's page says it, with both addresses, to its lab admin, who dismisses it.
+        // A connection of the clone's already on its way when the task went can still be
+        // refused after the flag was read (CI saw the page name a newer port): read the
+        // flag and the page again until they agree.
         let id = flagged["id"].as_i64().unwrap();
         let carol = crate::support::session::BrowserSession::login(&p, "carol").await;
-        let page = carol
-            .fetch(&format!("/nodes/{id}"))
-            .await
-            .text()
-            .await
-            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let (refused, page) = loop {
+            let latest = node_of(&p, &first).await;
+            let refused = latest["shared_credential"]["refused_from"]
+                .as_str()
+                .unwrap_or_else(|| panic!("[{backend:?}] the flag went: {latest}"))
+                .to_string();
+            let page = carol
+                .fetch(&format!("/nodes/{id}"))
+                .await
+                .text()
+                .await
+                .unwrap();
+            if page.contains(&refused) || std::time::Instant::now() > deadline {
+                break (refused, page);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
         assert!(
-            page.contains("id=\"shared-credential\"") && page.contains(refused),
-            "[{backend:?}] {page}"
+            page.contains("id=\"shared-credential\"") && page.contains(&refused),
+            "[{backend:?}] the page does not name {refused}: {page}"
         );
         let r = carol
             .post_form(&format!("/nodes/{id}/dismiss-shared"), &[])
