@@ -208,7 +208,7 @@ async fn main() {
     }
     drop(db);
     println!(
-        "seeded {labs} labs, {users} users, {agents} enrolment tokens in {:.1} s",
+        "created {labs} labs, {users} users, {agents} enrolment tokens in {:.1} s",
         began.elapsed().as_secs_f64()
     );
 
