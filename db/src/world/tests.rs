@@ -305,17 +305,16 @@ fn reload_looks_jobs_up_by_key() {
     let query = super::rows::attempts_of_jobs!(ids.clone());
     let sql = diesel::debug_query::<diesel::pg::Pg, _>(&query).to_string();
     let sql = sql.split(" -- binds").next().unwrap().to_string();
-    let explain = diesel::sql_query(format!("EXPLAIN {sql}"))
-        .bind::<diesel::sql_types::Array<diesel::sql_types::BigInt>, _>(&ids);
-    let plan: Vec<PlanLine> = if sql.contains("$2") {
-        explain
-            .bind::<diesel::sql_types::Array<diesel::sql_types::BigInt>, _>(&ids)
-            .load(pg)
-            .unwrap()
-    } else {
-        explain.load(pg).unwrap()
-    };
-    let plan: Vec<String> = plan.into_iter().map(|l| l.line).collect();
+    // Its two binds: the ids on the attempts' side and on the jobs' side.
+    type Ids = diesel::sql_types::Array<diesel::sql_types::BigInt>;
+    let plan: Vec<String> = diesel::sql_query(format!("EXPLAIN {sql}"))
+        .bind::<Ids, _>(&ids)
+        .bind::<Ids, _>(&ids)
+        .load::<PlanLine>(pg)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.line)
+        .collect();
     assert!(
         !plan.iter().any(|l| l.contains("Seq Scan on jobs")),
         "the jobs are scanned:\n{}",

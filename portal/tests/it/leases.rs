@@ -326,12 +326,7 @@ per_backend! {
                 .as_str()
                 .unwrap_or_else(|| panic!("[{backend:?}] the flag went: {latest}"))
                 .to_string();
-            let page = carol
-                .fetch(&format!("/nodes/{id}"))
-                .await
-                .text()
-                .await
-                .unwrap();
+            let page = carol.page(&format!("/nodes/{id}")).await;
             if page.contains(&refused) || std::time::Instant::now() > deadline {
                 break (refused, page);
             }
