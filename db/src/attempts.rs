@@ -17,6 +17,29 @@ pub fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, DbError> {
         .load(c)?)
 }
 
+/// The active attempts on `nodes` or of `jobs`: what committing a plan that starts jobs
+/// on those nodes and preempts those jobs must see (the rest of the campus it need not
+/// read).
+pub fn active_on_nodes_or_of_jobs(
+    c: &mut DbConn,
+    nodes: &[i64],
+    jobs: &[i64],
+) -> Result<Vec<Attempt>, DbError> {
+    if nodes.is_empty() && jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(job_attempts::table
+        .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
+        .filter(
+            job_attempts::node_id
+                .eq_any(nodes)
+                .or(job_attempts::job_id.eq_any(jobs)),
+        )
+        .order(job_attempts::id)
+        .select(Attempt::as_select())
+        .load(c)?)
+}
+
 /// Attempt `attempt` of `job`, if it exists.
 pub fn find(c: &mut DbConn, job: i64, attempt: i32) -> Result<Option<Attempt>, DbError> {
     Ok(job_attempts::table

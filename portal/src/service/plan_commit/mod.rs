@@ -32,7 +32,12 @@ pub fn apply_plan(
     timing: Timing,
 ) -> Result<Vec<Order>, AppError> {
     db::transaction(c, |c| {
-        let active = db::attempts::active_attempts(c)?;
+        // Only the attempts the plan's checks need: those on the nodes it starts jobs on
+        // (what their GPUs hold) and those of the jobs it preempts.
+        let nodes: BTreeSet<i64> = plan.start.iter().map(|s| s.node).collect();
+        let nodes: Vec<i64> = nodes.into_iter().collect();
+        let jobs: Vec<i64> = plan.preempt.iter().map(|p| p.job).collect();
+        let active = db::attempts::active_on_nodes_or_of_jobs(c, &nodes, &jobs)?;
         let mut orders = preempt(c, plan, &active)?;
         orders.extend(start(c, plan, &active, timing)?);
         Ok(orders)

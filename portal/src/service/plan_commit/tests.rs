@@ -234,6 +234,36 @@ fn preemptions_move_live_attempts_only_in_a_few_statements() {
 }
 
 #[test]
+fn a_plan_that_preempts_a_guest_does_not_start_another_job_on_its_gpu_in_the_same_commit() {
+    let (_d, mut c) = sqlite();
+    let (node, gpus, jobs) = queue(&mut c, 2, 3);
+    apply_plan(&mut c, &starts(node, &gpus[..1], &jobs[..1]), TIMING).unwrap();
+    // The commit reads only the attempts on the starts' nodes and of the preempted jobs:
+    // the guest being stopped still holds GPU 0 until its attempt ends.
+    let mut plan = starts(node, &[gpus[0], gpus[1]], &jobs[1..]);
+    plan.preempt.push(commons_sched::Preempt {
+        job: jobs[0],
+        grace_s: 60,
+        reason: "the owner needs the GPU".into(),
+    });
+    let orders = apply_plan(&mut c, &plan, TIMING).unwrap();
+    let what: Vec<(i64, &str)> = orders
+        .iter()
+        .map(|o| match &o.msg {
+            PortalMsg::Stop { job, .. } => (*job, "stop"),
+            PortalMsg::Start { job, .. } => (*job, "start"),
+            m => panic!("{m:?}"),
+        })
+        .collect();
+    assert_eq!(what, vec![(jobs[0], "stop"), (jobs[2], "start")]);
+    assert_eq!(
+        db::jobs::get(&mut c, jobs[1]).unwrap().state,
+        JobState::Queued,
+        "GPU 0 is still held by the guest being stopped"
+    );
+}
+
+#[test]
 fn waiting_rows_are_written_only_where_they_change() {
     let (_d, mut c) = sqlite();
     let (_node, _gpus, jobs) = queue(&mut c, 1, 30);
