@@ -8,7 +8,12 @@
 //!   CONTAINER echo ready` on the same machine, to the first byte and to the end;
 //! - the time of a 100 MiB copy into the container's `/tmp`: `scp` through the gateway
 //!   (SFTP underneath) against the same bytes streamed by `docker exec -i CONTAINER sh -c
-//!   'cat > FILE'` into the same folder (`docker cp` cannot write into a read-only root).
+//!   'cat > FILE'` into the same folder (`docker cp` cannot write into a read-only root);
+//!   with AES-GCM (the gateway's default offer) and with ChaCha20-Poly1305 (what OpenSSH
+//!   takes wherever it is offered), alternating.
+//!
+//! `SSH_FIGURES_COPY_DETAIL=N` first makes N copies as one stream through the gateway
+//! (`ssh ... 'cat > FILE'`, no SFTP), for a profile of the path without SFTP's replies.
 //!
 //! ```sh
 //! cargo run --release -p commons-portal --example ssh_figures -- --runs 10 [--host 240]
@@ -98,8 +103,14 @@ async fn main() {
              commons_portal::broker::relay=debug,commons_agent::relay=debug",
         );
     }
+    // The gateway offers ChaCha20-Poly1305 too here, after its default AES-GCM, so that
+    // one run can copy with each: every measure below names AES-GCM (what the default
+    // offer gets from OpenSSH), and one copy row ChaCha20 (what it got before).
     let (portal, alice) = PortalProcess::start_opts(PortalOpts {
         ssh: true,
+        ssh_settings: "ciphers = [\"aes256-gcm@openssh.com\", \"aes128-gcm@openssh.com\", \
+                       \"chacha20-poly1305@openssh.com\"]\n"
+            .into(),
         lease_ttl_s: 30,
         margin_s: 10,
         ..Default::default()
@@ -169,6 +180,8 @@ async fn main() {
             ),
             "-o".into(),
             format!("HostKeyAlias={alias}"),
+            "-o".into(),
+            "Ciphers=aes256-gcm@openssh.com".into(),
             "-i".into(),
             key.display().to_string(),
             port_flag.into(),
@@ -225,6 +238,7 @@ async fn main() {
     std::fs::write(&file, &data).unwrap();
     let copies = runs.min(3);
     let mut scp = Vec::new();
+    let mut chacha = Vec::new();
     let mut cp = Vec::new();
     for _ in 0..copies {
         let mut c = Command::new("scp");
@@ -232,6 +246,13 @@ async fn main() {
             .arg(&file)
             .arg(format!("job-{job}@127.0.0.1:/tmp/100m.bin"));
         scp.push(timed(c));
+        // A later -o does not override an earlier one: ChaCha20 goes first.
+        let mut c = Command::new("scp");
+        c.args(["-o", "Ciphers=chacha20-poly1305@openssh.com"])
+            .args(opts("-P"))
+            .arg(&file)
+            .arg(format!("job-{job}@127.0.0.1:/tmp/100m-chacha.bin"));
+        chacha.push(timed(c));
         let mut c = Command::new("docker");
         c.args([
             "exec",
@@ -244,7 +265,26 @@ async fn main() {
         .stdin(std::fs::File::open(&file).unwrap());
         cp.push(timed_with_stdin(c));
     }
-    let (scp, cp) = (median(scp), median(cp));
+    // Where the copy's time goes: the same bytes as one stream through the gateway
+    // (`ssh ... 'cat > FILE'`: no SFTP requests and replies).
+    // SSH_FIGURES_COPY_DETAIL=N: N such copies (for a profile of the stream alone).
+    let detail: usize = std::env::var("SSH_FIGURES_COPY_DETAIL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if detail > 0 {
+        let mut stream = Vec::new();
+        for _ in 0..detail {
+            let mut c = Command::new("ssh");
+            c.args(opts("-p"))
+                .arg(format!("job-{job}@127.0.0.1"))
+                .arg("cat > /tmp/100m-ssh.bin")
+                .stdin(std::fs::File::open(&file).unwrap());
+            stream.push(timed_with_stdin(c));
+        }
+        println!("copy detail: ssh cat {:.2} s", median(stream).as_secs_f64());
+    }
+    let (scp, chacha, cp) = (median(scp), median(chacha), median(cp));
     let mibps = |d: Duration| 100.0 / d.as_secs_f64();
 
     println!("SSH gateway figures ({runs} runs, medians; one machine, side by side)");
@@ -270,6 +310,14 @@ async fn main() {
         mibps(cp),
         cp.as_secs_f64(),
         scp.as_secs_f64() / cp.as_secs_f64()
+    );
+    println!(
+        "| the same with ChaCha20-Poly1305 (OpenSSH's choice where offered) | {:.0} MiB/s, {:.2} s (`scp`) | {:.0} MiB/s, {:.2} s (`docker exec -i ... cat`) | {:.2}x the time |",
+        mibps(chacha),
+        chacha.as_secs_f64(),
+        mibps(cp),
+        cp.as_secs_f64(),
+        chacha.as_secs_f64() / cp.as_secs_f64()
     );
     remove_containers(&[job]);
     drop(portal);

@@ -334,6 +334,7 @@ impl Config {
             self.ssh.auth_failures_per_address_per_minute,
             self.ssh.auth_failures_per_minute
         );
+        crate::ssh::ciphers(&self.ssh.ciphers).map_err(|e| anyhow::anyhow!("ssh.ciphers: {e}"))?;
         Ok(())
     }
 }
@@ -385,6 +386,29 @@ mod tests {
             };
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains("database_pool_size"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_gateway_offers_aes_gcm_unless_told_otherwise_and_only_ciphers_it_speaks() {
+        let c = Config::default();
+        assert_eq!(c.ssh.ciphers, DEFAULT_SSH_CIPHERS);
+        c.validate().unwrap();
+        let c: Config =
+            toml::from_str("[ssh]\nciphers = [\"chacha20-poly1305@openssh.com\", \"aes256-ctr\"]")
+                .unwrap();
+        c.validate().unwrap();
+        for (bad, says) in [
+            (
+                r#"["aes256-gcm@openssh.com", "rot13"]"#,
+                "\"rot13\" is not a cipher",
+            ),
+            (r#"["none"]"#, "\"none\" is not a cipher"),
+            ("[]", "at least one cipher"),
+        ] {
+            let c: Config = toml::from_str(&format!("[ssh]\nciphers = {bad}")).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("ssh.ciphers") && e.contains(says), "{bad}: {e}");
         }
     }
 

@@ -117,7 +117,18 @@ pub struct SshConfig {
     /// address is refused for a minute. Higher than `auth_failures_per_minute`, so that
     /// one person's failures do not lock out everyone behind the same NAT.
     pub auth_failures_per_address_per_minute: u32,
+    /// The ciphers the gateway offers, in its order. An SSH client takes the first of
+    /// its own list that the server offers, and OpenSSH lists ChaCha20-Poly1305 first:
+    /// offering it makes every OpenSSH client use it, and a 100 MiB copy then takes
+    /// about 1.3x the time it takes with AES-GCM (both sides' CPU, on this project's
+    /// 2-core benchmark machine). The default offers AES-GCM only, which every OpenSSH
+    /// since 6.2 (2013) and PuTTY since 0.76 speak; add `chacha20-poly1305@openssh.com`
+    /// or `aes256-ctr` for older clients.
+    pub ciphers: Vec<String>,
 }
+
+/// What [`SshConfig::ciphers`] offers unless configured.
+pub const DEFAULT_SSH_CIPHERS: [&str; 2] = ["aes256-gcm@openssh.com", "aes128-gcm@openssh.com"];
 
 impl Default for SshConfig {
     fn default() -> Self {
@@ -130,6 +141,7 @@ impl Default for SshConfig {
             connections_per_minute: 60,
             auth_failures_per_minute: 20,
             auth_failures_per_address_per_minute: 200,
+            ciphers: DEFAULT_SSH_CIPHERS.iter().map(|c| c.to_string()).collect(),
         }
     }
 }

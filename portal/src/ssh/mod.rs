@@ -37,6 +37,35 @@ const WINDOW_BYTES: u32 = 8 * 1024 * 1024;
 /// The largest SSH packet a client may send (russh warns above 65,535).
 const MAX_PACKET_BYTES: u32 = 65_535;
 
+/// The ciphers named, in russh's names, for the gateway's offer: an error names one this
+/// gateway cannot speak (or `none`), or an empty list.
+pub fn ciphers(names: &[String]) -> Result<Vec<russh::cipher::Name>, String> {
+    if names.is_empty() {
+        return Err("offer at least one cipher, e.g. aes256-gcm@openssh.com".into());
+    }
+    names
+        .iter()
+        .map(|n| {
+            let known = russh::cipher::Name::try_from(n.as_str()).ok();
+            match known {
+                Some(c) if c != russh::cipher::NONE && c != russh::cipher::CLEAR => Ok(c),
+                _ => Err(format!(
+                    "{n:?} is not a cipher the gateway speaks (it speaks {})",
+                    spoken().join(", ")
+                )),
+            }
+        })
+        .collect()
+}
+
+fn spoken() -> Vec<&'static str> {
+    russh::cipher::ALL_CIPHERS
+        .iter()
+        .map(|c| c.as_ref())
+        .filter(|c| *c != "none" && *c != "clear")
+        .collect()
+}
+
 /// A started gateway.
 pub struct Gateway {
     pub addr: SocketAddr,
@@ -139,6 +168,12 @@ pub async fn start(state: AppState) -> anyhow::Result<Option<Gateway>> {
         // (an SFTP write of 32 KiB and its header fit in one).
         window_size: WINDOW_BYTES,
         maximum_packet_size: MAX_PACKET_BYTES,
+        preferred: russh::Preferred {
+            cipher: std::borrow::Cow::Owned(
+                ciphers(&state.config.ssh.ciphers).map_err(anyhow::Error::msg)?,
+            ),
+            ..russh::Preferred::DEFAULT
+        },
         ..Default::default()
     });
     let limiter = Arc::new(limit::Limiter::new(
