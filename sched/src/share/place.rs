@@ -101,6 +101,10 @@ pub struct ShareTuning {
     /// are expected still to come, and placements are ranked first by the GPUs of
     /// short shapes (other than their own) they leave the node unable to host (0: off).
     pub wide_reserve: f64,
+    /// The reserve's prior: the widest untouched server asked for whole counts in the
+    /// reserve as a shape seen this many times per GPU request seen, so the servers
+    /// that alone could host a wide job not seen yet are kept (0: off).
+    pub prior_reserve: f64,
 }
 
 impl Default for ShareTuning {
@@ -116,6 +120,7 @@ impl Default for ShareTuning {
             scarcity: 0.0,
             demand_power: 0.0,
             wide_reserve: 4.0,
+            prior_reserve: 0.0,
         }
     }
 }
@@ -177,7 +182,7 @@ pub fn place(
         Some(_) => mix.classes(tuning.mix_classes),
     };
     let short = match policy {
-        SharePolicy::Commons => short_shapes(nodes, mix, tuning.wide_reserve),
+        SharePolicy::Commons => short_shapes(nodes, mix, tuning.wide_reserve, tuning.prior_reserve),
         _ => Vec::new(),
     };
     let mut best: Option<(u64, f64, FitKey, Placement)> = None;
