@@ -109,6 +109,10 @@ pub struct ReplayArgs {
     /// openb: margin of `commons`' reserve for multi-GPU shapes, 0 off (default: `sched`'s).
     #[arg(long)]
     pub share_wide_reserve: Option<f64>,
+    /// openb: how often per GPU request `commons`' reserve counts the widest untouched
+    /// server asked for whole as if it had come, 0 off (default: `sched`'s).
+    #[arg(long)]
+    pub share_prior_reserve: Option<f64>,
     /// Queued jobs per lab shown to the scheduler in one call (besides the head of the
     /// campus-wide queue).
     #[arg(long, default_value_t = 8)]

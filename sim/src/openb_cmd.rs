@@ -35,6 +35,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         scarcity: args.share_scarcity.unwrap_or(default.scarcity),
         demand_power: args.share_demand_power.unwrap_or(default.demand_power),
         wide_reserve: args.share_wide_reserve.unwrap_or(default.wide_reserve),
+        prior_reserve: args.share_prior_reserve.unwrap_or(default.prior_reserve),
     };
     let gpus: u64 = nodes.iter().map(|n| n.gpus.len() as u64).sum();
     if !args.quiet {

@@ -16,14 +16,18 @@
 //!    widest untouched node asked for whole ([`ShareTuning::wide_prior`]), keeps the
 //!    servers that alone can host the widest jobs for last, before any such job came.
 //!    A reserve ([`ShareTuning::wide_reserve`], [`super::reserve`]) ranks placements
-//!    first by the multi-GPU jobs still expected that they would leave no room for.
+//!    first by the multi-GPU jobs still expected that they would leave no room for;
+//!    its prior ([`ShareTuning::prior_reserve`]) counts the widest untouched server's
+//!    shape among them before any such job came.
 //!
 //! `commons`' first constants were chosen on the default openb trace (file order)
 //! only: window 500, 32 shapes, whole weight 0.5, CPU-aware. The second round (long
 //! weight 0.3, prior 0.02) on the default list in file order and seeds 1, 3, 4 and 8,
 //! and `multigpu50`. The third round (whole weight 0.1, reserve 4) on the default list
-//! in file order and seeds 1 to 29; the book's GPU-sharing report has the figures,
-//! held-out samplings included.
+//! in file order and seeds 1 to 29. The fourth round (the reserve's prior 0.0005, so
+//! shares no longer spend the only servers that can host a wide job not seen yet) on
+//! the default list (file order and six seeds) and six variant lists; the book's
+//! GPU-sharing report has the figures, held-out samplings included.
 
 use std::cmp::Ordering;
 
@@ -101,6 +105,11 @@ pub struct ShareTuning {
     /// are expected still to come, and placements are ranked first by the GPUs of
     /// short shapes (other than their own) they leave the node unable to host (0: off).
     pub wide_reserve: f64,
+    /// The reserve's prior: the widest untouched server asked for whole counts in the
+    /// reserve as a shape seen this many times per GPU request seen, so the servers
+    /// that alone could host a wide job not seen yet are kept (0: off; 0.0005 since
+    /// the fourth round).
+    pub prior_reserve: f64,
 }
 
 impl Default for ShareTuning {
@@ -116,6 +125,7 @@ impl Default for ShareTuning {
             scarcity: 0.0,
             demand_power: 0.0,
             wide_reserve: 4.0,
+            prior_reserve: 0.0005,
         }
     }
 }
@@ -177,7 +187,7 @@ pub fn place(
         Some(_) => mix.classes(tuning.mix_classes),
     };
     let short = match policy {
-        SharePolicy::Commons => short_shapes(nodes, mix, tuning.wide_reserve),
+        SharePolicy::Commons => short_shapes(nodes, mix, tuning.wide_reserve, tuning.prior_reserve),
         _ => Vec::new(),
     };
     let mut best: Option<(u64, f64, FitKey, Placement)> = None;

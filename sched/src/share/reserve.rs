@@ -11,7 +11,15 @@
 //! lowers how many of a short shape its node could host costs the reserve those
 //! jobs' GPUs, and the placement that costs it least is taken (fragment and best-fit
 //! decide among equals); the reserve ranks placements, it never refuses one.
+//!
+//! A shape only counts once it has been seen, so on its own the reserve cannot keep
+//! the few servers that alone can host a wide job nobody has asked for yet (on the
+//! `gpushare` lists, shares spent all 39 G3 servers, the only ones with 120 CPUs for
+//! an 8-GPU job, by 36 % of capacity). With a prior (`prior` in [`short_shapes`]) the
+//! widest untouched server asked for whole ([`super::frag::widest_shape`]) joins the
+//! shapes as if it had come `prior` times per GPU request seen.
 
+use super::frag::widest_shape;
 use super::{GpuAsk, ShapeMix, ShareNode, ShareRequest, FULL_MILLI};
 
 /// How many requests of shape `class` `node` could host at once now: whole GPUs by
@@ -36,28 +44,47 @@ pub(crate) fn instances(node: &ShareNode, class: &ShareRequest) -> u64 {
 /// reserve is off): those the cluster could host at most `margin` times as many of
 /// as are expected still to come. Expected: the shape's count over the GPU demand of
 /// every request seen ([`ShapeMix::seen`]), times the free GPU share left (in GPUs).
-pub(crate) fn short_shapes(nodes: &[ShareNode], mix: &ShapeMix, margin: f64) -> Vec<ShareRequest> {
+/// With `prior` above 0, the widest untouched server asked for whole counts too, as
+/// a shape seen `prior` times the GPU requests seen (unless it was seen itself).
+pub(crate) fn short_shapes(
+    nodes: &[ShareNode],
+    mix: &ShapeMix,
+    margin: f64,
+    prior: f64,
+) -> Vec<ShareRequest> {
     if margin <= 0.0 {
         return Vec::new();
     }
-    let seen_gpus: f64 = mix
-        .seen()
-        .map(|(r, c)| r.gpu.demand_milli() as f64 * f64::from(c))
-        .sum::<f64>()
-        / f64::from(FULL_MILLI);
+    let (seen_gpus, seen_count) = mix.seen().fold((0.0, 0.0), |(g, n), (r, c)| {
+        (
+            g + r.gpu.demand_milli() as f64 * f64::from(c),
+            n + f64::from(c),
+        )
+    });
+    let seen_gpus = seen_gpus / f64::from(FULL_MILLI);
     if seen_gpus <= 0.0 {
         return Vec::new();
     }
     let free_gpus: f64 =
         nodes.iter().map(|n| n.free_gpu_milli() as f64).sum::<f64>() / f64::from(FULL_MILLI);
-    mix.seen()
+    let mut shapes: Vec<(ShareRequest, f64)> =
+        mix.seen().map(|(r, c)| (r.clone(), f64::from(c))).collect();
+    if prior > 0.0 {
+        if let Some(wide) = widest_shape(nodes) {
+            if !shapes.iter().any(|(r, _)| *r == wide) {
+                shapes.push((wide, prior * seen_count));
+            }
+        }
+    }
+    shapes
+        .into_iter()
         .filter(|(r, _)| matches!(r.gpu, GpuAsk::Whole { count } if count > 1))
         .filter(|(r, c)| {
-            let expected = f64::from(*c) / seen_gpus * free_gpus;
+            let expected = c / seen_gpus * free_gpus;
             let hosted: u64 = nodes.iter().map(|n| instances(n, r)).sum();
             (hosted as f64) <= margin * expected
         })
-        .map(|(r, _)| r.clone())
+        .map(|(r, _)| r)
         .collect()
 }
 

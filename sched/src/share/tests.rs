@@ -504,3 +504,83 @@ proptest! {
         }
     }
 }
+
+/// Round 4: on the `gpushare` lists shares spent every G3 server (128 CPUs, the only
+/// ones that can host an 8-GPU job asking for 120) by 36 % of capacity, long before
+/// the first such job came, and the reserve, which counts only shapes seen, had
+/// nothing left to keep. Here 64 G2-like servers (96 CPUs) and one G3-like server take
+/// the eight commonest shapes of `gpushare40` in their proportions, in a fixed
+/// pseudo-random order, up to a third of capacity; then the first 120-CPU 8-GPU job
+/// comes. The third round's rule puts the third request on the G3 server (its CPUs
+/// make it look least fragmented); with the reserve's prior it stays untouched.
+#[test]
+fn the_biggest_server_is_kept_for_a_wide_job_not_seen_yet() {
+    let server = |name: &str, cpus: u64, memory_gib: u64| ShareNode {
+        free_cpu_milli: cpus * 1000,
+        free_memory_mib: memory_gib * GIB,
+        ..node(name, 8, 16)
+    };
+    let mut nodes: Vec<ShareNode> = (0..64)
+        .map(|i| server(&format!("g2-{i}"), 96, 384))
+        .collect();
+    nodes.push(server("g3", 128, 768));
+    let ask = |milli: u32, cpus: u64, memory_gib: u64| ShareRequest {
+        cpu_milli: cpus * 1000,
+        memory_mib: memory_gib * GIB,
+        gpu: if milli == FULL_MILLI {
+            GpuAsk::Whole { count: 1 }
+        } else {
+            GpuAsk::Share {
+                milli,
+                memory_mb: 0,
+            }
+        },
+        models: Vec::new(),
+    };
+    let bag: Vec<ShareRequest> = [
+        (ask(810, 3, 5), 13),
+        (ask(1000, 11, 48), 6),
+        (ask(470, 11, 46), 5),
+        (ask(470, 8, 29), 5),
+        (ask(1000, 11, 47), 4),
+        (ask(1000, 3, 5), 4),
+        (ask(650, 11, 46), 3),
+        (ask(1000, 18, 63), 2),
+    ]
+    .into_iter()
+    .flat_map(|(r, n)| std::iter::repeat_n(r, n))
+    .collect();
+    let tuning = ShareTuning::default();
+    let mut mix = ShapeMix::new(tuning.mix_window);
+    let (mut x, mut demand, mut g3_taken_by) = (3u64, 0, None);
+    for n in 1.. {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let req = &bag[(x >> 33) as usize % bag.len()];
+        mix.observe(req);
+        demand += req.gpu.demand_milli();
+        if let Some(p) = place(&nodes, req, SharePolicy::Commons, &mix, &tuning) {
+            if p.node == 64 && g3_taken_by.is_none() {
+                g3_taken_by = Some(n);
+            }
+            nodes[p.node].take(req, &p.gpus).unwrap();
+        }
+        if demand >= 65 * 8 * u64::from(FULL_MILLI) / 3 {
+            break;
+        }
+    }
+    assert_eq!(
+        g3_taken_by, None,
+        "the G3 server went to request {g3_taken_by:?}"
+    );
+    let wide = ShareRequest {
+        cpu_milli: 120_000,
+        memory_mib: 720 * GIB,
+        gpu: GpuAsk::Whole { count: 8 },
+        models: Vec::new(),
+    };
+    mix.observe(&wide);
+    let p = place(&nodes, &wide, SharePolicy::Commons, &mix, &tuning);
+    assert_eq!(p.map(|p| p.node), Some(64));
+}
