@@ -9,14 +9,6 @@ use super::DbError;
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 
-pub fn active_attempts(c: &mut DbConn) -> Result<Vec<Attempt>, DbError> {
-    Ok(job_attempts::table
-        .filter(job_attempts::state.eq_any(AttemptStatus::ACTIVE))
-        .order(job_attempts::id)
-        .select(Attempt::as_select())
-        .load(c)?)
-}
-
 /// The active attempts on `nodes` or of `jobs`: what committing a plan that starts jobs
 /// on those nodes and preempts those jobs must see (the rest of the campus it need not
 /// read).

@@ -120,7 +120,7 @@ pub struct SshConfig {
     /// The ciphers the gateway offers, in its order. An SSH client takes the first of
     /// its own list that the server offers, and OpenSSH lists ChaCha20-Poly1305 first:
     /// offering it makes every OpenSSH client use it, and a 100 MiB copy then takes
-    /// about 1.3x the time it takes with AES-GCM (both sides' CPU, on this project's
+    /// 1.1-1.2x the time it takes with AES-GCM (both sides' CPU, on this project's
     /// 2-core benchmark machine). The default offers AES-GCM only, which every OpenSSH
     /// since 6.2 (2013) and PuTTY since 0.76 speak; add `chacha20-poly1305@openssh.com`
     /// or `aes256-ctr` for older clients.

@@ -45,24 +45,26 @@ pub fn ciphers(names: &[String]) -> Result<Vec<russh::cipher::Name>, String> {
     }
     names
         .iter()
-        .map(|n| {
-            let known = russh::cipher::Name::try_from(n.as_str()).ok();
-            match known {
-                Some(c) if c != russh::cipher::NONE && c != russh::cipher::CLEAR => Ok(c),
-                _ => Err(format!(
-                    "{n:?} is not a cipher the gateway speaks (it speaks {})",
-                    spoken().join(", ")
-                )),
-            }
+        .map(|n| match russh::cipher::Name::try_from(n.as_str()) {
+            Ok(c) if encrypts(&c) => Ok(c),
+            _ => Err(format!(
+                "{n:?} is not a cipher the gateway speaks (it speaks {})",
+                spoken().join(", ")
+            )),
         })
         .collect()
+}
+
+/// A cipher that encrypts: every one russh speaks but `none` and its alias `clear`.
+fn encrypts(c: &russh::cipher::Name) -> bool {
+    *c != russh::cipher::NONE && *c != russh::cipher::CLEAR
 }
 
 fn spoken() -> Vec<&'static str> {
     russh::cipher::ALL_CIPHERS
         .iter()
+        .filter(|c| encrypts(c))
         .map(|c| c.as_ref())
-        .filter(|c| *c != "none" && *c != "clear")
         .collect()
 }
 

@@ -176,18 +176,31 @@ pub fn place(
             cpu_aware: tuning.cpu_aware,
         }),
     };
+    // The widest untouched server asked for whole: both of `commons`' priors use it.
+    let widest = match policy {
+        SharePolicy::Commons if tuning.wide_prior > 0.0 || tuning.prior_reserve > 0.0 => {
+            widest_shape(nodes)
+        }
+        _ => None,
+    };
     let classes = match boost {
         None => Vec::new(),
         Some(_) if mix.is_empty() => vec![(req.clone(), 1.0)],
         Some(_) if policy == SharePolicy::Commons => commons_classes(
             nodes,
             mix.blended(tuning.mix_classes, tuning.long_weight),
+            widest.as_ref(),
             tuning,
         ),
         Some(_) => mix.classes(tuning.mix_classes),
     };
     let short = match policy {
-        SharePolicy::Commons => short_shapes(nodes, mix, tuning.wide_reserve, tuning.prior_reserve),
+        SharePolicy::Commons => short_shapes(
+            nodes,
+            mix,
+            tuning.wide_reserve,
+            widest.as_ref().map(|w| (w, tuning.prior_reserve)),
+        ),
         _ => Vec::new(),
     };
     let mut best: Option<(u64, f64, FitKey, Placement)> = None;
@@ -241,6 +254,7 @@ pub fn place(
 fn commons_classes(
     nodes: &[ShareNode],
     mut classes: Vec<(ShareRequest, f64)>,
+    widest: Option<&ShareRequest>,
     tuning: &ShareTuning,
 ) -> Vec<(ShareRequest, f64)> {
     if tuning.demand_power > 0.0 {
@@ -249,11 +263,9 @@ fn commons_classes(
             *w *= gpus.powf(tuning.demand_power);
         }
     }
-    if tuning.wide_prior > 0.0 {
-        if let Some(shape) = widest_shape(nodes) {
-            if !classes.iter().any(|(c, _)| *c == shape) {
-                classes.push((shape, tuning.wide_prior));
-            }
+    if let Some(shape) = widest.filter(|_| tuning.wide_prior > 0.0) {
+        if !classes.iter().any(|(c, _)| c == shape) {
+            classes.push((shape.clone(), tuning.wide_prior));
         }
     }
     if tuning.scarcity > 0.0 {

@@ -19,7 +19,6 @@
 //! widest untouched server asked for whole ([`super::frag::widest_shape`]) joins the
 //! shapes as if it had come `prior` times per GPU request seen.
 
-use super::frag::widest_shape;
 use super::{GpuAsk, ShapeMix, ShareNode, ShareRequest, FULL_MILLI};
 
 /// How many requests of shape `class` `node` could host at once now: whole GPUs by
@@ -44,13 +43,14 @@ pub(crate) fn instances(node: &ShareNode, class: &ShareRequest) -> u64 {
 /// reserve is off): those the cluster could host at most `margin` times as many of
 /// as are expected still to come. Expected: the shape's count over the GPU demand of
 /// every request seen ([`ShapeMix::seen`]), times the free GPU share left (in GPUs).
-/// With `prior` above 0, the widest untouched server asked for whole counts too, as
-/// a shape seen `prior` times the GPU requests seen (unless it was seen itself).
+/// With `prior` = `(widest, p)`, `p` above 0, the widest untouched server asked for
+/// whole ([`widest_shape`](super::frag::widest_shape)) counts too, as a shape seen `p`
+/// times the GPU requests seen (unless it was seen itself).
 pub(crate) fn short_shapes(
     nodes: &[ShareNode],
     mix: &ShapeMix,
     margin: f64,
-    prior: f64,
+    prior: Option<(&ShareRequest, f64)>,
 ) -> Vec<ShareRequest> {
     if margin <= 0.0 {
         return Vec::new();
@@ -69,11 +69,9 @@ pub(crate) fn short_shapes(
         nodes.iter().map(|n| n.free_gpu_milli() as f64).sum::<f64>() / f64::from(FULL_MILLI);
     let mut shapes: Vec<(ShareRequest, f64)> =
         mix.seen().map(|(r, c)| (r.clone(), f64::from(c))).collect();
-    if prior > 0.0 {
-        if let Some(wide) = widest_shape(nodes) {
-            if !shapes.iter().any(|(r, _)| *r == wide) {
-                shapes.push((wide, prior * seen_count));
-            }
+    if let Some((wide, p)) = prior.filter(|(_, p)| *p > 0.0) {
+        if !shapes.iter().any(|(r, _)| r == wide) {
+            shapes.push((wide.clone(), p * seen_count));
         }
     }
     shapes

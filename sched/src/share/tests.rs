@@ -272,16 +272,20 @@ fn the_blended_mix_remembers_rare_shapes_beyond_its_window() {
     assert!((blended[1].1 - 0.125).abs() < 1e-9, "{blended:?}");
 }
 
+/// An 8-GPU server of 16 GB GPUs with `cpus` CPUs and `memory_gib` GiB free.
+fn server(name: &str, cpus: u64, memory_gib: u64) -> ShareNode {
+    ShareNode {
+        free_cpu_milli: cpus * 1000,
+        free_memory_mib: memory_gib * GIB,
+        ..node(name, 8, 16)
+    }
+}
+
 /// Issue 32's gap: on the openb trace `commons` turned away an 8-GPU job at 20 % load,
 /// because the CPU-aware fragment put shares first on the few servers with the most
 /// CPU per GPU, the only ones that can host it. The prior keeps them for last.
 #[test]
 fn the_widest_servers_are_kept_for_the_widest_job() {
-    let server = |name: &str, cpus: u64, memory_gib: u64| ShareNode {
-        free_cpu_milli: cpus * 1000,
-        free_memory_mib: memory_gib * GIB,
-        ..node(name, 8, 16)
-    };
     let mut nodes: Vec<ShareNode> = (0..3)
         .map(|i| server(&format!("g2-{i}"), 96, 384))
         .collect();
@@ -515,11 +519,6 @@ proptest! {
 /// make it look least fragmented); with the reserve's prior it stays untouched.
 #[test]
 fn the_biggest_server_is_kept_for_a_wide_job_not_seen_yet() {
-    let server = |name: &str, cpus: u64, memory_gib: u64| ShareNode {
-        free_cpu_milli: cpus * 1000,
-        free_memory_mib: memory_gib * GIB,
-        ..node(name, 8, 16)
-    };
     let mut nodes: Vec<ShareNode> = (0..64)
         .map(|i| server(&format!("g2-{i}"), 96, 384))
         .collect();

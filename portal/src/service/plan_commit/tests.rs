@@ -169,7 +169,8 @@ fn a_job_starts_once_and_a_gpu_goes_to_one_start() {
         None,
         "no second attempt"
     );
-    assert_eq!(db::attempts::active_attempts(&mut c).unwrap().len(), 1);
+    let active = db::attempts::active_on_nodes_or_of_jobs(&mut c, &[node], &[]).unwrap();
+    assert_eq!(active.len(), 1);
 }
 
 #[test]
