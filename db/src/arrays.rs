@@ -290,7 +290,7 @@ pub fn unfinished(c: &mut DbConn, array: i64) -> Result<Vec<Job>, DbError> {
 /// history row each); returns how many. Tasks that start or run are cancelled one by
 /// one by the caller (their containers must be stopped).
 pub fn cancel_queued(c: &mut DbConn, array: i64, by: &str) -> Result<usize, DbError> {
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let ids: Vec<i64> = jobs::table
             .filter(jobs::array_id.eq(array))
             .filter(jobs::state.eq(JobState::Queued))

@@ -13,7 +13,7 @@ pub fn claim_host_key(
     algorithm: &str,
     public_key: &str,
 ) -> Result<String, DbError> {
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let have: Option<String> = ssh_host_keys::table
             .find(algorithm)
             .select(ssh_host_keys::public_key)
@@ -62,7 +62,7 @@ pub fn take(
     nodes: &[i64],
     ttl: chrono::Duration,
 ) -> Result<Vec<(i64, String)>, DbError> {
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let since = clock(c)? - ttl;
         diesel::delete(agent_mail::table.filter(agent_mail::created_at.lt(since))).execute(c)?;
         if nodes.is_empty() {

@@ -109,7 +109,7 @@ pub fn insert(c: &mut DbConn, user: i64, v: &ValidJob) -> Result<Job, DbError> {
         .bind::<Nullable<BigInt>, _>(share_memory)
         .get_result::<Job>(pg)?);
     }
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let insert = diesel::insert_into(jobs::table).values((
             jobs::user_id.eq(user),
             jobs::lab_id.eq(v.lab_id),
@@ -278,7 +278,7 @@ pub fn logs(c: &mut DbConn, job: i64, tail: usize) -> Result<String, DbError> {
 
 /// Appends output, up to [`MAX_LOG_BYTES`] per job.
 pub fn append_log(c: &mut DbConn, job: i64, attempt: i32, chunk: &str) -> Result<(), DbError> {
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let used: Option<i64> = jobs::table
             .find(job)
             .select(jobs::log_bytes)
@@ -429,7 +429,7 @@ fn end_as_cancelled(
     message: &str,
     reason: Option<&str>,
 ) -> Result<Option<Attempt>, DbError> {
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let current = get(c, job.id)?;
         if current.state().is_final() {
             return Err(DbError::conflict(

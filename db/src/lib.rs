@@ -205,9 +205,11 @@ pub fn establish(url: &str) -> Result<DbConn, DbError> {
                 }
             }
             let mut c = diesel::SqliteConnection::establish(path)?;
+            // The busy timeout first: switching to WAL takes a lock that another
+            // connection opening the file at the same moment may hold.
             c.batch_execute(
-                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-                 PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 10000;",
+                "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; \
+                 PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
             )?;
             Ok(DbConn::Sqlite(c))
         }
@@ -320,12 +322,37 @@ macro_rules! insert_returning_id {
 }
 
 /// Runs `f` in a transaction (so `service/` needs no diesel traits of its own).
+///
+/// On SQLite an outermost transaction begins with `BEGIN IMMEDIATE`: it takes the write
+/// lock first, waiting for it under `busy_timeout`. A plain `BEGIN` reads first and
+/// takes the lock at its first write; if another connection (the operator's `admin`
+/// command beside a running portal) committed in between, SQLite answers `database is
+/// locked` at once, whatever the timeout, because the transaction's reads are stale.
+/// Nested calls are savepoints, as with diesel's own `transaction`.
 pub fn transaction<T, E, F>(c: &mut DbConn, f: F) -> Result<T, E>
 where
     F: FnOnce(&mut DbConn) -> Result<T, E>,
     E: From<diesel::result::Error>,
 {
-    c.transaction(f)
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    let DbConn::Sqlite(s) = c else {
+        return c.transaction(f);
+    };
+    let depth = AnsiTransactionManager::transaction_manager_status_mut(s).transaction_depth()?;
+    if depth.is_some() {
+        return c.transaction(f);
+    }
+    AnsiTransactionManager::begin_transaction_sql(s, "BEGIN IMMEDIATE")?;
+    match f(c) {
+        Ok(v) => {
+            <DbConn as TransactionManager<DbConn>>::commit_transaction(c)?;
+            Ok(v)
+        }
+        Err(e) => match <DbConn as TransactionManager<DbConn>>::rollback_transaction(c) {
+            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(e),
+            Err(rollback) => Err(rollback.into()),
+        },
+    }
 }
 
 /// This replica's clock (UTC): for what people read (when a job was submitted, an event
@@ -377,3 +404,6 @@ fn test_clock_offset() -> chrono::Duration {
         chrono::Duration::zero()
     }
 }
+
+#[cfg(test)]
+mod transaction_tests;

@@ -74,7 +74,7 @@ pub fn claim(
     silence: chrono::Duration,
 ) -> Result<Claim, DbError> {
     let session = session as i64;
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let t = clock(c)?;
         let taken = diesel::update(
             nodes::table

@@ -17,7 +17,7 @@ pub fn enrol(
     hostname: &str,
     agent_version: &str,
 ) -> Result<(Node, Lab, String), DbError> {
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let (token_id, lab_id) = unspent_token(c, token)?;
         let name = node_name(hostname);
         let credential = new_secret("gcn");
@@ -168,7 +168,7 @@ pub fn upsert_gpus(
     version: &str,
     inventory: &[GpuInfo],
 ) -> Result<(), DbError> {
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         // Online, and when it was heard, are the link's (`node_link::claim`).
         diesel::update(nodes::table.find(node))
             .set(nodes::agent_version.eq(version))
@@ -258,7 +258,7 @@ pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<
     if writes.is_empty() {
         return Ok(false);
     }
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         for (s, util, idle_since) in writes {
             diesel::update(
                 gpus::table

@@ -238,7 +238,7 @@ pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErro
                 .execute(c)?;
             Ok(())
         }),
-        DbConn::Sqlite(c) => c.transaction::<(), DbError, _>(|c| {
+        DbConn::Sqlite(c) => c.immediate_transaction::<(), DbError, _>(|c| {
             diesel::sql_query("INSERT INTO world_noted (id) VALUES (1)").execute(c)?;
             for chunk in rows.chunks(SQLITE_ROWS) {
                 let mut q = diesel::sql_query(format!(

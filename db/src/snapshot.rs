@@ -14,7 +14,6 @@ use super::world::rows::{secs, Held, QueuedRow, Rows, LEDGER_LOOKBACK_S};
 use super::DbConn;
 use super::DbError;
 use commons_sched::{LabInfo, MemberInfo, Policy, Quota};
-use diesel::Connection;
 use std::collections::BTreeMap;
 
 /// The window GPU-hour quotas count over.
@@ -32,7 +31,7 @@ pub fn read_with_waiting(
     c: &mut DbConn,
     policy: &Policy,
 ) -> Result<(commons_sched::Snapshot, BTreeMap<i64, Waiting>), DbError> {
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let t = super::now();
         Ok(build(&Rows::load(c, t)?, policy, t))
     })

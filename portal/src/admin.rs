@@ -28,7 +28,7 @@ pub fn create_user(
     operator: bool,
 ) -> anyhow::Result<String> {
     db.run_blocking(|c| {
-        c.transaction(|c| {
+        crate::db::transaction(c, |c| {
             let user = users::create_user(c, username, email, operator)?;
             if let Some(slug) = lab {
                 let lab = users::lab_by_slug(c, slug)?;
@@ -99,5 +99,3 @@ pub fn allow_image(
             .unwrap_or_default()
     ))
 }
-
-use diesel::Connection;

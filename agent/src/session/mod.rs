@@ -12,6 +12,7 @@
 //! says so in its close frame, which is logged as an error. Checkpoints travel over plain
 //! HTTP to the same portal, with the same credential (`checkpoint::client`).
 
+mod enrol;
 mod orders;
 
 use crate::checkpoint::{CheckpointClient, Policy};
@@ -43,7 +44,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let host_id = crate::host::load_or_create(&config.host_id_file)?;
     let cred = match state::load_credential(&config.state_dir)? {
         Some(c) => c,
-        None => enrol(&config).await?,
+        None => enrol::enrol(&config, MAX_BACKOFF).await?,
     };
     tracing::info!(node = cred.node_id, name = %cred.node_name, lab = %cred.lab, host = %host_id, "node credential loaded");
     // Every line this agent logs from here on names its node (a field of the span).
@@ -319,43 +320,6 @@ fn log_close(frame: Option<&CloseFrame>) {
         ),
         None => tracing::warn!("the portal closed the connection"),
     }
-}
-
-async fn enrol(config: &AgentConfig) -> anyhow::Result<NodeCredential> {
-    let token = config.enrol_token.clone().context(
-        "this state dir holds no node credential: start with --enrol-token TOKEN (a lab admin creates one)",
-    )?;
-    let url = format!("{}{ENROL_PATH}", config.portal.trim_end_matches('/'));
-    let resp = reqwest::Client::new()
-        .post(&url)
-        .json(&EnrolRequest {
-            token,
-            hostname: config.hostname.clone(),
-            agent_version: AGENT_VERSION.into(),
-        })
-        .send()
-        .await
-        .with_context(|| format!("cannot reach the portal at {url}"))?;
-    if !resp.status().is_success() {
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        let msg = serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["message"].as_str().map(String::from))
-            .unwrap_or(body);
-        bail!("enrolment refused ({status}): {msg}");
-    }
-    let r: EnrolResponse = resp.json().await?;
-    let cred = NodeCredential {
-        node_id: r.node_id,
-        node_name: r.node_name,
-        lab: r.lab,
-        credential: r.credential,
-        agent_id: format!("{:016x}", rand::random::<u64>()),
-    };
-    state::save_credential(&config.state_dir, &cred)?;
-    tracing::info!(node = cred.node_id, "enrolled");
-    Ok(cred)
 }
 
 fn ws_url(portal: &str) -> String {

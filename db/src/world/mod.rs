@@ -47,7 +47,7 @@ pub enum Update {
 impl World {
     /// Reads the whole world (one transaction), emptying the change log first.
     pub fn load(c: &mut DbConn) -> Result<World, DbError> {
-        c.transaction(|c| {
+        crate::transaction(c, |c| {
             changes::clear(c)?;
             Ok(World {
                 rows: Rows::load(c, now())?,
@@ -57,7 +57,7 @@ impl World {
 
     /// Takes in the changes committed since the last update (one transaction).
     pub fn update(&mut self, c: &mut DbConn) -> Result<Update, DbError> {
-        c.transaction(|c| self.update_in(c))
+        crate::transaction(c, |c| self.update_in(c))
     }
 
     fn update_in(&mut self, c: &mut DbConn) -> Result<Update, DbError> {
@@ -79,7 +79,7 @@ impl World {
         c: &mut DbConn,
         policy: &Policy,
     ) -> Result<(Update, Option<String>), DbError> {
-        c.transaction(|c| {
+        crate::transaction(c, |c| {
             if let DbConn::Pg(pg) = c {
                 diesel::sql_query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(pg)?;
             }

@@ -69,7 +69,7 @@ fn every_change(c: &mut DbConn) {
     w.noted_waiting(&[(queued[1], waiting)]);
     let noted = follows(&mut w, c, "the scheduler's reason, noted");
     assert_eq!(noted, Update::Changes(0));
-    c.transaction(|c| {
+    crate::transaction(c, |c| {
         let waiting = crate::plan::Waiting {
             reason: Some("waiting for 1 GPU".into()),
             position: Some(1),

@@ -21,7 +21,6 @@
 use super::{Actor, Ctx};
 use crate::db::{self, cli_logins::Poll};
 use crate::error::AppError;
-use diesel::Connection;
 
 /// Who the approval page says is asking: fixed by the portal, whatever the request says.
 pub const CLIENT: &str = "the commons command-line client";
@@ -107,7 +106,7 @@ pub async fn token(
     let days = i64::from(token_days);
     ctx.db
         .run(move |c| {
-            c.transaction(|c| {
+            crate::db::transaction(c, |c| {
                 let granted = match db::cli_logins::poll(c, &req.device_code)? {
                     Poll::Approved(a) => a,
                     Poll::Pending => return Ok(Err(NotYet::Pending)),
@@ -181,7 +180,7 @@ pub async fn decide(
     let user = actor.user.clone();
     ctx.db
         .run(move |c| {
-            c.transaction(|c| {
+            crate::db::transaction(c, |c| {
                 let row = db::cli_logins::by_user_code(c, &typed)?.ok_or_else(|| {
                     AppError::invalid(
                         "user_code",

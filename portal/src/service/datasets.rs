@@ -19,7 +19,6 @@ use commons_api::datasets::{
     check_request, parse_source, DatasetRequest, DatasetView, JobDataset, Source,
 };
 use commons_proto::{DatasetMount, DatasetSource, InputFile, NodeDatasets};
-use diesel::Connection;
 use sha2::{Digest, Sha256};
 
 /// The slugs of `actor`'s labs.
@@ -39,7 +38,7 @@ pub async fn register(
     let slug = slug.to_string();
     ctx.db
         .run(move |c| {
-            c.transaction(|c| {
+            crate::db::transaction(c, |c| {
                 let admin = super::lab_admin(c, &actor, &slug)?;
                 let lab = admin.lab().clone();
                 if let Source::Lab { prefix } = &source {
@@ -82,7 +81,7 @@ pub async fn remove(ctx: &Ctx, actor: &Actor, slug: &str, name: &str) -> Result<
     let (actor, slug, name) = (actor.clone(), slug.to_string(), name.to_string());
     ctx.db
         .run(move |c| {
-            c.transaction(|c| {
+            crate::db::transaction(c, |c| {
                 let admin = super::lab_admin(c, &actor, &slug)?;
                 let lab = admin.lab().id;
                 let row = q::find(c, &slug, &name)?.ok_or(AppError::NotFound("dataset"))?;

@@ -17,7 +17,6 @@ use crate::db::{audit, jobs, ssh_keys, users};
 use crate::domain::JobState;
 use crate::error::AppError;
 use commons_proto::Attempt;
-use diesel::Connection;
 
 /// A login the gateway accepted.
 #[derive(Debug, Clone)]
@@ -61,7 +60,7 @@ pub async fn authorize(
     let offered = key.key_data().clone();
     ctx.db
         .run(move |c| {
-            c.transaction(|c| {
+            crate::db::transaction(c, |c| {
                 let job = match jobs::get(c, job) {
                     Ok(j) => j,
                     Err(DbError::NotFound(_)) => return Ok(Err(Refusal::NoSuchJob)),
