@@ -215,8 +215,8 @@ pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErro
     // The scheduler notes what it writes here in its world (`World::noted_waiting`): a
     // reason changed in this transaction leaves no change in the log (the migration
     // `world_noted`); any other writer's does.
-    match c {
-        DbConn::Pg(c) => c.transaction::<(), DbError, _>(|c| {
+    crate::transaction(c, |c| match c {
+        DbConn::Pg(c) => {
             diesel::sql_query("SELECT set_config('commons.world_noted', 'on', true)").execute(c)?;
             let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
             let reasons: Vec<Option<String>> = rows.iter().map(|r| r.1.reason.clone()).collect();
@@ -237,8 +237,8 @@ pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErro
             diesel::sql_query("SELECT set_config('commons.world_noted', 'off', true)")
                 .execute(c)?;
             Ok(())
-        }),
-        DbConn::Sqlite(c) => c.immediate_transaction::<(), DbError, _>(|c| {
+        }
+        DbConn::Sqlite(c) => {
             diesel::sql_query("INSERT INTO world_noted (id) VALUES (1)").execute(c)?;
             for chunk in rows.chunks(SQLITE_ROWS) {
                 let mut q = diesel::sql_query(format!(
@@ -258,6 +258,6 @@ pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErro
             }
             diesel::sql_query("DELETE FROM world_noted").execute(c)?;
             Ok(())
-        }),
-    }
+        }
+    })
 }
