@@ -5,7 +5,8 @@
 //! 3. The queue, in id order, gets slots and interned shapes, then fair-share order.
 //! 4. Running jobs take their GPUs (first holder wins) and fill the quota tallies.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::*;
 use crate::policy::Policy;
@@ -321,7 +322,7 @@ fn fair_share_order<'a>(
     // Interning only looks up (never iterates), and ids follow id order, so a hash map
     // keeps the plan deterministic. Each job is read once, in id order (the snapshot's,
     // so memory is read in sequence), and its metadata travels with it through the sort.
-    let mut shape_ids: HashMap<Shape, usize> = Default::default();
+    let mut shape_ids: FxHashMap<Shape, usize> = Default::default();
     let mut last: Option<((LabId, UserId), (usize, usize))> = None;
     let mut keys = Vec::with_capacity(queue.len());
     let mut metas: Vec<Option<JobMeta>> = queue

@@ -28,7 +28,7 @@ use crate::reason::Reason;
 use crate::risk::risk_class;
 use crate::state::{gpu_matches, World};
 use crate::Round;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 mod offer;
 
@@ -49,7 +49,7 @@ impl OwnShapes {
     pub fn new(world: &World) -> Self {
         let mut nodes: Vec<Option<Vec<usize>>> = vec![None; world.shapes];
         let mut class = vec![0; world.shapes];
-        let mut classes: HashMap<OfferClass, usize> = HashMap::new();
+        let mut classes: FxHashMap<OfferClass, usize> = FxHashMap::default();
         for (j, meta) in world.meta.iter().enumerate() {
             if nodes[meta.shape].is_some() {
                 continue;
@@ -153,7 +153,7 @@ pub(crate) fn place_owner_jobs(
         elsewhere: Vec::new(),
         offers: Offers::default(),
         hopeless: vec![None; world.shapes],
-        found_nothing: HashMap::new(),
+        found_nothing: FxHashMap::default(),
     };
     for &j in jobs {
         phase.place(world, j, own, round);
@@ -169,7 +169,7 @@ struct Phase {
     offers: Offers,
     /// Per shape: the reason its jobs wait, once one found nothing at all.
     hopeless: Vec<Option<usize>>,
-    found_nothing: HashMap<(usize, usize), Nothing>,
+    found_nothing: FxHashMap<(usize, usize), Nothing>,
 }
 
 impl Phase {

@@ -7,7 +7,7 @@ use crate::placement::end_of;
 use crate::preemption::victims;
 use crate::sharing::guest_shares_only;
 use crate::state::{gpu_matches, World};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// Everything of a job an offer reads besides its time limit: the GPUs it asks for,
 /// their kind, and the CPUs and memory.
@@ -32,7 +32,7 @@ pub(super) fn offer_class(job: &QueuedJob) -> OfferClass<'_> {
 /// campus most offers are reused.
 #[derive(Default)]
 pub(super) struct Offers {
-    pub(super) kept: HashMap<(usize, usize), Vec<Option<Kept>>>,
+    pub(super) kept: FxHashMap<(usize, usize), Vec<Option<Kept>>>,
     pub(super) scratch: Scratch,
 }
 
