@@ -14,6 +14,7 @@ use super::world::rows::{secs, Held, QueuedRow, Rows, LEDGER_LOOKBACK_S};
 use super::DbConn;
 use super::DbError;
 use commons_sched::{LabInfo, MemberInfo, Policy, Quota};
+use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
 /// The window GPU-hour quotas count over.
@@ -94,8 +95,15 @@ fn ledgers(
     now_s: i64,
 ) -> (LabLedgers, MemberLedgers) {
     let (mut lab_info, mut member_info) = quotas(rows, now_s);
-    let gpu_by_id = &rows.gpus;
-    let node_lab: BTreeMap<i64, i64> = rows.nodes.values().map(|n| (n.id, n.lab_id)).collect();
+    // Looked up once per ended attempt of the last eight weeks, every round: the class
+    // weight of each GPU is worked out once here, and both maps hash instead of
+    // searching a tree (the values, and so the sums, are the same).
+    let gpu_weight: FxHashMap<i64, f64> = rows
+        .gpus
+        .values()
+        .map(|g| (g.id, policy.gpu_weight(&g.model)))
+        .collect();
+    let node_lab: FxHashMap<i64, i64> = rows.nodes.values().map(|n| (n.id, n.lab_id)).collect();
     let period_start = now_s - QUOTA_PERIOD_S;
     for held in rows.used(since) {
         let Held {
@@ -107,14 +115,13 @@ fn ledgers(
             continue;
         };
         let end = a.ended_at.map(secs).unwrap_or(now_s).max(start);
-        let ids = a.gpu_id_list();
         // A share counts as its fraction of its GPU (a quarter for 4 hours: 1 GPU-hour).
         let part = a.share().map_or(1.0, |s| f64::from(s.milli) / 1000.0);
         let weight: f64 = part
-            * ids
+            * a.gpu_ids
+                .0
                 .iter()
-                .filter_map(|g| gpu_by_id.get(g))
-                .map(|g| policy.gpu_weight(&g.model))
+                .filter_map(|g| gpu_weight.get(g))
                 .sum::<f64>();
         let hours = (end - start) as f64 / 3600.0;
         let decayed = commons_sched::decay(weight * hours, end, now_s, policy.half_life_s);
@@ -383,30 +390,26 @@ pub fn effective_disk_gb(disk_gb: Option<i64>, policy: &Policy) -> u64 {
 /// (or moved off a drained node). Rates are per week of the lookback, smoothed with
 /// [`commons_sched::smooth_return_rate`]; nodes without take-backs get none.
 fn owner_return_rates<'a>(
-    used: impl Iterator<Item = &'a Held> + Clone,
+    used: impl Iterator<Item = &'a Held>,
     node_lab: &BTreeMap<i64, i64>,
     utc_offset_s: i32,
 ) -> BTreeMap<i64, Vec<f64>> {
-    let mut last: BTreeMap<i64, i32> = BTreeMap::new();
-    for Held { attempt: a, .. } in used.clone() {
-        let e = last.entry(a.job_id).or_insert(a.attempt);
-        *e = (*e).max(a.attempt);
-    }
     let mut counts: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
-    for Held {
+    // In (job, attempt) order (the world's key): an attempt was run again when the
+    // next one is of the same job.
+    let mut used = used.peekable();
+    while let Some(Held {
         attempt: a,
         lab: job_lab,
         ..
-    } in used
+    }) = used.next()
     {
+        if a.status() != super::models::AttemptStatus::Stopped {
+            continue;
+        }
+        let rerun = used.peek().is_some_and(|n| n.attempt.job_id == a.job_id);
         let guest = node_lab.get(&a.node_id).is_some_and(|l| l != job_lab);
-        let rerun = last.get(&a.job_id).is_some_and(|&l| l > a.attempt);
-        let (true, true, true, Some(end)) = (
-            guest,
-            rerun,
-            a.status() == super::models::AttemptStatus::Stopped,
-            a.ended_at,
-        ) else {
+        let (true, true, Some(end)) = (guest, rerun, a.ended_at) else {
             continue;
         };
         let h = commons_sched::hour_of_week(secs(end), utc_offset_s);
@@ -419,4 +422,116 @@ fn owner_return_rates<'a>(
         .into_iter()
         .map(|(node, c)| (node, commons_sched::smooth_return_rate(&c, weeks)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::{Attempt, AttemptStatus};
+    use crate::types::Json;
+
+    /// The rates as first written: a map of each job's last attempt, built from every
+    /// attempt each round (the rule the single pass must keep).
+    fn rates_by_map(
+        used: &[Held],
+        node_lab: &BTreeMap<i64, i64>,
+        offset: i32,
+    ) -> BTreeMap<i64, Vec<f64>> {
+        let mut last: BTreeMap<i64, i32> = BTreeMap::new();
+        for h in used {
+            let e = last.entry(h.attempt.job_id).or_insert(h.attempt.attempt);
+            *e = (*e).max(h.attempt.attempt);
+        }
+        let mut counts: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+        for Held {
+            attempt: a, lab, ..
+        } in used
+        {
+            let guest = node_lab.get(&a.node_id).is_some_and(|l| l != lab);
+            let rerun = last.get(&a.job_id).is_some_and(|&l| l > a.attempt);
+            if !(guest && rerun && a.status() == AttemptStatus::Stopped) {
+                continue;
+            }
+            let Some(end) = a.ended_at else { continue };
+            let h = commons_sched::hour_of_week(secs(end), offset);
+            counts
+                .entry(a.node_id)
+                .or_insert_with(|| vec![0.0; commons_sched::WEEK_HOURS])[h] += 1.0;
+        }
+        let weeks = LEDGER_LOOKBACK_S as f64 / (7.0 * 86_400.0);
+        counts
+            .into_iter()
+            .map(|(node, c)| (node, commons_sched::smooth_return_rate(&c, weeks)))
+            .collect()
+    }
+
+    fn held(job: i64, attempt: i32, node: i64, lab: i64, state: AttemptStatus, hour: i64) -> Held {
+        let t = chrono::DateTime::from_timestamp(1_765_000_000 + hour * 3600, 0)
+            .unwrap()
+            .naive_utc();
+        Held {
+            attempt: Attempt {
+                id: job * 10 + i64::from(attempt),
+                job_id: job,
+                attempt,
+                node_id: node,
+                gpu_ids: Json(vec![node * 8]),
+                state,
+                lease_until: t,
+                created_at: t,
+                started_at: Some(t),
+                ended_at: (!state.is_active()).then_some(t),
+                exit_code: None,
+                reason: None,
+                share_milli: None,
+                share_memory_mb: None,
+                gpu_memory_used_mb: None,
+            },
+            lab,
+            user: lab * 100,
+        }
+    }
+
+    #[test]
+    fn a_guest_stopped_and_run_again_counts_once_per_take_back() {
+        use AttemptStatus::*;
+        // Node 1 is lab 1's, node 2 lab 2's.
+        let node_lab = BTreeMap::from([(1, 1), (2, 2)]);
+        let used = vec![
+            held(10, 1, 1, 2, Stopped, 5), // a guest taken back, run again: counts
+            held(10, 2, 2, 2, Running, 6),
+            held(11, 1, 1, 2, Stopped, 7), // a guest stopped and not run again
+            held(12, 1, 1, 1, Stopped, 8), // the owner's own job
+            held(12, 2, 1, 1, Exited, 9),
+            held(13, 1, 1, 2, Exited, 9), // a guest that ended by itself
+            held(13, 2, 1, 2, Stopped, 10), // taken back twice: both count
+            held(13, 3, 1, 2, Stopped, 11),
+            held(13, 4, 2, 2, Exited, 12),
+        ];
+        let rates = owner_return_rates(used.iter(), &node_lab, 0);
+        assert_eq!(rates.keys().collect::<Vec<_>>(), vec![&1]);
+        assert_eq!(rates, rates_by_map(&used, &node_lab, 0));
+        // Generated histories: the same rates as the map's rule.
+        let mut seed = 7u64;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for _ in 0..50 {
+            let mut used = Vec::new();
+            for job in 0..200 {
+                for attempt in 1..=(1 + next(4) as i32) {
+                    let state = [Stopped, Exited, Failed, Lost, Running][next(5) as usize];
+                    let (node, lab) = (1 + next(2) as i64, 1 + next(2) as i64);
+                    used.push(held(job, attempt, node, lab, state, next(400) as i64));
+                }
+            }
+            assert_eq!(
+                owner_return_rates(used.iter(), &node_lab, 3600),
+                rates_by_map(&used, &node_lab, 3600)
+            );
+        }
+    }
 }
