@@ -40,7 +40,9 @@ fn split(start: NaiveDateTime, end: NaiveDateTime, gpus: f64, weeks: &[NaiveDate
         .map(|w| {
             let (a, b) = (start.max(*w), end.min(*w + Duration::days(7)));
             if b > a {
-                (b - a).num_seconds() as f64 / 3600.0 * gpus
+                // Not whole seconds: truncating each week's part lost up to a second
+                // per week an attempt spans.
+                (b - a).as_seconds_f64() / 3600.0 * gpus
             } else {
                 0.0
             }
@@ -167,6 +169,24 @@ mod tests {
     }
 
     /// A quarter of a GPU for 4 hours is 1 GPU-hour; a whole GPU for 4 hours is 4.
+    #[test]
+    fn an_attempt_across_a_week_boundary_loses_no_fraction_of_a_second() {
+        let monday = chrono::NaiveDate::from_ymd_opt(2026, 12, 7)
+            .unwrap()
+            .and_hms_opt(0, 0, 0)
+            .unwrap();
+        let start = monday - Duration::milliseconds(3_600_500);
+        let end = monday + Duration::milliseconds(3_600_700);
+        let weeks = [monday, monday - Duration::days(7)];
+        let parts = split(start, end, 1.0, &weeks);
+        let total: f64 = parts.iter().sum();
+        let expected = (end - start).as_seconds_f64() / 3600.0;
+        assert!(
+            (total - expected).abs() < 1e-9,
+            "{parts:?} against {expected}"
+        );
+    }
+
     #[test]
     fn a_share_counts_as_its_fraction_of_its_gpu() {
         use crate::schema::job_attempts;
