@@ -192,6 +192,33 @@ impl std::str::FromStr for GpuMode {
 }
 
 #[cfg(test)]
+impl AgentConfig {
+    /// A configuration with every default, for `portal` with enrolment token `token`,
+    /// keeping its state (and its host id) in `state_dir`.
+    pub(crate) fn for_tests(portal: &str, token: &str, state_dir: &std::path::Path) -> Self {
+        AgentConfig {
+            portal: portal.into(),
+            enrol_token: Some(token.into()),
+            state_dir: state_dir.into(),
+            host_id_file: state_dir.join("host-id"),
+            gpus: GpuMode::Auto,
+            hostname: "h".into(),
+            guest_network: Default::default(),
+            guest_block: Vec::new(),
+            idle_guest: None,
+            socket_group: None,
+            capacity: Default::default(),
+            images: Default::default(),
+            fake_busy_util: 0,
+            log_limit: Default::default(),
+            disk: Default::default(),
+            datasets: Default::default(),
+            shares: Default::default(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -208,25 +235,7 @@ mod tests {
 
     #[test]
     fn debug_hides_the_enrolment_token() {
-        let c = AgentConfig {
-            portal: "http://p".into(),
-            enrol_token: Some("secret-token".into()),
-            state_dir: "/tmp/x".into(),
-            host_id_file: "/tmp/host-id".into(),
-            gpus: GpuMode::Auto,
-            hostname: "h".into(),
-            guest_network: Default::default(),
-            guest_block: Vec::new(),
-            idle_guest: None,
-            socket_group: None,
-            capacity: Default::default(),
-            images: Default::default(),
-            fake_busy_util: 0,
-            log_limit: Default::default(),
-            disk: Default::default(),
-            datasets: Default::default(),
-            shares: Default::default(),
-        };
+        let c = AgentConfig::for_tests("http://p", "secret-token", std::path::Path::new("/tmp/x"));
         let shown = format!("{c:?}");
         assert!(
             !shown.contains("secret-token") && shown.contains("<hidden>"),

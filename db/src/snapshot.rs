@@ -412,11 +412,26 @@ fn owner_return_rates<'a>(
         let (true, true, Some(end)) = (guest, rerun, a.ended_at) else {
             continue;
         };
-        let h = commons_sched::hour_of_week(secs(end), utc_offset_s);
-        counts
-            .entry(a.node_id)
-            .or_insert_with(|| vec![0.0; commons_sched::WEEK_HOURS])[h] += 1.0;
+        count_take_back(&mut counts, a.node_id, end, utc_offset_s);
     }
+    smoothed(counts)
+}
+
+/// One take-back on `node` at `end`, in its hour of the week.
+fn count_take_back(
+    counts: &mut BTreeMap<i64, Vec<f64>>,
+    node: i64,
+    end: chrono::NaiveDateTime,
+    utc_offset_s: i32,
+) {
+    let h = commons_sched::hour_of_week(secs(end), utc_offset_s);
+    counts
+        .entry(node)
+        .or_insert_with(|| vec![0.0; commons_sched::WEEK_HOURS])[h] += 1.0;
+}
+
+/// Take-backs per hour of the week, counted over the lookback, as smoothed rates.
+fn smoothed(counts: BTreeMap<i64, Vec<f64>>) -> BTreeMap<i64, Vec<f64>> {
     let weeks = LEDGER_LOOKBACK_S as f64 / (7.0 * 86_400.0);
     counts
         .into_iter()
@@ -430,8 +445,8 @@ mod tests {
     use crate::models::{Attempt, AttemptStatus};
     use crate::types::Json;
 
-    /// The rates as first written: a map of each job's last attempt, built from every
-    /// attempt each round (the rule the single pass must keep).
+    /// Which attempts count, as first written: a map of each job's last attempt, built
+    /// from every attempt each round (the rule the single pass must keep).
     fn rates_by_map(
         used: &[Held],
         node_lab: &BTreeMap<i64, i64>,
@@ -453,16 +468,9 @@ mod tests {
                 continue;
             }
             let Some(end) = a.ended_at else { continue };
-            let h = commons_sched::hour_of_week(secs(end), offset);
-            counts
-                .entry(a.node_id)
-                .or_insert_with(|| vec![0.0; commons_sched::WEEK_HOURS])[h] += 1.0;
+            count_take_back(&mut counts, a.node_id, end, offset);
         }
-        let weeks = LEDGER_LOOKBACK_S as f64 / (7.0 * 86_400.0);
-        counts
-            .into_iter()
-            .map(|(node, c)| (node, commons_sched::smooth_return_rate(&c, weeks)))
-            .collect()
+        smoothed(counts)
     }
 
     fn held(job: i64, attempt: i32, node: i64, lab: i64, state: AttemptStatus, hour: i64) -> Held {

@@ -152,25 +152,7 @@ mod tests {
     }
 
     fn config(portal: String, state_dir: &std::path::Path) -> AgentConfig {
-        AgentConfig {
-            portal,
-            enrol_token: Some("tok".into()),
-            state_dir: state_dir.into(),
-            host_id_file: state_dir.join("host-id"),
-            gpus: crate::config::GpuMode::Auto,
-            hostname: "h".into(),
-            guest_network: Default::default(),
-            guest_block: Vec::new(),
-            idle_guest: None,
-            socket_group: None,
-            capacity: Default::default(),
-            images: Default::default(),
-            fake_busy_util: 0,
-            log_limit: Default::default(),
-            disk: Default::default(),
-            datasets: Default::default(),
-            shares: Default::default(),
-        }
+        AgentConfig::for_tests(&portal, "tok", state_dir)
     }
 
     #[tokio::test]
