@@ -355,6 +355,19 @@ where
     }
 }
 
+/// Lets the current transaction commit without waiting for its record to reach the disk
+/// (PostgreSQL's `synchronous_commit = off`, for this transaction only; SQLite: nothing).
+/// For what can be lost in a crash of the database without harm, because it is derived
+/// and written again: the scheduler taking changes out of its log (a full read follows
+/// any failure, and a change read twice is read twice) and what waiting jobs show. A
+/// later commit that waits flushes this one with it; nothing is reordered.
+pub fn unflushed_commit(c: &mut DbConn) -> Result<(), DbError> {
+    if let DbConn::Pg(pg) = c {
+        diesel::sql_query("SET LOCAL synchronous_commit = off").execute(pg)?;
+    }
+    Ok(())
+}
+
 /// This replica's clock (UTC): for what people read (when a job was submitted, an event
 /// happened). Leases, and whether an agent is alive, are judged on [`clock`] instead.
 pub fn now() -> chrono::NaiveDateTime {

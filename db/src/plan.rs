@@ -210,12 +210,20 @@ pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErro
     if rows.is_empty() {
         return Ok(());
     }
-    let set = "reason = v.reason, queue_position = v.pos, estimated_start_at = v.est";
-    let queued = JobState::Queued.as_str();
     // The scheduler notes what it writes here in its world (`World::noted_waiting`): a
     // reason changed in this transaction leaves no change in the log (the migration
     // `world_noted`); any other writer's does.
-    crate::transaction(c, |c| match c {
+    crate::transaction(c, |c| {
+        // For people to read, and written again by the next rounds if lost.
+        crate::unflushed_commit(c)?;
+        set_waiting_rows(c, rows)
+    })
+}
+
+fn set_waiting_rows(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbError> {
+    let set = "reason = v.reason, queue_position = v.pos, estimated_start_at = v.est";
+    let queued = JobState::Queued.as_str();
+    match c {
         DbConn::Pg(c) => {
             diesel::sql_query("SELECT set_config('commons.world_noted', 'on', true)").execute(c)?;
             let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
@@ -259,5 +267,5 @@ pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErro
             diesel::sql_query("DELETE FROM world_noted").execute(c)?;
             Ok(())
         }
-    })
+    }
 }

@@ -48,6 +48,7 @@ impl World {
     /// Reads the whole world (one transaction), emptying the change log first.
     pub fn load(c: &mut DbConn) -> Result<World, DbError> {
         crate::transaction(c, |c| {
+            crate::unflushed_commit(c)?;
             changes::clear(c)?;
             Ok(World {
                 rows: Rows::load(c, now())?,
@@ -57,7 +58,10 @@ impl World {
 
     /// Takes in the changes committed since the last update (one transaction).
     pub fn update(&mut self, c: &mut DbConn) -> Result<Update, DbError> {
-        crate::transaction(c, |c| self.update_in(c))
+        crate::transaction(c, |c| {
+            crate::unflushed_commit(c)?;
+            self.update_in(c)
+        })
     }
 
     fn update_in(&mut self, c: &mut DbConn) -> Result<Update, DbError> {
@@ -83,6 +87,7 @@ impl World {
             if let DbConn::Pg(pg) = c {
                 diesel::sql_query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(pg)?;
             }
+            crate::unflushed_commit(c)?;
             let update = self.update_in(c)?;
             let t = now();
             let fresh = Rows::load(c, t)?;
