@@ -42,8 +42,6 @@ pub enum Reason {
         /// What it asks for, e.g. "64 CPUs and 512 GB of memory".
         detail: String,
     },
-    /// The servers that have the GPUs (and CPUs and memory) it needs give a job less disk
-    /// than it asks for (`disk_gb`, above their agents' `--max-job-disk-gb`).
     /// No server that could hold it exports a dataset it needs (a `node:` dataset).
     NeedsDataset {
         /// `LAB/NAME`.
@@ -51,6 +49,8 @@ pub enum Reason {
         /// The servers that export it (none when no server does now).
         exporters: Vec<String>,
     },
+    /// The servers that have the GPUs (and CPUs and memory) it needs give a job less disk
+    /// than it asks for (`disk_gb`, above their agents' `--max-job-disk-gb`).
     NoNodeDisk {
         /// GiB it asks for.
         disk_gb: u64,
