@@ -191,14 +191,16 @@ impl std::str::FromStr for GpuMode {
     }
 }
 
-#[cfg(test)]
 impl AgentConfig {
-    /// A configuration with every default, for `portal` with enrolment token `token`,
-    /// keeping its state (and its host id) in `state_dir`.
-    pub(crate) fn for_tests(portal: &str, token: &str, state_dir: &std::path::Path) -> Self {
+    /// A configuration for `portal` that keeps its state (and its host id) in
+    /// `state_dir`, with every other setting at its default: no enrolment token, GPUs
+    /// found through NVML, the hostname `h`. For agents run inside another program (the
+    /// tests), which set what they need on top (`AgentConfig { gpus, ..new(..) }`); the
+    /// binary builds its configuration from its flags.
+    pub fn new(portal: &str, state_dir: &std::path::Path) -> Self {
         AgentConfig {
             portal: portal.into(),
-            enrol_token: Some(token.into()),
+            enrol_token: None,
             state_dir: state_dir.into(),
             host_id_file: state_dir.join("host-id"),
             gpus: GpuMode::Auto,
@@ -235,7 +237,10 @@ mod tests {
 
     #[test]
     fn debug_hides_the_enrolment_token() {
-        let c = AgentConfig::for_tests("http://p", "secret-token", std::path::Path::new("/tmp/x"));
+        let c = AgentConfig {
+            enrol_token: Some("secret-token".into()),
+            ..AgentConfig::new("http://p", std::path::Path::new("/tmp/x"))
+        };
         let shown = format!("{c:?}");
         assert!(
             !shown.contains("secret-token") && shown.contains("<hidden>"),

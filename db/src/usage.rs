@@ -168,13 +168,9 @@ mod tests {
         assert_eq!(h, vec![4.0, 4.0]);
     }
 
-    /// A quarter of a GPU for 4 hours is 1 GPU-hour; a whole GPU for 4 hours is 4.
     #[test]
     fn an_attempt_across_a_week_boundary_loses_no_fraction_of_a_second() {
-        let monday = chrono::NaiveDate::from_ymd_opt(2026, 12, 7)
-            .unwrap()
-            .and_hms_opt(0, 0, 0)
-            .unwrap();
+        let monday = t("2026-12-07 00:00");
         let start = monday - Duration::milliseconds(3_600_500);
         let end = monday + Duration::milliseconds(3_600_700);
         let weeks = [monday, monday - Duration::days(7)];
@@ -187,6 +183,7 @@ mod tests {
         );
     }
 
+    /// A quarter of a GPU for 4 hours is 1 GPU-hour; a whole GPU for 4 hours is 4.
     #[test]
     fn a_share_counts_as_its_fraction_of_its_gpu() {
         use crate::schema::job_attempts;

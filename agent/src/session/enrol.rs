@@ -152,7 +152,10 @@ mod tests {
     }
 
     fn config(portal: String, state_dir: &std::path::Path) -> AgentConfig {
-        AgentConfig::for_tests(&portal, "tok", state_dir)
+        AgentConfig {
+            enrol_token: Some("tok".into()),
+            ..AgentConfig::new(&portal, state_dir)
+        }
     }
 
     #[tokio::test]

@@ -58,13 +58,13 @@ impl World {
 
     /// Takes in the changes committed since the last update (one transaction).
     pub fn update(&mut self, c: &mut DbConn) -> Result<Update, DbError> {
-        crate::transaction(c, |c| {
-            crate::unflushed_commit(c)?;
-            self.update_in(c)
-        })
+        crate::transaction(c, |c| self.update_in(c))
     }
 
+    /// In the caller's transaction, which commits without waiting for the disk: taking
+    /// changes out of the log is derived work (see [`crate::unflushed_commit`]).
     fn update_in(&mut self, c: &mut DbConn) -> Result<Update, DbError> {
+        crate::unflushed_commit(c)?;
         let ch = changes::take(c)?;
         if ch.rows > FULL_READ_ABOVE {
             self.rows = Rows::load(c, now())?;
@@ -87,7 +87,6 @@ impl World {
             if let DbConn::Pg(pg) = c {
                 diesel::sql_query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(pg)?;
             }
-            crate::unflushed_commit(c)?;
             let update = self.update_in(c)?;
             let t = now();
             let fresh = Rows::load(c, t)?;

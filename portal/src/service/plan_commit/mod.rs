@@ -442,7 +442,7 @@ pub fn record_waiting(
             write.then_some((p.job, w))
         })
         .collect();
-    db::transaction(c, |c| db::plan::set_waiting(c, &changed))?;
+    db::plan::set_waiting(c, &changed)?;
     Ok(changed)
 }
 

@@ -527,20 +527,10 @@ fn agent_config(
     hostname: &str,
 ) -> commons_agent::AgentConfig {
     commons_agent::AgentConfig {
-        portal: portal.to_string(),
         enrol_token,
-        state_dir: state_dir.to_path_buf(),
         host_id_file,
         gpus: gpus.parse().unwrap(),
         hostname: hostname.to_string(),
-        guest_network: Default::default(),
-        guest_block: Vec::new(),
-        idle_guest: None,
-        socket_group: None,
-        capacity: Default::default(),
-        images: Default::default(),
-        fake_busy_util: 0,
-        log_limit: Default::default(),
         // Watched volumes (no mounts: in-process agents are aborted, not stopped), and no
         // floor: this machine's disk, shared by every session, is often fuller than the
         // default 10 %; `disk.rs` tests the floor on purpose.
@@ -548,8 +538,7 @@ fn agent_config(
             floor: commons_agent::disk::Floor::Percent(0),
             ..Default::default()
         },
-        datasets: Default::default(),
-        shares: Default::default(),
+        ..commons_agent::AgentConfig::new(portal, state_dir)
     }
 }
 
