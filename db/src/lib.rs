@@ -230,6 +230,9 @@ pub fn run_migrations(conn: &mut DbConn) -> Result<(), DbError> {
 #[derive(Clone)]
 pub struct Db {
     pool: r2d2::Pool<Manager>,
+    /// One connection kept for [`Db::run_reserved`] (PostgreSQL only), opened at its first
+    /// use.
+    reserved: Option<r2d2::Pool<Manager>>,
     pub backend: Backend,
     /// Where [`Db::run`] records how long it waited for a connection (set once).
     waits: std::sync::Arc<std::sync::OnceLock<prometheus_client::metrics::histogram::Histogram>>,
@@ -252,8 +255,17 @@ impl Db {
             .connection_timeout(std::time::Duration::from_secs(30))
             .build(Manager::new(url, statements.clone()))?;
         pool::with(&mut *pool.get()?, run_migrations)?;
+        let reserved = (backend == Backend::Postgres).then(|| {
+            r2d2::Pool::builder()
+                .max_size(1)
+                .min_idle(Some(0))
+                .idle_timeout(None)
+                .connection_timeout(std::time::Duration::from_secs(30))
+                .build_unchecked(Manager::new(url, statements.clone()))
+        });
         Ok(Self {
             pool,
+            reserved,
             backend,
             waits: Default::default(),
             statements,
@@ -286,6 +298,28 @@ impl Db {
             if let Some(h) = waits.get() {
                 h.observe(asked.elapsed().as_secs_f64());
             }
+            pool::with(&mut conn, f)
+        })
+        .await
+        .map_err(|_| E::from(DbError::Join))?
+    }
+
+    /// [`Db::run`] on a connection of its own, kept for one caller whose every wait
+    /// delays everyone (the scheduler's loop, which calls it one step at a time): it never
+    /// queues behind the pool's other users, such as a burst of agents' reports just
+    /// after a round's starts. On SQLite, whose one connection is shared by design, the
+    /// same as [`Db::run`].
+    pub async fn run_reserved<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut DbConn) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<DbError> + Send + 'static,
+    {
+        let Some(pool) = self.reserved.clone() else {
+            return self.run(f).await;
+        };
+        tokio::task::spawn_blocking(move || {
+            let mut conn = pool.get().map_err(DbError::from)?;
             pool::with(&mut conn, f)
         })
         .await

@@ -128,4 +128,40 @@ mod tests {
         assert!(matches!(e, DbError::Query(_)), "{e:?}");
         assert_eq!(db.statements() - before, 6);
     }
+
+    /// The scheduler's connection is its own: with every pooled connection held (a
+    /// burst of agents' reports), its work still runs at once, and it is opened only
+    /// when first used.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_reserved_connection_does_not_queue_behind_the_pool() {
+        let (guard, _c) = crate::testkit::postgres();
+        let db = Db::open_with(&guard.url(), 1).unwrap();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (taken, is_taken) = tokio::sync::oneshot::channel::<()>();
+        let holder = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                db.run(move |_c| {
+                    let _ = taken.send(());
+                    let _ = held.recv();
+                    Ok::<_, DbError>(())
+                })
+                .await
+            })
+        };
+        is_taken.await.unwrap();
+        assert_eq!(db.pool_state().1, 0, "the pool's one connection is in use");
+        let deadline = Duration::from_secs(20);
+        let got = tokio::time::timeout(
+            deadline,
+            db.run_reserved(|c| c.batch_execute("SELECT 1").map_err(DbError::from)),
+        )
+        .await;
+        release.send(()).unwrap();
+        holder.await.unwrap().unwrap();
+        assert!(
+            matches!(got, Ok(Ok(()))),
+            "the reserved connection's work waited {deadline:?} behind the pool: {got:?}"
+        );
+    }
 }

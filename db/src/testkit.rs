@@ -42,6 +42,17 @@ impl Drop for PgGuard {
     }
 }
 
+impl PgGuard {
+    /// The URL of the guard's database (to open a [`crate::Db`] on it).
+    pub fn url(&self) -> String {
+        let base = self
+            .admin
+            .rsplit_once('/')
+            .map_or(self.admin.as_str(), |(b, _)| b);
+        format!("{base}/{}", self.name)
+    }
+}
+
 pub fn postgres() -> (PgGuard, DbConn) {
     use diesel::{Connection, RunQueryDsl};
     let admin = std::env::var("TEST_DATABASE_URL").expect(

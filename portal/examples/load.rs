@@ -553,10 +553,15 @@ async fn scheduler_figures(
         p99.map_or("?".into(), |s| format!("{:.0} ms", s * 1000.0)),
     );
     println!(
-        "   the read: judging leases and waits {:.0} ms, the world {:.0}, the snapshot built {:.0}",
+        "   the read: waiting for a connection {:.0} ms, judging leases and waits {:.0}, the \
+         world {:.0}, the snapshot built {:.0}, its metrics {:.0}; the commit waiting for a \
+         connection {:.0}",
+        phase("read_wait"),
         phase("read_judge"),
         phase("read_world"),
         phase("read_build"),
+        phase("read_observe"),
+        phase("commit_wait"),
     );
     let updates = |kind: &str| {
         d(&format!(

@@ -5,7 +5,7 @@
 //! 3. The queue, in id order, gets slots and interned shapes, then fair-share order.
 //! 4. Running jobs take their GPUs (first holder wins) and fill the quota tallies.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::*;
@@ -35,8 +35,9 @@ impl Slots {
 struct Hardware<'a> {
     nodes: Vec<NodeW<'a>>,
     gpus: Vec<GpuW<'a>>,
-    gpu_index: BTreeMap<GpuId, usize>,
-    node_index: BTreeMap<NodeId, usize>,
+    /// Looked up only (never iterated), so hashing keeps the plan deterministic.
+    gpu_index: FxHashMap<GpuId, usize>,
+    node_index: FxHashMap<NodeId, usize>,
 }
 
 impl<'a> World<'a> {
@@ -44,7 +45,7 @@ impl<'a> World<'a> {
     pub fn new(snapshot: &'a Snapshot, policy: &'a Policy, now: Time) -> Self {
         let pressure = crate::risk::pressure(snapshot);
         let hw = hardware(snapshot, policy, now, pressure);
-        let running_ids: BTreeSet<JobId> = snapshot.running.iter().map(|r| r.id).collect();
+        let running_ids: FxHashSet<JobId> = snapshot.running.iter().map(|r| r.id).collect();
         let mut queue: Vec<&QueuedJob> = snapshot
             .queue
             .iter()
@@ -91,8 +92,8 @@ impl<'a> World<'a> {
     fn place_running(
         &mut self,
         r: &RunningJob,
-        gpu_index: &BTreeMap<GpuId, usize>,
-        node_index: &BTreeMap<NodeId, usize>,
+        gpu_index: &FxHashMap<GpuId, usize>,
+        node_index: &FxHashMap<NodeId, usize>,
         slots: &Slots,
     ) {
         // A share keeps its one GPU unless someone holds it whole; whole GPUs only those
@@ -158,8 +159,8 @@ fn hardware<'a>(snapshot: &'a Snapshot, policy: &Policy, now: Time, pressure: f6
     let mut hw = Hardware {
         nodes: Vec::with_capacity(order.len()),
         gpus: Vec::new(),
-        gpu_index: BTreeMap::new(),
-        node_index: BTreeMap::new(),
+        gpu_index: FxHashMap::default(),
+        node_index: FxHashMap::default(),
     };
     for node in order {
         let idx = hw.nodes.len();

@@ -192,7 +192,9 @@ pub async fn tick(
     let world_rows = world.rows.insert(read.world);
     let now_s = chrono::Utc::now().timestamp();
     let offset = state.config.policy.utc_offset_s;
+    let observing = Instant::now();
     metrics.observe_snapshot(&snapshot, now_s, offset);
+    metrics.phase("read_observe", observing);
     metrics.phase("read", began);
     if nothing_to_plan(&snapshot, now_s, offset) {
         metrics.plan_size.clear();
@@ -200,7 +202,15 @@ pub async fn tick(
         return Ok(false);
     }
     let planning = Instant::now();
-    let mut plan = commons_sched::plan(&snapshot, &state.config.policy, now_s);
+    // Tens of milliseconds of CPU at a large campus: off the runtime's worker threads,
+    // which serve the SSH gateway and the portal's other loops meanwhile.
+    let policy = state.config.policy.clone();
+    let (mut plan, snapshot) = tokio::task::spawn_blocking(move || {
+        let plan = commons_sched::plan(&snapshot, &policy, now_s);
+        (plan, snapshot)
+    })
+    .await
+    .map_err(|e| AppError::Internal(e.into()))?;
     metrics.phase("plan", planning);
     // A bounded commit: the starts left out are planned again in the next round, at once.
     let cap = state.config.scheduler.max_starts_per_tick.max(1);
@@ -210,9 +220,13 @@ pub async fn tick(
     let committing = Instant::now();
     let timing = crate::broker::agent::timing(state);
     let pending = std::mem::take(&mut plan.pending);
+    let m = std::sync::Arc::clone(&metrics);
     let orders = state
         .db
-        .run(move |c| plan_commit::apply_plan(c, &plan, timing))
+        .run_reserved(move |c| {
+            m.phase("commit_wait", committing);
+            plan_commit::apply_plan(c, &plan, timing)
+        })
         .await?;
     metrics.phase("commit", committing);
     let sending = Instant::now();
@@ -222,7 +236,7 @@ pub async fn tick(
     let moves = moves_written.is_none_or(|t| t.elapsed() >= WAITING_MOVES_EVERY);
     let written = state
         .db
-        .run(move |c| plan_commit::record_waiting(c, &pending, &shown, moves))
+        .run_reserved(move |c| plan_commit::record_waiting(c, &pending, &shown, moves))
         .await?;
     world_rows.noted_waiting(&written);
     if moves {

@@ -27,7 +27,8 @@ pub struct Config {
     /// `sqlite://PATH` (embedded default) or `postgres://...` (env `COMMONS_DATABASE_URL`).
     pub database_url: String,
     /// Connections the portal keeps open to PostgreSQL (env `COMMONS_DATABASE_POOL_SIZE`);
-    /// every replica opens up to this many, so keep replicas x pool size under the
+    /// every replica opens up to this many, and two more for the scheduler (its leader
+    /// lock, and its rounds' own connection), so keep replicas x (pool size + 2) under the
     /// server's `max_connections`. SQLite always uses one connection.
     pub database_pool_size: u32,
     /// Address the HTTP server listens on (env `COMMONS_LISTEN`).

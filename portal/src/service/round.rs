@@ -53,8 +53,10 @@ pub async fn read(
     world: Option<World>,
     refresh: Refresh,
 ) -> Result<Read, AppError> {
+    let asked = Instant::now();
     ctx.db
-        .run(move |c| {
+        .run_reserved(move |c| {
+            metrics.phase("read_wait", asked);
             let judging = Instant::now();
             let t = crate::db::clock(c)?;
             let silent = t - chrono::Duration::seconds(3 * lap.heartbeat_s as i64 + 5);
