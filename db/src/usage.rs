@@ -145,7 +145,8 @@ pub fn member_use(
         if a.ended_at.is_none() && a.status().is_active() {
             e.0 += gpus as u32;
         }
-        e.1 += (end - start.max(since)).num_seconds().max(0) as f64 / 3600.0 * a.gpu_amount();
+        let seconds = (end - start.max(since)).as_seconds_f64().max(0.0);
+        e.1 += seconds / 3600.0 * a.gpu_amount();
     }
     Ok(out)
 }
@@ -180,6 +181,48 @@ mod tests {
         assert!(
             (total - expected).abs() < 1e-9,
             "{parts:?} against {expected}"
+        );
+    }
+
+    /// A member's GPU-hours (what the members page shows against a member's quota) keep
+    /// the fraction of a second each attempt ran past a whole one (it was cut off).
+    #[test]
+    fn a_members_hours_keep_fractions_of_a_second() {
+        use crate::schema::job_attempts;
+        let (_dir, mut c) = crate::testkit::sqlite();
+        let campus = crate::testkit::campus(&mut c, 0);
+        let gpu = crate::nodes::list_with_gpus(&mut c).unwrap()[0].2[0].id;
+        let lab = campus.node.lab_id;
+        let now = crate::now();
+        let mut new = Vec::new();
+        for _ in 0..2 {
+            let job = crate::jobs::insert(&mut c, 1, &crate::testkit::demo_job(lab)).unwrap();
+            new.push(crate::plan::NewAttempt {
+                job: job.id,
+                attempt: 1,
+                node: campus.node.id,
+                gpus: vec![gpu],
+                lease_until: now,
+                share: None,
+            });
+        }
+        let start = now - Duration::hours(2);
+        crate::plan::insert_attempts(&mut c, &new, start).unwrap();
+        // Two attempts of 1 h 0 min 0.75 s each: 2 h 1.5 s in all.
+        let ran = Duration::milliseconds(3_600_750);
+        diesel::update(job_attempts::table)
+            .set((
+                job_attempts::started_at.eq(Some(start)),
+                job_attempts::ended_at.eq(Some(start + ran)),
+            ))
+            .execute(&mut c)
+            .unwrap();
+        let used = member_use(&mut c, lab, now, 86_400).unwrap();
+        let hours: f64 = used.values().map(|u| u.1).sum();
+        let expected = 2.0 * ran.as_seconds_f64() / 3600.0;
+        assert!(
+            (hours - expected).abs() < 1e-9,
+            "{hours} GPU-hours against {expected}"
         );
     }
 
