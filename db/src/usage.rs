@@ -184,39 +184,53 @@ mod tests {
         );
     }
 
-    /// A member's GPU-hours (what the members page shows against a member's quota) keep
-    /// the fraction of a second each attempt ran past a whole one (it was cut off).
-    #[test]
-    fn a_members_hours_keep_fractions_of_a_second() {
+    /// One attempt of its own job per entry of `shares` (`None`: a whole GPU), all on the
+    /// test campus's first GPU, started at `start` and ended at `end`: the lab and the
+    /// attempts.
+    fn ended_attempts(
+        c: &mut DbConn,
+        shares: &[Option<commons_sched::GpuShare>],
+        start: NaiveDateTime,
+        end: NaiveDateTime,
+    ) -> (i64, Vec<crate::plan::NewAttempt>) {
         use crate::schema::job_attempts;
-        let (_dir, mut c) = crate::testkit::sqlite();
-        let campus = crate::testkit::campus(&mut c, 0);
-        let gpu = crate::nodes::list_with_gpus(&mut c).unwrap()[0].2[0].id;
+        let campus = crate::testkit::campus(c, 0);
+        let gpu = crate::nodes::list_with_gpus(c).unwrap()[0].2[0].id;
         let lab = campus.node.lab_id;
-        let now = crate::now();
         let mut new = Vec::new();
-        for _ in 0..2 {
-            let job = crate::jobs::insert(&mut c, 1, &crate::testkit::demo_job(lab)).unwrap();
+        for &share in shares {
+            let job = crate::jobs::insert(c, 1, &crate::testkit::demo_job(lab)).unwrap();
             new.push(crate::plan::NewAttempt {
                 job: job.id,
                 attempt: 1,
                 node: campus.node.id,
                 gpus: vec![gpu],
-                lease_until: now,
-                share: None,
+                lease_until: end,
+                share,
             });
         }
-        let start = now - Duration::hours(2);
-        crate::plan::insert_attempts(&mut c, &new, start).unwrap();
-        // Two attempts of 1 h 0 min 0.75 s each: 2 h 1.5 s in all.
-        let ran = Duration::milliseconds(3_600_750);
+        crate::plan::insert_attempts(c, &new, start).unwrap();
         diesel::update(job_attempts::table)
             .set((
                 job_attempts::started_at.eq(Some(start)),
-                job_attempts::ended_at.eq(Some(start + ran)),
+                job_attempts::ended_at.eq(Some(end)),
             ))
-            .execute(&mut c)
+            .execute(c)
             .unwrap();
+        (lab, new)
+    }
+
+    /// A member's GPU-hours (the lab page's and the overview's, shown against member
+    /// quotas) keep the fraction of a second each attempt ran past a whole one (it was
+    /// cut off).
+    #[test]
+    fn a_members_hours_keep_fractions_of_a_second() {
+        let (_dir, mut c) = crate::testkit::sqlite();
+        let now = crate::now();
+        let start = now - Duration::hours(2);
+        // Two attempts of 1 h 0 min 0.75 s each: 2 h 1.5 s in all.
+        let ran = Duration::milliseconds(3_600_750);
+        let (lab, _) = ended_attempts(&mut c, &[None, None], start, start + ran);
         let used = member_use(&mut c, lab, now, 86_400).unwrap();
         let hours: f64 = used.values().map(|u| u.1).sum();
         let expected = 2.0 * ran.as_seconds_f64() / 3600.0;
@@ -229,39 +243,14 @@ mod tests {
     /// A quarter of a GPU for 4 hours is 1 GPU-hour; a whole GPU for 4 hours is 4.
     #[test]
     fn a_share_counts_as_its_fraction_of_its_gpu() {
-        use crate::schema::job_attempts;
         let (_dir, mut c) = crate::testkit::sqlite();
-        let campus = crate::testkit::campus(&mut c, 0);
-        let gpu = crate::nodes::list_with_gpus(&mut c).unwrap()[0].2[0].id;
-        let lab = campus.node.lab_id;
         let now = crate::now();
         let start = now - Duration::hours(4);
-        let mut new = Vec::new();
-        for share in [
-            Some(commons_sched::GpuShare {
-                milli: 250,
-                memory_mb: 10_240,
-            }),
-            None,
-        ] {
-            let job = crate::jobs::insert(&mut c, 1, &crate::testkit::demo_job(lab)).unwrap();
-            new.push(crate::plan::NewAttempt {
-                job: job.id,
-                attempt: 1,
-                node: campus.node.id,
-                gpus: vec![gpu],
-                lease_until: now,
-                share,
-            });
-        }
-        crate::plan::insert_attempts(&mut c, &new, start).unwrap();
-        diesel::update(job_attempts::table)
-            .set((
-                job_attempts::started_at.eq(Some(start)),
-                job_attempts::ended_at.eq(Some(now)),
-            ))
-            .execute(&mut c)
-            .unwrap();
+        let share = commons_sched::GpuShare {
+            milli: 250,
+            memory_mb: 10_240,
+        };
+        let (lab, new) = ended_attempts(&mut c, &[Some(share), None], start, now);
         let usage = lab_usage(&mut c, lab, now, 2).unwrap();
         let used: f64 = usage.weeks.iter().map(|w| w.used).sum();
         assert!(
