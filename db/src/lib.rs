@@ -290,18 +290,7 @@ impl Db {
         T: Send + 'static,
         E: From<DbError> + Send + 'static,
     {
-        let pool = self.pool.clone();
-        let waits = self.waits.clone();
-        let asked = std::time::Instant::now();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = pool.get().map_err(DbError::from)?;
-            if let Some(h) = waits.get() {
-                h.observe(asked.elapsed().as_secs_f64());
-            }
-            pool::with(&mut conn, f)
-        })
-        .await
-        .map_err(|_| E::from(DbError::Join))?
+        on(self.pool.clone(), Some(self.waits.clone()), f).await
     }
 
     /// [`Db::run`] on a connection of its own, kept for one caller whose every wait
@@ -315,15 +304,10 @@ impl Db {
         T: Send + 'static,
         E: From<DbError> + Send + 'static,
     {
-        let Some(pool) = self.reserved.clone() else {
-            return self.run(f).await;
-        };
-        tokio::task::spawn_blocking(move || {
-            let mut conn = pool.get().map_err(DbError::from)?;
-            pool::with(&mut conn, f)
-        })
-        .await
-        .map_err(|_| E::from(DbError::Join))?
+        match self.reserved.clone() {
+            Some(pool) => on(pool, None, f).await,
+            None => self.run(f).await,
+        }
     }
 
     /// The pool's connections: (open, idle, most allowed).
@@ -341,6 +325,32 @@ impl Db {
         let mut conn = self.pool.get().map_err(DbError::from)?;
         pool::with(&mut conn, f)
     }
+}
+
+/// Runs `f` on a connection of `pool`, on the blocking pool, recording in `waits` (when
+/// given and set) how long it waited for the connection.
+async fn on<T, E, F>(
+    pool: r2d2::Pool<Manager>,
+    waits: Option<
+        std::sync::Arc<std::sync::OnceLock<prometheus_client::metrics::histogram::Histogram>>,
+    >,
+    f: F,
+) -> Result<T, E>
+where
+    F: FnOnce(&mut DbConn) -> Result<T, E> + Send + 'static,
+    T: Send + 'static,
+    E: From<DbError> + Send + 'static,
+{
+    let asked = std::time::Instant::now();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = pool.get().map_err(DbError::from)?;
+        if let Some(h) = waits.as_deref().and_then(|w| w.get()) {
+            h.observe(asked.elapsed().as_secs_f64());
+        }
+        pool::with(&mut conn, f)
+    })
+    .await
+    .map_err(|_| E::from(DbError::Join))?
 }
 
 /// `INSERT ... RETURNING id` on either backend (the multi-backend has no RETURNING of its
