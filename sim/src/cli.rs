@@ -113,6 +113,18 @@ pub struct ReplayArgs {
     /// server asked for whole as if it had come, 0 off (default: `sched`'s).
     #[arg(long)]
     pub share_prior_reserve: Option<f64>,
+    /// openb: `commons`' reserve keeps at least this many untouched servers of the
+    /// widest kind while other placements exist, however small the cluster (default:
+    /// `sched`'s).
+    #[arg(long)]
+    pub share_prior_floor: Option<f64>,
+    /// openb: replay on N servers drawn from the nodes file (a campus-sized cluster;
+    /// the draw by --node-seed); tasks that no drawn server could host are left out.
+    #[arg(long)]
+    pub sample_nodes: Option<usize>,
+    /// openb: seed of the --sample-nodes draw.
+    #[arg(long, default_value_t = 1)]
+    pub node_seed: u64,
     /// Queued jobs per lab shown to the scheduler in one call (besides the head of the
     /// campus-wide queue).
     #[arg(long, default_value_t = 8)]

@@ -163,6 +163,31 @@ pub fn read_nodes(path: &Path) -> Result<Vec<ShareNode>, OpenbError> {
         .collect())
 }
 
+/// A campus-sized cluster: `n` servers drawn without replacement from `nodes` by
+/// `seed`, in the list's order; `None` when `n` is 0 or more than the list has.
+pub fn sample_nodes(nodes: &[ShareNode], n: usize, seed: u64) -> Option<Vec<ShareNode>> {
+    if n == 0 || n > nodes.len() {
+        return None;
+    }
+    let mut picked: Vec<usize> = (0..nodes.len()).collect();
+    picked.shuffle(&mut StdRng::seed_from_u64(seed));
+    picked.truncate(n);
+    picked.sort_unstable();
+    Some(picked.into_iter().map(|i| nodes[i].clone()).collect())
+}
+
+/// The tasks some server of `nodes` could host with nothing on it (a campus's people
+/// ask for what its servers have): a task asking for a model, or for more CPUs or GPUs
+/// than any server of the sample has, is left out of the replay.
+pub fn hostable(nodes: &[ShareNode], tasks: Vec<OpenbTask>) -> Vec<OpenbTask> {
+    let mix = ShapeMix::new(1);
+    let tuning = ShareTuning::default();
+    tasks
+        .into_iter()
+        .filter(|t| place(nodes, &t.req, SharePolicy::BestFit, &mix, &tuning).is_some())
+        .collect()
+}
+
 /// The order in which tasks arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -387,6 +412,8 @@ pub struct OpenbSummary {
     pub nodes_file: String,
     /// Nodes of the cluster.
     pub nodes: usize,
+    /// The draw of a campus-sized cluster from the nodes file (`--sample-nodes`), if any.
+    pub sample: Option<NodeSample>,
     /// GPUs of the cluster (its capacity).
     pub gpus: u64,
     /// Tasks in the pods file.
@@ -400,6 +427,17 @@ pub struct OpenbSummary {
     /// `commons`' unallocated GPUs at full over `best-fit`'s, when both ran (the target
     /// is at most 0.75).
     pub commons_to_best_fit_unallocated: Option<f64>,
+}
+
+/// A campus-sized cluster drawn from the nodes file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeSample {
+    /// Servers drawn.
+    pub servers: usize,
+    /// The draw's seed.
+    pub seed: u64,
+    /// Tasks of the list that no drawn server could host, left out of the replay.
+    pub tasks_left_out: usize,
 }
 
 /// Replays the tasks under every policy of `policies` (each on a fresh cluster).

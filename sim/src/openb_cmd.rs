@@ -4,7 +4,7 @@
 use crate::cli::ReplayArgs;
 use anyhow::{bail, Context, Result};
 use commons_sched::share::{SharePolicy, ShareTuning};
-use commons_sim::openb::{self, OpenbSummary, Order};
+use commons_sim::openb::{self, NodeSample, OpenbSummary, Order};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -20,8 +20,31 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     let policies = parse_policies(args.policies.as_deref().unwrap_or("best-fit,fgd,commons"))?;
     let trace = path_or_default(args.trace.as_ref(), DEFAULT_PODS, "--trace")?;
     let nodes_file = path_or_default(args.nodes.as_ref(), DEFAULT_NODES, "--nodes")?;
-    let tasks = openb::read_pods(&trace)?;
-    let nodes = openb::read_nodes(&nodes_file)?;
+    let mut tasks = openb::read_pods(&trace)?;
+    let mut nodes = openb::read_nodes(&nodes_file)?;
+    let mut sample = None;
+    if let Some(n) = args.sample_nodes {
+        nodes = openb::sample_nodes(&nodes, n, args.node_seed).with_context(|| {
+            format!(
+                "--sample-nodes {n}: {} has {} servers; draw 1 to that many",
+                nodes_file.display(),
+                nodes.len()
+            )
+        })?;
+        let listed = tasks.len();
+        tasks = openb::hostable(&nodes, tasks);
+        if tasks.is_empty() {
+            bail!(
+                "--sample-nodes {n} --node-seed {}: no task of the list fits any drawn server",
+                args.node_seed
+            );
+        }
+        sample = Some(NodeSample {
+            servers: n,
+            seed: args.node_seed,
+            tasks_left_out: listed - tasks.len(),
+        });
+    }
     let order = args.seed.map_or(Order::File, Order::Seeded);
     let default = ShareTuning::default();
     let tuning = ShareTuning {
@@ -36,6 +59,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         demand_power: args.share_demand_power.unwrap_or(default.demand_power),
         wide_reserve: args.share_wide_reserve.unwrap_or(default.wide_reserve),
         prior_reserve: args.share_prior_reserve.unwrap_or(default.prior_reserve),
+        prior_floor: args.share_prior_floor.unwrap_or(default.prior_floor),
     };
     let gpus: u64 = nodes.iter().map(|n| n.gpus.len() as u64).sum();
     if !args.quiet {
@@ -45,6 +69,12 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             order,
             nodes.len()
         );
+        if let Some(s) = &sample {
+            eprintln!(
+                "  {} servers drawn by --node-seed {}; {} tasks no drawn server could host left out",
+                s.servers, s.seed, s.tasks_left_out
+            );
+        }
     }
     let started = Instant::now();
     let results = openb::replay_openb_all(&nodes, &tasks, order, &policies, &tuning);
@@ -59,6 +89,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         trace: trace.display().to_string(),
         nodes_file: nodes_file.display().to_string(),
         nodes: nodes.len(),
+        sample,
         gpus,
         tasks_in_trace: tasks.len(),
         order,

@@ -34,7 +34,7 @@ use std::cmp::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::frag::{can_host, node_fragment, widest_shape, FragmentRule};
-use super::reserve::{reserve_cost, short_shapes};
+use super::reserve::{reserve_cost, short_shapes, Prior};
 use super::{GpuAsk, ShapeMix, ShareNode, ShareRequest};
 
 /// A placement rule for shares and whole GPUs.
@@ -110,6 +110,11 @@ pub struct ShareTuning {
     /// that alone could host a wide job not seen yet are kept (0: off; 0.0005 since
     /// the fourth round).
     pub prior_reserve: f64,
+    /// The reserve keeps at least this many servers that could host the widest
+    /// untouched server's shape while other placements exist, however small the
+    /// cluster ([`super::reserve`]; 0: only `prior_reserve` counts, the fourth round's
+    /// rule; 1 since the fifth round).
+    pub prior_floor: f64,
 }
 
 impl Default for ShareTuning {
@@ -126,6 +131,7 @@ impl Default for ShareTuning {
             demand_power: 0.0,
             wide_reserve: 4.0,
             prior_reserve: 0.0005,
+            prior_floor: 1.0,
         }
     }
 }
@@ -178,7 +184,11 @@ pub fn place(
     };
     // The widest untouched server asked for whole: both of `commons`' priors use it.
     let widest = match policy {
-        SharePolicy::Commons if tuning.wide_prior > 0.0 || tuning.prior_reserve > 0.0 => {
+        SharePolicy::Commons
+            if tuning.wide_prior > 0.0
+                || tuning.prior_reserve > 0.0
+                || tuning.prior_floor > 0.0 =>
+        {
             widest_shape(nodes)
         }
         _ => None,
@@ -199,7 +209,11 @@ pub fn place(
             nodes,
             mix,
             tuning.wide_reserve,
-            widest.as_ref().map(|w| (w, tuning.prior_reserve)),
+            widest.as_ref().map(|shape| Prior {
+                shape,
+                per_request: tuning.prior_reserve,
+                floor: tuning.prior_floor,
+            }),
         ),
         _ => Vec::new(),
     };

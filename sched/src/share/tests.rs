@@ -304,6 +304,7 @@ fn the_widest_servers_are_kept_for_the_widest_job() {
     let before = ShareTuning {
         long_weight: 0.0,
         wide_prior: 0.0,
+        prior_floor: 0.0,
         ..ShareTuning::default()
     };
     let one_gpu = ShareRequest {
@@ -519,7 +520,38 @@ proptest! {
 /// make it look least fragmented); with the reserve's prior it stays untouched.
 #[test]
 fn the_biggest_server_is_kept_for_a_wide_job_not_seen_yet() {
-    let mut nodes: Vec<ShareNode> = (0..64)
+    let (g3_taken_by, wide) = wide_job_after_shares(64, &ShareTuning::default());
+    assert_eq!(
+        g3_taken_by, None,
+        "the G3 server went to request {g3_taken_by:?}"
+    );
+    assert_eq!(wide, Some(64));
+}
+
+#[test]
+fn a_small_campus_keeps_its_biggest_server_for_a_wide_job_too() {
+    // Eight G2-like servers and one G3-like: the prior's count alone (0.0005 per
+    // request) expects no wide job on 72 GPUs; the floor keeps the last G3 anyway.
+    let (g3_taken_by, wide) = wide_job_after_shares(8, &ShareTuning::default());
+    assert_eq!(
+        g3_taken_by, None,
+        "the G3 server went to request {g3_taken_by:?}"
+    );
+    assert_eq!(wide, Some(8));
+    // Without the floor (the fourth round's rule) a share takes it.
+    let fourth = ShareTuning {
+        prior_floor: 0.0,
+        ..ShareTuning::default()
+    };
+    assert!(wide_job_after_shares(8, &fourth).0.is_some());
+}
+
+/// `g2` G2-like servers (96 CPUs) and one G3-like (128 CPUs, index `g2`) take the eight
+/// commonest `gpushare40` shapes in a fixed pseudo-random order up to a third of the
+/// capacity, then a 120-CPU 8-GPU job that only the G3 can host. Returns the request
+/// that first took the G3, if any, and where the wide job went.
+fn wide_job_after_shares(g2: usize, tuning: &ShareTuning) -> (Option<usize>, Option<usize>) {
+    let mut nodes: Vec<ShareNode> = (0..g2)
         .map(|i| server(&format!("g2-{i}"), 96, 384))
         .collect();
     nodes.push(server("g3", 128, 768));
@@ -549,8 +581,8 @@ fn the_biggest_server_is_kept_for_a_wide_job_not_seen_yet() {
     .into_iter()
     .flat_map(|(r, n)| std::iter::repeat_n(r, n))
     .collect();
-    let tuning = ShareTuning::default();
     let mut mix = ShapeMix::new(tuning.mix_window);
+    let capacity = nodes.len() as u64 * 8 * u64::from(FULL_MILLI);
     let (mut x, mut demand, mut g3_taken_by) = (3u64, 0, None);
     for n in 1.. {
         x = x
@@ -559,20 +591,16 @@ fn the_biggest_server_is_kept_for_a_wide_job_not_seen_yet() {
         let req = &bag[(x >> 33) as usize % bag.len()];
         mix.observe(req);
         demand += req.gpu.demand_milli();
-        if let Some(p) = place(&nodes, req, SharePolicy::Commons, &mix, &tuning) {
-            if p.node == 64 && g3_taken_by.is_none() {
+        if let Some(p) = place(&nodes, req, SharePolicy::Commons, &mix, tuning) {
+            if p.node == g2 && g3_taken_by.is_none() {
                 g3_taken_by = Some(n);
             }
             nodes[p.node].take(req, &p.gpus).unwrap();
         }
-        if demand >= 65 * 8 * u64::from(FULL_MILLI) / 3 {
+        if demand >= capacity / 3 {
             break;
         }
     }
-    assert_eq!(
-        g3_taken_by, None,
-        "the G3 server went to request {g3_taken_by:?}"
-    );
     let wide = ShareRequest {
         cpu_milli: 120_000,
         memory_mib: 720 * GIB,
@@ -580,6 +608,6 @@ fn the_biggest_server_is_kept_for_a_wide_job_not_seen_yet() {
         models: Vec::new(),
     };
     mix.observe(&wide);
-    let p = place(&nodes, &wide, SharePolicy::Commons, &mix, &tuning);
-    assert_eq!(p.map(|p| p.node), Some(64));
+    let placed = place(&nodes, &wide, SharePolicy::Commons, &mix, tuning);
+    (g3_taken_by, placed.map(|p| p.node))
 }

@@ -2,7 +2,9 @@
 //! generated here in the openb layout, no trace data is shipped.
 
 use commons_sched::share::{GpuAsk, SharePolicy, ShareTuning};
-use commons_sim::openb::{arrivals, read_nodes, read_pods, replay_openb, replay_openb_all, Order};
+use commons_sim::openb::{
+    arrivals, hostable, read_nodes, read_pods, replay_openb, replay_openb_all, sample_nodes, Order,
+};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
@@ -204,4 +206,74 @@ fn the_cli_replays_openb_and_writes_json() {
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown openb policy"));
+}
+
+#[test]
+fn a_campus_sized_cluster_is_drawn_from_the_node_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, n) = write_files(dir.path());
+    let nodes = read_nodes(&n).unwrap();
+    let ten = sample_nodes(&nodes, 10, 7).unwrap();
+    assert_eq!(ten.len(), 10);
+    assert_eq!(
+        ten,
+        sample_nodes(&nodes, 10, 7).unwrap(),
+        "a seed, the same draw"
+    );
+    assert_ne!(ten, sample_nodes(&nodes, 10, 8).unwrap());
+    let names: Vec<&str> = ten.iter().map(|n| n.name.as_str()).collect();
+    assert!(
+        names.windows(2).all(|w| w[0] < w[1]),
+        "in the list's order: {names:?}"
+    );
+    assert!(sample_nodes(&nodes, 0, 1).is_none());
+    assert!(sample_nodes(&nodes, 41, 1).is_none());
+    assert_eq!(sample_nodes(&nodes, 40, 1).unwrap(), nodes);
+    // Only the 2-GPU T4 servers: 8-GPU tasks and those bound to other models go.
+    let t4: Vec<_> = nodes
+        .iter()
+        .filter(|n| n.gpus.len() == 2)
+        .cloned()
+        .collect();
+    let tasks = read_pods(&p).unwrap();
+    let kept = hostable(&t4, tasks.clone());
+    assert!(!kept.is_empty() && kept.len() < tasks.len());
+    assert!(kept
+        .iter()
+        .all(|t| t.req.gpu.gpu_count() <= 2 && t4.iter().any(|n| n.hosts(&t.req))));
+    let replay = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_commons-sim"))
+            .args([
+                "replay",
+                "--quiet",
+                "--trace-format",
+                "openb",
+                "--json",
+                "-",
+            ])
+            .arg("--trace")
+            .arg(&p)
+            .arg("--nodes")
+            .arg(&n)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = replay(&["--sample-nodes", "12", "--node-seed", "3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nodes"], 12);
+    assert_eq!(v["sample"]["seed"], 3);
+    assert!(v["sample"]["tasks_left_out"].as_u64().is_some(), "{v}");
+    let too_many = replay(&["--sample-nodes", "41"]);
+    assert!(!too_many.status.success());
+    let err = String::from_utf8_lossy(&too_many.stderr);
+    assert!(
+        err.contains("--sample-nodes 41") && err.contains("40 servers"),
+        "{err}"
+    );
 }
