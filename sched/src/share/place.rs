@@ -112,8 +112,9 @@ pub struct ShareTuning {
     pub prior_reserve: f64,
     /// The reserve keeps at least this many servers that could host the widest
     /// untouched server's shape while other placements exist, however small the
-    /// cluster ([`super::reserve`]; 0: only `prior_reserve` counts, the fourth round's
-    /// rule; 1 since the fifth round).
+    /// cluster ([`super::reserve`]; 0: only `prior_reserve` counts). Off (0): on
+    /// campus-sized clusters a floor of 1 left more GPUs unallocated than it saved
+    /// for wide jobs (docs/src/reports/gpu-sharing.md, fifth round).
     pub prior_floor: f64,
 }
 
@@ -131,7 +132,7 @@ impl Default for ShareTuning {
             demand_power: 0.0,
             wide_reserve: 4.0,
             prior_reserve: 0.0005,
-            prior_floor: 1.0,
+            prior_floor: 0.0,
         }
     }
 }

@@ -304,7 +304,6 @@ fn the_widest_servers_are_kept_for_the_widest_job() {
     let before = ShareTuning {
         long_weight: 0.0,
         wide_prior: 0.0,
-        prior_floor: 0.0,
         ..ShareTuning::default()
     };
     let one_gpu = ShareRequest {
@@ -529,21 +528,23 @@ fn the_biggest_server_is_kept_for_a_wide_job_not_seen_yet() {
 }
 
 #[test]
-fn a_small_campus_keeps_its_biggest_server_for_a_wide_job_too() {
+fn the_prior_floor_keeps_a_small_campus_biggest_server_for_a_wide_job() {
     // Eight G2-like servers and one G3-like: the prior's count alone (0.0005 per
-    // request) expects no wide job on 72 GPUs; the floor keeps the last G3 anyway.
-    let (g3_taken_by, wide) = wide_job_after_shares(8, &ShareTuning::default());
+    // request) expects no wide job on 72 GPUs, so by default a share takes the G3.
+    assert!(wide_job_after_shares(8, &ShareTuning::default())
+        .0
+        .is_some());
+    // With a floor of one server the G3 is kept, and the wide job gets it.
+    let floor = ShareTuning {
+        prior_floor: 1.0,
+        ..ShareTuning::default()
+    };
+    let (g3_taken_by, wide) = wide_job_after_shares(8, &floor);
     assert_eq!(
         g3_taken_by, None,
         "the G3 server went to request {g3_taken_by:?}"
     );
     assert_eq!(wide, Some(8));
-    // Without the floor (the fourth round's rule) a share takes it.
-    let fourth = ShareTuning {
-        prior_floor: 0.0,
-        ..ShareTuning::default()
-    };
-    assert!(wide_job_after_shares(8, &fourth).0.is_some());
 }
 
 /// `g2` G2-like servers (96 CPUs) and one G3-like (128 CPUs, index `g2`) take the eight
