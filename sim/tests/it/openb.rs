@@ -160,15 +160,7 @@ fn the_cli_replays_openb_and_writes_json() {
     let dir = tempfile::tempdir().unwrap();
     let (p, n) = write_files(dir.path());
     let run = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_commons-sim"))
-            .args(["replay", "--quiet", "--trace-format", "openb", "--json"])
-            .arg("--trace")
-            .arg(&p)
-            .arg("--nodes")
-            .arg(&n)
-            .args(extra)
-            .output()
-            .unwrap();
+        let out = openb_replay(&p, &n, &[&["--quiet", "--json"], extra].concat());
         assert!(
             out.status.success(),
             "{}",
@@ -196,14 +188,7 @@ fn the_cli_replays_openb_and_writes_json() {
     assert_eq!(v, run(&["--seed", "5"]), "a seed gives the same figures");
     let one = run(&["--policy", "best-fit"]);
     assert_eq!(one["policies"].as_object().unwrap().len(), 1);
-    let bad = Command::new(env!("CARGO_BIN_EXE_commons-sim"))
-        .args(["replay", "--trace-format", "openb", "--policy", "worst-fit"])
-        .arg("--trace")
-        .arg(&p)
-        .arg("--nodes")
-        .arg(&n)
-        .output()
-        .unwrap();
+    let bad = openb_replay(&p, &n, &["--policy", "worst-fit"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown openb policy"));
 }
@@ -241,24 +226,8 @@ fn a_campus_sized_cluster_is_drawn_from_the_node_list() {
     assert!(kept
         .iter()
         .all(|t| t.req.gpu.gpu_count() <= 2 && t4.iter().any(|n| n.hosts(&t.req))));
-    let replay = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_commons-sim"))
-            .args([
-                "replay",
-                "--quiet",
-                "--trace-format",
-                "openb",
-                "--json",
-                "-",
-            ])
-            .arg("--trace")
-            .arg(&p)
-            .arg("--nodes")
-            .arg(&n)
-            .args(extra)
-            .output()
-            .unwrap()
-    };
+    let replay =
+        |extra: &[&str]| openb_replay(&p, &n, &[&["--quiet", "--json", "-"], extra].concat());
     let out = replay(&["--sample-nodes", "12", "--node-seed", "3"]);
     assert!(
         out.status.success(),
@@ -276,4 +245,17 @@ fn a_campus_sized_cluster_is_drawn_from_the_node_list() {
         err.contains("--sample-nodes 41") && err.contains("40 servers"),
         "{err}"
     );
+}
+
+/// `commons-sim replay --trace-format openb` on the files `p` and `n`, with `extra`.
+fn openb_replay(p: &Path, n: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_commons-sim"))
+        .args(["replay", "--trace-format", "openb"])
+        .arg("--trace")
+        .arg(p)
+        .arg("--nodes")
+        .arg(n)
+        .args(extra)
+        .output()
+        .unwrap()
 }
