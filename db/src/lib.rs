@@ -28,6 +28,7 @@ pub mod deps;
 pub mod domain;
 pub mod files;
 pub mod gateway;
+pub mod gpu_stats;
 pub mod images;
 pub mod job_search;
 pub mod job_templates;

@@ -6,7 +6,7 @@ use super::users::{hash_secret, new_secret};
 use super::DbError;
 use super::{now, DbConn};
 use crate::insert_returning_id;
-use commons_proto::{GpuInfo, GpuStat};
+use commons_proto::GpuInfo;
 use diesel::prelude::*;
 
 /// Spends a one-time enrolment token on a new node; returns the node, its lab and the
@@ -205,75 +205,6 @@ pub fn upsert_gpus(
             }
         }
         Ok(())
-    })
-}
-
-/// Records a heartbeat's GPU numbers. Returns whether any GPU's local use or fault
-/// changed (the scheduler should look again).
-pub fn update_gpu_stats(c: &mut DbConn, node: i64, stats: &[GpuStat]) -> Result<bool, DbError> {
-    // What the portal knew before this heartbeat, read once for the whole node. Only
-    // GPUs whose figures changed are written: at rest a heartbeat writes no GPU row (the
-    // node's row, with its clock, is written by `set_agent_clock`), and opens no
-    // transaction either (this node's agent is the only writer of these figures, one
-    // message at a time).
-    type Known = (bool, i32, Option<chrono::NaiveDateTime>, Option<String>);
-    let known: std::collections::BTreeMap<String, Known> = gpus::table
-        .filter(gpus::node_id.eq(node))
-        .select((
-            gpus::uuid,
-            gpus::local_use,
-            gpus::utilization_pct,
-            gpus::idle_since,
-            gpus::fault,
-        ))
-        .load::<(
-            String,
-            bool,
-            i32,
-            Option<chrono::NaiveDateTime>,
-            Option<String>,
-        )>(c)?
-        .into_iter()
-        .map(|(uuid, local, util, idle, fault)| (uuid, (local, util, idle, fault)))
-        .collect();
-    let mut changed = false;
-    let mut writes = Vec::new();
-    for s in stats {
-        let Some((was_local, was_util, idle_since, fault)) = known.get(&s.uuid).cloned() else {
-            continue;
-        };
-        let util = s.utilization_pct.min(100) as i32;
-        if !s.local_use && !was_local && util == was_util && fault == s.fault {
-            continue;
-        }
-        changed |= was_local != s.local_use || fault != s.fault;
-        // Idle time counts from the owner's last direct use.
-        let idle_since = if s.local_use || was_local {
-            Some(now())
-        } else {
-            idle_since
-        };
-        writes.push((s, util, idle_since));
-    }
-    if writes.is_empty() {
-        return Ok(false);
-    }
-    crate::transaction(c, |c| {
-        for (s, util, idle_since) in writes {
-            diesel::update(
-                gpus::table
-                    .filter(gpus::node_id.eq(node))
-                    .filter(gpus::uuid.eq(&s.uuid)),
-            )
-            .set((
-                gpus::local_use.eq(s.local_use),
-                gpus::utilization_pct.eq(util),
-                gpus::idle_since.eq(idle_since),
-                gpus::fault.eq(s.fault.as_deref()),
-            ))
-            .execute(c)?;
-        }
-        Ok(changed)
     })
 }
 
@@ -505,57 +436,6 @@ pub fn online_by_node(c: &mut DbConn) -> Result<Vec<(String, i64, bool)>, DbErro
 mod tests {
     use super::*;
     use crate::testkit::{campus, sqlite};
-    use diesel::connection::{Connection, InstrumentationEvent};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::{Arc, Mutex};
-
-    fn stat(util: u32, local_use: bool) -> GpuStat {
-        GpuStat {
-            uuid: "GPU-1".into(),
-            utilization_pct: util,
-            memory_used_mb: 0,
-            local_use,
-            fault: None,
-        }
-    }
-
-    /// The load test showed every heartbeat rewriting every GPU row; at rest it writes none.
-    #[test]
-    fn a_heartbeat_at_rest_writes_no_gpu_row() {
-        let (_d, mut c) = sqlite();
-        let node = campus(&mut c, 0).node;
-        update_gpu_stats(&mut c, node.id, &[stat(10, false)]).unwrap();
-        let writes = Arc::new(Mutex::new(Vec::new()));
-        let reads = Arc::new(AtomicUsize::new(0));
-        let (w, r) = (writes.clone(), reads.clone());
-        c.set_instrumentation(move |e: InstrumentationEvent<'_>| {
-            if let InstrumentationEvent::StartQuery { query, .. } = e {
-                r.fetch_add(1, Ordering::SeqCst);
-                let q = query.to_string();
-                if q.starts_with("UPDATE") {
-                    w.lock().unwrap().push(q);
-                }
-            }
-        });
-        assert!(!update_gpu_stats(&mut c, node.id, &[stat(10, false)]).unwrap());
-        assert_eq!(reads.load(Ordering::SeqCst), 1, "one read, no transaction");
-        assert!(
-            writes.lock().unwrap().is_empty(),
-            "{:?}",
-            writes.lock().unwrap()
-        );
-        // A change is still written: utilisation, and the owner's direct use.
-        update_gpu_stats(&mut c, node.id, &[stat(90, false)]).unwrap();
-        assert!(update_gpu_stats(&mut c, node.id, &[stat(90, true)]).unwrap());
-        assert_eq!(writes.lock().unwrap().len(), 2);
-        let (local, util): (bool, i32) = gpus::table
-            .filter(gpus::node_id.eq(node.id))
-            .select((gpus::local_use, gpus::utilization_pct))
-            .first(&mut c)
-            .unwrap();
-        assert!(local);
-        assert_eq!(util, 90);
-    }
 
     #[test]
     fn a_revoked_node_gets_no_clock() {

@@ -224,7 +224,8 @@ fn updates_the_scheduler_does_not_read_leave_no_change() {
         local_use: false,
         fault: None,
     };
-    crate::nodes::update_gpu_stats(c, campus.node.id, &[stat]).unwrap();
+    crate::gpu_stats::update_gpu_stats(c, campus.node.id, &[stat], &mut Default::default())
+        .unwrap();
     diesel::update(nodes::table.find(campus.node.id))
         .set(nodes::last_seen_at.eq(Some(now())))
         .execute(c)

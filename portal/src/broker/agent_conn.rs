@@ -114,6 +114,7 @@ impl Conn {
                 addr: addr.clone(),
                 session: None,
                 sampler: Arc::new(Mutex::new(sampler)),
+                gpus: Arc::default(),
             },
             state,
             node,

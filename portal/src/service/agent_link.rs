@@ -14,6 +14,7 @@ use super::attempts::{self, Timing};
 use super::output::{self, Verdict};
 use super::samples::{self, Sampler};
 use super::Ctx;
+use crate::db::gpu_stats::{self, GpuFigures};
 use crate::db::models::{AgentClock, Lab, Node};
 use crate::db::node_link::{self, Beat, Claim};
 use crate::db::{nodes, DbConn};
@@ -32,12 +33,14 @@ pub struct LinkSettings {
 }
 
 /// One connection's context: which node, from where, its agent session once its `Hello`
-/// was accepted, and its sampler of utilisation.
+/// was accepted, its sampler of utilisation, and the GPU figures the portal holds for
+/// the node (read at its first heartbeat, forgotten at a `Hello`).
 pub struct Link {
     pub node: i64,
     pub addr: String,
     pub session: Option<u64>,
     pub sampler: Arc<Mutex<Sampler>>,
+    pub gpus: Arc<Mutex<GpuFigures>>,
 }
 
 /// Enrols a server with a one-time token: the node, its lab and its credential.
@@ -86,6 +89,7 @@ pub async fn apply(
         session: link.session,
         addr: link.addr.clone(),
         sampler: link.sampler.clone(),
+        gpus: link.gpus.clone(),
         metrics: ctx.metrics.clone(),
         received_at,
     };
@@ -103,6 +107,7 @@ struct Sender {
     session: Option<u64>,
     addr: String,
     sampler: Arc<Mutex<Sampler>>,
+    gpus: Arc<Mutex<GpuFigures>>,
     metrics: crate::metrics::SharedMetrics,
     received_at: chrono::NaiveDateTime,
 }
@@ -128,6 +133,8 @@ fn handle(
             share_mode,
             ..
         } => {
+            // Its inventory may change the GPUs: their figures are read again.
+            *from.gpus.lock().unwrap_or_else(|e| e.into_inner()) = GpuFigures::default();
             nodes::set_share_mode(c, node, share_mode.map(|m| m.name()))?;
             let report = HelloReport {
                 agent_version: &agent_version,
@@ -174,7 +181,8 @@ fn handle(
                 reports: &attempts,
             };
             let mut sampler = from.sampler.lock().unwrap_or_else(|e| e.into_inner());
-            heartbeat(c, set, node, beat, &mut sampler)
+            let mut gpus = from.gpus.lock().unwrap_or_else(|e| e.into_inner());
+            heartbeat(c, set, node, beat, &mut sampler, &mut gpus)
         }
         AgentMsg::AttemptEvent {
             job,
@@ -394,6 +402,7 @@ fn heartbeat(
     report: NodeReport,
     beat: BeatReport,
     sampler: &mut Sampler,
+    gpus: &mut GpuFigures,
 ) -> Result<(Vec<PortalMsg>, bool), AppError> {
     let node = report.node;
     // Revoked on any replica, or the node taken over by another agent session: refused
@@ -429,7 +438,7 @@ fn heartbeat(
         received_at,
     };
     let mut wake = report.record(c)?;
-    wake |= nodes::update_gpu_stats(c, node, beat.gpu_stats)?;
+    wake |= gpu_stats::update_gpu_stats(c, node, beat.gpu_stats, gpus)?;
     let (stops, freed) = super::reports::apply_reports(c, node, beat.reports, set.timing)?;
     wake |= freed;
     let mut replies = stops;
