@@ -89,12 +89,11 @@ fn bench(c: &mut Criterion) {
     for ended in sizes {
         let (_dir, mut conn) = campus(ended, 10_000);
         let mut world = World::load(&mut conn).expect("the world");
-        let (s, waiting) = world.snapshot(&policy);
+        let s = world.snapshot(&policy);
         eprintln!(
-            "{ended} ended attempts: {} queued, {} running, {} waiting rows",
+            "{ended} ended attempts: {} queued, {} running",
             s.queue.len(),
             s.running.len(),
-            waiting.len()
         );
         group.bench_with_input(BenchmarkId::new("snapshot", ended), &world, |b, w| {
             b.iter(|| black_box(w.snapshot(&policy)))

@@ -204,6 +204,25 @@ pub struct Waiting {
     pub estimated_start: Option<NaiveDateTime>,
 }
 
+/// What a waiting job shows now, borrowed from where it is held (the scheduler's world):
+/// compared with a round's plan without copying a reason per job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shown<'a> {
+    pub reason: Option<&'a str>,
+    pub position: Option<i32>,
+    pub estimated_start: Option<NaiveDateTime>,
+}
+
+impl Waiting {
+    pub fn shown(&self) -> Shown<'_> {
+        Shown {
+            reason: self.reason.as_deref(),
+            position: self.position,
+            estimated_start: self.estimated_start,
+        }
+    }
+}
+
 /// Writes what each of `rows` (job, waiting) shows, for those still queued (one
 /// transaction; the change log names none of them: see below).
 pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbError> {

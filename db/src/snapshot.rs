@@ -34,7 +34,8 @@ pub fn read_with_waiting(
 ) -> Result<(commons_sched::Snapshot, BTreeMap<i64, Waiting>), DbError> {
     crate::transaction(c, |c| {
         let t = super::now();
-        Ok(build(&Rows::load(c, t)?, policy, t))
+        let rows = Rows::load(c, t)?;
+        Ok((build(&rows, policy, t), waiting(&rows)))
     })
 }
 
@@ -43,22 +44,25 @@ pub(crate) fn build(
     rows: &Rows,
     policy: &Policy,
     t: chrono::NaiveDateTime,
-) -> (commons_sched::Snapshot, BTreeMap<i64, Waiting>) {
+) -> commons_sched::Snapshot {
     let now_s = secs(t);
     let since = t - chrono::Duration::seconds(LEDGER_LOOKBACK_S);
     let (labs, members) = ledgers(rows, since, policy, now_s);
     let node_lab: BTreeMap<i64, i64> = rows.nodes.values().map(|n| (n.id, n.lab_id)).collect();
     let return_rates = owner_return_rates(rows.used(since), &node_lab, policy.utc_offset_s);
     let exported = exported(rows);
-    let snapshot = commons_sched::Snapshot {
+    commons_sched::Snapshot {
         nodes: sched_nodes(rows, &exported, &return_rates),
         running: running_jobs(rows),
         queue: queued_jobs(rows, &exported, policy),
         labs: labs.into_values().collect(),
         members: members.into_values().collect(),
-    };
-    let waiting = rows
-        .queue()
+    }
+}
+
+/// What each job of the queue shows now.
+pub(crate) fn waiting(rows: &Rows) -> BTreeMap<i64, Waiting> {
+    rows.queue()
         .map(|j| {
             let w = Waiting {
                 reason: j.reason.clone(),
@@ -67,8 +71,7 @@ pub(crate) fn build(
             };
             (j.id, w)
         })
-        .collect();
-    (snapshot, waiting)
+        .collect()
 }
 
 /// `LAB/NAME` of every `node:` dataset, with its lab and the export name.

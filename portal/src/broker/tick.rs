@@ -188,8 +188,9 @@ pub async fn tick(
             "the scheduler's world differed from a fresh read of the database; repaired from it"
         );
     }
-    let (snapshot, shown) = (read.snapshot, read.shown);
-    let world_rows = world.rows.insert(read.world);
+    // Kept through the round and given back at its end: a round that fails leaves no
+    // world, and the next reads in full.
+    let (snapshot, mut world_rows) = (read.snapshot, read.world);
     let now_s = chrono::Utc::now().timestamp();
     let offset = state.config.policy.utc_offset_s;
     let observing = Instant::now();
@@ -197,6 +198,7 @@ pub async fn tick(
     metrics.phase("read_observe", observing);
     metrics.phase("read", began);
     if nothing_to_plan(&snapshot, now_s, offset) {
+        world.rows = Some(world_rows);
         metrics.plan_size.clear();
         metrics.tick_duration.observe(began.elapsed().as_secs_f64());
         return Ok(false);
@@ -234,11 +236,19 @@ pub async fn tick(
     metrics.phase("send", sending);
     let waiting = Instant::now();
     let moves = moves_written.is_none_or(|t| t.elapsed() >= WAITING_MOVES_EVERY);
-    let written = state
-        .db
-        .run_reserved(move |c| plan_commit::record_waiting(c, &pending, &shown, moves))
-        .await?;
-    world_rows.noted_waiting(&written);
+    // Compared with what the world holds, then noted in it (the triggers leave no change
+    // for what the scheduler writes there).
+    world.rows = Some(
+        state
+            .db
+            .run_reserved(move |c| {
+                let written =
+                    plan_commit::record_waiting(c, &pending, |job| world_rows.shows(job), moves)?;
+                world_rows.noted_waiting(&written);
+                Ok::<_, AppError>(world_rows)
+            })
+            .await?,
+    );
     if moves {
         *moves_written = Some(waiting);
     }

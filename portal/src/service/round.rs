@@ -4,7 +4,6 @@
 
 use super::{attempts, Ctx};
 pub use crate::db::leader::Leader;
-use crate::db::plan::Waiting;
 use crate::db::world::{Update, World};
 /// The scheduler's world between rounds (`db::world`), which the loop keeps.
 pub type WorldRows = World;
@@ -12,7 +11,6 @@ use crate::db::{nodes, users};
 use crate::error::AppError;
 use crate::metrics::{KindLabel, Metrics};
 use commons_sched::{Policy, Snapshot};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,12 +32,11 @@ pub enum Refresh {
     Check,
 }
 
-/// What a round read: the world (to keep for the next round), the snapshot to plan
-/// from, what the waiting jobs show, and what a check found unlike a fresh read.
+/// What a round read: the world (to keep for the next round; it holds what the waiting
+/// jobs show), the snapshot to plan from, and what a check found unlike a fresh read.
 pub struct Read {
     pub world: World,
     pub snapshot: Snapshot,
-    pub shown: BTreeMap<i64, Waiting>,
     pub mismatch: Option<String>,
 }
 
@@ -115,7 +112,7 @@ pub async fn read(
             };
             metrics.phase("read_world", updating);
             let building = Instant::now();
-            let (snapshot, shown) = world.snapshot(&policy);
+            let snapshot = world.snapshot(&policy);
             let labs = snapshot.nodes.iter().map(|n| n.lab);
             if !metrics.knows_labs(labs.chain(snapshot.queue.iter().map(|q| q.lab))) {
                 metrics.set_labs(users::all_lab_slugs(c)?);
@@ -124,7 +121,6 @@ pub async fn read(
             Ok(Read {
                 world,
                 snapshot,
-                shown,
                 mismatch,
             })
         })

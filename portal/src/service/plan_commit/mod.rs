@@ -14,7 +14,7 @@
 
 use super::attempts::{Order, Timing};
 use crate::db::models::{AttemptStatus, Gpu, Job, JobState, Node};
-use crate::db::plan::{NewAttempt, Waiting};
+use crate::db::plan::{NewAttempt, Shown, Waiting};
 use crate::db::{self, now, DbConn};
 use crate::error::AppError;
 use commons_proto::{JobSpec, Lease, PortalMsg, StopReason};
@@ -408,42 +408,64 @@ pub(crate) fn start_msg(
 }
 
 /// Writes what the waiting jobs of a plan show (reason, place in the queue, estimated
-/// start) where it differs from what they show now (`shown`, read with the snapshot);
-/// returns the rows written (the scheduler's world notes them). One statement on
-/// PostgreSQL.
+/// start) where it differs from what they show now (`shown`: the scheduler's world, or
+/// a read); returns the rows written (the scheduler's world notes them). One statement
+/// on PostgreSQL.
 ///
 /// Without `moves`, only rows whose reason changed (a job the scheduler saw for the
 /// first time, one that now waits for something else) are written: when a round starts
 /// jobs, every job behind them moves up and tens of thousands of rows would change each
 /// round for their place alone. The caller passes `moves` every few seconds.
-pub fn record_waiting(
+pub fn record_waiting<'a>(
     c: &mut DbConn,
     pending: &[commons_sched::Pending],
-    shown: &BTreeMap<i64, Waiting>,
+    shown: impl Fn(i64) -> Option<Shown<'a>>,
     moves: bool,
 ) -> Result<Vec<(i64, Waiting)>, AppError> {
-    let changed: Vec<(i64, Waiting)> = pending
-        .iter()
-        .filter_map(|p| {
-            let w = Waiting {
-                reason: Some(p.reason.to_string()),
-                position: Some(p.position as i32),
-                estimated_start: p
-                    .estimated_start
-                    .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
-                    .map(|t| t.naive_utc()),
-            };
-            let now = shown.get(&p.job);
-            let write = match now {
-                Some(now) if moves => *now != w,
-                Some(now) => now.reason != w.reason,
-                None => true,
-            };
-            write.then_some((p.job, w))
-        })
-        .collect();
+    let changed = waiting_changes(pending, shown, moves);
     db::plan::set_waiting(c, &changed)?;
     Ok(changed)
+}
+
+/// The rows [`record_waiting`] writes. Each reason is written out once, into one
+/// buffer, to compare: tens of thousands of jobs wait, and few of them change.
+fn waiting_changes<'a>(
+    pending: &[commons_sched::Pending],
+    shown: impl Fn(i64) -> Option<Shown<'a>>,
+    moves: bool,
+) -> Vec<(i64, Waiting)> {
+    use std::fmt::Write;
+    let mut reason = String::new();
+    pending
+        .iter()
+        .filter_map(|p| {
+            reason.clear();
+            // Writing into a String cannot fail.
+            let _ = write!(reason, "{}", p.reason);
+            let position = Some(p.position as i32);
+            let estimated_start = p
+                .estimated_start
+                .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+                .map(|t| t.naive_utc());
+            let write = match shown(p.job) {
+                Some(now) if moves => {
+                    now.reason != Some(reason.as_str())
+                        || now.position != position
+                        || now.estimated_start != estimated_start
+                }
+                Some(now) => now.reason != Some(reason.as_str()),
+                None => true,
+            };
+            write.then(|| {
+                let w = Waiting {
+                    reason: Some(reason.clone()),
+                    position,
+                    estimated_start,
+                };
+                (p.job, w)
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

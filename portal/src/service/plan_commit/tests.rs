@@ -295,9 +295,14 @@ fn waiting_rows_are_written_only_where_they_change() {
     };
     let now = shown(&mut c);
     assert_eq!(
-        record_waiting(&mut c, &pending(1), &now, true)
-            .unwrap()
-            .len(),
+        record_waiting(
+            &mut c,
+            &pending(1),
+            |id| now.get(&id).map(Waiting::shown),
+            true
+        )
+        .unwrap()
+        .len(),
         30
     );
     let now = shown(&mut c);
@@ -310,7 +315,9 @@ fn waiting_rows_are_written_only_where_they_change() {
     assert!(j.reason.is_some());
     // The same plan again writes nothing.
     let (seen, n) = statements(&mut c, |c| {
-        record_waiting(c, &pending(1), &now, true).unwrap().len()
+        record_waiting(c, &pending(1), |id| now.get(&id).map(Waiting::shown), true)
+            .unwrap()
+            .len()
     });
     assert_eq!(n, 0);
     assert!(
@@ -322,9 +329,14 @@ fn waiting_rows_are_written_only_where_they_change() {
     // Everyone moved up one place: nothing yet unless moves are written, then one
     // statement for all of them.
     assert_eq!(
-        record_waiting(&mut c, &pending(0), &now, false)
-            .unwrap()
-            .len(),
+        record_waiting(
+            &mut c,
+            &pending(0),
+            |id| now.get(&id).map(Waiting::shown),
+            false
+        )
+        .unwrap()
+        .len(),
         0
     );
     assert_eq!(
@@ -332,7 +344,9 @@ fn waiting_rows_are_written_only_where_they_change() {
         Some(5)
     );
     let (seen, n) = statements(&mut c, |c| {
-        record_waiting(c, &pending(0), &now, true).unwrap().len()
+        record_waiting(c, &pending(0), |id| now.get(&id).map(Waiting::shown), true)
+            .unwrap()
+            .len()
     });
     assert_eq!(n, 30);
     assert_eq!(
