@@ -89,8 +89,8 @@ impl World {
             if let DbConn::Pg(pg) = c {
                 diesel::sql_query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(pg)?;
             }
+            // `update_in` leaves the full read free to scan.
             let update = self.update_in(c)?;
-            by_key(c, false)?;
             let t = now();
             let fresh = Rows::load(c, t)?;
             let ours = built(&self.rows, policy, t);
