@@ -142,7 +142,7 @@ impl World {
 /// a key. Statistics lag a burst: right after 50,000 submissions (or a campus's first
 /// hour) PostgreSQL still believes `job_attempts` holds a few dozen rows, scans all of
 /// it for each lookup and hashes the result (25 ms a statement in the load test, against
-/// 5 by the index; `tests::a_reload_looks_up_by_key_on_stale_statistics`). A statement
+/// 5 by the index; `tests::a_burst_on_stale_statistics_is_read_in_full_once_then_by_key`). A statement
 /// with no index to use (emptying the change log) still scans.
 pub(crate) fn by_key(c: &mut DbConn, on: bool) -> Result<(), DbError> {
     if let DbConn::Pg(pg) = c {

@@ -171,7 +171,9 @@ impl Rows {
                 )
             })
             .collect();
-        let take_backs = take_backs(c, None)?;
+        // The rest looks rows up by the keys read so far.
+        super::by_key(c, true)?;
+        let take_backs = take_backs(c, &queued, queued.keys().copied())?;
         let mut rows = Rows {
             nodes,
             gpus,
@@ -186,6 +188,7 @@ impl Rows {
         let pairs: Vec<(i64, i32)> = rows.active().map(|a| (a.job_id, a.attempt)).collect();
         rows.checkpointed = crate::checkpoints::for_attempts(c, &pairs)?;
         rows.derive(c)?;
+        super::by_key(c, false)?;
         Ok(rows)
     }
 
@@ -267,14 +270,8 @@ impl Rows {
                 self.take_backs.remove(id);
                 self.job_of.remove(id);
             }
-            let queued: Vec<i64> = ids
-                .iter()
-                .copied()
-                .filter(|id| self.queued.contains_key(id))
-                .collect();
-            if !queued.is_empty() {
-                self.take_backs.extend(take_backs(c, Some(&queued))?);
-            }
+            self.take_backs
+                .extend(take_backs(c, &self.queued, ids.iter().copied())?);
             let active: BTreeSet<i64> = self.active_jobs().collect();
             let holding: Vec<i64> = ids.into_iter().filter(|id| active.contains(id)).collect();
             self.job_of.extend(job_of(c, &holding)?);
@@ -395,21 +392,21 @@ fn job_of(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, JobOf>, DbError> 
     Ok(out)
 }
 
-/// Per queued job (of `only`, or all): how often its guest attempts were taken back,
-/// and the last time.
-fn take_backs(c: &mut DbConn, only: Option<&[i64]>) -> Result<BTreeMap<i64, (u32, i64)>, DbError> {
-    let found = match only {
-        None => crate::attempts::take_backs_of_queued(c, None)?,
-        Some(ids) => {
-            let mut out = Vec::new();
-            for ids in ids.chunks(IDS_PER_QUERY) {
-                out.extend(crate::attempts::take_backs_of_queued(c, Some(ids))?);
-            }
-            out
-        }
-    };
-    Ok(found
+/// Per queued job of `ids` (the world's): how often its guest attempts were taken
+/// back, and the last time.
+fn take_backs(
+    c: &mut DbConn,
+    queued: &BTreeMap<i64, QueuedRow>,
+    ids: impl Iterator<Item = i64>,
+) -> Result<BTreeMap<i64, (u32, i64)>, DbError> {
+    let labs: BTreeMap<i64, i64> = ids
+        .filter_map(|id| queued.get(&id).map(|j| (id, j.lab_id)))
+        .collect();
+    if labs.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    Ok(crate::attempts::take_backs(c, &labs)?
         .into_iter()
-        .map(|(job, n, last)| (job, (n, secs(last))))
+        .map(|(job, (n, last))| (job, (n, secs(last))))
         .collect())
 }
