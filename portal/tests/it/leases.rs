@@ -209,7 +209,14 @@ async fn a_server_whose_state_dir_was_lost_and_enrolled_again_does_not_run_its_j
 
 per_backend! {
     async fn an_attempt_a_hello_leaves_out_is_requeued_only_when_its_lease_ran_out(backend: Backend) {
-        let p = TestPortal::start(backend).await;
+        // The margin covers the cut-off server's guard: it reads the lease every 500 ms
+        // and stops the container through the Docker Engine, which took longer than the
+        // test portal's 2 s while 37 tests ran at once (the clone started the second
+        // attempt first). Production's margin is 30 s (`lease_margin_s`).
+        let p = TestPortal::builder(backend)
+            .config(|c| c.scheduler.lease_margin_s = 6)
+            .start()
+            .await;
         let mut first = p.agent("vision", "fake:1xA100-80GB").await;
         p.spread_job_ids().await;
         let timeline = Timeline::start();
