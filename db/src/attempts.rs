@@ -10,9 +10,6 @@ use chrono::NaiveDateTime;
 use diesel::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Most ids in one `IN (...)` list (SQLite binds each one; its limit is 32,766).
-const IDS_PER_QUERY: usize = 5000;
-
 /// The active attempts on `nodes` or of `jobs`: what committing a plan that starts jobs
 /// on those nodes and preempts those jobs must see (the rest of the campus it need not
 /// read).
@@ -264,9 +261,10 @@ pub fn renew_on(
 /// any are missing.
 ///
 /// Each statement reads one table and the join is done here. As one join of attempts,
-/// jobs and nodes, PostgreSQL planning on statistics from before a burst (a few dozen
-/// jobs and attempts) nested a scan of every queued job inside each stopped attempt: a
-/// full read after 50,000 submissions took 352 s
+/// jobs and nodes, PostgreSQL planning on column statistics from before a burst (which
+/// knew of almost no queued jobs or stopped attempts, so it expected one of each) nested
+/// a scan of every queued job inside each stopped attempt: a full read after 50,000
+/// submissions took 352 s
 /// (`world::tests::a_burst_on_stale_statistics_is_read_in_full_once_then_by_key`).
 pub fn take_backs(
     c: &mut DbConn,
@@ -274,7 +272,7 @@ pub fn take_backs(
 ) -> Result<BTreeMap<i64, (u32, NaiveDateTime)>, DbError> {
     let ids: Vec<i64> = jobs.keys().copied().collect();
     let mut stopped: Vec<(i64, i64, Option<NaiveDateTime>)> = Vec::new();
-    for ids in ids.chunks(IDS_PER_QUERY) {
+    for ids in ids.chunks(crate::IDS_PER_QUERY) {
         // The state is tested here, not in the statement: with it there, stale
         // statistics chose the index on states and read every stopped attempt of the
         // campus's history for a few jobs.
@@ -297,7 +295,7 @@ pub fn take_backs(
     let on: BTreeSet<i64> = stopped.iter().map(|s| s.1).collect();
     let on: Vec<i64> = on.into_iter().collect();
     let mut lab_of: BTreeMap<i64, i64> = BTreeMap::new();
-    for ids in on.chunks(IDS_PER_QUERY) {
+    for ids in on.chunks(crate::IDS_PER_QUERY) {
         lab_of.extend(
             nodes::table
                 .filter(nodes::id.eq_any(ids))

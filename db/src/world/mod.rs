@@ -136,7 +136,8 @@ impl World {
 }
 
 /// Whether the rest of the caller's transaction looks rows up by key whatever
-/// PostgreSQL's statistics say (`enable_seqscan` off while `on`; SQLite: nothing).
+/// PostgreSQL's statistics say (`enable_seqscan` off while `on`, then back to its
+/// default; SQLite: nothing).
 ///
 /// A round's reload names a few hundred jobs and attempts, and every read of it goes by
 /// a key. Statistics lag a burst: right after 50,000 submissions (or a campus's first
@@ -146,8 +147,9 @@ impl World {
 /// with no index to use (emptying the change log) still scans.
 pub(crate) fn by_key(c: &mut DbConn, on: bool) -> Result<(), DbError> {
     if let DbConn::Pg(pg) = c {
-        let value = if on { "off" } else { "on" };
-        diesel::sql_query(format!("SET LOCAL enable_seqscan = {value}")).execute(pg)?;
+        // Off, then back to what the server, database or role says.
+        let value = if on { "off" } else { "DEFAULT" };
+        diesel::sql_query(format!("SET LOCAL enable_seqscan TO {value}")).execute(pg)?;
     }
     Ok(())
 }

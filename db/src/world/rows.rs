@@ -16,9 +16,6 @@ use std::collections::{BTreeMap, BTreeSet};
 /// How far back the fair-share ledgers look (eight half-lives of a week: < 0.4%).
 pub const LEDGER_LOOKBACK_S: i64 = 8 * 7 * 24 * 3600;
 
-/// Most ids in one `IN (...)` list (SQLite binds each one; its limit is 32,766).
-const IDS_PER_QUERY: usize = 5000;
-
 /// The attempts of the jobs `$ids` (a `Vec<i64>`) with their jobs' lab and user, in one
 /// statement. The ids go on both sides of the join: with the jobs' side unfiltered,
 /// PostgreSQL planning with statistics from before a wave of starts (a few attempts,
@@ -365,13 +362,15 @@ impl Rows {
 
 fn chunks(ids: &BTreeSet<i64>) -> Vec<Vec<i64>> {
     let all: Vec<i64> = ids.iter().copied().collect();
-    all.chunks(IDS_PER_QUERY).map(<[i64]>::to_vec).collect()
+    all.chunks(crate::IDS_PER_QUERY)
+        .map(<[i64]>::to_vec)
+        .collect()
 }
 
 /// Lab, user, time limit, CPUs and memory of the jobs `ids`.
 fn job_of(c: &mut DbConn, ids: &[i64]) -> Result<BTreeMap<i64, JobOf>, DbError> {
     let mut out = BTreeMap::new();
-    for ids in ids.chunks(IDS_PER_QUERY) {
+    for ids in ids.chunks(crate::IDS_PER_QUERY) {
         let found: Vec<(i64, i64, i64, i64, f64, i64)> = jobs::table
             .filter(jobs::id.eq_any(ids))
             .select((

@@ -370,6 +370,8 @@ fn update_reading(w: &mut World, c: &mut DbConn) -> (Update, Vec<Reads>) {
     .execute(pg)
     .unwrap();
     crate::transaction(c, |c| {
+        // Parallel workers' reads are not counted in the leader's view.
+        diesel::sql_query("SET LOCAL max_parallel_workers_per_gather = 0").execute(c)?;
         let update = w.update(c)?;
         let DbConn::Pg(pg) = c else { unreachable!() };
         let reads = diesel::sql_query(
@@ -408,6 +410,28 @@ fn a_burst_on_stale_statistics_is_read_in_full_once_then_by_key() {
     }
     let (jobs, attempts) = (20_001, 6_000);
     let ids = many_jobs(pg, &campus, jobs - 1, attempts / 3);
+    // A hundred of them are another lab's, so their attempts on this lab's node were
+    // taken back: three each, the last ended at 10:03.
+    let physics = crate::users::create_lab(&mut c, "physics", "Physics").unwrap();
+    let guests = &ids[..100];
+    diesel::update(jobs::table.filter(jobs::id.eq_any(guests)))
+        .set(jobs::lab_id.eq(physics.id))
+        .execute(&mut c)
+        .unwrap();
+    let ten = chrono::NaiveDate::from_ymd_opt(2026, 12, 1)
+        .unwrap()
+        .and_hms_opt(10, 0, 0)
+        .unwrap();
+    for attempt in 1..=3 {
+        diesel::update(
+            job_attempts::table
+                .filter(job_attempts::job_id.eq_any(guests))
+                .filter(job_attempts::attempt.eq(attempt)),
+        )
+        .set(job_attempts::ended_at.eq(ten + chrono::Duration::minutes(attempt.into())))
+        .execute(&mut c)
+        .unwrap();
+    }
     let (update, reads) = update_reading(&mut w, &mut c);
     assert_eq!(update, Update::Full);
     for (r, rows) in reads.iter().zip([attempts, jobs]) {
@@ -419,6 +443,17 @@ fn a_burst_on_stale_statistics_is_read_in_full_once_then_by_key() {
         );
     }
     follows(&mut w, &mut c, "the burst");
+    let snap = w.snapshot(&Policy::default());
+    let backs: Vec<(i64, u32, i64)> = snap
+        .queue
+        .iter()
+        .filter(|q| q.take_backs > 0)
+        .map(|q| (q.id, q.take_backs, q.taken_back_at))
+        .collect();
+    let last = super::rows::secs(ten + chrono::Duration::minutes(3));
+    let mut want: Vec<(i64, u32, i64)> = guests.iter().map(|&id| (id, 3, last)).collect();
+    want.sort_unstable();
+    assert_eq!(backs, want, "the take-backs after the burst");
     diesel::update(job_attempts::table.filter(job_attempts::job_id.eq_any(&ids)))
         .set((
             job_attempts::state.eq(AttemptStatus::Exited),
