@@ -265,7 +265,7 @@ pub fn renew_on(
 /// knew of almost no queued jobs or stopped attempts, so it expected one of each) nested
 /// a scan of every queued job inside each stopped attempt: a full read after 50,000
 /// submissions took 352 s
-/// (`world::tests::a_burst_on_stale_statistics_is_read_in_full_once_then_by_key`).
+/// (`world::tests::bursts_on_stale_statistics_are_read_by_key_and_in_full_once`).
 pub fn take_backs(
     c: &mut DbConn,
     jobs: &BTreeMap<i64, i64>,

@@ -227,13 +227,19 @@ impl Rows {
             self.queued.remove(id);
         }
         for ids in chunks(&ch.jobs) {
-            let found: Vec<QueuedRow> = jobs::table
+            // State and hold are tested here: in the statement, statistics from before a
+            // burst of submissions took the index on states for selective and read every
+            // queued job for each chunk of ids.
+            let found: Vec<(QueuedRow, JobState, bool)> = jobs::table
                 .filter(jobs::id.eq_any(ids))
-                .filter(jobs::state.eq(JobState::Queued))
-                .filter(diesel::dsl::not(jobs::held))
-                .select(QueuedRow::as_select())
+                .select((QueuedRow::as_select(), jobs::state, jobs::held))
                 .load(c)?;
-            self.queued.extend(found.into_iter().map(|j| (j.id, j)));
+            self.queued.extend(
+                found
+                    .into_iter()
+                    .filter(|(_, state, held)| *state == JobState::Queued && !held)
+                    .map(|(j, ..)| (j.id, j)),
+            );
         }
         for job in &ch.attempts {
             let keys: Vec<(i64, i32)> = self
