@@ -432,10 +432,10 @@ pub fn clock(c: &mut DbConn) -> Result<chrono::NaiveDateTime, DbError> {
     }
 }
 
-/// The database's time in UTC, as a `timestamp` (the type every time column has).
 /// Most ids in one `IN (...)` list (SQLite binds each one; its limit is 32,766).
 pub(crate) const IDS_PER_QUERY: usize = 5000;
 
+/// The database's time in UTC, as a `timestamp` (the type every time column has).
 pub const PG_NOW_UTC: &str = "(now() AT TIME ZONE 'UTC')";
 
 /// Environment variable that skews this process's [`now`] by that many seconds, to test

@@ -71,9 +71,7 @@ impl World {
             self.rows = Rows::load(c, now())?;
             return Ok(Update::Full);
         }
-        by_key(c, true)?;
         self.rows.reload(c, &ch, now())?;
-        by_key(c, false)?;
         Ok(Update::Changes(ch.rows))
     }
 
@@ -90,7 +88,8 @@ impl World {
             if let DbConn::Pg(pg) = c {
                 diesel::sql_query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(pg)?;
             }
-            // `update_in` leaves the full read free to scan.
+            // Both reads switch `by_key` back off at their end, so the fresh read
+            // scans its big tables as a full read should.
             let update = self.update_in(c)?;
             let t = now();
             let fresh = Rows::load(c, t)?;

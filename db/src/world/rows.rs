@@ -190,8 +190,19 @@ impl Rows {
     }
 
     /// Reads again what `ch` names, at `t`, and drops attempts that left the ledgers'
-    /// reach.
+    /// reach; every read by key ([`super::by_key`]), like the full read's lookups.
     pub fn reload(
+        &mut self,
+        c: &mut DbConn,
+        ch: &Changes,
+        t: chrono::NaiveDateTime,
+    ) -> Result<(), DbError> {
+        super::by_key(c, true)?;
+        self.reload_by_key(c, ch, t)?;
+        super::by_key(c, false)
+    }
+
+    fn reload_by_key(
         &mut self,
         c: &mut DbConn,
         ch: &Changes,
