@@ -77,11 +77,7 @@ async fn flood_beside_a_quiet_job(backend: Backend, host_n: u8) {
         "fake:2xA100-80GB",
         &["--metrics-listen", &listen],
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while api.nodes_online().await == 0 {
-        assert!(Instant::now() < deadline, "agent offline:\n{}", agent.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    agent.wait_online(&api, &host).await;
     let dir = tempfile::tempdir().unwrap();
     let key = keygen(dir.path(), "alice", "ed25519");
     add_key(&api, &key).await;

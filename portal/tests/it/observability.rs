@@ -5,7 +5,7 @@ use crate::support::cluster::{AgentProcess, Api, Host, PortalOpts, PortalProcess
 use crate::support::harness::{Backend, TestDb};
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Samples of a text exposition: `name{labels}` (labels as written) to value.
 pub fn parse(text: &str) -> BTreeMap<String, f64> {
@@ -69,11 +69,7 @@ async fn metrics_move_after_a_job(backend: Backend, host_n: u8) {
         &["--metrics-listen", &listen, "--log-format", "json"],
     );
     let api = Api::new(portal.url(), alice);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while api.nodes_online().await == 0 {
-        assert!(Instant::now() < deadline, "agent offline:\n{}", agent.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    agent.wait_online(&api, &host).await;
     let portal_metrics = format!("{}/metrics", portal.url());
     let agent_metrics = format!("http://{listen}/metrics");
     let before = scrape_as(&portal_metrics, Some(&portal.metrics_token)).await;

@@ -461,7 +461,7 @@ async fn the_gateway_refuses_wrong_keys_other_jobs_ended_jobs_and_passwords() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_reaches_a_job_whose_agent_another_replica_holds() {
     let db = crate::support::harness::TestDb::new(crate::support::harness::Backend::Postgres);
-    let host = Host::new(232);
+    let host = Host::new(233);
     let opts = PortalOpts {
         ssh: true,
         db_url: Some(db.url.clone()),
@@ -473,12 +473,8 @@ async fn a_session_reaches_a_job_whose_agent_another_replica_holds() {
         ..opts
     });
     let api = Api::new(first.url(), alice);
-    let agent = AgentProcess::start(&host, &first, "ssh-232", GPUS);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while api.nodes_online().await == 0 {
-        assert!(Instant::now() < deadline, "agent offline:\n{}", agent.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let agent = AgentProcess::start(&host, &first, "ssh-233", GPUS);
+    agent.wait_online(&api, &host).await;
     let dir = tempfile::tempdir().unwrap();
     let key = keygen(dir.path(), "alice", "ed25519");
     add_key(&api, &key).await;

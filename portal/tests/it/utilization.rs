@@ -56,11 +56,7 @@ async fn a_running_job_is_sampled_and_shown(backend: Backend, host_n: u8) {
         &["--fake-busy-util", "73"],
     );
     let api = Api::new(portal.url(), alice);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while api.nodes_online().await == 0 {
-        assert!(Instant::now() < deadline, "agent offline:\n{}", agent.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    agent.wait_online(&api, &host).await;
     let url = portal.url();
 
     // A job that cannot start (4 GPUs on a server of 2) has no samples, and says so.

@@ -118,8 +118,14 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A virtual host: a network namespace with a veth pair to this machine.
+/// The numbers of the hosts that exist now, in this process.
+static HOSTS_IN_USE: std::sync::Mutex<std::collections::BTreeSet<u8>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A virtual host: a network namespace with a veth pair to this machine, its addresses
+/// `10.251.N.1` (this machine) and `10.251.N.2` (the host). Each test takes its own N.
 pub struct Host {
+    n: u8,
     pub ns: String,
     link: String,
     /// This machine's address as the host sees it (where the portal listens).
@@ -128,6 +134,11 @@ pub struct Host {
 
 impl Host {
     pub fn new(n: u8) -> Host {
+        // Two tests on one number would delete each other's namespace and share addresses.
+        assert!(
+            HOSTS_IN_USE.lock().unwrap().insert(n),
+            "host {n} is already some other running test's: give each test a number of its own"
+        );
         let tag = format!("{:x}{n}", std::process::id() % 0xffff);
         let ns = format!("gc{tag}");
         let link = format!("gch{tag}");
@@ -148,7 +159,12 @@ impl Host {
         ]);
         run(&["ip", "netns", "exec", &ns, "ip", "link", "set", &peer, "up"]);
         run(&["ip", "netns", "exec", &ns, "ip", "link", "set", "lo", "up"]);
-        Host { ns, link, gateway }
+        Host {
+            n,
+            ns,
+            link,
+            gateway,
+        }
     }
 
     /// Cuts the host off the network (its processes keep running).
@@ -159,6 +175,32 @@ impl Host {
     pub fn restore(&self) {
         run(&["ip", "link", "set", &self.link, "up"]);
     }
+
+    /// What the network between this machine and the host looks like now (both ends'
+    /// addresses and neighbours, this machine's listening sockets): for a failure's message.
+    pub fn network(&self) -> String {
+        let show = |args: &[&str]| {
+            let out = Command::new(args[0]).args(&args[1..]).output();
+            let text = match out {
+                Ok(o) => format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(e) => format!("cannot run: {e}\n"),
+            };
+            format!("$ {}\n{text}", args.join(" "))
+        };
+        [
+            show(&["ip", "addr", "show", "dev", &self.link]),
+            show(&["ip", "neigh", "show", "dev", &self.link]),
+            show(&["ip", "-n", &self.ns, "addr"]),
+            show(&["ip", "-n", &self.ns, "neigh"]),
+            show(&["ip", "-n", &self.ns, "route"]),
+            show(&["ss", "-ltn"]),
+        ]
+        .concat()
+    }
 }
 
 impl Drop for Host {
@@ -167,6 +209,9 @@ impl Drop for Host {
         let _ = Command::new("ip")
             .args(["link", "del", &self.link])
             .output();
+        if let Ok(mut in_use) = HOSTS_IN_USE.lock() {
+            in_use.remove(&self.n);
+        }
     }
 }
 
@@ -656,6 +701,32 @@ impl AgentProcess {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.state.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Waits until the portal shows this agent's server online. The deadline leaves room
+    /// for a second enrolment: the agent's first try may hang on a connect for tens of
+    /// seconds on a busy machine. The failure message holds the agent's log and the
+    /// host's network.
+    pub async fn wait_online(&self, api: &Api, host: &Host) {
+        let within = Duration::from_secs(150);
+        let deadline = Instant::now() + within;
+        while !api
+            .get("/api/v1/nodes")
+            .await
+            .and_then(|n| n.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .any(|n| n["name"] == self.name.as_str() && n["online"] == true)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{} not online after {within:?}; its log:\n{}\nthe network:\n{}",
+                self.name,
+                self.log(),
+                host.network()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The agent's process id (`ip netns exec` becomes the agent), while it runs.

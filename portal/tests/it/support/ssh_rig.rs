@@ -6,7 +6,7 @@ use crate::support::cluster::{AgentProcess, Api, Host, PortalOpts, PortalProcess
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The rig's agent: one fake GPU.
 pub const GPUS: &str = "fake:1xA100-80GB";
@@ -86,15 +86,7 @@ impl Rig {
         let api = Api::new(portal.url(), alice);
         let host = Host::new(n);
         let agent = AgentProcess::start(&host, &portal, &format!("ssh-{n}"), gpus);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while api.nodes_online().await == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the agent never came online:\n{}",
-                agent.log()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        agent.wait_online(&api, &host).await;
         let dir = tempfile::tempdir().unwrap();
         let key = keygen(dir.path(), "alice", "ed25519");
         add_key(&api, &key).await;
