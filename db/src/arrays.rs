@@ -308,8 +308,6 @@ pub fn cancel_queued(c: &mut DbConn, array: i64, by: &str) -> Result<usize, DbEr
                 jobs::state.eq(JobState::Cancelled),
                 jobs::reason.eq(None::<String>),
                 jobs::finished_at.eq(t),
-                jobs::queue_position.eq(None::<i32>),
-                jobs::estimated_start_at.eq(None::<NaiveDateTime>),
             ))
             .execute(c)?;
             let rows: Vec<_> = chunk

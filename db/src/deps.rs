@@ -199,7 +199,7 @@ pub fn fail(c: &mut DbConn, rows: &[(i64, String)]) -> Result<usize, DbError> {
         c,
         &format!(
             "UPDATE jobs SET state = '{failed}', reason = t.r, exit_code = NULL, \
-               finished_at = {{at}}, queue_position = NULL, estimated_start_at = NULL \
+               finished_at = {{at}} \
              FROM {{rows}} WHERE jobs.id = t.i AND jobs.held AND jobs.state = '{queued}'"
         ),
         rows,

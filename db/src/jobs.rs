@@ -34,11 +34,7 @@ pub fn set_state(c: &mut DbConn, job: i64, state: JobState, message: &str) -> Re
         .execute(c)?;
     if state.is_final() {
         diesel::update(jobs::table.find(job))
-            .set((
-                jobs::finished_at.eq(t),
-                jobs::queue_position.eq(None::<i32>),
-                jobs::estimated_start_at.eq(None::<chrono::NaiveDateTime>),
-            ))
+            .set(jobs::finished_at.eq(t))
             .execute(c)?;
     }
     add_event(c, job, state, message)
@@ -324,8 +320,6 @@ pub fn set_placed(c: &mut DbConn, job: i64, attempt: i32, node: i64) -> Result<(
             jobs::attempts.eq(attempt),
             jobs::node_id.eq(node),
             jobs::reason.eq(None::<String>),
-            jobs::queue_position.eq(None::<i32>),
-            jobs::estimated_start_at.eq(None::<chrono::NaiveDateTime>),
         ))
         .execute(c)?;
     Ok(())
@@ -379,29 +373,6 @@ pub fn set_running(
     ))
     .execute(c)?;
     Ok(moved > 0)
-}
-
-/// Why a queued job waits, its place in the queue and its estimated start (a job no
-/// longer queued keeps what it has).
-pub fn set_waiting(
-    c: &mut DbConn,
-    job: i64,
-    reason: &str,
-    position: i32,
-    estimated_start: Option<chrono::NaiveDateTime>,
-) -> Result<(), DbError> {
-    diesel::update(
-        jobs::table
-            .find(job)
-            .filter(jobs::state.eq(JobState::Queued)),
-    )
-    .set((
-        jobs::reason.eq(Some(reason)),
-        jobs::queue_position.eq(Some(position)),
-        jobs::estimated_start_at.eq(estimated_start),
-    ))
-    .execute(c)?;
-    Ok(())
 }
 
 /// The username of a job's owner.

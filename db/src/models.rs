@@ -199,7 +199,6 @@ pub struct Job {
     pub kind: JobKind,
     pub state: JobState,
     pub reason: Option<String>,
-    pub queue_position: Option<i32>,
     pub exit_code: Option<i64>,
     pub attempts: i32,
     pub node_id: Option<i64>,
@@ -211,9 +210,6 @@ pub struct Job {
     pub checkpoint_interval_s: Option<i64>,
     /// `/dev/shm` in MiB; none: the agent's default.
     pub shm_mb: Option<i64>,
-    /// When the scheduler's latest plan expects the waiting job to start; none:
-    /// unknown, or not waiting.
-    pub estimated_start_at: Option<NaiveDateTime>,
     /// The digest the allow-list pinned the image to when the job was submitted; the
     /// agent runs that image ID only. None for jobs older than the allow-list.
     pub image_digest: Option<String>,

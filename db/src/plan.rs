@@ -44,14 +44,13 @@ struct Claimed {
 
 /// Moves the jobs of `starts` (job, node) that are still queued to `starting` on their
 /// node, as their next attempt, in one statement; returns (job, attempt) of those moved.
-/// Their reason, queue position and estimated start are cleared.
+/// Their reason is cleared; their places leave `job_places` with them (its trigger).
 pub fn claim_queued(c: &mut DbConn, starts: &[(i64, i64)]) -> Result<Vec<(i64, i32)>, DbError> {
     if starts.is_empty() {
         return Ok(Vec::new());
     }
     let set = format!(
-        "state = '{}', attempts = jobs.attempts + 1, node_id = v.node, reason = NULL, \
-         queue_position = NULL, estimated_start_at = NULL",
+        "state = '{}', attempts = jobs.attempts + 1, node_id = v.node, reason = NULL",
         JobState::Starting.as_str()
     );
     let queued = JobState::Queued.as_str();
@@ -224,42 +223,97 @@ impl Waiting {
 }
 
 /// Writes what each of `rows` (job, waiting) shows, for those still queued (one
-/// transaction; the change log names none of them: see below).
-pub fn set_waiting(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbError> {
+/// transaction; the change log names none of them: see below): the places and estimates
+/// of all of them (`job_places`), the reasons of those `reason_changed` marks (one flag
+/// per row; a place moves far more often than a reason, and a reason is a column of the
+/// job's wide row).
+pub fn set_waiting(
+    c: &mut DbConn,
+    rows: &[(i64, Waiting)],
+    reason_changed: &[bool],
+) -> Result<(), DbError> {
     if rows.is_empty() {
         return Ok(());
     }
+    let reasons: Vec<(i64, Option<String>)> = rows
+        .iter()
+        .zip(reason_changed.iter().chain(std::iter::repeat(&true)))
+        .filter(|(_, changed)| **changed)
+        .map(|((job, w), _)| (*job, w.reason.clone()))
+        .collect();
     // The scheduler notes what it writes here in its world (`World::noted_waiting`): a
     // reason changed in this transaction leaves no change in the log (the migration
-    // `world_noted`); any other writer's does.
+    // `world_noted`); any other writer's does. Places are never logged.
     crate::transaction(c, |c| {
         // For people to read, and written again by the next rounds if lost.
         crate::unflushed_commit(c)?;
-        set_waiting_rows(c, rows)
+        set_places(c, rows)?;
+        set_reasons(c, &reasons)
     })
 }
 
-fn set_waiting_rows(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbError> {
-    let set = "reason = v.reason, queue_position = v.pos, estimated_start_at = v.est";
+fn set_places(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbError> {
+    let queued = JobState::Queued.as_str();
+    let upsert = "ON CONFLICT (job_id) DO UPDATE SET queue_position = excluded.queue_position, \
+                  estimated_start_at = excluded.estimated_start_at";
+    match c {
+        DbConn::Pg(c) => {
+            let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+            let positions: Vec<Option<i32>> = rows.iter().map(|r| r.1.position).collect();
+            let estimates: Vec<Option<NaiveDateTime>> =
+                rows.iter().map(|r| r.1.estimated_start).collect();
+            diesel::sql_query(format!(
+                "INSERT INTO job_places (job_id, queue_position, estimated_start_at) \
+                 SELECT v.id, v.pos, v.est \
+                 FROM unnest($1::bigint[], $2::integer[], $3::timestamp[]) AS v(id, pos, est) \
+                 JOIN jobs ON jobs.id = v.id AND jobs.state = '{queued}' {upsert}"
+            ))
+            .bind::<Array<BigInt>, _>(ids)
+            .bind::<Array<Nullable<Integer>>, _>(positions)
+            .bind::<Array<Nullable<Timestamp>>, _>(estimates)
+            .execute(c)?;
+        }
+        DbConn::Sqlite(c) => {
+            for chunk in rows.chunks(SQLITE_ROWS) {
+                // `WHERE true`: SQLite's parser needs it before an upsert's ON CONFLICT.
+                let mut q = diesel::sql_query(format!(
+                    "WITH v(id, pos, est) AS (VALUES {}) \
+                     INSERT INTO job_places (job_id, queue_position, estimated_start_at) \
+                     SELECT v.id, v.pos, v.est FROM v JOIN jobs ON jobs.id = v.id \
+                     AND jobs.state = '{queued}' WHERE true {upsert}",
+                    sqlite_values(chunk.len(), 3)
+                ))
+                .into_boxed::<diesel::sqlite::Sqlite>();
+                for (job, w) in chunk {
+                    q = q
+                        .bind::<BigInt, _>(*job)
+                        .bind::<Nullable<Integer>, _>(w.position)
+                        .bind::<Nullable<Timestamp>, _>(w.estimated_start);
+                }
+                q.execute(c)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn set_reasons(c: &mut DbConn, rows: &[(i64, Option<String>)]) -> Result<(), DbError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
     let queued = JobState::Queued.as_str();
     match c {
         DbConn::Pg(c) => {
             diesel::sql_query("SELECT set_config('commons.world_noted', 'on', true)").execute(c)?;
             let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-            let reasons: Vec<Option<String>> = rows.iter().map(|r| r.1.reason.clone()).collect();
-            let positions: Vec<Option<i32>> = rows.iter().map(|r| r.1.position).collect();
-            let estimates: Vec<Option<NaiveDateTime>> =
-                rows.iter().map(|r| r.1.estimated_start).collect();
+            let reasons: Vec<Option<String>> = rows.iter().map(|r| r.1.clone()).collect();
             diesel::sql_query(format!(
-                "UPDATE jobs SET {set} \
-                 FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::timestamp[]) \
-                 AS v(id, reason, pos, est) \
+                "UPDATE jobs SET reason = v.reason \
+                 FROM unnest($1::bigint[], $2::text[]) AS v(id, reason) \
                  WHERE jobs.id = v.id AND jobs.state = '{queued}'"
             ))
             .bind::<Array<BigInt>, _>(ids)
             .bind::<Array<Nullable<Text>>, _>(reasons)
-            .bind::<Array<Nullable<Integer>>, _>(positions)
-            .bind::<Array<Nullable<Timestamp>>, _>(estimates)
             .execute(c)?;
             diesel::sql_query("SELECT set_config('commons.world_noted', 'off', true)")
                 .execute(c)?;
@@ -269,17 +323,15 @@ fn set_waiting_rows(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErr
             diesel::sql_query("INSERT INTO world_noted (id) VALUES (1)").execute(c)?;
             for chunk in rows.chunks(SQLITE_ROWS) {
                 let mut q = diesel::sql_query(format!(
-                    "WITH v(id, reason, pos, est) AS (VALUES {}) UPDATE jobs SET {set} FROM v \
+                    "WITH v(id, reason) AS (VALUES {}) UPDATE jobs SET reason = v.reason FROM v \
                      WHERE jobs.id = v.id AND jobs.state = '{queued}'",
-                    sqlite_values(chunk.len(), 4)
+                    sqlite_values(chunk.len(), 2)
                 ))
                 .into_boxed::<diesel::sqlite::Sqlite>();
-                for (job, w) in chunk {
+                for (job, reason) in chunk {
                     q = q
                         .bind::<BigInt, _>(*job)
-                        .bind::<Nullable<Text>, _>(w.reason.clone())
-                        .bind::<Nullable<Integer>, _>(w.position)
-                        .bind::<Nullable<Timestamp>, _>(w.estimated_start);
+                        .bind::<Nullable<Text>, _>(reason.clone());
                 }
                 q.execute(c)?;
             }
@@ -287,4 +339,36 @@ fn set_waiting_rows(c: &mut DbConn, rows: &[(i64, Waiting)]) -> Result<(), DbErr
             Ok(())
         }
     }
+}
+
+/// A row of `job_places`: a waiting job, its place in the queue and its estimated start.
+pub type Place = (i64, Option<i32>, Option<NaiveDateTime>);
+
+/// The places and estimates `job_places` holds for `jobs` (those it has).
+pub fn places(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<Place>, DbError> {
+    let mut out = Vec::new();
+    for ids in jobs.chunks(SQLITE_ROWS) {
+        out.extend(
+            job_places::table
+                .filter(job_places::job_id.eq_any(ids))
+                .select((
+                    job_places::job_id,
+                    job_places::queue_position,
+                    job_places::estimated_start_at,
+                ))
+                .load::<(i64, Option<i32>, Option<NaiveDateTime>)>(c)?,
+        );
+    }
+    Ok(out)
+}
+
+/// Every row of `job_places`.
+pub fn all_places(c: &mut DbConn) -> Result<Vec<Place>, DbError> {
+    Ok(job_places::table
+        .select((
+            job_places::job_id,
+            job_places::queue_position,
+            job_places::estimated_start_at,
+        ))
+        .load(c)?)
 }

@@ -152,7 +152,6 @@ diesel::table! {
         kind -> Text,
         state -> Text,
         reason -> Nullable<Text>,
-        queue_position -> Nullable<Integer>,
         exit_code -> Nullable<BigInt>,
         attempts -> Integer,
         node_id -> Nullable<BigInt>,
@@ -162,7 +161,6 @@ diesel::table! {
         finished_at -> Nullable<Timestamp>,
         checkpoint_interval_s -> Nullable<BigInt>,
         shm_mb -> Nullable<BigInt>,
-        estimated_start_at -> Nullable<Timestamp>,
         image_digest -> Nullable<Text>,
         image_signature -> Nullable<Text>,
         image_campus -> Bool,
@@ -411,6 +409,15 @@ diesel::joinable!(job_attempts -> jobs (job_id));
 diesel::joinable!(job_attempts -> nodes (node_id));
 diesel::joinable!(job_events -> jobs (job_id));
 diesel::table! {
+    /// A waiting job's place in the queue and estimated start (unlogged in PostgreSQL).
+    job_places (job_id) {
+        job_id -> BigInt,
+        queue_position -> Nullable<Integer>,
+        estimated_start_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
     job_apps (job_id) {
         job_id -> BigInt,
         port -> Integer,
@@ -467,6 +474,7 @@ diesel::table! {
 }
 
 diesel::joinable!(job_apps -> jobs (job_id));
+diesel::joinable!(job_places -> jobs (job_id));
 diesel::joinable!(app_ready -> jobs (job_id));
 diesel::table! {
     datasets (id) {
@@ -509,6 +517,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     app_presets,
     datasets,
     job_apps,
+    job_places,
     arrays,
     labs,
     users,

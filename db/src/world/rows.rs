@@ -10,7 +10,9 @@ use crate::schema::*;
 use crate::types::Json;
 use crate::{DbConn, DbError};
 use commons_sched::Quota;
+use diesel::expression::SqlLiteral;
 use diesel::prelude::*;
+use diesel::sql_types::{Integer, Nullable, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// How far back the fair-share ledgers look (eight half-lives of a week: < 0.4%).
@@ -57,7 +59,17 @@ pub(crate) struct QueuedRow {
     pub kind: crate::domain::JobKind,
     pub created_at: chrono::NaiveDateTime,
     pub reason: Option<String>,
+    /// From `job_places`, filled in after the job's row is read ([`fill_places`]).
+    #[diesel(
+        select_expression = diesel::dsl::sql::<Nullable<Integer>>("NULL"),
+        select_expression_type = SqlLiteral<Nullable<Integer>>
+    )]
     pub queue_position: Option<i32>,
+    /// Likewise.
+    #[diesel(
+        select_expression = diesel::dsl::sql::<Nullable<Timestamp>>("NULL"),
+        select_expression_type = SqlLiteral<Nullable<Timestamp>>
+    )]
     pub estimated_start_at: Option<chrono::NaiveDateTime>,
     pub array_id: Option<i64>,
     /// JSON; read only when not `[]` (almost every job names no dataset).
@@ -106,6 +118,17 @@ pub(crate) struct Rows {
     pub stage_bytes: BTreeMap<i64, u64>,
 }
 
+/// Sets the queued jobs' places and estimates from `job_places` rows (job, place,
+/// estimate); a job without a row has none.
+fn fill_places(queued: &mut BTreeMap<i64, QueuedRow>, places: Vec<crate::plan::Place>) {
+    for (job, position, estimate) in places {
+        if let Some(j) = queued.get_mut(&job) {
+            j.queue_position = position;
+            j.estimated_start_at = estimate;
+        }
+    }
+}
+
 pub(crate) fn secs(t: chrono::NaiveDateTime) -> i64 {
     t.and_utc().timestamp()
 }
@@ -133,7 +156,7 @@ impl Rows {
             .into_iter()
             .map(|g| (g.id, g))
             .collect();
-        let queued = jobs::table
+        let mut queued: BTreeMap<i64, QueuedRow> = jobs::table
             .filter(jobs::state.eq(JobState::Queued))
             // Jobs that wait for other jobs are not planned until released (`deps`).
             .filter(diesel::dsl::not(jobs::held))
@@ -168,6 +191,7 @@ impl Rows {
                 )
             })
             .collect();
+        fill_places(&mut queued, crate::plan::all_places(c)?);
         // The rest looks rows up by the keys read so far.
         super::by_key(c, true)?;
         let take_backs = take_backs(c, &queued, queued.keys().copied())?;
@@ -242,7 +266,7 @@ impl Rows {
             // burst of submissions took the index on states for selective and read every
             // queued job for each chunk of ids.
             let found: Vec<(QueuedRow, JobState, bool)> = jobs::table
-                .filter(jobs::id.eq_any(ids))
+                .filter(jobs::id.eq_any(&ids))
                 .select((QueuedRow::as_select(), jobs::state, jobs::held))
                 .load(c)?;
             self.queued.extend(
@@ -251,6 +275,7 @@ impl Rows {
                     .filter(|(_, state, held)| *state == JobState::Queued && !held)
                     .map(|(j, ..)| (j.id, j)),
             );
+            fill_places(&mut self.queued, crate::plan::places(c, &ids)?);
         }
         for job in &ch.attempts {
             let keys: Vec<(i64, i32)> = self

@@ -65,7 +65,7 @@ fn every_change(c: &mut DbConn) {
         position: Some(2),
         estimated_start: second.map(|t| t.naive_utc()),
     };
-    crate::plan::set_waiting(c, &[(queued[1], waiting.clone())]).unwrap();
+    crate::plan::set_waiting(c, &[(queued[1], waiting.clone())], &[true]).unwrap();
     w.noted_waiting(&[(queued[1], waiting)]);
     let noted = follows(&mut w, c, "the scheduler's reason, noted");
     assert_eq!(noted, Update::Changes(0));
@@ -75,7 +75,7 @@ fn every_change(c: &mut DbConn) {
             position: Some(1),
             estimated_start: None,
         };
-        crate::plan::set_waiting(c, &[(queued[1], waiting)])?;
+        crate::plan::set_waiting(c, &[(queued[1], waiting)], &[true])?;
         diesel::update(jobs::table.find(queued[1]))
             .set(jobs::reason.eq(Some("held back by its lab")))
             .execute(c)?;
@@ -245,8 +245,70 @@ fn updates_the_scheduler_does_not_read_leave_no_change() {
         position: Some(1),
         estimated_start: Some(now()),
     };
-    crate::plan::set_waiting(c, &[(job.id, waiting)]).unwrap();
+    crate::plan::set_waiting(c, &[(job.id, waiting)], &[true]).unwrap();
     assert_eq!(changes::take(c).unwrap(), changes::Changes::default());
+}
+
+/// A waiting job's place is kept apart from its row (`job_places`) and only while it
+/// waits: a job that leaves the queue loses it, one that comes back shows none until the
+/// scheduler writes it again, and one that no longer waits gets none written.
+fn places_belong_to_waiting_jobs(c: &mut DbConn) {
+    let (_campus, job) = campus_and_a_queued_job(c);
+    let waiting = |position| crate::plan::Waiting {
+        reason: Some("waiting for 1 GPU".into()),
+        position: Some(position),
+        estimated_start: Some(now()),
+    };
+    let places = |c: &mut DbConn| crate::plan::places(c, &[job.id]).unwrap();
+    crate::plan::set_waiting(c, &[(job.id, waiting(3))], &[true]).unwrap();
+    assert_eq!(places(c)[0].1, Some(3));
+    assert_eq!(
+        World::load(c).unwrap().shows(job.id).unwrap().position,
+        Some(3)
+    );
+    // A place alone leaves the job's row as it was.
+    let before = crate::jobs::get(c, job.id).unwrap();
+    crate::plan::set_waiting(c, &[(job.id, waiting(2))], &[false]).unwrap();
+    assert_eq!(places(c)[0].1, Some(2));
+    assert_eq!(
+        format!("{:?}", crate::jobs::get(c, job.id).unwrap()),
+        format!("{before:?}")
+    );
+    let node = crate::nodes::list_with_gpus(c).unwrap()[0].0.id;
+    assert_eq!(
+        crate::plan::claim_queued(c, &[(job.id, node)])
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(places(c), vec![], "a job that starts loses its place");
+    crate::plan::set_waiting(c, &[(job.id, waiting(1))], &[true]).unwrap();
+    assert_eq!(
+        places(c),
+        vec![],
+        "nothing written for a job that no longer waits"
+    );
+    diesel::update(jobs::table.find(job.id))
+        .set(jobs::state.eq(JobState::Queued))
+        .execute(c)
+        .unwrap();
+    assert_eq!(places(c), vec![]);
+    assert_eq!(
+        World::load(c).unwrap().shows(job.id).unwrap().position,
+        None
+    );
+}
+
+#[test]
+fn places_belong_to_waiting_jobs_on_sqlite() {
+    let (_dir, mut c) = testkit::sqlite();
+    places_belong_to_waiting_jobs(&mut c);
+}
+
+#[test]
+fn places_belong_to_waiting_jobs_on_postgres() {
+    let (_guard, mut c) = testkit::postgres();
+    places_belong_to_waiting_jobs(&mut c);
 }
 
 /// A line of `EXPLAIN`'s output.

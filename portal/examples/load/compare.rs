@@ -83,9 +83,8 @@ fn cancel_queued(url: &str) -> usize {
     use diesel::{Connection, RunQueryDsl};
     let mut c = diesel::PgConnection::establish(url).unwrap();
     diesel::sql_query(
-        "UPDATE jobs SET state = 'cancelled', reason = NULL, queue_position = NULL, \
-         estimated_start_at = NULL, finished_at = now() AT TIME ZONE 'UTC' \
-         WHERE state = 'queued'",
+        "UPDATE jobs SET state = 'cancelled', reason = NULL, \
+         finished_at = now() AT TIME ZONE 'UTC' WHERE state = 'queued'",
     )
     .execute(&mut c)
     .unwrap()

@@ -87,6 +87,8 @@ struct Facts {
     ready: std::collections::BTreeSet<i64>,
     /// Starting jobs whose inputs are being staged: how far.
     staging: BTreeMap<i64, commons_api::Staging>,
+    /// The queued jobs' places in the queue and estimated starts (`job_places`).
+    places: BTreeMap<i64, (Option<i32>, Option<NaiveDateTime>)>,
 }
 
 /// The views of `jobs`, in their order, in at most five queries whatever their number
@@ -166,6 +168,19 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
             .collect()
     };
     let staging = staging_of(c, jobs, &last)?;
+    let queued: Vec<i64> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Queued)
+        .map(|j| j.id)
+        .collect();
+    let places = if queued.is_empty() {
+        BTreeMap::new()
+    } else {
+        db::plan::places(c, &queued)?
+            .into_iter()
+            .map(|(job, position, estimate)| (job, (position, estimate)))
+            .collect()
+    };
     let facts = Facts {
         last,
         node_names,
@@ -175,6 +190,7 @@ pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError>
         apps,
         ready,
         staging,
+        places,
     };
     let now = db::now();
     Ok(jobs.iter().map(|job| view(job, &facts, now)).collect())
@@ -206,6 +222,7 @@ fn staging_of(
 
 fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
     let attempt = facts.last.get(&job.id);
+    let place = facts.places.get(&job.id);
     let node = job
         .node_id
         .or(attempt.map(|a| a.node_id))
@@ -250,10 +267,10 @@ fn view(job: &Job, facts: &Facts, now: NaiveDateTime) -> JobView {
         staging: facts.staging.get(&job.id).copied(),
         state: api_state(job.state),
         reason: job.reason.clone(),
-        queue_position: job.queue_position,
+        queue_position: place.and_then(|p| p.0),
         // A job held for its waits has no estimate until they are met.
         estimated_start_at: (job.state == JobState::Queued && !job.held)
-            .then_some(job.estimated_start_at),
+            .then_some(place.and_then(|p| p.1)),
         node,
         gpus,
         exit_code: job.exit_code,
@@ -322,7 +339,6 @@ mod tests {
         let (_d, mut c) = sqlite();
         let mut job = campus(&mut c, 1).jobs.remove(0);
         job.state = JobState::Queued;
-        job.estimated_start_at = None;
         let v = job_view(&mut c, &job).unwrap();
         assert_eq!(v.estimated_start().as_deref(), Some("unknown"));
         assert_eq!(

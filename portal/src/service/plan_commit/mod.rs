@@ -422,18 +422,21 @@ pub fn record_waiting<'a>(
     shown: impl Fn(i64) -> Option<Shown<'a>>,
     moves: bool,
 ) -> Result<Vec<(i64, Waiting)>, AppError> {
-    let changed = waiting_changes(pending, shown, moves);
-    db::plan::set_waiting(c, &changed)?;
+    let (changed, reasons): (Vec<(i64, Waiting)>, Vec<bool>) =
+        waiting_changes(pending, shown, moves).into_iter().unzip();
+    db::plan::set_waiting(c, &changed, &reasons)?;
     Ok(changed)
 }
 
-/// The rows [`record_waiting`] writes. Each reason is written out once, into one
-/// buffer, to compare: tens of thousands of jobs wait, and few of them change.
+/// The rows [`record_waiting`] writes, each with whether its reason changed (a place
+/// alone is written to `job_places`, not to the job's row). Each reason is written out
+/// once, into one buffer, to compare: tens of thousands of jobs wait, and few of them
+/// change.
 fn waiting_changes<'a>(
     pending: &[commons_sched::Pending],
     shown: impl Fn(i64) -> Option<Shown<'a>>,
     moves: bool,
-) -> Vec<(i64, Waiting)> {
+) -> Vec<((i64, Waiting), bool)> {
     use std::fmt::Write;
     let mut reason = String::new();
     pending
@@ -447,14 +450,13 @@ fn waiting_changes<'a>(
                 .estimated_start
                 .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
                 .map(|t| t.naive_utc());
-            let write = match shown(p.job) {
-                Some(now) if moves => {
-                    now.reason != Some(reason.as_str())
-                        || now.position != position
-                        || now.estimated_start != estimated_start
+            let (write, reason_changed) = match shown(p.job) {
+                Some(now) => {
+                    let reason_changed = now.reason != Some(reason.as_str());
+                    let moved = now.position != position || now.estimated_start != estimated_start;
+                    (reason_changed || (moves && moved), reason_changed)
                 }
-                Some(now) => now.reason != Some(reason.as_str()),
-                None => true,
+                None => (true, true),
             };
             write.then(|| {
                 let w = Waiting {
@@ -462,7 +464,7 @@ fn waiting_changes<'a>(
                     position,
                     estimated_start,
                 };
-                (p.job, w)
+                ((p.job, w), reason_changed)
             })
         })
         .collect()
