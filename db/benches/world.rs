@@ -39,7 +39,7 @@ fn copy_jobs(c: &mut DbConn, template: i64, n: usize, state: &str) {
         .map(|name| match name.as_str() {
             "state" => format!("'{state}'"),
             "created_at" => "datetime('now', '-' || (x % 50) || ' days')".into(),
-            "node_id" | "started_at" | "reason" | "queue_position" => "NULL".into(),
+            "node_id" | "started_at" | "reason" => "NULL".into(),
             "attempts" => "0".into(),
             other => other.into(),
         })

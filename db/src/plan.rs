@@ -14,7 +14,9 @@
 //!   alone and not returned, and gets no attempt.
 //! - [`preempt`] moves only jobs that still start or run, and only their attempts that
 //!   still start or run.
-//! - [`set_waiting`] changes queued jobs only.
+//! - [`set_waiting`] writes reasons of queued jobs only, and places of jobs queued when
+//!   its statement reads them (a cancel that commits meanwhile may leave a place behind:
+//!   readers show the places of queued jobs only).
 
 use super::models::{AttemptStatus, JobState};
 use super::schema::*;

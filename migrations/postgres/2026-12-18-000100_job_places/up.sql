@@ -4,9 +4,11 @@
 -- column of `jobs` each move wrote a new version of the whole row and its WAL, and the
 -- statement took 0.1-4 s at 34,000 waiting jobs, slowing every other writer. Both values
 -- are derived and written again by the next rounds; after a crash of the database the
--- table is empty and the scheduler's full read (every failed round does one) writes
--- them again. A job that leaves the queue, or comes back to it, loses its row (trigger
--- below): a row is only ever the place of a job that waits now.
+-- table is empty, and the scheduler, whose leader lock ended with its connection, reads
+-- its world afresh when it takes the lock again and writes them. A job that leaves the
+-- queue, or comes back to it, loses its row (trigger below); a cancel that commits while
+-- the scheduler writes places may leave one behind, so readers show the places of
+-- queued jobs only.
 CREATE UNLOGGED TABLE job_places (
     job_id BIGINT PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
     queue_position INTEGER,

@@ -68,18 +68,28 @@ pub async fn run(state: AppState) {
     // The scheduler's world between rounds while this replica leads, and when it was
     // last checked against a full read.
     let mut world = World::default();
+    // The leader lock's term the world was read in (`Leader::terms`).
+    let mut term = 0;
     loop {
-        let lead = if postgres {
+        let (lead, now_term) = if postgres {
             let l = std::sync::Arc::clone(&leader);
             let url = state.config.database_url.clone();
             tokio::task::spawn_blocking(move || {
-                l.lock().unwrap_or_else(|p| p.into_inner()).check(&url)
+                let mut l = l.lock().unwrap_or_else(|p| p.into_inner());
+                (l.check(&url), l.terms())
             })
             .await
-            .unwrap_or(false)
+            .unwrap_or((false, term))
         } else {
-            true
+            (true, term)
         };
+        if lead && now_term != term {
+            // The lock was lost and taken again between two checks: read afresh, and
+            // give the agents a lease's time again, as at any takeover.
+            term = now_term;
+            leading_since = None;
+            world = World::default();
+        }
         if !lead {
             leading_since = None;
             // Another replica may lead meanwhile and take the changes out of the log.

@@ -91,9 +91,9 @@ struct Facts {
     places: BTreeMap<i64, (Option<i32>, Option<NaiveDateTime>)>,
 }
 
-/// The views of `jobs`, in their order, in at most five queries whatever their number
-/// (fewer when there is nothing to look up: jobs never placed have no attempts, nodes,
-/// GPUs or checkpoints).
+/// The views of `jobs`, in their order, in a fixed number of queries whatever their
+/// number (fewer when there is nothing to look up: jobs never placed have no attempts,
+/// nodes, GPUs or checkpoints; jobs not queued have no places).
 pub fn job_views(c: &mut DbConn, jobs: &[Job]) -> Result<Vec<JobView>, AppError> {
     // A job's attempts count its attempt rows: one never placed has none.
     let placed: Vec<i64> = jobs
