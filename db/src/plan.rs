@@ -353,12 +353,8 @@ pub fn places(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<Place>, DbError> {
         out.extend(
             job_places::table
                 .filter(job_places::job_id.eq_any(ids))
-                .select((
-                    job_places::job_id,
-                    job_places::queue_position,
-                    job_places::estimated_start_at,
-                ))
-                .load::<(i64, Option<i32>, Option<NaiveDateTime>)>(c)?,
+                .select(job_places::all_columns)
+                .load::<Place>(c)?,
         );
     }
     Ok(out)
@@ -367,10 +363,6 @@ pub fn places(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<Place>, DbError> {
 /// Every row of `job_places`.
 pub fn all_places(c: &mut DbConn) -> Result<Vec<Place>, DbError> {
     Ok(job_places::table
-        .select((
-            job_places::job_id,
-            job_places::queue_position,
-            job_places::estimated_start_at,
-        ))
-        .load(c)?)
+        .select(job_places::all_columns)
+        .load::<Place>(c)?)
 }
