@@ -13,7 +13,9 @@
 //!   takes wherever it is offered), alternating.
 //!
 //! `SSH_FIGURES_COPY_DETAIL=N` first makes N copies as one stream through the gateway
-//! (`ssh ... 'cat > FILE'`, no SFTP), for a profile of the path without SFTP's replies.
+//! (`ssh ... 'cat > FILE'`, no SFTP), for a profile of the path without SFTP's replies;
+//! `SSH_FIGURES_SCP_DETAIL=N` N more `scp` copies, for a profile of the copy itself (with
+//! `SSH_FIGURES_SCP_EXTRA`'s arguments, e.g. `-X nrequests=256`).
 //!
 //! ```sh
 //! cargo run --release -p commons-portal --example ssh_figures -- --runs 10 [--host 240]
@@ -242,19 +244,28 @@ async fn main() {
     let mut scp = Vec::new();
     let mut chacha = Vec::new();
     let mut cp = Vec::new();
+    let mut cpu = CpuUse {
+        watched: vec![
+            ("the portal", portal.pid().unwrap()),
+            ("the agent", agent.pid().unwrap()),
+        ],
+        ..Default::default()
+    };
     for _ in 0..copies {
         let mut c = Command::new("scp");
         c.args(opts("-P"))
             .arg(&file)
-            .arg(format!("job-{job}@127.0.0.1:/tmp/100m.bin"));
-        scp.push(timed(c));
+            .arg(format!("job-{job}@127.0.0.1:/tmp/100m.bin"))
+            .stdin(Stdio::null());
+        scp.push(cpu.timed("scp", c));
         // A later -o does not override an earlier one: ChaCha20 goes first.
         let mut c = Command::new("scp");
         c.args(["-o", "Ciphers=chacha20-poly1305@openssh.com"])
             .args(opts("-P"))
             .arg(&file)
-            .arg(format!("job-{job}@127.0.0.1:/tmp/100m-chacha.bin"));
-        chacha.push(timed(c));
+            .arg(format!("job-{job}@127.0.0.1:/tmp/100m-chacha.bin"))
+            .stdin(Stdio::null());
+        chacha.push(cpu.timed("scp-chacha", c));
         let mut c = Command::new("docker");
         c.args([
             "exec",
@@ -265,7 +276,7 @@ async fn main() {
             "cat > /tmp/100m-exec.bin",
         ])
         .stdin(std::fs::File::open(&file).unwrap());
-        cp.push(timed_with_stdin(c));
+        cp.push(cpu.timed("exec", c));
     }
     // Where the copy's time goes: the same bytes as one stream through the gateway
     // (`ssh ... 'cat > FILE'`: no SFTP requests and replies).
@@ -274,6 +285,30 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    // SSH_FIGURES_SCP_DETAIL=N: N more `scp` copies with the default cipher (for a profile
+    // of the copy as users make it).
+    let scp_detail: usize = std::env::var("SSH_FIGURES_SCP_DETAIL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // SSH_FIGURES_SCP_EXTRA: more arguments for those copies (`-X nrequests=256`, say).
+    let scp_extra = std::env::var("SSH_FIGURES_SCP_EXTRA").unwrap_or_default();
+    if scp_detail > 0 {
+        let mut more = Vec::new();
+        for _ in 0..scp_detail {
+            let mut c = Command::new("scp");
+            c.args(opts("-P"))
+                .args(scp_extra.split_whitespace())
+                .arg(&file)
+                .arg(format!("job-{job}@127.0.0.1:/tmp/100m.bin"))
+                .stdin(Stdio::null());
+            more.push(cpu.timed("scp-detail", c));
+        }
+        println!(
+            "copy detail: scp {scp_extra} {:.2} s",
+            median(more).as_secs_f64()
+        );
+    }
     if detail > 0 {
         let mut stream = Vec::new();
         for _ in 0..detail {
@@ -282,7 +317,7 @@ async fn main() {
                 .arg(format!("job-{job}@127.0.0.1"))
                 .arg("cat > /tmp/100m-ssh.bin")
                 .stdin(std::fs::File::open(&file).unwrap());
-            stream.push(timed_with_stdin(c));
+            stream.push(cpu.timed("ssh-cat", c));
         }
         println!("copy detail: ssh cat {:.2} s", median(stream).as_secs_f64());
     }
@@ -321,8 +356,109 @@ async fn main() {
         cp.as_secs_f64(),
         chacha.as_secs_f64() / cp.as_secs_f64()
     );
+    cpu.print();
     remove_containers(&[job]);
     drop(portal);
+}
+
+/// The machine's CPU time (all cores, every process) spent during each kind of copy: on
+/// a machine otherwise quiet, what a copy costs in CPU besides how long it takes, so a
+/// copy bound by CPU shows as such.
+#[derive(Default)]
+struct CpuUse {
+    /// Processes whose own share is shown too: (name, pid).
+    watched: Vec<(&'static str, u32)>,
+    /// (kind, busy seconds, wall seconds, copies, the watched processes' seconds), in the
+    /// order first seen.
+    kinds: Vec<(&'static str, f64, f64, usize, Vec<f64>)>,
+}
+
+impl CpuUse {
+    fn timed(&mut self, kind: &'static str, c: Command) -> Duration {
+        let before = busy_s();
+        let before_each: Vec<f64> = self.watched.iter().map(|w| process_s(w.1)).collect();
+        // The caller set stdin where the copy reads it; `timed` would null it.
+        let d = timed_with_stdin(c);
+        let busy = busy_s() - before;
+        let each: Vec<f64> = self
+            .watched
+            .iter()
+            .zip(before_each)
+            .map(|(w, b)| process_s(w.1) - b)
+            .collect();
+        match self.kinds.iter_mut().find(|k| k.0 == kind) {
+            Some(k) => {
+                k.1 += busy;
+                k.2 += d.as_secs_f64();
+                k.3 += 1;
+                k.4.iter_mut().zip(each).for_each(|(a, b)| *a += b);
+            }
+            None => self.kinds.push((kind, busy, d.as_secs_f64(), 1, each)),
+        }
+        d
+    }
+
+    fn print(&self) {
+        println!(
+            "CPU time of the whole machine per copy (mean; {} cores):",
+            cores()
+        );
+        for (kind, busy, wall, n, each) in &self.kinds {
+            let n = *n as f64;
+            let watched: Vec<String> = self
+                .watched
+                .iter()
+                .zip(each)
+                .map(|(w, s)| format!("{} {:.2}", w.0, s / n))
+                .collect();
+            println!(
+                "  {kind:12} {:.2} CPU-s in {:.2} s ({:.0} % of the cores busy; of it {})",
+                busy / n,
+                wall / n,
+                100.0 * busy / wall / cores() as f64,
+                watched.join(", ")
+            );
+        }
+    }
+}
+
+/// The CPU time a process and its threads used so far (`/proc/PID/stat`), in seconds.
+fn process_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        f.get(i - 3)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(14) + ticks(15)) as f64 / clock_ticks()
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf only reads a constant of the system.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Busy CPU time of the whole machine so far (`/proc/stat`), in seconds.
+fn busy_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let first = stat.lines().next().unwrap();
+    // cpu user nice system idle iowait irq softirq steal ...
+    let f: Vec<u64> = first
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let busy = f[0] + f[1] + f[2] + f[5] + f[6] + f[7];
+    busy as f64 / clock_ticks()
 }
 
 /// Runs `c` (an `ssh -v`), then prints its stderr's lines and the new lines of `logs`

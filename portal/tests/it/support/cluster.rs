@@ -278,6 +278,12 @@ impl Default for PortalOpts {
 }
 
 impl PortalProcess {
+    /// The portal's process id, while it runs (for `ssh_figures`' CPU counts).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Seeds lab `vision` with user alice and starts the portal with short leases.
     pub fn start(lease_ttl_s: u64, margin_s: u64) -> (PortalProcess, String) {
         Self::start_opts(PortalOpts {
