@@ -16,7 +16,7 @@
 //!   still start or run.
 //! - [`set_waiting`] writes reasons of queued jobs only, and places of jobs queued when
 //!   its statement reads them (a cancel that commits meanwhile may leave a place behind:
-//!   readers show the places of queued jobs only).
+//!   readers show the places of queued jobs only, and [`sweep_places`] removes it).
 
 use super::models::{AttemptStatus, JobState};
 use super::schema::*;
@@ -360,9 +360,83 @@ pub fn places(c: &mut DbConn, jobs: &[i64]) -> Result<Vec<Place>, DbError> {
     Ok(out)
 }
 
+/// Deletes the places of jobs that no longer wait; returns how many. A job's place leaves
+/// with it when it leaves the queue (the table's trigger), but the places' upsert
+/// ([`set_waiting`]) reads `jobs` without locking it, so as not to lock every waiting
+/// job's row each round: a cancel or a start committed while the upsert ran can leave a
+/// place behind. Readers show places of queued jobs only; this sweep, which the scheduler
+/// runs with its periodic check of its world, keeps such rows from piling up.
+pub fn sweep_places(c: &mut DbConn) -> Result<usize, DbError> {
+    let queued = JobState::Queued.as_str();
+    Ok(diesel::sql_query(format!(
+        "DELETE FROM job_places WHERE NOT EXISTS (SELECT 1 FROM jobs \
+         WHERE jobs.id = job_places.job_id AND jobs.state = '{queued}')"
+    ))
+    .execute(c)?)
+}
+
 /// Every row of `job_places`.
 pub fn all_places(c: &mut DbConn) -> Result<Vec<Place>, DbError> {
     Ok(job_places::table
         .select(job_places::all_columns)
         .load::<Place>(c)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit;
+
+    /// A place a race left behind (the upsert read the job as queued, a cancel committed
+    /// before it wrote) is swept; the places of waiting jobs stay.
+    fn a_place_left_behind_is_swept(c: &mut DbConn) {
+        let campus = testkit::campus(c, 1);
+        let demo = testkit::demo_job(campus.node.lab_id);
+        let user = campus.jobs[0].user_id;
+        let waiting = crate::jobs::insert(c, user, &demo).unwrap();
+        let gone = crate::jobs::insert(c, user, &demo).unwrap();
+        let place = |position| Waiting {
+            reason: Some("waiting for 1 GPU".into()),
+            position: Some(position),
+            estimated_start: None,
+        };
+        set_waiting(
+            c,
+            &[(waiting.id, place(1)), (gone.id, place(2))],
+            &[true, true],
+        )
+        .unwrap();
+        diesel::update(jobs::table.find(gone.id))
+            .set(jobs::state.eq(JobState::Cancelled))
+            .execute(c)
+            .unwrap();
+        // What the race leaves: the upsert's row, written after the cancel's trigger ran.
+        diesel::insert_into(job_places::table)
+            .values((
+                job_places::job_id.eq(gone.id),
+                job_places::queue_position.eq(Some(2)),
+            ))
+            .execute(c)
+            .unwrap();
+        assert_eq!(all_places(c).unwrap().len(), 2);
+        assert_eq!(sweep_places(c).unwrap(), 1);
+        assert_eq!(
+            all_places(c).unwrap(),
+            vec![(waiting.id, Some(1), None)],
+            "the waiting job keeps its place"
+        );
+        assert_eq!(sweep_places(c).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_place_left_behind_is_swept_on_sqlite() {
+        let (_dir, mut c) = testkit::sqlite();
+        a_place_left_behind_is_swept(&mut c);
+    }
+
+    #[test]
+    fn a_place_left_behind_is_swept_on_postgres() {
+        let (_guard, mut c) = testkit::postgres();
+        a_place_left_behind_is_swept(&mut c);
+    }
 }

@@ -246,12 +246,20 @@ pub async fn tick(
     metrics.phase("send", sending);
     let waiting = Instant::now();
     let moves = moves_written.is_none_or(|t| t.elapsed() >= WAITING_MOVES_EVERY);
+    // With the world's periodic check, the places a race left behind go.
+    let sweep = refresh == Refresh::Check;
     // Compared with what the world holds, then noted in it (the triggers leave no change
     // for what the scheduler writes there).
     world.rows = Some(
         state
             .db
             .run_reserved(move |c| {
+                if sweep {
+                    let swept = plan_commit::sweep_places(c)?;
+                    if swept > 0 {
+                        tracing::info!(swept, "places of jobs that no longer wait removed");
+                    }
+                }
                 let written =
                     plan_commit::record_waiting(c, &pending, |job| world_rows.shows(job), moves)?;
                 world_rows.noted_waiting(&written);

@@ -428,6 +428,12 @@ pub fn record_waiting<'a>(
     Ok(changed)
 }
 
+/// Removes the places of jobs that no longer wait, which a cancel or start racing the
+/// places' write can leave behind (`db::plan::sweep_places`); returns how many.
+pub fn sweep_places(c: &mut DbConn) -> Result<usize, AppError> {
+    Ok(db::plan::sweep_places(c)?)
+}
+
 /// The rows [`record_waiting`] writes, each with whether its reason changed (a place
 /// alone is written to `job_places`, not to the job's row). Each reason is written out
 /// once, into one buffer, to compare: tens of thousands of jobs wait, and few of them
