@@ -241,6 +241,17 @@ async fn main() {
         .collect();
     std::fs::write(&file, &data).unwrap();
     let copies = runs.min(3);
+    // `scp` of the file to `name` in the container's /tmp, `first` going before the
+    // common options (a later -o does not override an earlier one).
+    let scp_to = |first: &[&str], name: &str| {
+        let mut c = Command::new("scp");
+        c.args(first)
+            .args(opts("-P"))
+            .arg(&file)
+            .arg(format!("job-{job}@127.0.0.1:/tmp/{name}"))
+            .stdin(Stdio::null());
+        c
+    };
     let mut scp = Vec::new();
     let mut chacha = Vec::new();
     let mut cp = Vec::new();
@@ -252,20 +263,9 @@ async fn main() {
         ..Default::default()
     };
     for _ in 0..copies {
-        let mut c = Command::new("scp");
-        c.args(opts("-P"))
-            .arg(&file)
-            .arg(format!("job-{job}@127.0.0.1:/tmp/100m.bin"))
-            .stdin(Stdio::null());
-        scp.push(cpu.timed("scp", c));
-        // A later -o does not override an earlier one: ChaCha20 goes first.
-        let mut c = Command::new("scp");
-        c.args(["-o", "Ciphers=chacha20-poly1305@openssh.com"])
-            .args(opts("-P"))
-            .arg(&file)
-            .arg(format!("job-{job}@127.0.0.1:/tmp/100m-chacha.bin"))
-            .stdin(Stdio::null());
-        chacha.push(cpu.timed("scp-chacha", c));
+        scp.push(cpu.timed("scp", scp_to(&[], "100m.bin")));
+        let chacha_first = ["-o", "Ciphers=chacha20-poly1305@openssh.com"];
+        chacha.push(cpu.timed("scp-chacha", scp_to(&chacha_first, "100m-chacha.bin")));
         let mut c = Command::new("docker");
         c.args([
             "exec",
@@ -281,28 +281,17 @@ async fn main() {
     // Where the copy's time goes: the same bytes as one stream through the gateway
     // (`ssh ... 'cat > FILE'`: no SFTP requests and replies).
     // SSH_FIGURES_COPY_DETAIL=N: N such copies (for a profile of the stream alone).
-    let detail: usize = std::env::var("SSH_FIGURES_COPY_DETAIL")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let detail = env_count("SSH_FIGURES_COPY_DETAIL");
     // SSH_FIGURES_SCP_DETAIL=N: N more `scp` copies with the default cipher (for a profile
     // of the copy as users make it).
-    let scp_detail: usize = std::env::var("SSH_FIGURES_SCP_DETAIL")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let scp_detail = env_count("SSH_FIGURES_SCP_DETAIL");
     // SSH_FIGURES_SCP_EXTRA: more arguments for those copies (`-X nrequests=256`, say).
     let scp_extra = std::env::var("SSH_FIGURES_SCP_EXTRA").unwrap_or_default();
     if scp_detail > 0 {
+        let extra: Vec<&str> = scp_extra.split_whitespace().collect();
         let mut more = Vec::new();
         for _ in 0..scp_detail {
-            let mut c = Command::new("scp");
-            c.args(opts("-P"))
-                .args(scp_extra.split_whitespace())
-                .arg(&file)
-                .arg(format!("job-{job}@127.0.0.1:/tmp/100m.bin"))
-                .stdin(Stdio::null());
-            more.push(cpu.timed("scp-detail", c));
+            more.push(cpu.timed("scp-detail", scp_to(&extra, "100m.bin")));
         }
         println!(
             "copy detail: scp {scp_extra} {:.2} s",
@@ -368,9 +357,19 @@ async fn main() {
 struct CpuUse {
     /// Processes whose own share is shown too: (name, pid).
     watched: Vec<(&'static str, u32)>,
-    /// (kind, busy seconds, wall seconds, copies, the watched processes' seconds), in the
-    /// order first seen.
-    kinds: Vec<(&'static str, f64, f64, usize, Vec<f64>)>,
+    /// Each kind of copy, in the order first seen.
+    kinds: Vec<Kind>,
+}
+
+/// What the copies of one kind took, summed.
+struct Kind {
+    name: &'static str,
+    copies: usize,
+    wall_s: f64,
+    /// The whole machine's busy CPU time.
+    busy_s: f64,
+    /// Each watched process's CPU time.
+    each_s: Vec<f64>,
 }
 
 impl CpuUse {
@@ -386,15 +385,24 @@ impl CpuUse {
             .zip(before_each)
             .map(|(w, b)| process_s(w.1) - b)
             .collect();
-        match self.kinds.iter_mut().find(|k| k.0 == kind) {
-            Some(k) => {
-                k.1 += busy;
-                k.2 += d.as_secs_f64();
-                k.3 += 1;
-                k.4.iter_mut().zip(each).for_each(|(a, b)| *a += b);
+        let i = match self.kinds.iter().position(|k| k.name == kind) {
+            Some(i) => i,
+            None => {
+                self.kinds.push(Kind {
+                    name: kind,
+                    copies: 0,
+                    wall_s: 0.0,
+                    busy_s: 0.0,
+                    each_s: vec![0.0; each.len()],
+                });
+                self.kinds.len() - 1
             }
-            None => self.kinds.push((kind, busy, d.as_secs_f64(), 1, each)),
-        }
+        };
+        let k = &mut self.kinds[i];
+        k.copies += 1;
+        k.wall_s += d.as_secs_f64();
+        k.busy_s += busy;
+        k.each_s.iter_mut().zip(each).for_each(|(a, b)| *a += b);
         d
     }
 
@@ -403,19 +411,20 @@ impl CpuUse {
             "CPU time of the whole machine per copy (mean; {} cores):",
             cores()
         );
-        for (kind, busy, wall, n, each) in &self.kinds {
-            let n = *n as f64;
+        for k in &self.kinds {
+            let n = k.copies as f64;
             let watched: Vec<String> = self
                 .watched
                 .iter()
-                .zip(each)
+                .zip(&k.each_s)
                 .map(|(w, s)| format!("{} {:.2}", w.0, s / n))
                 .collect();
             println!(
-                "  {kind:12} {:.2} CPU-s in {:.2} s ({:.0} % of the cores busy; of it {})",
-                busy / n,
-                wall / n,
-                100.0 * busy / wall / cores() as f64,
+                "  {:12} {:.2} CPU-s in {:.2} s ({:.0} % of the cores busy; of it {})",
+                k.name,
+                k.busy_s / n,
+                k.wall_s / n,
+                100.0 * k.busy_s / k.wall_s / cores() as f64,
                 watched.join(", ")
             );
         }
@@ -441,6 +450,14 @@ fn process_s(pid: u32) -> f64 {
 fn clock_ticks() -> f64 {
     // SAFETY: sysconf only reads a constant of the system.
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64
+}
+
+/// A count from the environment variable `name` (0 when unset or not a number).
+fn env_count(name: &str) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 fn cores() -> usize {
