@@ -175,6 +175,87 @@ pub fn start_running(
     Ok(Some(moved.n > 0))
 }
 
+/// The usual end of an attempt, for [`end_with_job`]: what the attempt ends as and what
+/// its job becomes, decided by the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct JobEnd<'a> {
+    pub node: i64,
+    pub job: i64,
+    pub attempt: i32,
+    /// The attempt's end (`exited`, `failed`).
+    pub status: AttemptStatus,
+    pub exit_code: Option<i64>,
+    pub reason: Option<&'a str>,
+    /// The job's states this end settles; in any other the caller's general path decides.
+    pub job_from: &'a [JobState],
+    /// The job's final state, and its history row's message.
+    pub job_to: JobState,
+    pub message: &'a str,
+    pub at: NaiveDateTime,
+}
+
+/// What [`end_with_job`] moved: the attempt, and its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    pub attempt: bool,
+    pub job: bool,
+}
+
+/// PostgreSQL only: the usual end of an attempt in one statement (the caller's
+/// transaction holds it and any rest). Attempt `e.attempt` of `e.job`, active on
+/// `e.node`, ends as `e.status`, if its job runs that attempt in one of `e.job_from`; the
+/// job then becomes `e.job_to` (final: `finished_at`, the exit code and the reason set)
+/// with a history row. The attempt and the job are checked in one snapshot, so the job
+/// can still have moved before its row is written (a cancel committed meanwhile):
+/// `Ended { attempt: true, job: false }`, and the caller settles the job. `None` on
+/// SQLite.
+pub fn end_with_job(c: &mut DbConn, e: &JobEnd) -> Result<Option<Ended>, DbError> {
+    use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Timestamp};
+    let DbConn::Pg(pg) = c else {
+        return Ok(None);
+    };
+    #[derive(QueryableByName)]
+    struct Moved {
+        #[diesel(sql_type = BigInt)]
+        a: i64,
+        #[diesel(sql_type = BigInt)]
+        j: i64,
+    }
+    let active: Vec<&str> = AttemptStatus::ACTIVE.iter().map(|s| s.as_str()).collect();
+    let from: Vec<&str> = e.job_from.iter().map(|s| s.as_str()).collect();
+    let moved = diesel::sql_query(
+        "WITH a AS (UPDATE job_attempts SET state = $4, ended_at = $9, exit_code = $5, \
+             reason = $6 \
+           WHERE job_id = $1 AND attempt = $2 AND node_id = $3 AND state = ANY($7) \
+             AND EXISTS (SELECT 1 FROM jobs WHERE id = $1 AND attempts = $2 \
+               AND state = ANY($8)) \
+           RETURNING job_id, attempt), \
+         j AS (UPDATE jobs SET state = $10, finished_at = $9, exit_code = $5, reason = $6 \
+           FROM a WHERE jobs.id = a.job_id AND jobs.attempts = a.attempt \
+             AND jobs.state = ANY($8) \
+           RETURNING jobs.id), \
+         h AS (INSERT INTO job_events (job_id, at, state, message) \
+           SELECT id, $9, $10, $11 FROM j) \
+         SELECT (SELECT count(*) FROM a) AS a, (SELECT count(*) FROM j) AS j",
+    )
+    .bind::<BigInt, _>(e.job)
+    .bind::<Integer, _>(e.attempt)
+    .bind::<BigInt, _>(e.node)
+    .bind::<Text, _>(e.status.as_str())
+    .bind::<Nullable<BigInt>, _>(e.exit_code)
+    .bind::<Nullable<Text>, _>(e.reason)
+    .bind::<Array<Text>, _>(&active)
+    .bind::<Array<Text>, _>(&from)
+    .bind::<Timestamp, _>(e.at)
+    .bind::<Text, _>(e.job_to.as_str())
+    .bind::<Text, _>(e.message)
+    .get_result::<Moved>(pg)?;
+    Ok(Some(Ended {
+        attempt: moved.a > 0,
+        job: moved.j > 0,
+    }))
+}
+
 pub fn end(
     c: &mut DbConn,
     id: i64,

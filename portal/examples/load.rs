@@ -563,6 +563,15 @@ async fn scheduler_figures(
         phase("read_observe"),
         phase("commit_wait"),
     );
+    let events = d("commons_agent_message_handling_seconds_count{kind=\"attempt_event\"}");
+    println!(
+        "   {:.0} statements a second; {:.0} attempt events a second, {:.2} ms handling each \
+         (mean, database included)",
+        d("commons_db_statements_total") / tick_s as f64,
+        events / tick_s as f64,
+        1000.0 * d("commons_agent_message_handling_seconds_sum{kind=\"attempt_event\"}")
+            / events.max(1.0),
+    );
     let updates = |kind: &str| {
         d(&format!(
             "commons_scheduler_world_updates_total{{kind=\"{kind}\"}}"
