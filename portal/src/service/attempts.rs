@@ -195,11 +195,12 @@ fn exit_outcome(exit_code: Option<i64>) -> (JobState, String) {
 /// The usual end of an attempt (it exited, or failed, while its job ran it), as one
 /// statement on PostgreSQL inside the report's transaction: three statements where the
 /// general path sends nine (the load test's campus ends a few hundred attempts a second,
-/// each one of these). `None` when the report is no such end, or on SQLite; then the
-/// general path decides. The same rows either way (`end_attempt`'s rules): an exit
-/// settles a job that runs or is being preempted (it ended by itself during its grace
-/// period), a failure one that runs (a preempted one is requeued: the general path).
-fn usual_end(c: &mut DbConn, node: i64, r: &AttemptReport) -> Result<Option<()>, AppError> {
+/// each one of these). Whether it settled the report: not when the report is no such
+/// end, or on SQLite; then the general path decides. The same rows either way
+/// (`end_attempt`'s rules): an exit settles a job that runs or is being preempted (it
+/// ended by itself during its grace period), a failure one that runs (a preempted one is
+/// requeued: the general path).
+fn usual_end(c: &mut DbConn, node: i64, r: &AttemptReport) -> Result<bool, AppError> {
     const RUNS: &[JobState] = &[JobState::Starting, JobState::Running];
     const RUNS_OR_PREEMPTED: &[JobState] =
         &[JobState::Starting, JobState::Running, JobState::Preempting];
@@ -212,7 +213,7 @@ fn usual_end(c: &mut DbConn, node: i64, r: &AttemptReport) -> Result<Option<()>,
             let message = r.reason.clone().unwrap_or_else(|| "failed".into());
             (AttemptStatus::Failed, RUNS, JobState::Failed, message)
         }
-        _ => return Ok(None),
+        _ => return Ok(false),
     };
     let end = db::attempts::JobEnd {
         node,
@@ -235,9 +236,9 @@ fn usual_end(c: &mut DbConn, node: i64, r: &AttemptReport) -> Result<Option<()>,
                     settle_job(c, &a, status, r.exit_code, r.stop, r.reason.as_deref())?;
                 }
             }
-            Ok(Some(()))
+            Ok(true)
         }
-        _ => Ok(None),
+        _ => Ok(false),
     }
 }
 
@@ -265,7 +266,7 @@ pub fn apply_report(
         return Ok(ReportOutcome::default());
     }
     db::transaction(c, |c| {
-        if usual_end(c, node, r)?.is_some() {
+        if usual_end(c, node, r)? {
             return Ok(ReportOutcome {
                 stop: None,
                 freed: true,
@@ -443,3 +444,7 @@ pub fn expire_leases(c: &mut DbConn, cutoff: NaiveDateTime) -> Result<usize, App
 #[cfg(test)]
 #[path = "attempts_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "attempts_end_tests.rs"]
+mod end_tests;
